@@ -1,0 +1,1 @@
+"""Distributed PPO on Lightning Fabric and raw torch.distributed."""

@@ -1,0 +1,33 @@
+"""What every entry script does before training: parse, validate, inspect the env."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+
+from rl.config import PPOConfig, parse_config, validate, world_size_from_env
+from rl.envs import EnvSpaces, inspect_env
+from rl.errors import exit_on_usage_error
+from rl.runtime import configure_torch_threads
+
+
+def prepare(argv: list[str]) -> tuple[PPOConfig, EnvSpaces, int]:
+    """Config, env spaces and world size, all checked before any process group exists.
+
+    Every rank runs this on the same input, so bad input stops every rank here, with the
+    same one-line error, before a collective could leave one of them waiting.
+    """
+    cfg = parse_config(argv)
+    world_size = world_size_from_env()
+    validate(cfg, world_size, torch.cuda.is_available())
+    spaces = inspect_env(cfg.env_id)
+    configure_torch_threads()
+    torch.backends.cudnn.deterministic = cfg.torch_deterministic
+    return cfg, spaces, world_size
+
+
+def run_main(main: Callable[[list[str]], None]) -> None:
+    with exit_on_usage_error():
+        main(sys.argv[1:])

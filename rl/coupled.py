@@ -1,0 +1,191 @@
+"""Coupled PPO: every rank collects its own rollouts and trains a DDP replica of the agent."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+import numpy as np
+import torch
+
+from rl.checkpoint import agent_path, agent_state
+from rl.config import PPOConfig
+from rl.envs import EnvSpaces, derive_seed, make_vector_env, video_folder
+from rl.evaluation import evaluate_greedy
+from rl.logger import (
+    EPISODE_LENGTH,
+    EPISODE_RETURN,
+    EXPLAINED_VARIANCE,
+    MetricsSink,
+    ProgressBar,
+    TrainingMetrics,
+    hparams_table,
+)
+from rl.normalization import ObservationNormalizer, RewardScaler
+from rl.policy import ActorCritic
+from rl.ppo import MinibatchSchedule, PPOHyperparameters, explained_variance, ppo_update
+from rl.rollout import RolloutCollector, rollout_to_batch
+from rl.runtime import Runtime
+
+# Seed streams: each source of randomness derives its own seed from (--seed, stream, ...).
+ENV_STREAM = 0
+ACTION_STREAM = 1
+ADAM_EPS = 1e-4
+
+
+def build_agent(cfg: PPOConfig, spaces: EnvSpaces, device: torch.device) -> ActorCritic:
+    torch.manual_seed(cfg.seed)  # the same initial weights on every rank and in every mode
+    agent = ActorCritic(spaces.obs_dim, spaces.action_space, cfg.activation_function, cfg.ortho_init)
+    return agent.to(device)
+
+
+def action_generator(cfg: PPOConfig, rank: int, device: torch.device) -> torch.Generator:
+    generator = torch.Generator(device=device)
+    generator.manual_seed(derive_seed(cfg.seed, ACTION_STREAM, rank))
+    return generator
+
+
+def env_seeds(cfg: PPOConfig, rank: int) -> list[int]:
+    return [derive_seed(cfg.seed, ENV_STREAM, rank, index) for index in range(cfg.num_envs)]
+
+
+def hyperparameters(cfg: PPOConfig) -> PPOHyperparameters:
+    return PPOHyperparameters(
+        clip_coef=cfg.clip_coef,
+        clip_vloss=cfg.clip_vloss,
+        ent_coef=cfg.ent_coef,
+        vf_coef=cfg.vf_coef,
+        max_grad_norm=cfg.max_grad_norm,
+        update_epochs=cfg.update_epochs,
+        minibatch_size=cfg.per_rank_batch_size,
+        normalize_advantages=cfg.normalize_advantages,
+    )
+
+
+def annealed_lr(cfg: PPOConfig, update: int, num_updates: int) -> float:
+    """Linear decay from the initial rate at update 1 towards zero after the last."""
+    if not cfg.anneal_lr:
+        return cfg.learning_rate
+    return cfg.learning_rate * (1.0 - (update - 1) / num_updates)
+
+
+@dataclass
+class Run:
+    name: str
+    dir: str
+    sink: MetricsSink
+
+
+def start_run(cfg: PPOConfig, runtime: Runtime, env_id: str) -> Run:
+    """Name the run on rank 0 (so all ranks agree) and log the hyperparameters."""
+    name = f"{cfg.exp_name}_{env_id}_{cfg.seed}_{datetime.now():%Y%m%d_%H%M%S}"
+    name = runtime.broadcast_object(name)
+    sink = runtime.make_sink(os.path.join(cfg.log_dir, runtime.log_subdir), name)
+    sink.log_hparams(cfg.to_dict())
+    sink.log_text("hyperparameters", hparams_table(cfg.to_dict()))
+    return Run(name, sink.log_dir, sink)
+
+
+def train_coupled(cfg: PPOConfig, spaces: EnvSpaces, runtime: Runtime) -> None:
+    run = start_run(cfg, runtime, spaces.env_id)
+    device, rank, world_size = runtime.device, runtime.rank, runtime.world_size
+
+    agent = build_agent(cfg, spaces, device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=ADAM_EPS)
+    model, optimizer = runtime.setup(agent, optimizer)
+
+    record_video = cfg.capture_video and runtime.is_main
+    envs = make_vector_env(spaces.env_id, cfg.num_envs, video_folder(run.dir, "train") if record_video else None)
+    obs_normalizer = ObservationNormalizer(spaces.obs_dim, cfg.normalize_observations, device)
+    collector = RolloutCollector(
+        envs,
+        cfg.num_steps,
+        spaces.obs_dim,
+        device,
+        obs_normalizer,
+        RewardScaler(cfg.num_envs, cfg.gamma, cfg.normalize_rewards),
+        env_seeds(cfg, rank),
+        action_generator(cfg, rank, device),
+    )
+    # With --share-data every rank trains on its shard of the gathered rollouts.
+    shards = world_size if cfg.share_data else 1
+    schedule = MinibatchSchedule(
+        cfg.rollout_steps_per_rank * shards, cfg.per_rank_batch_size, shards, rank if cfg.share_data else 0, cfg.seed
+    )
+    metrics = TrainingMetrics(device)
+    hp = hyperparameters(cfg)
+    num_updates = cfg.num_updates(world_size)
+    steps_per_update = cfg.rollout_steps_per_rank * world_size
+    progress = ProgressBar(num_updates * steps_per_update, runtime.is_main and cfg.progress_bar)
+
+    global_step, start = 0, time.perf_counter()
+    for update in range(1, num_updates + 1):
+        lr = annealed_lr(cfg, update, num_updates)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+
+        rollout, episodes = collector.collect(agent)
+        collector.sync_normalizers(rollout, runtime.all_reduce_sum)
+        batch = rollout_to_batch(rollout, cfg.gamma, cfg.gae_lambda)
+        if cfg.share_data:
+            batch = batch.map(runtime.all_gather_rows)
+        metrics.update(EPISODE_RETURN, episodes.returns)
+        metrics.update(EPISODE_LENGTH, episodes.lengths)
+        metrics.update(EXPLAINED_VARIANCE, explained_variance(batch.values, batch.returns))
+
+        ppo_update(
+            model,
+            optimizer,
+            batch,
+            schedule,
+            hp,
+            runtime.backward,
+            lambda max_norm: runtime.clip_gradients(model, optimizer, max_norm),
+            metrics.record_minibatch,
+        )
+
+        global_step += steps_per_update
+        steps_per_second = global_step / (time.perf_counter() - start)
+        scalars = metrics.compute()
+        scalars |= {"Info/learning_rate": lr, "Time/steps_per_second": steps_per_second}
+        run.sink.log_scalars(scalars, global_step)
+        progress.advance(steps_per_update, steps_per_second, scalars.get(EPISODE_RETURN))
+    progress.close()
+    envs.close()
+
+    state = agent_state(agent, obs_normalizer, collector.reward_scaler, cfg, spaces.env_id)
+    runtime.save(agent_path(run.dir), state)
+    if runtime.is_main:
+        report_evaluation(cfg, spaces, agent, obs_normalizer, run, global_step)
+    run.sink.close()
+    runtime.shutdown()
+
+
+def report_evaluation(
+    cfg: PPOConfig,
+    spaces: EnvSpaces,
+    agent: ActorCritic,
+    obs_normalizer: ObservationNormalizer,
+    run: Run,
+    global_step: int,
+) -> None:
+    if cfg.eval_episodes == 0:
+        return
+    video_dir = video_folder(run.dir, "test") if cfg.capture_video else None
+    returns, lengths = evaluate_greedy(
+        agent, spaces.env_id, cfg.eval_episodes, cfg.seed, obs_normalizer, next(agent.parameters()).device, video_dir
+    )
+    summary = {
+        "Test/return_mean": float(np.mean(returns)),
+        "Test/return_std": float(np.std(returns)),
+        "Test/length_mean": float(np.mean(lengths)),
+    }
+    run.sink.log_scalars(summary, global_step)
+    print(
+        f"evaluation over {cfg.eval_episodes} greedy episodes: return "
+        f"{summary['Test/return_mean']:.2f} ± {summary['Test/return_std']:.2f}, "
+        f"length {summary['Test/length_mean']:.1f}",
+        flush=True,
+    )

@@ -1,0 +1,42 @@
+"""Greedy evaluation on fresh environments."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from rl.envs import derive_seed, make_vector_env
+from rl.normalization import ObservationNormalizer
+from rl.policy import ActorCritic
+
+EVAL_STREAM = 3  # seed stream of the evaluation envs, apart from the training envs'
+
+
+@torch.no_grad()
+def evaluate_greedy(
+    agent: ActorCritic,
+    env_id: str,
+    episodes: int,
+    seed: int,
+    obs_normalizer: ObservationNormalizer,
+    device: torch.device,
+    video_dir: str | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Returns and lengths of `episodes` episodes, one per env, all run side by side."""
+    envs = make_vector_env(env_id, episodes, video_dir)
+    returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
+    finished = np.zeros(episodes, dtype=bool)
+    try:
+        obs, _ = envs.reset(seed=[derive_seed(seed, EVAL_STREAM, i) for i in range(episodes)])
+        while not finished.all():
+            obs_t = torch.as_tensor(obs, dtype=torch.float32, device=device).reshape(episodes, -1)
+            action = agent.greedy_action(obs_normalizer(obs_t)).cpu().numpy()
+            obs, _, _, _, info = envs.step(action)
+            if "_episode" in info:  # only an env's first episode counts
+                ended = info["_episode"] & ~finished
+                returns[ended] = info["episode"]["r"][ended]
+                lengths[ended] = info["episode"]["l"][ended]
+                finished |= ended
+    finally:
+        envs.close()
+    return returns, lengths

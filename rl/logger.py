@@ -1,0 +1,158 @@
+"""TensorBoard sinks, cross-rank metric aggregation and the rank-0 progress bar."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import torch
+import torchmetrics
+from tqdm import tqdm
+
+from rl.ppo import MinibatchStats
+
+
+class MetricsSink(Protocol):
+    """Where rank 0 writes scalars, hyperparameters and text."""
+
+    log_dir: str
+
+    def log_scalars(self, metrics: dict[str, float], step: int) -> None: ...
+    def log_hparams(self, params: dict[str, Any]) -> None: ...
+    def log_text(self, tag: str, text: str) -> None: ...
+    def close(self) -> None: ...
+
+
+class FabricSink:
+    """Lightning's own TensorBoard logger; it writes on global rank 0 only."""
+
+    def __init__(self, root_dir: str, run_name: str) -> None:
+        from lightning.fabric.loggers import TensorBoardLogger
+
+        self._logger = TensorBoardLogger(root_dir=root_dir, name=run_name, version="")
+        self.log_dir = self._logger.log_dir
+
+    def log_scalars(self, metrics: dict[str, float], step: int) -> None:
+        self._logger.log_metrics(metrics, step=step)
+
+    def log_hparams(self, params: dict[str, Any]) -> None:
+        self._logger.log_hyperparams(params)
+
+    def log_text(self, tag: str, text: str) -> None:
+        self._logger.experiment.add_text(tag, text)
+
+    def close(self) -> None:
+        self._logger.finalize("success")
+
+
+class SummaryWriterSink:
+    """A plain `SummaryWriter` for the torchrun baseline; only rank 0 owns one."""
+
+    def __init__(self, log_dir: str, is_main: bool) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.log_dir = log_dir
+        self._writer = SummaryWriter(log_dir) if is_main else None
+
+    def log_scalars(self, metrics: dict[str, float], step: int) -> None:
+        if self._writer:
+            for tag, value in metrics.items():
+                self._writer.add_scalar(tag, value, step)
+
+    def log_hparams(self, params: dict[str, Any]) -> None:
+        if self._writer:
+            from torch.utils.tensorboard.summary import hparams
+
+            # Written into this run's own event file, rather than a sub-run as `add_hparams` does.
+            for summary in hparams({k: _hparam_value(v) for k, v in params.items()}, {}):
+                self._writer.file_writer.add_summary(summary)
+
+    def log_text(self, tag: str, text: str) -> None:
+        if self._writer:
+            self._writer.add_text(tag, text)
+
+    def close(self) -> None:
+        if self._writer:
+            self._writer.close()
+
+
+def _hparam_value(value: Any) -> Any:
+    return value if isinstance(value, int | float | str | bool) else str(value)
+
+
+def hparams_table(params: dict[str, Any]) -> str:
+    rows = "\n".join(f"|{key}|{value}|" for key, value in params.items())
+    return f"|param|value|\n|-|-|\n{rows}"
+
+
+class MeanOverRanks:
+    """Named running means whose `compute` pools every rank (one torchmetrics `MeanMetric` each).
+
+    Every rank must call `compute` at the same point, even with nothing recorded: the pooling
+    is a collective. Means with no samples anywhere are left out of the result.
+    """
+
+    def __init__(self, names: Iterable[str], device: torch.device) -> None:
+        self._metrics = {name: torchmetrics.MeanMetric().to(device) for name in names}
+
+    def update(self, name: str, values: torch.Tensor | float | list[float]) -> None:
+        if isinstance(values, list) and not values:
+            return
+        self._metrics[name].update(torch.as_tensor(values, dtype=torch.float32))
+
+    def compute(self) -> dict[str, float]:
+        results = {}
+        with warnings.catch_warnings():
+            # A rank that saw no episode this update is normal; its peers may have.
+            warnings.filterwarnings("ignore", message=".*compute.*before.*update.*")
+            for name, metric in self._metrics.items():
+                value = float(metric.compute())
+                metric.reset()
+                if not math.isnan(value):
+                    results[name] = value
+        return results
+
+
+EPISODE_RETURN = "Rewards/rew_avg"
+EPISODE_LENGTH = "Game/ep_len_avg"
+LOSS_TAGS = {
+    "policy_loss": "Loss/policy_loss",
+    "value_loss": "Loss/value_loss",
+    "entropy": "Loss/entropy",
+    "approx_kl": "Loss/approx_kl",
+    "clip_fraction": "Loss/clip_fraction",
+}
+EXPLAINED_VARIANCE = "Loss/explained_variance"
+
+
+class TrainingMetrics(MeanOverRanks):
+    """Episode statistics and update statistics, aggregated across ranks."""
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__([EPISODE_RETURN, EPISODE_LENGTH, EXPLAINED_VARIANCE, *LOSS_TAGS.values()], device)
+
+    def record_minibatch(self, stats: MinibatchStats) -> None:
+        for field, tag in LOSS_TAGS.items():
+            self.update(tag, getattr(stats, field))
+
+
+class ProgressBar:
+    """Steps, steps/s and the recent return on rank 0, one refresh per update."""
+
+    def __init__(self, total_steps: int, enabled: bool) -> None:
+        self._bar = tqdm(total=total_steps, unit="step", disable=not enabled, dynamic_ncols=True)
+        self._recent_return: float | None = None
+
+    def advance(self, steps: int, steps_per_second: float, episode_return: float | None) -> None:
+        if episode_return is not None:
+            self._recent_return = episode_return
+        postfix = {"sps": f"{steps_per_second:,.0f}"}
+        if self._recent_return is not None:
+            postfix["return"] = f"{self._recent_return:.1f}"
+        self._bar.set_postfix(postfix, refresh=False)
+        self._bar.update(steps)
+
+    def close(self) -> None:
+        self._bar.close()

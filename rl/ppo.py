@@ -1,0 +1,142 @@
+"""PPO losses (pure functions) and the update step shared by every mode."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import BatchSampler, DistributedSampler
+
+from rl.rollout import Batch
+
+
+def policy_loss(new_logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, clip_coef: float) -> Tensor:
+    """The clipped surrogate objective, negated for minimization."""
+    ratio = (new_logprobs - old_logprobs).exp()
+    unclipped = advantages * ratio
+    clipped = advantages * ratio.clamp(1.0 - clip_coef, 1.0 + clip_coef)
+    return -torch.min(unclipped, clipped).mean()
+
+
+def value_loss(
+    new_values: Tensor, old_values: Tensor, returns: Tensor, clip_coef: float, clip_vloss: bool
+) -> Tensor:
+    """Half the squared error; with `clip_vloss`, the worse of the clipped and unclipped errors."""
+    unclipped = (new_values - returns).pow(2)
+    if not clip_vloss:
+        return 0.5 * unclipped.mean()
+    clipped_values = old_values + (new_values - old_values).clamp(-clip_coef, clip_coef)
+    clipped = (clipped_values - returns).pow(2)
+    return 0.5 * torch.max(unclipped, clipped).mean()
+
+
+def entropy_loss(entropy: Tensor) -> Tensor:
+    return -entropy.mean()
+
+
+def normalize(advantages: Tensor) -> Tensor:
+    if advantages.numel() < 2:
+        return advantages - advantages.mean()
+    return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+
+def explained_variance(predictions: Tensor, targets: Tensor) -> float:
+    """1 - Var[targets - predictions] / Var[targets]; NaN when the targets do not vary."""
+    target_var = targets.var()
+    if target_var == 0:
+        return float("nan")
+    return float(1.0 - (targets - predictions).var() / target_var)
+
+
+@dataclass(frozen=True)
+class PPOHyperparameters:
+    clip_coef: float
+    clip_vloss: bool
+    ent_coef: float
+    vf_coef: float
+    max_grad_norm: float
+    update_epochs: int
+    minibatch_size: int
+    normalize_advantages: bool
+
+
+@dataclass
+class MinibatchStats:
+    """Detached scalars; kept as tensors so a GPU run does not sync on every minibatch."""
+
+    policy_loss: Tensor
+    value_loss: Tensor
+    entropy: Tensor
+    approx_kl: Tensor
+    clip_fraction: Tensor
+
+
+class MinibatchSchedule:
+    """Which rows each minibatch takes, the same way on every rank and in every mode.
+
+    A `DistributedSampler` shuffles with its own generator seeded by (seed, epoch): all ranks
+    draw the same permutation and keep their own shard of it. With `num_shards=1` it is a
+    plain seeded shuffle of local data.
+    """
+
+    def __init__(self, num_rows: int, minibatch_size: int, num_shards: int, shard: int, seed: int) -> None:
+        self.sampler = DistributedSampler(range(num_rows), num_replicas=num_shards, rank=shard, shuffle=True, seed=seed)
+        self.batches = BatchSampler(self.sampler, minibatch_size, drop_last=False)
+        self.epoch = 0
+
+    def next_epoch(self) -> list[list[int]]:
+        self.sampler.set_epoch(self.epoch)
+        self.epoch += 1
+        return list(self.batches)
+
+
+def ppo_update(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    schedule: MinibatchSchedule,
+    hp: PPOHyperparameters,
+    backward: Callable[[Tensor], None],
+    clip_gradients: Callable[[float], None],
+    on_minibatch: Callable[[MinibatchStats], None],
+) -> None:
+    """`update_epochs` passes of minibatch gradient steps over `batch`.
+
+    `model` is the DDP-wrapped module, so `backward` averages gradients across ranks and the
+    clipping that follows acts on the averaged gradients.
+    """
+    for _ in range(hp.update_epochs):
+        for rows in schedule.next_epoch():
+            index = torch.as_tensor(rows, device=batch.obs.device)
+            minibatch = batch.map(lambda tensor: tensor[index])
+            new_logprobs, entropy, new_values = model(minibatch.obs, minibatch.actions)
+            advantages = normalize(minibatch.advantages) if hp.normalize_advantages else minibatch.advantages
+            pg_loss = policy_loss(new_logprobs, minibatch.logprobs, advantages, hp.clip_coef)
+            v_loss = value_loss(new_values, minibatch.values, minibatch.returns, hp.clip_coef, hp.clip_vloss)
+            ent_loss = entropy_loss(entropy)
+            loss = pg_loss + hp.vf_coef * v_loss + hp.ent_coef * ent_loss
+
+            optimizer.zero_grad(set_to_none=True)
+            backward(loss)
+            if hp.max_grad_norm > 0:
+                clip_gradients(hp.max_grad_norm)
+            optimizer.step()
+            on_minibatch(_minibatch_stats(new_logprobs, minibatch.logprobs, pg_loss, v_loss, ent_loss, hp.clip_coef))
+
+
+@torch.no_grad()
+def _minibatch_stats(
+    new_logprobs: Tensor, old_logprobs: Tensor, pg_loss: Tensor, v_loss: Tensor, ent_loss: Tensor, clip_coef: float
+) -> MinibatchStats:
+    log_ratio = new_logprobs - old_logprobs
+    ratio = log_ratio.exp()
+    return MinibatchStats(
+        policy_loss=pg_loss.detach(),
+        value_loss=v_loss.detach(),
+        entropy=-ent_loss.detach(),
+        # the low-variance estimator of KL(old || new) from Schulman's "Approximating KL divergence"
+        approx_kl=((ratio - 1) - log_ratio).mean(),
+        clip_fraction=((ratio - 1.0).abs() > clip_coef).float().mean(),
+    )

@@ -1,0 +1,210 @@
+"""The rollout loop and generalized advantage estimation, shared by every mode."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import Tensor
+
+from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
+from rl.policy import ActorCritic, action_shape_and_dtype
+
+
+@dataclass
+class Rollout:
+    """`num_steps` x `num_envs` transitions; the buffers are allocated once and refilled."""
+
+    obs: Tensor  # normalized observations the policy acted on
+    actions: Tensor  # unclipped samples
+    logprobs: Tensor  # of the behaviour policy
+    values: Tensor
+    rewards: Tensor  # after reward scaling
+    terminated: Tensor
+    truncated: Tensor
+    final_values: Tensor  # V(final observation) where an episode was truncated, else 0
+    raw_obs: Tensor  # unnormalized, for the normalizer's statistics
+    discounted_returns: Tensor  # for the reward scaler's statistics
+    next_obs: Tensor = field(default_factory=lambda: torch.empty(0))
+    next_value: Tensor = field(default_factory=lambda: torch.empty(0))
+
+    @classmethod
+    def allocate(
+        cls, num_steps: int, num_envs: int, obs_dim: int, action_space: gym.Space, device: torch.device
+    ) -> Rollout:
+        action_shape, action_dtype = action_shape_and_dtype(action_space)
+        steps = (num_steps, num_envs)
+
+        def zeros(*shape: int, dtype: torch.dtype = torch.float32) -> Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        return cls(
+            obs=zeros(*steps, obs_dim),
+            actions=zeros(*steps, *action_shape, dtype=action_dtype),
+            logprobs=zeros(*steps),
+            values=zeros(*steps),
+            rewards=zeros(*steps),
+            terminated=zeros(*steps, dtype=torch.bool),
+            truncated=zeros(*steps, dtype=torch.bool),
+            final_values=zeros(*steps),
+            raw_obs=zeros(*steps, obs_dim),
+            discounted_returns=zeros(*steps),
+        )
+
+
+@dataclass
+class EpisodeLog:
+    returns: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+
+
+class RolloutCollector:
+    """Steps a vector env with the current policy and fills a `Rollout`."""
+
+    def __init__(
+        self,
+        envs: gym.vector.VectorEnv,
+        num_steps: int,
+        obs_dim: int,
+        device: torch.device,
+        obs_normalizer: ObservationNormalizer,
+        reward_scaler: RewardScaler,
+        env_seeds: list[int],
+        generator: torch.Generator,
+    ) -> None:
+        self.envs = envs
+        self.num_steps = num_steps
+        self.device = device
+        self.obs_normalizer = obs_normalizer
+        self.reward_scaler = reward_scaler
+        self.generator = generator
+        self.buffer = Rollout.allocate(num_steps, envs.num_envs, obs_dim, envs.single_action_space, device)
+        first_obs, _ = envs.reset(seed=env_seeds)
+        self._raw_obs = self._to_tensor(first_obs)
+
+    def _to_tensor(self, array: np.ndarray) -> Tensor:
+        return torch.as_tensor(array, dtype=torch.float32).reshape(self.envs.num_envs, -1).to(self.device)
+
+    def collect(self, agent: ActorCritic) -> tuple[Rollout, EpisodeLog]:
+        """Run `num_steps` vector steps; the observation normalizer is frozen meanwhile."""
+        buf, episodes = self.buffer, EpisodeLog()
+        for step in range(self.num_steps):
+            obs = self.obs_normalizer(self._raw_obs)
+            action, logprob, value = agent.act(obs, self.generator)
+            raw_next, reward, terminated, truncated, info = self.envs.step(action.cpu().numpy())
+            scaled_reward, discounted = self.reward_scaler(reward, terminated | truncated)
+
+            buf.raw_obs[step] = self._raw_obs
+            buf.obs[step] = obs
+            buf.actions[step] = action
+            buf.logprobs[step] = logprob
+            buf.values[step] = value
+            buf.rewards[step] = torch.as_tensor(scaled_reward, dtype=torch.float32)
+            buf.discounted_returns[step] = torch.as_tensor(discounted, dtype=torch.float32)
+            buf.terminated[step] = torch.as_tensor(terminated)
+            buf.truncated[step] = torch.as_tensor(truncated)
+            buf.final_values[step] = self._truncation_values(agent, truncated & ~terminated, info)
+            _record_episodes(info, episodes)
+            self._raw_obs = self._to_tensor(raw_next)
+
+        buf.next_obs = self.obs_normalizer(self._raw_obs)
+        with torch.no_grad():
+            buf.next_value = agent.value(buf.next_obs)
+        return buf, episodes
+
+    def _truncation_values(self, agent: ActorCritic, bootstrap: np.ndarray, info: dict) -> Tensor | float:
+        """V(final observation) for envs cut off by a time limit: their return continues."""
+        if not bootstrap.any():
+            return 0.0
+        index = np.flatnonzero(bootstrap)
+        final_obs = np.stack([info["final_obs"][i] for i in index])
+        values = torch.zeros(self.envs.num_envs, device=self.device)
+        with torch.no_grad():
+            values[index] = agent.value(self.obs_normalizer(self._to_tensor_rows(final_obs)))
+        return values
+
+    def _to_tensor_rows(self, array: np.ndarray) -> Tensor:
+        return torch.as_tensor(array, dtype=torch.float32).reshape(array.shape[0], -1).to(self.device)
+
+    def sync_normalizers(self, rollout: Rollout, all_reduce_sum: AllReduceSum) -> None:
+        """Fold this rollout into the normalization statistics, pooled over all ranks."""
+        self.obs_normalizer.sync_update(rollout.raw_obs.reshape(-1, rollout.raw_obs.shape[-1]), all_reduce_sum)
+        self.reward_scaler.sync_update(rollout.discounted_returns, all_reduce_sum)
+
+
+def _record_episodes(info: dict, episodes: EpisodeLog) -> None:
+    if "_episode" not in info:
+        return
+    done = info["_episode"]
+    episodes.returns.extend(info["episode"]["r"][done].tolist())
+    episodes.lengths.extend(info["episode"]["l"][done].tolist())
+
+
+def compute_gae(
+    rewards: Tensor,
+    values: Tensor,
+    terminated: Tensor,
+    truncated: Tensor,
+    final_values: Tensor,
+    next_value: Tensor,
+    gamma: float,
+    gae_lambda: float,
+) -> tuple[Tensor, Tensor]:
+    """Advantages and returns for `[T, N]` tensors.
+
+    An episode end (either kind) stops the backup at that step. A truncated step's return
+    continues past the cut through gamma * V(final observation); a terminated one's does not.
+    """
+    bootstrap = truncated & ~terminated
+    rewards = rewards + gamma * final_values * bootstrap
+    continues = (~(terminated | truncated)).float()
+    next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
+    deltas = rewards + gamma * next_values * continues - values
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros_like(next_value)
+    for t in reversed(range(rewards.shape[0])):
+        running = deltas[t] + gamma * gae_lambda * continues[t] * running
+        advantages[t] = running
+    return advantages, advantages + values
+
+
+@dataclass
+class Batch:
+    """Flat training data: one row per transition."""
+
+    obs: Tensor
+    actions: Tensor
+    logprobs: Tensor
+    values: Tensor
+    advantages: Tensor
+    returns: Tensor
+
+    def __len__(self) -> int:
+        return self.obs.shape[0]
+
+    def map(self, fn) -> Batch:
+        return Batch(**{f.name: fn(getattr(self, f.name)) for f in fields(self)})
+
+
+def rollout_to_batch(rollout: Rollout, gamma: float, gae_lambda: float) -> Batch:
+    advantages, returns = compute_gae(
+        rollout.rewards,
+        rollout.values,
+        rollout.terminated,
+        rollout.truncated,
+        rollout.final_values,
+        rollout.next_value,
+        gamma,
+        gae_lambda,
+    )
+    num_rows = rollout.rewards.numel()
+    return Batch(
+        obs=rollout.obs.reshape(num_rows, -1),
+        actions=rollout.actions.reshape(num_rows, *rollout.actions.shape[2:]),
+        logprobs=rollout.logprobs.reshape(-1),
+        values=rollout.values.reshape(-1),
+        advantages=advantages.reshape(-1),
+        returns=returns.reshape(-1),
+    )

@@ -1,0 +1,177 @@
+"""The distributed runtime a training loop runs on: Lightning Fabric or raw torch.distributed.
+
+Both expose the same small surface (set-up, backward, gradient clipping, a few collectives,
+saving and a TensorBoard sink), so the rollout loop and the update step are written once.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from rl.config import PPOConfig, local_world_size_from_env
+from rl.logger import FabricSink, MetricsSink, SummaryWriterSink
+
+
+def configure_torch_threads() -> int:
+    """One share of the cores per local rank: launchers hand every rank all of them."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = max(1, cores // local_world_size_from_env())
+    torch.set_num_threads(threads)
+    return threads
+
+
+class Runtime(ABC):
+    rank: int
+    world_size: int
+    device: torch.device
+    log_subdir: str  # logs/<log_subdir>/<run>/
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @abstractmethod
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Wrap the model for data-parallel training; all ranks end with rank 0's weights."""
+
+    @abstractmethod
+    def backward(self, loss: Tensor) -> None: ...
+
+    @abstractmethod
+    def clip_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> None: ...
+
+    @abstractmethod
+    def all_reduce_sum(self, tensor: Tensor) -> Tensor: ...
+
+    @abstractmethod
+    def all_gather_rows(self, tensor: Tensor) -> Tensor:
+        """Concatenate every rank's tensor along dim 0, in rank order."""
+
+    @abstractmethod
+    def broadcast_object(self, obj: Any) -> Any: ...
+
+    @abstractmethod
+    def save(self, path: str, state: dict[str, Any]) -> None:
+        """Write `state` once (from rank 0); every rank returns after the file exists."""
+
+    @abstractmethod
+    def make_sink(self, root_dir: str, run_name: str) -> MetricsSink: ...
+
+    def shutdown(self) -> None:
+        """Release the process group."""
+
+
+def _device(cfg: PPOConfig, local_rank: int) -> torch.device:
+    return torch.device(f"cuda:{local_rank}") if cfg.cuda else torch.device("cpu")
+
+
+class FabricRuntime(Runtime):
+    log_subdir = "fabric_logs"
+
+    def __init__(self, cfg: PPOConfig, world_size: int) -> None:
+        from lightning.fabric import Fabric
+
+        self.fabric = Fabric(
+            accelerator="cuda" if cfg.cuda else "cpu",
+            strategy="ddp" if world_size > 1 else "auto",
+            devices=local_world_size_from_env(),
+            num_nodes=max(1, world_size // local_world_size_from_env()),
+        )
+        self.fabric.launch()
+        self.rank = self.fabric.global_rank
+        self.world_size = self.fabric.world_size
+        self.device = self.fabric.device
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+        return self.fabric.setup(model, optimizer)
+
+    def backward(self, loss: Tensor) -> None:
+        self.fabric.backward(loss)
+
+    def clip_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> None:
+        self.fabric.clip_gradients(model, optimizer, max_norm=max_norm)
+
+    def all_reduce_sum(self, tensor: Tensor) -> Tensor:
+        return self.fabric.all_reduce(tensor, reduce_op="sum") if self.world_size > 1 else tensor
+
+    def all_gather_rows(self, tensor: Tensor) -> Tensor:
+        if self.world_size == 1:
+            return tensor
+        return self.fabric.all_gather(tensor).reshape(-1, *tensor.shape[1:])
+
+    def broadcast_object(self, obj: Any) -> Any:
+        return self.fabric.broadcast(obj, src=0)
+
+    def save(self, path: str, state: dict[str, Any]) -> None:
+        self.fabric.save(path, state)
+
+    def make_sink(self, root_dir: str, run_name: str) -> MetricsSink:
+        return FabricSink(root_dir, run_name)
+
+
+class TorchRuntime(Runtime):
+    """torch.distributed and DistributedDataParallel, as started by `torchrun`; no Fabric."""
+
+    log_subdir = "torch_logs"
+
+    def __init__(self, cfg: PPOConfig, world_size: int) -> None:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.device = _device(cfg, local_rank)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.world_size = world_size
+        if world_size > 1:
+            dist.init_process_group(backend="nccl" if cfg.cuda else "gloo")
+        self.rank = dist.get_rank() if world_size > 1 else 0
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+        model.to(self.device)
+        if self.world_size == 1:
+            return model, optimizer
+        device_ids = [self.device] if self.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(model, device_ids=device_ids), optimizer
+
+    def backward(self, loss: Tensor) -> None:
+        loss.backward()
+
+    def clip_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> None:
+        nn.utils.clip_grad_norm_(model.parameters(), max_norm, error_if_nonfinite=True)
+
+    def all_reduce_sum(self, tensor: Tensor) -> Tensor:
+        if self.world_size > 1:
+            tensor = tensor.clone()
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def all_gather_rows(self, tensor: Tensor) -> Tensor:
+        if self.world_size == 1:
+            return tensor
+        gathered = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(gathered, tensor.contiguous())
+        return torch.cat(gathered)
+
+    def broadcast_object(self, obj: Any) -> Any:
+        if self.world_size == 1:
+            return obj
+        holder = [obj]
+        dist.broadcast_object_list(holder, src=0)
+        return holder[0]
+
+    def save(self, path: str, state: dict[str, Any]) -> None:
+        if self.is_main:
+            torch.save(state, path)
+        if self.world_size > 1:
+            dist.barrier()
+
+    def make_sink(self, root_dir: str, run_name: str) -> MetricsSink:
+        return SummaryWriterSink(os.path.join(root_dir, run_name), self.is_main)
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
