@@ -41,6 +41,11 @@ def build_agent(cfg: PPOConfig, spaces: EnvSpaces, device: torch.device) -> Acto
     return agent.to(device)
 
 
+def make_optimizer(agent: ActorCritic, cfg: PPOConfig) -> torch.optim.Optimizer:
+    # The fused kernel is several times faster than the per-tensor loop on CPU for these small nets.
+    return torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=ADAM_EPS, fused=True)
+
+
 def action_generator(cfg: PPOConfig, rank: int, device: torch.device) -> torch.Generator:
     generator = torch.Generator(device=device)
     generator.manual_seed(derive_seed(cfg.seed, ACTION_STREAM, rank))
@@ -93,7 +98,7 @@ def train_coupled(cfg: PPOConfig, spaces: EnvSpaces, runtime: Runtime) -> None:
     device, rank, world_size = runtime.device, runtime.rank, runtime.world_size
 
     agent = build_agent(cfg, spaces, device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=ADAM_EPS)
+    optimizer = make_optimizer(agent, cfg)
     model, optimizer = runtime.setup(agent, optimizer)
 
     record_video = cfg.capture_video and runtime.is_main
@@ -114,7 +119,7 @@ def train_coupled(cfg: PPOConfig, spaces: EnvSpaces, runtime: Runtime) -> None:
     schedule = MinibatchSchedule(
         cfg.rollout_steps_per_rank * shards, cfg.per_rank_batch_size, shards, rank if cfg.share_data else 0, cfg.seed
     )
-    metrics = TrainingMetrics(device)
+    metrics = TrainingMetrics(device, runtime.all_reduce_sum)
     hp = hyperparameters(cfg)
     num_updates = cfg.num_updates(world_size)
     steps_per_update = cfg.rollout_steps_per_rank * world_size
@@ -135,7 +140,7 @@ def train_coupled(cfg: PPOConfig, spaces: EnvSpaces, runtime: Runtime) -> None:
         metrics.update(EPISODE_LENGTH, episodes.lengths)
         metrics.update(EXPLAINED_VARIANCE, explained_variance(batch.values, batch.returns))
 
-        ppo_update(
+        update_stats = ppo_update(
             model,
             optimizer,
             batch,
@@ -143,8 +148,8 @@ def train_coupled(cfg: PPOConfig, spaces: EnvSpaces, runtime: Runtime) -> None:
             hp,
             runtime.backward,
             lambda max_norm: runtime.clip_gradients(model, optimizer, max_norm),
-            metrics.record_minibatch,
         )
+        metrics.record_update(update_stats)
 
         global_step += steps_per_update
         steps_per_second = global_step / (time.perf_counter() - start)

@@ -74,6 +74,8 @@ def _checked_action_space(space: gym.Space) -> gym.Space:
         raise UsageError("--env-id", f"Box action space of shape {space.shape} is not supported; it must be 1-D")
     if isinstance(space, gym.spaces.MultiDiscrete) and len(space.nvec.shape) != 1:
         raise UsageError("--env-id", f"MultiDiscrete action space {space} is not supported; it must be 1-D")
+    if isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete) and np.any(space.start != 0):
+        raise UsageError("--env-id", f"action space {space} is not supported; its actions must start at 0")
     return space
 
 

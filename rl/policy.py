@@ -7,51 +7,81 @@ that every mode seeds the same way, independent of weight init or anything else 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
 
-ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh}
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": torch.relu, "tanh": torch.tanh}
 HIDDEN_SIZE = 64
 
 
+def _linear(layer: nn.Linear, x: Tensor) -> Tensor:
+    # Calling the functional op skips nn.Module's per-call hook machinery: these nets are tiny
+    # and run once per env step, so that overhead is a large part of their cost.
+    return F.linear(x, layer.weight, layer.bias)
+
+
+def _sample(log_probs: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    """One draw per row of a categorical given as log-probabilities; returns (index, log-prob)."""
+    index = torch.multinomial(log_probs.exp(), 1, generator=generator)
+    return index.squeeze(-1), log_probs.gather(-1, index).squeeze(-1)
+
+
+def _entropy(log_probs: Tensor) -> Tensor:
+    return -(log_probs.exp() * log_probs).sum(-1)
+
+
 class CategoricalHead(nn.Module):
-    """Independent categoricals, one per component; a Discrete space is the one-component case."""
+    """A categorical over the actions of a Discrete space."""
 
-    def __init__(self, hidden: int, nvec: list[int], squeeze: bool) -> None:
+    def __init__(self, hidden: int, num_actions: int) -> None:
         super().__init__()
-        self.nvec = nvec
-        self.squeeze = squeeze  # Discrete actions are scalars, MultiDiscrete ones are vectors
-        self.linear = nn.Linear(hidden, sum(nvec))
+        self.linear = nn.Linear(hidden, num_actions)
 
-    def _log_probs(self, features: Tensor) -> list[Tensor]:
-        logits = self.linear(features)
-        return [torch.log_softmax(chunk, dim=-1) for chunk in logits.split(self.nvec, dim=-1)]
-
-    def _as_components(self, action: Tensor) -> Tensor:
-        return action.unsqueeze(-1) if self.squeeze else action
-
-    def _from_components(self, components: Tensor) -> Tensor:
-        return components.squeeze(-1) if self.squeeze else components
+    def _log_probs(self, features: Tensor) -> Tensor:
+        return torch.log_softmax(_linear(self.linear, features), dim=-1)
 
     def sample(self, features: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-        log_probs = self._log_probs(features)
-        samples = [torch.multinomial(lp.exp(), 1, generator=generator) for lp in log_probs]
-        logprob = sum(lp.gather(-1, s) for lp, s in zip(log_probs, samples, strict=True)).squeeze(-1)
-        return self._from_components(torch.cat(samples, dim=-1)), logprob
+        return _sample(self._log_probs(features), generator)
 
     def log_prob_entropy(self, features: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
         log_probs = self._log_probs(features)
-        components = self._as_components(action).long()
-        logprob = sum(lp.gather(-1, components[..., i : i + 1]) for i, lp in enumerate(log_probs)).squeeze(-1)
-        entropy = sum(-(lp.exp() * lp).sum(-1) for lp in log_probs)
-        return logprob, entropy
+        return log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1), _entropy(log_probs)
 
     def mode(self, features: Tensor) -> Tensor:
-        modes = [lp.argmax(-1, keepdim=True) for lp in self._log_probs(features)]
-        return self._from_components(torch.cat(modes, dim=-1))
+        return self._log_probs(features).argmax(-1)
+
+
+class MultiCategoricalHead(nn.Module):
+    """Independent categoricals, one per component of a MultiDiscrete space."""
+
+    def __init__(self, hidden: int, nvec: list[int]) -> None:
+        super().__init__()
+        self.nvec = nvec
+        self.linear = nn.Linear(hidden, sum(nvec))
+
+    def _log_probs(self, features: Tensor) -> list[Tensor]:
+        logits = _linear(self.linear, features)
+        return [torch.log_softmax(chunk, dim=-1) for chunk in logits.split(self.nvec, dim=-1)]
+
+    def sample(self, features: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        draws = [_sample(log_probs, generator) for log_probs in self._log_probs(features)]
+        actions, logprobs = zip(*draws, strict=True)
+        return torch.stack(actions, dim=-1), torch.stack(logprobs, dim=-1).sum(-1)
+
+    def log_prob_entropy(self, features: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
+        log_probs = self._log_probs(features)
+        action = action.long()
+        logprob = torch.stack([lp.gather(-1, action[..., i : i + 1]).squeeze(-1) for i, lp in enumerate(log_probs)])
+        entropy = torch.stack([_entropy(lp) for lp in log_probs])
+        return logprob.sum(0), entropy.sum(0)
+
+    def mode(self, features: Tensor) -> Tensor:
+        return torch.stack([lp.argmax(-1) for lp in self._log_probs(features)], dim=-1)
 
 
 class GaussianHead(nn.Module):
@@ -63,7 +93,7 @@ class GaussianHead(nn.Module):
         self.log_std = nn.Parameter(torch.zeros(action_dim))
 
     def sample(self, features: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-        mean = self.linear(features)
+        mean = _linear(self.linear, features)
         noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
         action = mean + self.log_std.exp() * noise
         return action, self._log_prob(mean, action)
@@ -73,19 +103,22 @@ class GaussianHead(nn.Module):
         return (-0.5 * z.pow(2) - self.log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
 
     def log_prob_entropy(self, features: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
-        mean = self.linear(features)
+        mean = _linear(self.linear, features)
         entropy = (0.5 + 0.5 * math.log(2 * math.pi) + self.log_std).sum().expand(mean.shape[:-1])
         return self._log_prob(mean, action), entropy
 
     def mode(self, features: Tensor) -> Tensor:
-        return self.linear(features)
+        return _linear(self.linear, features)
 
 
-def make_action_head(action_space: gym.Space, hidden: int) -> CategoricalHead | GaussianHead:
+ActionHead = CategoricalHead | MultiCategoricalHead | GaussianHead
+
+
+def make_action_head(action_space: gym.Space, hidden: int) -> ActionHead:
     if isinstance(action_space, gym.spaces.Discrete):
-        return CategoricalHead(hidden, [int(action_space.n)], squeeze=True)
+        return CategoricalHead(hidden, int(action_space.n))
     if isinstance(action_space, gym.spaces.MultiDiscrete):
-        return CategoricalHead(hidden, [int(n) for n in action_space.nvec], squeeze=False)
+        return MultiCategoricalHead(hidden, [int(n) for n in action_space.nvec])
     if isinstance(action_space, gym.spaces.Box):
         return GaussianHead(hidden, int(np.prod(action_space.shape)))
     raise TypeError(f"unsupported action space {action_space}")
@@ -100,10 +133,17 @@ def action_shape_and_dtype(action_space: gym.Space) -> tuple[tuple[int, ...], to
     return tuple(action_space.shape), torch.float32
 
 
-def _mlp(in_features: int, activation: type[nn.Module]) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Linear(in_features, HIDDEN_SIZE), activation(), nn.Linear(HIDDEN_SIZE, HIDDEN_SIZE), activation()
-    )
+class MLP(nn.Module):
+    """Two hidden layers of `HIDDEN_SIZE` units."""
+
+    def __init__(self, in_features: int, activation: str) -> None:
+        super().__init__()
+        self.hidden1 = nn.Linear(in_features, HIDDEN_SIZE)
+        self.hidden2 = nn.Linear(HIDDEN_SIZE, HIDDEN_SIZE)
+        self.activation = ACTIVATIONS[activation]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.activation(_linear(self.hidden2, self.activation(_linear(self.hidden1, x))))
 
 
 def _orthogonal_init(module: nn.Module, gain: float) -> None:
@@ -123,9 +163,8 @@ class ActorCritic(nn.Module):
 
     def __init__(self, obs_dim: int, action_space: gym.Space, activation: str = "relu", ortho_init: bool = False):
         super().__init__()
-        act = ACTIVATIONS[activation]
-        self.actor_body = _mlp(obs_dim, act)
-        self.critic_body = _mlp(obs_dim, act)
+        self.actor_body = MLP(obs_dim, activation)
+        self.critic_body = MLP(obs_dim, activation)
         self.critic_head = nn.Linear(HIDDEN_SIZE, 1)
         self.action_head = make_action_head(action_space, HIDDEN_SIZE)
         if ortho_init:
@@ -135,18 +174,18 @@ class ActorCritic(nn.Module):
             _orthogonal_init(self.action_head, 0.01)
 
     def value(self, obs: Tensor) -> Tensor:
-        return self.critic_head(self.critic_body(obs)).squeeze(-1)
+        return _linear(self.critic_head, self.critic_body.forward(obs)).squeeze(-1)
 
     def forward(self, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        logprob, entropy = self.action_head.log_prob_entropy(self.actor_body(obs), action)
+        logprob, entropy = self.action_head.log_prob_entropy(self.actor_body.forward(obs), action)
         return logprob, entropy, self.value(obs)
 
     @torch.no_grad()
     def act(self, obs: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
         """Sample actions; returns (action, log-prob, value)."""
-        action, logprob = self.action_head.sample(self.actor_body(obs), generator)
+        action, logprob = self.action_head.sample(self.actor_body.forward(obs), generator)
         return action, logprob, self.value(obs)
 
     @torch.no_grad()
     def greedy_action(self, obs: Tensor) -> Tensor:
-        return self.action_head.mode(self.actor_body(obs))
+        return self.action_head.mode(self.actor_body.forward(obs))

@@ -62,15 +62,7 @@ class PPOHyperparameters:
     normalize_advantages: bool
 
 
-@dataclass
-class MinibatchStats:
-    """Detached scalars; kept as tensors so a GPU run does not sync on every minibatch."""
-
-    policy_loss: Tensor
-    value_loss: Tensor
-    entropy: Tensor
-    approx_kl: Tensor
-    clip_fraction: Tensor
+UPDATE_STATS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
 
 
 class MinibatchSchedule:
@@ -100,13 +92,14 @@ def ppo_update(
     hp: PPOHyperparameters,
     backward: Callable[[Tensor], None],
     clip_gradients: Callable[[float], None],
-    on_minibatch: Callable[[MinibatchStats], None],
-) -> None:
+) -> dict[str, Tensor]:
     """`update_epochs` passes of minibatch gradient steps over `batch`.
 
     `model` is the DDP-wrapped module, so `backward` averages gradients across ranks and the
-    clipping that follows acts on the averaged gradients.
+    clipping that follows acts on the averaged gradients. Returns the mean of each of
+    `UPDATE_STATS` over the minibatches, as tensors, so a GPU run syncs once per update.
     """
+    stats = []
     for _ in range(hp.update_epochs):
         for rows in schedule.next_epoch():
             index = torch.as_tensor(rows, device=batch.obs.device)
@@ -123,20 +116,19 @@ def ppo_update(
             if hp.max_grad_norm > 0:
                 clip_gradients(hp.max_grad_norm)
             optimizer.step()
-            on_minibatch(_minibatch_stats(new_logprobs, minibatch.logprobs, pg_loss, v_loss, ent_loss, hp.clip_coef))
+            stats.append(_minibatch_stats(new_logprobs, minibatch.logprobs, pg_loss, v_loss, ent_loss, hp.clip_coef))
+    means = torch.stack(stats).mean(0)
+    return dict(zip(UPDATE_STATS, means, strict=True))
 
 
 @torch.no_grad()
 def _minibatch_stats(
     new_logprobs: Tensor, old_logprobs: Tensor, pg_loss: Tensor, v_loss: Tensor, ent_loss: Tensor, clip_coef: float
-) -> MinibatchStats:
+) -> Tensor:
+    """The values of `UPDATE_STATS`, in that order."""
     log_ratio = new_logprobs - old_logprobs
     ratio = log_ratio.exp()
-    return MinibatchStats(
-        policy_loss=pg_loss.detach(),
-        value_loss=v_loss.detach(),
-        entropy=-ent_loss.detach(),
-        # the low-variance estimator of KL(old || new) from Schulman's "Approximating KL divergence"
-        approx_kl=((ratio - 1) - log_ratio).mean(),
-        clip_fraction=((ratio - 1.0).abs() > clip_coef).float().mean(),
-    )
+    # approx_kl is the low-variance estimator of KL(old || new) from Schulman's note on KL estimators
+    approx_kl = ((ratio - 1) - log_ratio).mean()
+    clip_fraction = ((ratio - 1.0).abs() > clip_coef).float().mean()
+    return torch.stack([pg_loss, v_loss, -ent_loss, approx_kl, clip_fraction])

@@ -81,6 +81,15 @@ class RolloutCollector:
         self.reward_scaler = reward_scaler
         self.generator = generator
         self.buffer = Rollout.allocate(num_steps, envs.num_envs, obs_dim, envs.single_action_space, device)
+        self._env_side = {
+            name: np.zeros(tuple(getattr(self.buffer, name).shape), dtype=dtype)
+            for name, dtype in [
+                ("rewards", np.float32),
+                ("discounted_returns", np.float32),
+                ("terminated", np.bool_),
+                ("truncated", np.bool_),
+            ]
+        }
         first_obs, _ = envs.reset(seed=env_seeds)
         self._raw_obs = self._to_tensor(first_obs)
 
@@ -90,25 +99,27 @@ class RolloutCollector:
     def collect(self, agent: ActorCritic) -> tuple[Rollout, EpisodeLog]:
         """Run `num_steps` vector steps; the observation normalizer is frozen meanwhile."""
         buf, episodes = self.buffer, EpisodeLog()
+        env_side = self._env_side  # numpy staging: cheaper per step than tensor writes
         for step in range(self.num_steps):
             obs = self.obs_normalizer(self._raw_obs)
             action, logprob, value = agent.act(obs, self.generator)
             raw_next, reward, terminated, truncated, info = self.envs.step(action.cpu().numpy())
-            scaled_reward, discounted = self.reward_scaler(reward, terminated | truncated)
-
+            env_side["rewards"][step], env_side["discounted_returns"][step] = self.reward_scaler(
+                reward, terminated | truncated
+            )
+            env_side["terminated"][step] = terminated
+            env_side["truncated"][step] = truncated
             buf.raw_obs[step] = self._raw_obs
             buf.obs[step] = obs
             buf.actions[step] = action
             buf.logprobs[step] = logprob
             buf.values[step] = value
-            buf.rewards[step] = torch.as_tensor(scaled_reward, dtype=torch.float32)
-            buf.discounted_returns[step] = torch.as_tensor(discounted, dtype=torch.float32)
-            buf.terminated[step] = torch.as_tensor(terminated)
-            buf.truncated[step] = torch.as_tensor(truncated)
             buf.final_values[step] = self._truncation_values(agent, truncated & ~terminated, info)
             _record_episodes(info, episodes)
             self._raw_obs = self._to_tensor(raw_next)
 
+        for name, array in env_side.items():
+            getattr(buf, name).copy_(torch.from_numpy(array))
         buf.next_obs = self.obs_normalizer(self._raw_obs)
         with torch.no_grad():
             buf.next_value = agent.value(buf.next_obs)
@@ -156,18 +167,22 @@ def compute_gae(
 
     An episode end (either kind) stops the backup at that step. A truncated step's return
     continues past the cut through gamma * V(final observation); a terminated one's does not.
+    The backward recursion runs in numpy: T tiny steps cost far less there than as torch ops.
     """
-    bootstrap = truncated & ~terminated
-    rewards = rewards + gamma * final_values * bootstrap
-    continues = (~(terminated | truncated)).float()
-    next_values = torch.cat([values[1:], next_value.unsqueeze(0)])
-    deltas = rewards + gamma * next_values * continues - values
-    advantages = torch.zeros_like(rewards)
-    running = torch.zeros_like(next_value)
-    for t in reversed(range(rewards.shape[0])):
+    as_numpy = [t.detach().cpu().double().numpy() for t in (rewards, values, final_values, next_value)]
+    rewards_np, values_np, final_values_np, next_value_np = as_numpy
+    terminated_np, truncated_np = terminated.cpu().numpy(), truncated.cpu().numpy()
+    rewards_np = rewards_np + gamma * final_values_np * (truncated_np & ~terminated_np)
+    continues = (~(terminated_np | truncated_np)).astype(np.float64)
+    next_values = np.concatenate([values_np[1:], next_value_np[None]])
+    deltas = rewards_np + gamma * next_values * continues - values_np
+    advantages = np.zeros_like(rewards_np)
+    running = np.zeros_like(next_value_np)
+    for t in reversed(range(rewards_np.shape[0])):
         running = deltas[t] + gamma * gae_lambda * continues[t] * running
         advantages[t] = running
-    return advantages, advantages + values
+    advantages_t = torch.from_numpy(advantages).to(device=values.device, dtype=values.dtype)
+    return advantages_t, advantages_t + values
 
 
 @dataclass

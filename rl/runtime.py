@@ -67,8 +67,49 @@ class Runtime(ABC):
         """Release the process group."""
 
 
+def gather_mean_hook(process_group, bucket):  # noqa: ANN001, ANN201
+    """DDP communication hook: average a gradient bucket by all-gather and a local sum.
+
+    (Unannotated because DDP checks the hook's annotations against the real classes, and this
+    module's annotations are strings.)
+
+    On gloo, all-reduce costs about twice the latency of all-gather for the small buckets of
+    these networks (measured here: 2.6 ms vs 1.6 ms per 2-rank DDP step), and latency is what
+    bounds the update. Every rank sums the gathered rows in rank order, so all ranks get
+    identical averages.
+    """
+    flat = bucket.buffer()
+    world_size = dist.get_world_size(process_group)
+    gathered = torch.empty(world_size * flat.numel(), dtype=flat.dtype, device=flat.device)
+    work = dist.all_gather_into_tensor(gathered, flat, group=process_group, async_op=True)
+    return work.get_future().then(lambda _: gathered.view(world_size, -1).sum(0).div_(world_size))
+
+
+def register_gradient_hook(ddp: nn.parallel.DistributedDataParallel) -> None:
+    if dist.get_backend(ddp.process_group) == dist.Backend.GLOO:
+        ddp.register_comm_hook(ddp.process_group, gather_mean_hook)
+
+
 def _device(cfg: PPOConfig, local_rank: int) -> torch.device:
     return torch.device(f"cuda:{local_rank}") if cfg.cuda else torch.device("cpu")
+
+
+def _fabric_ddp_strategy() -> Any:
+    from lightning.fabric.strategies import DDPStrategy
+
+    class HookedDDPStrategy(DDPStrategy):
+        """Fabric's DDP with `gather_mean_hook` on gloo."""
+
+        def setup_module(self, module: nn.Module) -> nn.parallel.DistributedDataParallel:
+            ddp = super().setup_module(module)
+            register_gradient_hook(ddp)
+            return ddp
+
+    # `fabric run --strategy=ddp` asks for exactly this strategy; Fabric would otherwise refuse
+    # a strategy object that differs from the launcher's string.
+    if os.environ.get("LT_STRATEGY") == "ddp":
+        del os.environ["LT_STRATEGY"]
+    return HookedDDPStrategy()
 
 
 class FabricRuntime(Runtime):
@@ -76,14 +117,16 @@ class FabricRuntime(Runtime):
 
     def __init__(self, cfg: PPOConfig, world_size: int) -> None:
         from lightning.fabric import Fabric
+        from lightning.fabric.connector import _is_using_cli
 
         self.fabric = Fabric(
             accelerator="cuda" if cfg.cuda else "cpu",
-            strategy="ddp" if world_size > 1 else "auto",
+            strategy=_fabric_ddp_strategy() if world_size > 1 else "auto",
             devices=local_world_size_from_env(),
             num_nodes=max(1, world_size // local_world_size_from_env()),
         )
-        self.fabric.launch()
+        if not _is_using_cli():  # `fabric run` has already created the processes
+            self.fabric.launch()
         self.rank = self.fabric.global_rank
         self.world_size = self.fabric.world_size
         self.device = self.fabric.device
@@ -135,7 +178,9 @@ class TorchRuntime(Runtime):
         if self.world_size == 1:
             return model, optimizer
         device_ids = [self.device] if self.device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(model, device_ids=device_ids), optimizer
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+        register_gradient_hook(ddp)
+        return ddp, optimizer
 
     def backward(self, loss: Tensor) -> None:
         loss.backward()
