@@ -1,7 +1,7 @@
 """Coupled PPO on Lightning Fabric.
 
-    fabric run --accelerator=cpu --devices=2 train_fabric.py --env-id CartPole-v1
-    python train_fabric.py            # one process
+fabric run --accelerator=cpu --devices=2 train_fabric.py --env-id CartPole-v1
+python train_fabric.py            # one process
 """
 
 from rl.cli import prepare, run_main

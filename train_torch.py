@@ -1,6 +1,6 @@
 """Coupled PPO on raw torch.distributed, the baseline for the Fabric path.
 
-    torchrun --nproc_per_node=2 --standalone train_torch.py --env-id CartPole-v1
+torchrun --nproc_per_node=2 --standalone train_torch.py --env-id CartPole-v1
 """
 
 from rl.cli import prepare, run_main

@@ -141,7 +141,7 @@ def validate(cfg: PPOConfig, world_size: int, cuda_available: bool) -> None:
         raise UsageError("--player-on-gpu", "needs --cuda as well")
 
 
-_BOX_CHARS = re.compile(r"[╭╮╰╯│─]+")
+_RULE = re.compile(r"^[\s╭╮╰╯│─-]*$")
 
 
 def parse_config(argv: list[str], prog: str | None = None) -> PPOConfig:
@@ -161,10 +161,14 @@ def parse_config(argv: list[str], prog: str | None = None) -> PPOConfig:
 
 
 def _summarize_tyro_error(text: str) -> tuple[str, str]:
-    """The flag and first message line of a tyro error box."""
-    lines = [_BOX_CHARS.sub("", line).strip() for line in text.splitlines()]
-    lines = [line for line in lines if line and not line.startswith(("Unrecognized options ", "Value error"))]
-    message = lines[0] if lines else "invalid command line"
+    """The flag and the message of a tyro error box, on one line.
+
+    The box is a title, a rule, the message lines, then another rule and help we drop.
+    """
+    lines = [line.strip(" │╭╮╰╯") for line in text.splitlines()]
+    rules = [i for i, line in enumerate(lines) if line and _RULE.match(line)]
+    body = lines[rules[0] + 1 : rules[1]] if len(rules) >= 2 else lines
+    message = " ".join(line.strip() for line in body if line.strip()) or "invalid command line"
     named = re.search(r"(--[a-z0-9-]+)", message)
     return (named.group(1) if named else "command line"), message
 

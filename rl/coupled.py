@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import resource
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -10,6 +11,7 @@ from datetime import datetime
 import numpy as np
 import torch
 
+from rl import PROCESS_STARTED
 from rl.checkpoint import agent_path, agent_state
 from rl.config import PPOConfig
 from rl.envs import EnvSpaces, derive_seed, make_vector_env, video_folder
@@ -157,8 +159,10 @@ def train_coupled(cfg: PPOConfig, spaces: EnvSpaces, runtime: Runtime) -> None:
         scalars |= {"Info/learning_rate": lr, "Time/steps_per_second": steps_per_second}
         run.sink.log_scalars(scalars, global_step)
         progress.advance(steps_per_update, steps_per_second, scalars.get(EPISODE_RETURN))
+    loop_seconds = time.perf_counter() - start
     progress.close()
     envs.close()
+    report_resources(runtime, run, loop_seconds, global_step)
 
     state = agent_state(agent, obs_normalizer, collector.reward_scaler, cfg, spaces.env_id)
     runtime.save(agent_path(run.dir), state)
@@ -166,6 +170,24 @@ def train_coupled(cfg: PPOConfig, spaces: EnvSpaces, runtime: Runtime) -> None:
         report_evaluation(cfg, spaces, agent, obs_normalizer, run, global_step)
     run.sink.close()
     runtime.shutdown()
+
+
+def report_resources(runtime: Runtime, run: Run, loop_seconds: float, global_step: int) -> None:
+    """Loop speed, and each rank's process time and peak memory, printed and logged by rank 0."""
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    process_seconds = time.monotonic() - PROCESS_STARTED
+    per_rank = runtime.all_gather_rows(torch.tensor([[peak_rss_mb, process_seconds]], dtype=torch.float64))
+    run.sink.log_scalars(
+        {"Perf/loop_steps_per_second": global_step / loop_seconds, "Perf/peak_rss_mb_max": float(per_rank[:, 0].max())},
+        global_step,
+    )
+    if runtime.is_main:
+        rss = ", ".join(f"{mb:.0f}" for mb in per_rank[:, 0].tolist())
+        print(
+            f"training loop: {global_step} steps in {loop_seconds:.2f} s ({global_step / loop_seconds:,.0f} steps/s); "
+            f"peak RSS per rank (MB): {rss}; rank 0 process time so far: {per_rank[0, 1]:.2f} s",
+            flush=True,
+        )
 
 
 def report_evaluation(

@@ -11,7 +11,6 @@ from tqdm import tqdm
 from rl.normalization import AllReduceSum
 
 
-
 class MetricsSink(Protocol):
     """Where rank 0 writes scalars, hyperparameters and text."""
 

@@ -56,10 +56,16 @@ class ObservationNormalizer:
         self._refresh()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"mean": self.rms.mean.copy(), "var": self.rms.var.copy(), "count": self.rms.count}
+        # Tensors and floats only, so checkpoints load with torch.load(weights_only=True).
+        return {
+            "mean": torch.from_numpy(self.rms.mean.copy()),
+            "var": torch.from_numpy(self.rms.var.copy()),
+            "count": float(self.rms.count),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.rms.mean, self.rms.var, self.rms.count = np.asarray(state["mean"]), np.asarray(state["var"]), state["count"]
+        self.rms.mean, self.rms.var = state["mean"].double().numpy(), state["var"].double().numpy()
+        self.rms.count = state["count"]
         self._refresh()
 
 
@@ -89,7 +95,7 @@ class RewardScaler:
         self.rms.update_from_moments(mean[0], var[0], count)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"var": float(self.rms.var), "mean": float(self.rms.mean), "count": self.rms.count}
+        return {"mean": float(self.rms.mean), "var": float(self.rms.var), "count": float(self.rms.count)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rms.mean, self.rms.var, self.rms.count = state["mean"], state["var"], state["count"]

@@ -20,9 +20,7 @@ def policy_loss(new_logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, 
     return -torch.min(unclipped, clipped).mean()
 
 
-def value_loss(
-    new_values: Tensor, old_values: Tensor, returns: Tensor, clip_coef: float, clip_vloss: bool
-) -> Tensor:
+def value_loss(new_values: Tensor, old_values: Tensor, returns: Tensor, clip_coef: float, clip_vloss: bool) -> Tensor:
     """Half the squared error; with `clip_vloss`, the worse of the clipped and unclipped errors."""
     unclipped = (new_values - returns).pow(2)
     if not clip_vloss:
@@ -103,7 +101,7 @@ def ppo_update(
     for _ in range(hp.update_epochs):
         for rows in schedule.next_epoch():
             index = torch.as_tensor(rows, device=batch.obs.device)
-            minibatch = batch.map(lambda tensor: tensor[index])
+            minibatch = batch.rows(index)
             new_logprobs, entropy, new_values = model(minibatch.obs, minibatch.actions)
             advantages = normalize(minibatch.advantages) if hp.normalize_advantages else minibatch.advantages
             pg_loss = policy_loss(new_logprobs, minibatch.logprobs, advantages, hp.clip_coef)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 import gymnasium as gym
@@ -199,8 +200,11 @@ class Batch:
     def __len__(self) -> int:
         return self.obs.shape[0]
 
-    def map(self, fn) -> Batch:
+    def map(self, fn: Callable[[Tensor], Tensor]) -> Batch:
         return Batch(**{f.name: fn(getattr(self, f.name)) for f in fields(self)})
+
+    def rows(self, index: Tensor) -> Batch:
+        return self.map(lambda tensor: tensor[index])
 
 
 def rollout_to_batch(rollout: Rollout, gamma: float, gae_lambda: float) -> Batch:

@@ -63,11 +63,12 @@ class Runtime(ABC):
     @abstractmethod
     def make_sink(self, root_dir: str, run_name: str) -> MetricsSink: ...
 
+    @abstractmethod
     def shutdown(self) -> None:
         """Release the process group."""
 
 
-def gather_mean_hook(process_group, bucket):  # noqa: ANN001, ANN201
+def gather_mean_hook(process_group, bucket):
     """DDP communication hook: average a gradient bucket by all-gather and a local sum.
 
     (Unannotated because DDP checks the hook's annotations against the real classes, and this
@@ -156,6 +157,10 @@ class FabricRuntime(Runtime):
 
     def make_sink(self, root_dir: str, run_name: str) -> MetricsSink:
         return FabricSink(root_dir, run_name)
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 class TorchRuntime(Runtime):

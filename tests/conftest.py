@@ -1,0 +1,78 @@
+"""Helpers that launch the real entry points, as a user would, and read what they wrote."""
+
+from __future__ import annotations
+
+import glob
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+SCRIPTS = {"fabric": REPO / "train_fabric.py", "torch": REPO / "train_torch.py"}
+LOG_SUBDIRS = {"fabric": "fabric_logs", "torch": "torch_logs"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch_command(launcher: str, script: Path, args: list[str], nproc: int) -> list[str]:
+    if launcher == "fabric run":
+        return [str(BIN / "fabric"), "run", "--accelerator=cpu", f"--devices={nproc}",
+                f"--main-port={free_port()}", str(script), *args]  # fmt: skip
+    if launcher == "torchrun":
+        return [str(BIN / "torchrun"), f"--nproc_per_node={nproc}", "--standalone", str(script), *args]
+    if launcher == "python":
+        return [sys.executable, str(script), *args]
+    raise ValueError(launcher)
+
+
+@dataclass
+class Finished:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+def launch(launcher: str, script: Path, args: list[str], cwd: Path, nproc: int = 2, timeout: float = 240) -> Finished:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    start = time.monotonic()
+    done = subprocess.run(
+        launch_command(launcher, script, args, nproc), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    return Finished(done.returncode, done.stdout, done.stderr, time.monotonic() - start)
+
+
+def run_dir(cwd: Path, mode: str) -> Path:
+    (path,) = glob.glob(str(cwd / "logs" / LOG_SUBDIRS[mode] / "*"))
+    return Path(path)
+
+
+def read_scalars(directory: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(directory))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def read_text_tags(directory: Path) -> list[str]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(directory))
+    events.Reload()
+    return events.Tags()["tensors"]
+
+
+def load_agent(directory: Path) -> dict:
+    return torch.load(directory / "agent.ckpt", weights_only=True)

@@ -1,0 +1,50 @@
+"""Bad input ends every rank with one line naming the flag and exit code 2, before any collective."""
+
+import pytest
+import torch
+from conftest import SCRIPTS, launch
+
+BAD_INPUTS = [
+    (["--env-id", "NoSuchEnv-v0"], "--env-id"),
+    (["--env-id", "Blackjack-v1"], "--env-id"),  # Tuple observations
+    (["--per-rank-batch-size", "512"], "--per-rank-batch-size"),
+    (["--num-steps", "0"], "--num-steps"),
+    (["--learning-rate", "-0.001"], "--learning-rate"),
+    (["--total-timesteps", "200"], "--total-timesteps"),  # one rollout is 2 envs x 128 steps per rank
+    (["--no-such-flag"], "--no-such-flag"),
+]
+if not torch.cuda.is_available():
+    BAD_INPUTS.append((["--cuda"], "--cuda"))
+
+
+def error_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("error: ")]
+
+
+@pytest.mark.parametrize(("args", "flag"), BAD_INPUTS, ids=[flag for _, flag in BAD_INPUTS])
+def test_single_process_exits_2_with_one_line(tmp_path, args, flag):
+    finished = launch("python", SCRIPTS["fabric"], args, tmp_path)
+    assert finished.returncode == 2
+    (line,) = error_lines(finished.stderr)
+    assert line.startswith(f"error: {flag}: ")
+    assert "Traceback" not in finished.stderr
+    assert not (tmp_path / "logs").exists()
+
+
+@pytest.mark.parametrize(("args", "flag"), BAD_INPUTS, ids=[flag for _, flag in BAD_INPUTS])
+def test_every_fabric_rank_exits_2_with_one_line(tmp_path, args, flag):
+    finished = launch("fabric run", SCRIPTS["fabric"], args, tmp_path, timeout=60)
+    assert finished.returncode != 0
+    lines = error_lines(finished.stderr)
+    assert len(lines) == 2 and all(line.startswith(f"error: {flag}: ") for line in lines)
+    assert "exitcode  : 2" in finished.stderr  # the launcher's report of each failed rank
+    assert "[rank" not in finished.stderr  # no rank printed a traceback
+    assert finished.seconds < 45
+
+
+def test_every_torchrun_rank_exits_2_with_one_line(tmp_path):
+    finished = launch("torchrun", SCRIPTS["torch"], ["--env-id", "NoSuchEnv-v0"], tmp_path, timeout=60)
+    assert finished.returncode != 0
+    lines = error_lines(finished.stderr)
+    assert len(lines) == 2 and all(line.startswith("error: --env-id: ") for line in lines)
+    assert "[rank" not in finished.stderr

@@ -1,0 +1,115 @@
+"""Config parsing and validation: each bad input names its flag."""
+
+import dataclasses
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from rl.config import PPOConfig, parse_config, validate
+from rl.envs import derive_seed, inspect_env
+from rl.errors import UsageError
+
+
+def check(cfg, world_size=1, cuda_available=False):
+    validate(cfg, world_size, cuda_available)
+
+
+@pytest.mark.parametrize(
+    ("changes", "flag"),
+    [
+            "num_envs", "--num-envs", "num_steps", "--num-steps", "per_rank_batch_size", "--per-rank-batch-size",
+            "update_epochs", "--update-epochs", "learning_rate", "--learning-rate", "clip_coef", "--clip-coef",
+            "ent_coef", "--ent-coef", "max_grad_norm", "--max-grad-norm", "eval_episodes", "--eval-episodes",
+            "gamma", "--gamma", "gae_lambda", "--gae-lambda", "seed", "--seed", "per_rank_batch_size",
+            "--per-rank-batch-size", "total_timesteps", "--total-timesteps", "cuda", "--cuda", "player_on_gpu",
+            "--player-on-gpu",
+        ],
+)
+def test_bad_values_name_their_flag(changes, flag):
+    with pytest.raises(UsageError) as error:
+        check(dataclasses.replace(PPOConfig(), **changes))
+    assert error.value.flag == flag
+    assert str(error.value).startswith(flag)
+
+
+def test_defaults_are_valid_and_the_global_rollout_counts_every_rank():
+    check(PPOConfig())
+    with pytest.raises(UsageError, match="4 ranks x 2 envs x 128 steps = 1024"):
+        check(PPOConfig(total_timesteps=1000), world_size=4)
+    check(PPOConfig(cuda=True), cuda_available=True)
+
+
+def test_lightning_example_flags_parse_unchanged():
+    example_readme = (
+        "--capture-video --env-id LunarLander-v2 --total-timesteps 500000 --ortho-init --num-envs 2 "
+        "--num-steps 2048 --seed 1"
+    )
+    every_other_flag = (
+        "--share-data --anneal-lr --normalize-advantages --clip-vloss --activation-function tanh "
+        "--per-rank-batch-size 32 --learning-rate 3e-4 --gamma 0.98 --gae-lambda 0.9 --update-epochs 4 "
+        "--clip-coef 0.1 --ent-coef 0.01 --vf-coef 0.5 --max-grad-norm 1.0 --exp-name x --torch-deterministic "
+        "--cuda --player-on-gpu"
+    )
+    cfg = parse_config(f"{example_readme} {every_other_flag}".split())  # noqa: SIM905
+    assert (cfg.num_steps, cfg.seed, cfg.activation_function, cfg.vf_coef) == (2048, 1, "tanh", 0.5)
+    assert cfg.capture_video and cfg.ortho_init and cfg.share_data and cfg.cuda and cfg.player_on_gpu
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--bogus", "1"], "--bogus"),
+        (["--num-envs", "abc"], "--num-envs"),
+        (["--activation-function", "gelu"], "--activation-function"),
+        (["--num-steps"], "--num-steps"),
+    ],
+)
+def test_parse_errors_become_one_line_usage_errors(argv, flag):
+    with pytest.raises(UsageError) as error:
+        parse_config(argv)
+    assert error.value.flag == flag
+    assert "\n" not in str(error.value)
+
+
+def test_help_lists_every_field_with_its_docstring(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        parse_config(["--help"])
+    assert exit_.value.code == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    for field in dataclasses.fields(PPOConfig):
+        assert "--" + field.name.replace("_", "-") in help_text
+    assert "the number of parallel environments per rank" in help_text
+
+
+@pytest.mark.parametrize(
+    ("env_id", "message"),
+    [
+        ("NoSuchEnv-v0", "cannot make 'NoSuchEnv-v0'"),
+        ("Taxi-v4", "observation space Discrete(500) is not supported"),
+        ("Blackjack-v1", "observation space Tuple"),
+    ],
+)
+def test_bad_envs_are_refused_with_the_env_flag(env_id, message):
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")) as error:
+        inspect_env(env_id)
+    assert error.value.flag == "--env-id"
+
+
+def test_lunar_lander_v2_maps_to_v3_with_a_warning():
+    with pytest.warns(UserWarning, match="LunarLander-v2 was removed in gymnasium 1.x; using LunarLander-v3"):
+        spaces = inspect_env("LunarLander-v2")
+    assert spaces.env_id == "LunarLander-v3"
+    assert spaces.obs_dim == 8 and isinstance(spaces.action_space, gym.spaces.Discrete)
+
+
+def test_supported_spaces_are_flattened():
+    assert inspect_env("Pendulum-v1").obs_dim == 3
+    assert isinstance(inspect_env("Pendulum-v1").action_space, gym.spaces.Box)
+
+
+def test_derived_seeds_differ_per_rank_and_env():
+    seeds = {derive_seed(42, 0, rank, env) for rank in range(4) for env in range(8)}
+    assert len(seeds) == 32
+    assert derive_seed(42, 0, 1, 2) == derive_seed(42, 0, 1, 2)
+    assert all(0 <= seed < 2**32 for seed in seeds) and np.unique(list(seeds)).size == 32

@@ -1,0 +1,95 @@
+"""Real 2-process runs over gloo: Fabric and the torchrun baseline agree, and log what they should."""
+
+import pytest
+import torch
+from conftest import SCRIPTS, launch, load_agent, read_scalars, read_text_tags, run_dir
+
+SHORT_RUN = ["--total-timesteps", "2048", "--update-epochs", "2", "--eval-episodes", "2"]
+VARIANTS = {
+    "cartpole": ["--env-id", "CartPole-v1", "--no-share-data"],
+    "pendulum-shared-normalized": [
+        "--env-id", "Pendulum-v1", "--share-data", "--normalize-observations", "--normalize-rewards",
+        "--normalize-advantages", "--anneal-lr", "--clip-vloss", "--ortho-init", "--activation-function", "tanh",
+        "--ent-coef", "0.01", "--per-rank-batch-size", "32",
+    ],
+}  # fmt: skip
+EXPECTED_SCALARS = {
+    "Rewards/rew_avg",
+    "Game/ep_len_avg",
+    "Loss/policy_loss",
+    "Loss/value_loss",
+    "Loss/entropy",
+    "Loss/approx_kl",
+    "Loss/clip_fraction",
+    "Loss/explained_variance",
+    "Info/learning_rate",
+    "Time/steps_per_second",
+    "Test/return_mean",
+    "Test/return_std",
+    "Test/length_mean",
+}
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def fabric_and_torch_runs(request, tmp_path_factory):
+    args = SHORT_RUN + VARIANTS[request.param]
+    runs = {}
+    for mode, launcher in (("fabric", "fabric run"), ("torch", "torchrun")):
+        cwd = tmp_path_factory.mktemp(f"{request.param}-{mode}")
+        finished = launch(launcher, SCRIPTS[mode], args, cwd)
+        assert finished.returncode == 0, finished.stderr[-3000:]
+        runs[mode] = (cwd, finished)
+    return request.param, runs
+
+
+def test_fabric_and_torchrun_give_identical_losses_and_parameters(fabric_and_torch_runs):
+    _, runs = fabric_and_torch_runs
+    fabric_dir, torch_dir = run_dir(runs["fabric"][0], "fabric"), run_dir(runs["torch"][0], "torch")
+    fabric_agent, torch_agent = load_agent(fabric_dir), load_agent(torch_dir)
+    assert fabric_agent["agent"].keys() == torch_agent["agent"].keys()
+    for name, tensor in fabric_agent["agent"].items():
+        assert torch.equal(tensor, torch_agent["agent"][name]), name
+    fabric_scalars, torch_scalars = read_scalars(fabric_dir), read_scalars(torch_dir)
+    for tag in ("Loss/policy_loss", "Loss/value_loss", "Loss/entropy", "Loss/approx_kl", "Rewards/rew_avg"):
+        assert fabric_scalars[tag] == torch_scalars[tag], tag
+    assert [step for step, _ in fabric_scalars["Loss/policy_loss"]] == [512, 1024, 1536, 2048]
+
+
+def test_runs_log_every_expected_scalar_and_the_hyperparameters(fabric_and_torch_runs):
+    _, runs = fabric_and_torch_runs
+    for mode, (cwd, _) in runs.items():
+        directory = run_dir(cwd, mode)
+        assert set(read_scalars(directory)) >= EXPECTED_SCALARS, mode
+        assert any("hyperparameters" in tag for tag in read_text_tags(directory)), mode
+
+
+def test_rank_zero_shows_progress_and_the_evaluation(fabric_and_torch_runs):
+    _, runs = fabric_and_torch_runs
+    for _, (_, finished) in runs.items():
+        assert "sps=" in finished.stderr and "2048/2048" in finished.stderr
+        assert finished.stdout.count("evaluation over 2 greedy episodes: return") == 1
+
+
+def test_saved_agent_holds_weights_statistics_and_config(fabric_and_torch_runs):
+    variant, runs = fabric_and_torch_runs
+    state = load_agent(run_dir(runs["fabric"][0], "fabric"))
+    assert state["config"]["total_timesteps"] == 2048
+    normalized = variant == "pendulum-shared-normalized"
+    # Statistics from 4 rollouts of 2 ranks x 2 envs x 128 steps, plus gymnasium's epsilon count.
+    expected_count = 4 * 2 * 2 * 128 + 1e-4 if normalized else 1e-4
+    assert state["obs_normalizer"]["count"] == pytest.approx(expected_count)
+    assert state["reward_scaler"]["count"] == pytest.approx(expected_count)
+
+
+def test_same_seed_same_result_on_cpu(tmp_path):
+    args = [*SHORT_RUN, "--eval-episodes", "0"]
+    agents, losses = [], []
+    for attempt in ("first", "second"):
+        cwd = tmp_path / attempt
+        cwd.mkdir()
+        finished = launch("python", SCRIPTS["fabric"], args, cwd)
+        assert finished.returncode == 0, finished.stderr[-3000:]
+        agents.append(load_agent(run_dir(cwd, "fabric"))["agent"])
+        losses.append(read_scalars(run_dir(cwd, "fabric"))["Loss/policy_loss"])
+    assert losses[0] == losses[1]
+    assert all(torch.equal(agents[0][name], agents[1][name]) for name in agents[0])

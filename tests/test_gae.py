@@ -1,0 +1,123 @@
+"""GAE against a slow reference written from the definitions, and the rollout's autoreset handling."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from rl.normalization import ObservationNormalizer, RewardScaler
+from rl.policy import ActorCritic
+from rl.rollout import RolloutCollector, compute_gae
+
+
+def reference_gae(rewards, values, terminated, truncated, final_values, next_value, gamma, lam):
+    """Per env, per step: sum over k of (gamma * lam)^k * delta_{t+k}, stopping at the episode's end."""
+    steps, envs = rewards.shape
+    advantages = np.zeros((steps, envs))
+    for env in range(envs):
+        for t in range(steps):
+            total, weight = 0.0, 1.0
+            for k in range(t, steps):
+                ended = terminated[k, env] or truncated[k, env]
+                if terminated[k, env]:
+                    bootstrap = 0.0
+                elif truncated[k, env]:
+                    bootstrap = final_values[k, env]
+                else:
+                    bootstrap = values[k + 1, env] if k + 1 < steps else next_value[env]
+                delta = rewards[k, env] + gamma * bootstrap - values[k, env]
+                total += weight * delta
+                if ended:
+                    break
+                weight *= gamma * lam
+            advantages[t, env] = total
+    return advantages, advantages + values
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_gae_matches_reference_with_terminations_and_truncations(seed):
+    rng = np.random.default_rng(seed)
+    steps, envs, gamma, lam = 17, 3, 0.97, 0.9
+    rewards = rng.normal(size=(steps, envs))
+    values = rng.normal(size=(steps, envs))
+    terminated = rng.random((steps, envs)) < 0.15
+    truncated = rng.random((steps, envs)) < 0.15  # some steps are both: termination wins
+    final_values = np.where(truncated, rng.normal(size=(steps, envs)), 0.0)
+    next_value = rng.normal(size=envs)
+
+    expected_adv, expected_ret = reference_gae(
+        rewards, values, terminated, truncated, final_values, next_value, gamma, lam
+    )
+    as_t = lambda a: torch.tensor(a, dtype=torch.float64)  # noqa: E731
+    adv, ret = compute_gae(
+        as_t(rewards),
+        as_t(values),
+        torch.tensor(terminated),
+        torch.tensor(truncated),
+        as_t(final_values),
+        as_t(next_value),
+        gamma,
+        lam,
+    )
+    np.testing.assert_allclose(adv.numpy(), expected_adv, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(ret.numpy(), expected_ret, rtol=1e-10, atol=1e-10)
+
+
+def test_truncation_bootstraps_but_termination_does_not():
+    zeros = torch.zeros(1, 1)
+    final = torch.full((1, 1), 10.0)
+    truncated_adv, _ = compute_gae(zeros, zeros, zeros.bool(), ~zeros.bool(), final, torch.zeros(1), 0.5, 1.0)
+    terminated_adv, _ = compute_gae(zeros, zeros, ~zeros.bool(), zeros.bool(), final, torch.zeros(1), 0.5, 1.0)
+    assert truncated_adv.item() == pytest.approx(5.0)
+    assert terminated_adv.item() == 0.0
+
+
+def make_collector(envs, num_steps=64, seed=0):
+    obs_dim = int(np.prod(envs.single_observation_space.shape))
+    torch.manual_seed(seed)
+    agent = ActorCritic(obs_dim, envs.single_action_space)
+    generator = torch.Generator().manual_seed(seed)
+    collector = RolloutCollector(
+        envs,
+        num_steps,
+        obs_dim,
+        torch.device("cpu"),
+        ObservationNormalizer(obs_dim, enabled=False, device=torch.device("cpu")),
+        RewardScaler(envs.num_envs, 0.99, enabled=False),
+        [seed + i for i in range(envs.num_envs)],
+        generator,
+    )
+    return agent, collector
+
+
+def vector_env(num_envs, max_episode_steps=None):
+    thunks = [lambda: gym.make("CartPole-v1", max_episode_steps=max_episode_steps)] * num_envs
+    envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    return gym.wrappers.vector.RecordEpisodeStatistics(envs)
+
+
+def test_rollout_never_stores_an_autoreset_step():
+    # CartPole pays 1 on every real step; the fake step of NEXT_STEP autoreset would pay 0.
+    agent, collector = make_collector(vector_env(3), num_steps=200)
+    rollout, episodes = collector.collect(agent)
+    assert torch.all(rollout.rewards == 1.0)
+    ended = rollout.terminated | rollout.truncated
+    assert int(ended.sum()) == len(episodes.returns) > 0
+    # Every episode began inside this rollout, so its recorded length is its count of stored steps.
+    stored_lengths = []
+    for env in range(3):
+        ends = torch.nonzero(ended[:, env]).flatten().tolist()
+        stored_lengths += np.diff([-1, *ends]).tolist()
+    assert sorted(stored_lengths) == sorted(episodes.lengths)
+
+
+def test_truncated_steps_carry_the_value_of_the_final_observation():
+    agent, collector = make_collector(vector_env(2, max_episode_steps=5), num_steps=12)
+    with torch.no_grad():  # a critic that says 3 everywhere makes V(final observation) visible
+        agent.critic_head.weight.zero_()
+        agent.critic_head.bias.fill_(3.0)
+    rollout, episodes = collector.collect(agent)
+    assert rollout.truncated.sum() == 4 and not rollout.terminated.any()
+    assert episodes.lengths == [5, 5, 5, 5]
+    cut = rollout.truncated
+    assert torch.all(rollout.final_values[cut] == 3.0) and torch.all(rollout.final_values[~cut] == 0)

@@ -1,0 +1,65 @@
+"""The PPO losses, statistics and minibatch schedule."""
+
+import math
+
+import pytest
+import torch
+
+from rl.ppo import MinibatchSchedule, entropy_loss, explained_variance, normalize, policy_loss, value_loss
+
+
+def test_policy_loss_is_the_negated_clipped_surrogate():
+    old = torch.zeros(4)
+    # ratios 1.5, 1.5, 0.5, 0.5 against advantages +1, -1, +1, -1
+    new = torch.log(torch.tensor([1.5, 1.5, 0.5, 0.5]))
+    advantages = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    # per sample min(r*A, clip(r)*A): 1.2, -1.5, 0.5, -0.8
+    expected = -(1.2 - 1.5 + 0.5 - 0.8) / 4
+    assert policy_loss(new, old, advantages, clip_coef=0.2).item() == pytest.approx(expected)
+
+
+def test_policy_loss_gradient_vanishes_outside_the_clip_range():
+    new = torch.log(torch.tensor([1.5])).requires_grad_()
+    policy_loss(new, torch.zeros(1), torch.ones(1), 0.2).backward()
+    assert new.grad.item() == 0.0
+
+
+def test_value_loss_unclipped_and_clipped():
+    new, old, returns = torch.tensor([2.0]), torch.tensor([0.0]), torch.tensor([1.0])
+    assert value_loss(new, old, returns, 0.2, clip_vloss=False).item() == pytest.approx(0.5)
+    # clipped prediction 0.2 is further from 1.0 than 2.0: max(1.0, 0.64)
+    assert value_loss(new, old, returns, 0.2, clip_vloss=True).item() == pytest.approx(0.5)
+    new = torch.tensor([0.9])
+    assert value_loss(new, old, returns, 0.2, clip_vloss=True).item() == pytest.approx(0.5 * 0.8**2)
+
+
+def test_entropy_loss_and_advantage_normalization():
+    assert entropy_loss(torch.tensor([1.0, 3.0])).item() == -2.0
+    normalized = normalize(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    assert normalized.mean().item() == pytest.approx(0.0, abs=1e-7)
+    assert normalized.std().item() == pytest.approx(1.0, abs=1e-6)
+
+
+def test_explained_variance():
+    targets = torch.tensor([1.0, 2.0, 3.0])
+    assert explained_variance(targets, targets) == 1.0
+    assert explained_variance(torch.zeros(3), targets) == pytest.approx(1 - targets.var().item() / targets.var().item())
+    assert math.isnan(explained_variance(torch.zeros(3), torch.ones(3)))
+
+
+def test_shards_are_disjoint_cover_the_rollout_and_agree_across_ranks():
+    rows, world = 40, 2
+    schedules = [MinibatchSchedule(rows, 8, world, rank, seed=3) for rank in range(world)]
+    for _ in range(3):
+        epochs = [schedule.next_epoch() for schedule in schedules]
+        shards = [sorted(i for batch in epoch for i in batch) for epoch in epochs]
+        assert set(shards[0]).isdisjoint(shards[1])
+        assert sorted(shards[0] + shards[1]) == list(range(rows))
+        assert [len(epoch) for epoch in epochs] == [3, 3]  # same minibatch count: DDP stays in step
+
+
+def test_each_epoch_reshuffles_and_a_seed_repeats():
+    first, again = MinibatchSchedule(32, 8, 1, 0, seed=1), MinibatchSchedule(32, 8, 1, 0, seed=1)
+    epoch_one, epoch_two = first.next_epoch(), first.next_epoch()
+    assert epoch_one != epoch_two
+    assert again.next_epoch() == epoch_one
