@@ -23,7 +23,7 @@ BIN = Path(sys.executable).parent
 CONFIG = (
     "--env-id CartPole-v1 --num-envs 2 --num-steps 128 --per-rank-batch-size 64 --update-epochs 10 "
     "--learning-rate 1e-3 --total-timesteps 32768 --no-progress-bar"
-).split()  # noqa: SIM905
+).split()
 LAUNCHES = {
     "fabric run": [str(BIN / "fabric"), "run", "--accelerator=cpu", "--devices=2", str(REPO / "train_fabric.py")],
     "torchrun": [str(BIN / "torchrun"), "--nproc_per_node=2", "--standalone", str(REPO / "train_torch.py")],

@@ -18,13 +18,25 @@ def check(cfg, world_size=1, cuda_available=False):
 @pytest.mark.parametrize(
     ("changes", "flag"),
     [
-            "num_envs", "--num-envs", "num_steps", "--num-steps", "per_rank_batch_size", "--per-rank-batch-size",
-            "update_epochs", "--update-epochs", "learning_rate", "--learning-rate", "clip_coef", "--clip-coef",
-            "ent_coef", "--ent-coef", "max_grad_norm", "--max-grad-norm", "eval_episodes", "--eval-episodes",
-            "gamma", "--gamma", "gae_lambda", "--gae-lambda", "seed", "--seed", "per_rank_batch_size",
-            "--per-rank-batch-size", "total_timesteps", "--total-timesteps", "cuda", "--cuda", "player_on_gpu",
-            "--player-on-gpu",
-        ],
+        ({"num_envs": 0}, "--num-envs"),
+        ({"num_steps": -3}, "--num-steps"),
+        ({"per_rank_batch_size": 0}, "--per-rank-batch-size"),
+        ({"update_epochs": 0}, "--update-epochs"),
+        ({"total_timesteps": 0}, "--total-timesteps"),
+        ({"learning_rate": 0.0}, "--learning-rate"),
+        ({"clip_coef": -0.1}, "--clip-coef"),
+        ({"ent_coef": -1.0}, "--ent-coef"),
+        ({"vf_coef": -1.0}, "--vf-coef"),
+        ({"max_grad_norm": -1.0}, "--max-grad-norm"),
+        ({"eval_episodes": -1}, "--eval-episodes"),
+        ({"gamma": 1.5}, "--gamma"),
+        ({"gae_lambda": -0.5}, "--gae-lambda"),
+        ({"seed": -1}, "--seed"),
+        ({"per_rank_batch_size": 257}, "--per-rank-batch-size"),
+        ({"total_timesteps": 255}, "--total-timesteps"),
+        ({"cuda": True}, "--cuda"),
+        ({"player_on_gpu": True}, "--player-on-gpu"),
+    ],
 )
 def test_bad_values_name_their_flag(changes, flag):
     with pytest.raises(UsageError) as error:
@@ -51,7 +63,7 @@ def test_lightning_example_flags_parse_unchanged():
         "--clip-coef 0.1 --ent-coef 0.01 --vf-coef 0.5 --max-grad-norm 1.0 --exp-name x --torch-deterministic "
         "--cuda --player-on-gpu"
     )
-    cfg = parse_config(f"{example_readme} {every_other_flag}".split())  # noqa: SIM905
+    cfg = parse_config(f"{example_readme} {every_other_flag}".split())
     assert (cfg.num_steps, cfg.seed, cfg.activation_function, cfg.vf_coef) == (2048, 1, "tanh", 0.5)
     assert cfg.capture_video and cfg.ortho_init and cfg.share_data and cfg.cuda and cfg.player_on_gpu
 

@@ -40,7 +40,7 @@ def test_pendulum_improves_clearly_over_random_within_102400_steps(tmp_path):
         "--env-id Pendulum-v1 --total-timesteps 102400 --num-envs 4 --num-steps 256 --per-rank-batch-size 256 "
         "--learning-rate 1e-3 --activation-function tanh --ortho-init --normalize-observations --normalize-rewards "
         "--normalize-advantages --gamma 0.9"
-    ).split()  # noqa: SIM905
+    ).split()
     finished = launch("fabric run", SCRIPTS["fabric"], args, tmp_path)
     assert finished.returncode == 0, finished.stderr[-3000:]
     random_return = random_policy_return()
