@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from collections.abc import Callable
 
@@ -9,7 +10,7 @@ import torch
 
 from rl.config import PPOConfig, parse_config, validate, world_size_from_env
 from rl.envs import EnvSpaces, inspect_env
-from rl.errors import exit_on_usage_error
+from rl.errors import UsageError, exit_on_usage_error
 from rl.runtime import configure_torch_threads
 
 
@@ -22,10 +23,18 @@ def prepare(argv: list[str]) -> tuple[PPOConfig, EnvSpaces, int]:
     cfg = parse_config(argv)
     world_size = world_size_from_env()
     validate(cfg, world_size, torch.cuda.is_available())
+    if cfg.capture_video:
+        check_video_support()
     spaces = inspect_env(cfg.env_id)
     configure_torch_threads()
     torch.backends.cudnn.deterministic = cfg.torch_deterministic
     return cfg, spaces, world_size
+
+
+def check_video_support() -> None:
+    """gymnasium's RecordVideo writes mp4 files through moviepy, an optional dependency."""
+    if importlib.util.find_spec("moviepy") is None:
+        raise UsageError("--capture-video", "needs moviepy: pip install -e '.[video]'")
 
 
 def run_main(main: Callable[[list[str]], None]) -> None:

@@ -125,3 +125,15 @@ def test_derived_seeds_differ_per_rank_and_env():
     assert len(seeds) == 32
     assert derive_seed(42, 0, 1, 2) == derive_seed(42, 0, 1, 2)
     assert all(0 <= seed < 2**32 for seed in seeds) and np.unique(list(seeds)).size == 32
+
+
+def test_capture_video_without_moviepy_names_the_flag(monkeypatch):
+    import importlib.util
+
+    from rl import cli
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "moviepy" else real_find_spec(name))
+    with pytest.raises(UsageError, match="needs moviepy") as error:
+        cli.check_video_support()
+    assert error.value.flag == "--capture-video"
