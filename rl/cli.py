@@ -8,13 +8,13 @@ from collections.abc import Callable
 
 import torch
 
-from rl.config import PPOConfig, parse_config, validate, world_size_from_env
+from rl.config import PPOConfig, parse_config, validate, validate_decoupled, world_size_from_env
 from rl.envs import EnvSpaces, inspect_env
 from rl.errors import UsageError, exit_on_usage_error
 from rl.runtime import configure_torch_threads
 
 
-def prepare(argv: list[str]) -> tuple[PPOConfig, EnvSpaces, int]:
+def prepare(argv: list[str], decoupled: bool = False) -> tuple[PPOConfig, EnvSpaces, int]:
     """Config, env spaces and world size, all checked before any process group exists.
 
     Every rank runs this on the same input, so bad input stops every rank here, with the
@@ -22,11 +22,16 @@ def prepare(argv: list[str]) -> tuple[PPOConfig, EnvSpaces, int]:
     """
     cfg = parse_config(argv)
     world_size = world_size_from_env()
-    validate(cfg, world_size, torch.cuda.is_available())
+    gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if decoupled:
+        validate_decoupled(cfg, world_size)
+        validate(cfg, world_size, gpu_count, env_ranks=1)
+    else:
+        validate(cfg, world_size, gpu_count)
     if cfg.capture_video:
         check_video_support()
     spaces = inspect_env(cfg.env_id)
-    configure_torch_threads()
+    configure_torch_threads(cfg.torch_threads)
     torch.backends.cudnn.deterministic = cfg.torch_deterministic
     return cfg, spaces, world_size
 

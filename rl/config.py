@@ -86,6 +86,12 @@ class PPOConfig:
     """root folder of the TensorBoard logs and run folders"""
     progress_bar: bool = True
     """show a progress bar on rank 0"""
+    torch_threads: int = 0
+    """torch threads per process; 0 takes the machine's cores divided by the local processes"""
+    collective_timeout: float = 300.0
+    """seconds a collective may wait for a peer before the job fails (instead of gloo's 30 minutes)"""
+    pipeline: bool = False
+    """decoupled mode: the player collects the next rollout while the trainers train on this one"""
 
     @property
     def rollout_steps_per_rank(self) -> int:
@@ -104,12 +110,17 @@ def flag(field_name: str) -> str:
 
 
 POSITIVE_INTS = ("num_envs", "num_steps", "per_rank_batch_size", "total_timesteps", "update_epochs")
-POSITIVE_FLOATS = ("learning_rate", "clip_coef")
-NON_NEGATIVE = ("ent_coef", "vf_coef", "max_grad_norm", "eval_episodes")
+POSITIVE_FLOATS = ("learning_rate", "clip_coef", "collective_timeout")
+NON_NEGATIVE = ("ent_coef", "vf_coef", "max_grad_norm", "eval_episodes", "torch_threads")
 
 
-def validate(cfg: PPOConfig, world_size: int, cuda_available: bool) -> None:
-    """Check everything that does not need an environment; raise `UsageError` naming the flag."""
+def validate(cfg: PPOConfig, world_size: int, gpu_count: int, env_ranks: int | None = None) -> None:
+    """Check everything that does not need an environment; raise `UsageError` naming the flag.
+
+    `env_ranks` is how many processes run environments: all of them unless given (decoupled
+    mode runs them on the player alone).
+    """
+    env_ranks = world_size if env_ranks is None else env_ranks
     if cfg.seed < 0:
         raise UsageError("--seed", f"must not be negative, got {cfg.seed}")
     for name in POSITIVE_INTS + POSITIVE_FLOATS:
@@ -128,17 +139,30 @@ def validate(cfg: PPOConfig, world_size: int, cuda_available: bool) -> None:
             f"{cfg.per_rank_batch_size} is larger than the per-rank rollout "
             f"(--num-envs {cfg.num_envs} x --num-steps {cfg.num_steps} = {cfg.rollout_steps_per_rank})",
         )
-    global_rollout = cfg.rollout_steps_per_rank * world_size
+    global_rollout = cfg.rollout_steps_per_rank * env_ranks
     if cfg.total_timesteps < global_rollout:
         raise UsageError(
             "--total-timesteps",
             f"{cfg.total_timesteps} is smaller than one global rollout "
-            f"({world_size} ranks x {cfg.num_envs} envs x {cfg.num_steps} steps = {global_rollout})",
+            f"({env_ranks} ranks x {cfg.num_envs} envs x {cfg.num_steps} steps = {global_rollout})",
         )
-    if cfg.cuda and not cuda_available:
+    if cfg.cuda and gpu_count == 0:
         raise UsageError("--cuda", "no CUDA GPU is available on this machine")
+    if cfg.cuda and gpu_count < local_world_size_from_env():
+        raise UsageError("--cuda", f"needs a GPU per local process ({local_world_size_from_env()}), found {gpu_count}")
     if cfg.player_on_gpu and not cfg.cuda:
         raise UsageError("--player-on-gpu", "needs --cuda as well")
+
+
+def validate_decoupled(cfg: PPOConfig, world_size: int) -> None:
+    if world_size < 2:
+        raise UsageError(
+            "--devices", f"decoupled mode needs at least 2 processes (a player and a trainer), got {world_size}"
+        )
+    if cfg.rollout_steps_per_rank < world_size - 1:
+        raise UsageError(
+            "--num-steps", f"a rollout of {cfg.rollout_steps_per_rank} rows cannot feed {world_size - 1} trainers"
+        )
 
 
 _RULE = re.compile(r"^[\s╭╮╰╯│─-]*$")

@@ -80,19 +80,25 @@ def annealed_lr(cfg: PPOConfig, update: int, num_updates: int) -> float:
 
 @dataclass
 class Run:
-    name: str
     dir: str
     sink: MetricsSink
 
 
-def start_run(cfg: PPOConfig, runtime: Runtime, env_id: str) -> Run:
-    """Name the run on rank 0 (so all ranks agree) and log the hyperparameters."""
-    name = f"{cfg.exp_name}_{env_id}_{cfg.seed}_{datetime.now():%Y%m%d_%H%M%S}"
-    name = runtime.broadcast_object(name)
-    sink = runtime.make_sink(os.path.join(cfg.log_dir, runtime.log_subdir), name)
+def run_name(cfg: PPOConfig, env_id: str) -> str:
+    return f"{cfg.exp_name}_{env_id}_{cfg.seed}_{datetime.now():%Y%m%d_%H%M%S}"
+
+
+def open_run(cfg: PPOConfig, sink: MetricsSink) -> Run:
+    """Log the hyperparameters into a new run folder."""
     sink.log_hparams(cfg.to_dict())
     sink.log_text("hyperparameters", hparams_table(cfg.to_dict()))
-    return Run(name, sink.log_dir, sink)
+    return Run(sink.log_dir, sink)
+
+
+def start_run(cfg: PPOConfig, runtime: Runtime, env_id: str) -> Run:
+    """Name the run on rank 0, so that all ranks agree, and open it."""
+    name = runtime.broadcast_object(run_name(cfg, env_id))
+    return open_run(cfg, runtime.make_sink(os.path.join(cfg.log_dir, runtime.log_subdir), name))
 
 
 def train_coupled(cfg: PPOConfig, spaces: EnvSpaces, runtime: Runtime) -> None:

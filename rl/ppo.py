@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.utils.data import BatchSampler, DistributedSampler
@@ -71,15 +72,28 @@ class MinibatchSchedule:
     plain seeded shuffle of local data.
     """
 
-    def __init__(self, num_rows: int, minibatch_size: int, num_shards: int, shard: int, seed: int) -> None:
+    def __init__(
+        self,
+        num_rows: int,
+        minibatch_size: int,
+        num_shards: int,
+        shard: int,
+        seed: int,
+        num_minibatches: int | None = None,
+    ) -> None:
         self.sampler = DistributedSampler(range(num_rows), num_replicas=num_shards, rank=shard, shuffle=True, seed=seed)
         self.batches = BatchSampler(self.sampler, minibatch_size, drop_last=False)
+        # A fixed count splits the shuffled rows into that many near-equal minibatches instead:
+        # trainers whose shards differ in size still take the same number of DDP steps.
+        self.num_minibatches = num_minibatches
         self.epoch = 0
 
     def next_epoch(self) -> list[list[int]]:
         self.sampler.set_epoch(self.epoch)
         self.epoch += 1
-        return list(self.batches)
+        if self.num_minibatches is None:
+            return list(self.batches)
+        return [chunk.tolist() for chunk in np.array_split(list(self.sampler), self.num_minibatches)]
 
 
 def ppo_update(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -18,10 +19,10 @@ from rl.config import PPOConfig, local_world_size_from_env
 from rl.logger import FabricSink, MetricsSink, SummaryWriterSink
 
 
-def configure_torch_threads() -> int:
-    """One share of the cores per local rank: launchers hand every rank all of them."""
+def configure_torch_threads(requested: int = 0) -> int:
+    """One share of the cores per local rank unless `requested`: launchers hand every rank all of them."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    threads = max(1, cores // local_world_size_from_env())
+    threads = requested or max(1, cores // local_world_size_from_env())
     torch.set_num_threads(threads)
     return threads
 
@@ -82,7 +83,7 @@ def gather_mean_hook(process_group, bucket):
     flat = bucket.buffer()
     world_size = dist.get_world_size(process_group)
     gathered = torch.empty(world_size * flat.numel(), dtype=flat.dtype, device=flat.device)
-    work = dist.all_gather_into_tensor(gathered, flat, group=process_group, async_op=True)
+    work = dist.all_gather_single(gathered, flat, group=process_group, async_op=True)
     return work.get_future().then(lambda _: gathered.view(world_size, -1).sum(0).div_(world_size))
 
 
@@ -95,7 +96,7 @@ def _device(cfg: PPOConfig, local_rank: int) -> torch.device:
     return torch.device(f"cuda:{local_rank}") if cfg.cuda else torch.device("cpu")
 
 
-def _fabric_ddp_strategy() -> Any:
+def _fabric_ddp_strategy(cfg: PPOConfig, process_group: dist.ProcessGroup | None) -> Any:
     from lightning.fabric.strategies import DDPStrategy
 
     class HookedDDPStrategy(DDPStrategy):
@@ -110,26 +111,34 @@ def _fabric_ddp_strategy() -> Any:
     # a strategy object that differs from the launcher's string.
     if os.environ.get("LT_STRATEGY") == "ddp":
         del os.environ["LT_STRATEGY"]
-    return HookedDDPStrategy()
+    ddp_kwargs = {"process_group": process_group} if process_group is not None else {}
+    return HookedDDPStrategy(timeout=collective_timeout(cfg), **ddp_kwargs)
+
+
+def collective_timeout(cfg: PPOConfig) -> timedelta:
+    return timedelta(seconds=cfg.collective_timeout)
 
 
 class FabricRuntime(Runtime):
+    """Lightning Fabric with DDP over all processes, or over `process_group` alone (the trainers)."""
+
     log_subdir = "fabric_logs"
 
-    def __init__(self, cfg: PPOConfig, world_size: int) -> None:
+    def __init__(self, cfg: PPOConfig, world_size: int, process_group: dist.ProcessGroup | None = None) -> None:
         from lightning.fabric import Fabric
         from lightning.fabric.connector import _is_using_cli
 
         self.fabric = Fabric(
             accelerator="cuda" if cfg.cuda else "cpu",
-            strategy=_fabric_ddp_strategy() if world_size > 1 else "auto",
+            strategy=_fabric_ddp_strategy(cfg, process_group) if world_size > 1 else "auto",
             devices=local_world_size_from_env(),
             num_nodes=max(1, world_size // local_world_size_from_env()),
         )
         if not _is_using_cli():  # `fabric run` has already created the processes
             self.fabric.launch()
-        self.rank = self.fabric.global_rank
-        self.world_size = self.fabric.world_size
+        self.group = process_group
+        self.rank = dist.get_rank(process_group) if process_group is not None else self.fabric.global_rank
+        self.world_size = dist.get_world_size(process_group) if process_group is not None else self.fabric.world_size
         self.device = self.fabric.device
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -142,12 +151,12 @@ class FabricRuntime(Runtime):
         self.fabric.clip_gradients(model, optimizer, max_norm=max_norm)
 
     def all_reduce_sum(self, tensor: Tensor) -> Tensor:
-        return self.fabric.all_reduce(tensor, reduce_op="sum") if self.world_size > 1 else tensor
+        return self.fabric.all_reduce(tensor, group=self.group, reduce_op="sum") if self.world_size > 1 else tensor
 
     def all_gather_rows(self, tensor: Tensor) -> Tensor:
         if self.world_size == 1:
             return tensor
-        return self.fabric.all_gather(tensor).reshape(-1, *tensor.shape[1:])
+        return self.fabric.all_gather(tensor, group=self.group).reshape(-1, *tensor.shape[1:])
 
     def broadcast_object(self, obj: Any) -> Any:
         return self.fabric.broadcast(obj, src=0)
@@ -175,7 +184,7 @@ class TorchRuntime(Runtime):
             torch.cuda.set_device(self.device)
         self.world_size = world_size
         if world_size > 1:
-            dist.init_process_group(backend="nccl" if cfg.cuda else "gloo")
+            dist.init_process_group(backend="nccl" if cfg.cuda else "gloo", timeout=collective_timeout(cfg))
         self.rank = dist.get_rank() if world_size > 1 else 0
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:

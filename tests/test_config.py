@@ -11,8 +11,8 @@ from rl.envs import derive_seed, inspect_env
 from rl.errors import UsageError
 
 
-def check(cfg, world_size=1, cuda_available=False):
-    validate(cfg, world_size, cuda_available)
+def check(cfg, world_size=1, gpu_count=0):
+    validate(cfg, world_size, gpu_count)
 
 
 @pytest.mark.parametrize(
@@ -49,7 +49,7 @@ def test_defaults_are_valid_and_the_global_rollout_counts_every_rank():
     check(PPOConfig())
     with pytest.raises(UsageError, match="4 ranks x 2 envs x 128 steps = 1024"):
         check(PPOConfig(total_timesteps=1000), world_size=4)
-    check(PPOConfig(cuda=True), cuda_available=True)
+    check(PPOConfig(cuda=True), gpu_count=1)
 
 
 def test_lightning_example_flags_parse_unchanged():

@@ -1,0 +1,17 @@
+"""Decoupled PPO on Lightning Fabric: rank 0 plays, ranks 1..N-1 train.
+
+fabric run --devices=3 train_fabric_decoupled.py --num-envs 4 [--share-data] [--pipeline]
+fabric run --devices=3 train_fabric_decoupled.py --cuda [--player-on-gpu]
+"""
+
+from rl.cli import prepare, run_main
+from rl.decoupled import train_decoupled
+
+
+def main(argv: list[str]) -> None:
+    cfg, spaces, world_size = prepare(argv, decoupled=True)
+    train_decoupled(cfg, spaces, world_size)
+
+
+if __name__ == "__main__":
+    run_main(main)
