@@ -15,8 +15,12 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-SCRIPTS = {"fabric": REPO / "train_fabric.py", "torch": REPO / "train_torch.py"}
-LOG_SUBDIRS = {"fabric": "fabric_logs", "torch": "torch_logs"}
+SCRIPTS = {
+    "fabric": REPO / "train_fabric.py",
+    "torch": REPO / "train_torch.py",
+    "decoupled": REPO / "train_fabric_decoupled.py",
+}
+LOG_SUBDIRS = {"fabric": "fabric_logs", "torch": "torch_logs", "decoupled": "fabric_decoupled_logs"}
 
 
 def free_port() -> int:
@@ -45,12 +49,50 @@ class Finished:
 
 
 def launch(launcher: str, script: Path, args: list[str], cwd: Path, nproc: int = 2, timeout: float = 240) -> Finished:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    start = time.monotonic()
+    start_time = time.monotonic()
     done = subprocess.run(
-        launch_command(launcher, script, args, nproc), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
-    return Finished(done.returncode, done.stdout, done.stderr, time.monotonic() - start)
+        launch_command(launcher, script, args, nproc), cwd=cwd, env=child_env(), capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+    return Finished(done.returncode, done.stdout, done.stderr, time.monotonic() - start_time)
+
+
+def child_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def start(launcher: str, script: Path, args: list[str], cwd: Path, nproc: int) -> subprocess.Popen:
+    """Launch without waiting, in a session of its own."""
+    return subprocess.Popen(
+        launch_command(launcher, script, args, nproc), cwd=cwd, env=child_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+
+
+def child_pids(parent: int) -> list[int]:
+    """Processes whose parent is `parent` (the launcher's ranks: torchrun gives each its own session)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
+                children.append(int(entry.name))
+    return children
+
+
+def rank_pid(launcher_pid: int, rank: int) -> int | None:
+    """The pid of the launcher's child that runs as `rank`."""
+    for pid in child_pids(launcher_pid):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ:
+            return pid
+    return None
 
 
 def run_dir(cwd: Path, mode: str) -> Path:

@@ -1,0 +1,119 @@
+"""Decoupled mode: the player/trainer split, its data paths, its equivalence and its failures."""
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+from conftest import SCRIPTS, child_pids, launch, load_agent, rank_pid, read_scalars, run_dir, start
+
+from rl.decoupled import BatchCodec, shard_sizes
+from rl.envs import inspect_env
+from rl.ppo import MinibatchSchedule
+from rl.rollout import Batch
+
+SHORT = ["--total-timesteps", "2048", "--update-epochs", "2", "--eval-episodes", "2", "--no-progress-bar"]
+
+
+@pytest.mark.parametrize(
+    ("nproc", "args"),
+    [
+        (2, []),
+        (3, []),
+        (2, ["--share-data"]),
+        (3, ["--share-data"]),
+        (3, ["--pipeline"]),
+        (3, ["--pipeline", "--share-data", "--env-id", "Pendulum-v1", "--normalize-observations"]),
+    ],
+    ids=["2-scatter", "3-scatter", "2-share", "3-share", "3-pipeline-scatter", "3-pipeline-share-box"],
+)
+def test_player_and_trainers_run_both_data_paths(tmp_path, nproc, args):
+    finished = launch("fabric run", SCRIPTS["decoupled"], SHORT + args, tmp_path, nproc=nproc)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    directory = run_dir(tmp_path, "decoupled")
+    scalars = read_scalars(directory)
+    for tag in ("Loss/policy_loss", "Loss/value_loss", "Loss/approx_kl", "Rewards/rew_avg", "Test/return_mean"):
+        assert tag in scalars, tag
+    assert [step for step, _ in scalars["Loss/policy_loss"]] == [256 * k for k in range(1, 9)]
+    lags = [lag for _, lag in scalars["Info/policy_lag"]]
+    assert lags == ([0.0] + [1.0] * 7 if "--pipeline" in args else [0.0] * 8)
+    assert "evaluation over 2 greedy episodes" in finished.stdout
+    assert "agent" in load_agent(directory)
+
+
+def test_one_trainer_sharing_data_equals_a_single_process_coupled_run(tmp_path):
+    args = [*SHORT, "--share-data", "--torch-threads", "1", "--eval-episodes", "0"]
+    (tmp_path / "coupled").mkdir()
+    (tmp_path / "decoupled").mkdir()
+    coupled = launch("python", SCRIPTS["fabric"], args, tmp_path / "coupled")
+    decoupled = launch("fabric run", SCRIPTS["decoupled"], args, tmp_path / "decoupled", nproc=2)
+    assert coupled.returncode == 0 and decoupled.returncode == 0, decoupled.stderr[-3000:]
+    coupled_dir, decoupled_dir = run_dir(tmp_path / "coupled", "fabric"), run_dir(tmp_path / "decoupled", "decoupled")
+    coupled_agent, decoupled_agent = load_agent(coupled_dir)["agent"], load_agent(decoupled_dir)["agent"]
+    assert all(torch.equal(coupled_agent[name], decoupled_agent[name]) for name in coupled_agent)
+    for tag in ("Loss/policy_loss", "Loss/value_loss", "Loss/entropy", "Rewards/rew_avg"):
+        assert read_scalars(coupled_dir)[tag] == read_scalars(decoupled_dir)[tag], tag
+
+
+def test_one_process_is_refused(tmp_path):
+    finished = launch("python", SCRIPTS["decoupled"], [], tmp_path)
+    assert finished.returncode == 2
+    assert finished.stderr.strip().startswith("error: --devices: decoupled mode needs at least 2 processes")
+
+
+@pytest.mark.parametrize(
+    ("victim", "survivor_says"),
+    [(2, ["error: player: ", "trainer 2"]), (0, ["error: trainer 1: ", "the player"])],
+    ids=["trainer-killed", "player-killed"],
+)
+def test_a_killed_role_ends_the_job_within_60_s(tmp_path, victim, survivor_says):
+    args = ["--total-timesteps", "10000000", "--no-progress-bar"]
+    job = start("fabric run", SCRIPTS["decoupled"], args, tmp_path, nproc=3)
+    try:
+        deadline = time.monotonic() + 60
+        while not list((tmp_path / "logs").glob("*/*/events.*")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)  # well into training
+        pid = rank_pid(job.pid, victim)
+        assert pid is not None
+        killed_at = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        _, stderr = job.communicate(timeout=60)
+    finally:
+        for pid in child_pids(job.pid):  # never leave a rank behind, whatever happened
+            os.kill(pid, signal.SIGKILL)
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert time.monotonic() - killed_at < 60
+    assert job.returncode != 0
+    said = [line for line in stderr.splitlines() if line.startswith(survivor_says[0])]
+    assert said and survivor_says[1] in said[0], stderr[-3000:]
+
+
+def test_codec_round_trips_every_action_space():
+    for env_id, actions in (
+        ("CartPole-v1", torch.tensor([0, 1, 1])),
+        ("Pendulum-v1", torch.tensor([[0.5], [-2.5], [1.0]])),
+    ):
+        spaces = inspect_env(env_id)
+        codec = BatchCodec(spaces)
+        batch = Batch(
+            obs=torch.randn(3, spaces.obs_dim),
+            actions=actions,
+            **{name: torch.randn(3) for name in ("logprobs", "values", "advantages", "returns")},
+        )
+        rows = torch.zeros(3, codec.width)
+        codec.pack(batch, rows)
+        unpacked = codec.unpack(rows)
+        for name in BatchCodec.FIELDS:
+            assert torch.equal(getattr(unpacked, name), getattr(batch, name)), (env_id, name)
+
+
+def test_shards_are_near_equal_and_minibatch_counts_match():
+    assert shard_sizes(10, 3) == [4, 3, 3]
+    assert sum(shard_sizes(512, 5)) == 512
+    schedules = [MinibatchSchedule(rows, 2, 1, 0, seed=0, num_minibatches=2) for rows in shard_sizes(10, 3)]
+    epochs = [schedule.next_epoch() for schedule in schedules]
+    assert [len(epoch) for epoch in epochs] == [2, 2, 2]  # DDP's collectives stay in step
+    assert sorted(i for batch in epochs[0] for i in batch) == [0, 1, 2, 3]
