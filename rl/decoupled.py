@@ -300,7 +300,11 @@ def run_player(cfg: PPOConfig, spaces: EnvSpaces, topology: Topology, channel: C
     progress.close()
     envs.close()
 
-    print(f"training loop: {global_step} steps in {time.perf_counter() - start:.2f} s", flush=True)
+    loop_seconds = time.perf_counter() - start
+    print(
+        f"training loop: {global_step} steps in {loop_seconds:.2f} s ({global_step / loop_seconds:,.0f} steps/s)",
+        flush=True,
+    )
     torch.save(agent_state(agent, obs_normalizer, collector.reward_scaler, cfg, spaces.env_id), agent_path(run.dir))
     report_evaluation(cfg, spaces, agent, obs_normalizer, run, global_step)
     run.sink.close()

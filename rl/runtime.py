@@ -87,8 +87,17 @@ def gather_mean_hook(process_group, bucket):
     return work.get_future().then(lambda _: gathered.view(world_size, -1).sum(0).div_(world_size))
 
 
+def keep_gradients_hook(process_group, bucket):
+    """DDP communication hook for a group of one: there is nothing to average, so skip the backend."""
+    done = torch.futures.Future()
+    done.set_result(bucket.buffer())
+    return done
+
+
 def register_gradient_hook(ddp: nn.parallel.DistributedDataParallel) -> None:
-    if dist.get_backend(ddp.process_group) == dist.Backend.GLOO:
+    if dist.get_world_size(ddp.process_group) == 1:
+        ddp.register_comm_hook(ddp.process_group, keep_gradients_hook)
+    elif dist.get_backend(ddp.process_group) == dist.Backend.GLOO:
         ddp.register_comm_hook(ddp.process_group, gather_mean_hook)
 
 
@@ -128,12 +137,20 @@ class FabricRuntime(Runtime):
         from lightning.fabric import Fabric
         from lightning.fabric.connector import _is_using_cli
 
-        self.fabric = Fabric(
-            accelerator="cuda" if cfg.cuda else "cpu",
-            strategy=_fabric_ddp_strategy(cfg, process_group) if world_size > 1 else "auto",
-            devices=local_world_size_from_env(),
-            num_nodes=max(1, world_size // local_world_size_from_env()),
-        )
+        accelerator = "cuda" if cfg.cuda else "cpu"
+        if process_group is not None and dist.get_world_size(process_group) == 1:
+            # A lone trainer has no one to average with: no DDP wrapper, as in a one-process run.
+            from lightning.fabric.strategies import SingleDeviceStrategy
+
+            device = _device(cfg, int(os.environ.get("LOCAL_RANK", "0")))
+            self.fabric = Fabric(accelerator=accelerator, strategy=SingleDeviceStrategy(device=device))
+        else:
+            self.fabric = Fabric(
+                accelerator=accelerator,
+                strategy=_fabric_ddp_strategy(cfg, process_group) if world_size > 1 else "auto",
+                devices=local_world_size_from_env(),
+                num_nodes=max(1, world_size // local_world_size_from_env()),
+            )
         if not _is_using_cli():  # `fabric run` has already created the processes
             self.fabric.launch()
         self.group = process_group
