@@ -117,3 +117,17 @@ def test_shards_are_near_equal_and_minibatch_counts_match():
     epochs = [schedule.next_epoch() for schedule in schedules]
     assert [len(epoch) for epoch in epochs] == [2, 2, 2]  # DDP's collectives stay in step
     assert sorted(i for batch in epochs[0] for i in batch) == [0, 1, 2, 3]
+
+
+@pytest.mark.slow
+def test_normal_exits_are_clean_in_20_of_20_runs(tmp_path):
+    variants = [[], ["--share-data"], ["--pipeline"], ["--pipeline", "--share-data"]]
+    unclean = []
+    for attempt in range(20):
+        cwd = tmp_path / str(attempt)
+        cwd.mkdir()
+        args = ["--total-timesteps", "1024", "--eval-episodes", "0", "--no-progress-bar", *variants[attempt % 4]]
+        finished = launch("fabric run", SCRIPTS["decoupled"], args, cwd, nproc=3, timeout=120)
+        if finished.returncode != 0 or "terminate called" in finished.stderr or "Traceback" in finished.stderr:
+            unclean.append((attempt, finished.returncode, finished.stderr[-500:]))
+    assert unclean == []
