@@ -45,7 +45,7 @@ from rl.normalization import ObservationNormalizer, RewardScaler
 from rl.policy import ActorCritic, action_shape_and_dtype
 from rl.ppo import UPDATE_STATS, MinibatchSchedule, explained_variance, ppo_update
 from rl.rollout import Batch, RolloutCollector, rollout_to_batch
-from rl.runtime import FabricRuntime, collective_timeout
+from rl.runtime import FabricRuntime, close_process_group, collective_timeout
 
 PLAYER_RANK = 0
 FIRST_TRAINER_RANK = 1
@@ -394,7 +394,7 @@ def train_decoupled(cfg: PPOConfig, spaces: EnvSpaces, world_size: int) -> None:
             run_player(cfg, spaces, topology, channel, codec)
         else:
             run_trainer(cfg, spaces, topology, channel, codec, trainers.group)
-    dist.destroy_process_group()
+        close_process_group()
 
 
 def role_name(rank: int) -> str:

@@ -185,8 +185,15 @@ class FabricRuntime(Runtime):
         return FabricSink(root_dir, run_name)
 
     def shutdown(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        close_process_group()
+
+
+def close_process_group() -> None:
+    """Leave together: a rank that tears its group down while a peer still works on (rank 0's
+    evaluation, say) can abort at exit with "terminate called without an active exception"."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 class TorchRuntime(Runtime):
@@ -249,5 +256,4 @@ class TorchRuntime(Runtime):
         return SummaryWriterSink(os.path.join(root_dir, run_name), self.is_main)
 
     def shutdown(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        close_process_group()
