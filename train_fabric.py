@@ -10,8 +10,8 @@ from rl.runtime import FabricRuntime
 
 
 def main(argv: list[str]) -> None:
-    cfg, spaces, world_size = prepare(argv)
-    train_coupled(cfg, spaces, FabricRuntime(cfg, world_size))
+    cfg, spaces, world_size, resume = prepare(argv)
+    train_coupled(cfg, spaces, FabricRuntime(cfg, world_size), resume)
 
 
 if __name__ == "__main__":

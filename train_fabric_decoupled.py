@@ -9,7 +9,7 @@ from rl.decoupled import train_decoupled
 
 
 def main(argv: list[str]) -> None:
-    cfg, spaces, world_size = prepare(argv, decoupled=True)
+    cfg, spaces, world_size, _ = prepare(argv, decoupled=True)
     train_decoupled(cfg, spaces, world_size)
 
 

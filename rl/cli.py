@@ -8,13 +8,15 @@ from collections.abc import Callable
 
 import torch
 
+from rl.checkpoint import check_resumable, load_checkpoint
 from rl.config import PPOConfig, parse_config, validate, validate_decoupled, world_size_from_env
 from rl.envs import EnvSpaces, inspect_env
 from rl.errors import UsageError, exit_on_usage_error
+from rl.ppo import TrainingDiverged
 from rl.runtime import configure_torch_threads
 
 
-def prepare(argv: list[str], decoupled: bool = False) -> tuple[PPOConfig, EnvSpaces, int]:
+def prepare(argv: list[str], decoupled: bool = False) -> tuple[PPOConfig, EnvSpaces, int, dict | None]:
     """Config, env spaces and world size, all checked before any process group exists.
 
     Every rank runs this on the same input, so bad input stops every rank here, with the
@@ -31,9 +33,13 @@ def prepare(argv: list[str], decoupled: bool = False) -> tuple[PPOConfig, EnvSpa
     if cfg.capture_video:
         check_video_support()
     spaces = inspect_env(cfg.env_id)
+    resume = None
+    if cfg.resume_from is not None:  # read on every rank now, so a bad file stops all before any collective
+        resume = load_checkpoint(cfg.resume_from)
+        check_resumable(resume, cfg, world_size, spaces.env_id)
     configure_torch_threads(cfg.torch_threads)
     torch.backends.cudnn.deterministic = cfg.torch_deterministic
-    return cfg, spaces, world_size
+    return cfg, spaces, world_size, resume
 
 
 def check_video_support() -> None:
@@ -44,4 +50,9 @@ def check_video_support() -> None:
 
 def run_main(main: Callable[[list[str]], None]) -> None:
     with exit_on_usage_error():
-        main(sys.argv[1:])
+        try:
+            main(sys.argv[1:])
+        except (TrainingDiverged, FloatingPointError) as error:
+            print(f"error: training stopped: {error}; the checkpoints written so far hold finite weights",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            sys.exit(1)

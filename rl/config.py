@@ -86,6 +86,12 @@ class PPOConfig:
     """root folder of the TensorBoard logs and run folders"""
     progress_bar: bool = True
     """show a progress bar on rank 0"""
+    checkpoint_every: int = 0
+    """write a training checkpoint every this many env steps (0: only at the end)"""
+    keep_last: int = 3
+    """how many of the newest training checkpoints to keep"""
+    resume_from: str | None = None
+    """continue the run saved in this training checkpoint (same envs, network and process count)"""
     torch_threads: int = 0
     """torch threads per process; 0 takes the machine's cores divided by the local processes"""
     collective_timeout: float = 300.0
@@ -109,9 +115,9 @@ def flag(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
-POSITIVE_INTS = ("num_envs", "num_steps", "per_rank_batch_size", "total_timesteps", "update_epochs")
+POSITIVE_INTS = ("num_envs", "num_steps", "per_rank_batch_size", "total_timesteps", "update_epochs", "keep_last")
 POSITIVE_FLOATS = ("learning_rate", "clip_coef", "collective_timeout")
-NON_NEGATIVE = ("ent_coef", "vf_coef", "max_grad_norm", "eval_episodes", "torch_threads")
+NON_NEGATIVE = ("ent_coef", "vf_coef", "max_grad_norm", "eval_episodes", "torch_threads", "checkpoint_every")
 
 
 def validate(cfg: PPOConfig, world_size: int, gpu_count: int, env_ranks: int | None = None) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
+import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -12,10 +14,21 @@ import numpy as np
 import torch
 
 from rl import PROCESS_STARTED
-from rl.checkpoint import agent_path, agent_state
+from rl.checkpoint import (
+    agent_path,
+    agent_state,
+    assert_finite,
+    capture_rank_state,
+    checkpoint_path,
+    prune_checkpoints,
+    restore_rank_state,
+    run_dir_of,
+    training_state,
+)
 from rl.config import PPOConfig
 from rl.envs import EnvSpaces, derive_seed, make_vector_env, video_folder
 from rl.evaluation import evaluate_greedy
+from rl.faults import gather_process_ids, peer, report_lost_peers
 from rl.logger import (
     EPISODE_LENGTH,
     EPISODE_RETURN,
@@ -95,19 +108,53 @@ def open_run(cfg: PPOConfig, sink: MetricsSink) -> Run:
     return Run(sink.log_dir, sink)
 
 
-def start_run(cfg: PPOConfig, runtime: Runtime, env_id: str) -> Run:
-    """Name the run on rank 0, so that all ranks agree, and open it."""
-    name = runtime.broadcast_object(run_name(cfg, env_id))
-    return open_run(cfg, runtime.make_sink(os.path.join(cfg.log_dir, runtime.log_subdir), name))
+def start_run(cfg: PPOConfig, runtime: Runtime, env_id: str, resumed_dir: str | None = None) -> Run:
+    """Name the run on rank 0, so that all ranks agree, and open it; a resumed run keeps its folder."""
+    if resumed_dir is not None:
+        root, name = os.path.split(resumed_dir)
+    else:
+        root, name = os.path.join(cfg.log_dir, runtime.log_subdir), runtime.broadcast_object(run_name(cfg, env_id))
+    return open_run(cfg, runtime.make_sink(root, name))
 
 
-def train_coupled(cfg: PPOConfig, spaces: EnvSpaces, runtime: Runtime) -> None:
-    run = start_run(cfg, runtime, spaces.env_id)
+def checkpoint_due(every: int, global_step: int, steps_per_update: int) -> bool:
+    """Whether the last update crossed a multiple of `every` env steps (0: never)."""
+    return every > 0 and global_step // every > (global_step - steps_per_update) // every
+
+
+def rank_name(rank: int) -> str:
+    return f"rank {rank}"
+
+
+class InterruptFlag:
+    """Ctrl-C (SIGINT, which the launchers pass on to every rank) asks for a checkpoint and a clean
+    stop at the end of the current update, agreed by all ranks, rather than a KeyboardInterrupt
+    in the middle of a collective."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGINT, self._request)
+
+    def _request(self, signum: int, frame: object) -> None:
+        self.requested = True
+
+    def agreed(self, runtime: Runtime) -> bool:
+        return bool(runtime.all_reduce_sum(torch.tensor([float(self.requested)], device=runtime.device)).item() > 0)
+
+
+def train_coupled(cfg: PPOConfig, spaces: EnvSpaces, runtime: Runtime, resume: dict | None = None) -> None:
+    with report_lost_peers(runtime.rank, rank_name, gather_process_ids(runtime.device)), peer("another rank"):
+        _train_coupled(cfg, spaces, runtime, resume)
+
+
+def _train_coupled(cfg: PPOConfig, spaces: EnvSpaces, runtime: Runtime, resume: dict | None) -> None:
+    run = start_run(cfg, runtime, spaces.env_id, run_dir_of(cfg.resume_from) if resume else None)
     device, rank, world_size = runtime.device, runtime.rank, runtime.world_size
 
     agent = build_agent(cfg, spaces, device)
-    optimizer = make_optimizer(agent, cfg)
-    model, optimizer = runtime.setup(agent, optimizer)
+    if resume:
+        agent.load_state_dict(resume["agent"])
+    model, optimizer = runtime.setup(agent, make_optimizer(agent, cfg))
 
     record_video = cfg.capture_video and runtime.is_main
     envs = make_vector_env(spaces.env_id, cfg.num_envs, video_folder(run.dir, "train") if record_video else None)
@@ -127,14 +174,37 @@ def train_coupled(cfg: PPOConfig, spaces: EnvSpaces, runtime: Runtime) -> None:
     schedule = MinibatchSchedule(
         cfg.rollout_steps_per_rank * shards, cfg.per_rank_batch_size, shards, rank if cfg.share_data else 0, cfg.seed
     )
+    first_update, global_step = 1, 0
+    if resume:
+        optimizer.load_state_dict(resume["optimizer"])
+        obs_normalizer.load_state_dict(resume["obs_normalizer"])
+        collector.reward_scaler.load_state_dict(resume["reward_scaler"])
+        counters = resume["counters"]
+        first_update, global_step, schedule.epoch = counters["update"] + 1, counters["global_step"], counters["epoch"]
+        fresh_seeds = [derive_seed(cfg.seed, ENV_STREAM, rank, index, first_update) for index in range(cfg.num_envs)]
+        if not restore_rank_state(collector, resume["rank_states"][rank], fresh_seeds) and runtime.is_main:
+            print("warning: these envs cannot be saved; they restart from fresh resets", file=sys.stderr)
+
     metrics = TrainingMetrics(device, runtime.all_reduce_sum)
     hp = hyperparameters(cfg)
     num_updates = cfg.num_updates(world_size)
     steps_per_update = cfg.rollout_steps_per_rank * world_size
-    progress = ProgressBar(num_updates * steps_per_update, runtime.is_main and cfg.progress_bar)
+    progress = ProgressBar(num_updates * steps_per_update, runtime.is_main and cfg.progress_bar, initial=global_step)
+    interrupt = InterruptFlag()
 
-    global_step, start = 0, time.perf_counter()
-    for update in range(1, num_updates + 1):
+    def save_checkpoint(update: int) -> None:
+        assert_finite(agent)
+        counters = {"global_step": global_step, "update": update, "epoch": schedule.epoch}
+        rank_states = runtime.all_gather_object(capture_rank_state(collector))
+        state = training_state(
+            agent, optimizer, obs_normalizer, collector.reward_scaler, cfg, spaces.env_id, counters, rank_states
+        )
+        runtime.save_atomically(checkpoint_path(run.dir, global_step), state)
+        if runtime.is_main:
+            prune_checkpoints(run.dir, cfg.keep_last)
+
+    start_step, start, update = global_step, time.perf_counter(), first_update - 1
+    for update in range(first_update, num_updates + 1):
         lr = annealed_lr(cfg, update, num_updates)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -160,18 +230,31 @@ def train_coupled(cfg: PPOConfig, spaces: EnvSpaces, runtime: Runtime) -> None:
         metrics.record_update(update_stats)
 
         global_step += steps_per_update
-        steps_per_second = global_step / (time.perf_counter() - start)
+        steps_per_second = (global_step - start_step) / (time.perf_counter() - start)
         scalars = metrics.compute()
         scalars |= {"Info/learning_rate": lr, "Time/steps_per_second": steps_per_second}
         run.sink.log_scalars(scalars, global_step)
         progress.advance(steps_per_update, steps_per_second, scalars.get(EPISODE_RETURN))
+        if interrupt.agreed(runtime):
+            break
+        if checkpoint_due(cfg.checkpoint_every, global_step, steps_per_update):
+            save_checkpoint(update)
     loop_seconds = time.perf_counter() - start
     progress.close()
-    envs.close()
-    report_resources(runtime, run, loop_seconds, global_step)
+    if not os.path.exists(checkpoint_path(run.dir, global_step)):
+        save_checkpoint(update)
+    collector.envs.close()
+    if interrupt.requested:
+        if runtime.is_main:
+            print(f"interrupted at step {global_step}: checkpoint written to {run.dir}", flush=True)
+        run.sink.close()
+        runtime.shutdown()
+        return
 
-    state = agent_state(agent, obs_normalizer, collector.reward_scaler, cfg, spaces.env_id)
-    runtime.save(agent_path(run.dir), state)
+    report_resources(runtime, run, loop_seconds, global_step - start_step)
+    assert_finite(agent)
+    final_agent = agent_state(agent, obs_normalizer, collector.reward_scaler, cfg, spaces.env_id)
+    runtime.save_atomically(agent_path(run.dir), final_agent)
     if runtime.is_main:
         report_evaluation(cfg, spaces, agent, obs_normalizer, run, global_step)
     run.sink.close()

@@ -11,16 +11,9 @@ from __future__ import annotations
 
 import math
 import os
-import signal
-import socket
-import sys
 import time
-import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import IntEnum
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -40,6 +33,7 @@ from rl.coupled import (
     run_name,
 )
 from rl.envs import EnvSpaces, derive_seed, make_vector_env, video_folder
+from rl.faults import gather_process_ids, peer, report_lost_peers
 from rl.logger import EPISODE_LENGTH, EPISODE_RETURN, EXPLAINED_VARIANCE, FabricSink, ProgressBar, TrainingMetrics
 from rl.normalization import ObservationNormalizer, RewardScaler
 from rl.policy import ActorCritic, action_shape_and_dtype
@@ -53,32 +47,13 @@ SCATTER_STREAM = 2  # seed stream of the player's shard shuffling
 LOG_SUBDIR = "fabric_decoupled_logs"
 
 
+def role_name(rank: int) -> str:
+    return "the player" if rank == PLAYER_RANK else f"trainer {rank}"
+
+
 class Command(IntEnum):
     ROLLOUT = 1  # a rollout follows; train on it and send the weights back
     STOP = 2  # training is over; leave the loop
-
-
-class PeerLost(Exception):
-    """A collective failed because the process on the other side is gone."""
-
-    def __init__(self, peer: str, detail: str) -> None:
-        super().__init__(peer)
-        self.peer = peer
-        self.detail = detail.splitlines()[0] if detail else "no detail"
-
-
-LOST_CONNECTION = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out", "timed out")
-
-
-@contextmanager
-def peer(name: str) -> Iterator[None]:
-    """Turn the failure of a collective whose other side is gone into `PeerLost(name)`."""
-    try:
-        yield
-    except RuntimeError as error:  # gloo raises DistBackendError, or a plain RuntimeError from a DDP hook
-        if isinstance(error, dist.DistError) or any(sign in str(error) for sign in LOST_CONNECTION):
-            raise PeerLost(name, str(error)) from None
-        raise
 
 
 class BatchCodec:
@@ -139,7 +114,7 @@ class Topology:
 
     @property
     def role(self) -> str:
-        return "player" if self.is_player else role_name(self.rank)
+        return role_name(self.rank)
 
 
 class Channel:
@@ -389,63 +364,9 @@ def train_decoupled(cfg: PPOConfig, spaces: EnvSpaces, world_size: int) -> None:
     torch.manual_seed(cfg.seed)
     weights_size = num_parameters(ActorCritic(spaces.obs_dim, spaces.action_space))
     channel = Channel(cfg, topology, codec, weights_size)
-    with report_lost_peers(topology, gather_process_ids(comm_device)):
+    with report_lost_peers(topology.rank, role_name, gather_process_ids(comm_device)):
         if topology.is_player:
             run_player(cfg, spaces, topology, channel, codec)
         else:
             run_trainer(cfg, spaces, topology, channel, codec, trainers.group)
         close_process_group()
-
-
-def role_name(rank: int) -> str:
-    return "the player" if rank == PLAYER_RANK else f"trainer {rank}"
-
-
-def gather_process_ids(comm_device: torch.device) -> Tensor:
-    """(host id, pid) of every rank, so a survivor can tell which role's process has ended."""
-    host = zlib.crc32(socket.gethostname().encode())
-    own = torch.tensor([host, os.getpid()], dtype=torch.long, device=comm_device)
-    every = [torch.zeros_like(own) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, own)
-    return torch.stack(every).cpu()
-
-
-def _process_ended(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return True
-    return state in ("Z", "X")  # a zombie has ended, whether or not its parent has reaped it yet
-
-
-def ended_roles(process_ids: Tensor, own_rank: int) -> list[str]:
-    """Roles on this host whose processes have ended (other hosts cannot be checked from here)."""
-    host = zlib.crc32(socket.gethostname().encode())
-    return [
-        role_name(rank)
-        for rank, (rank_host, pid) in enumerate(process_ids.tolist())
-        if rank != own_rank and rank_host == host and _process_ended(pid)
-    ]
-
-
-@contextmanager
-def report_lost_peers(topology: Topology, process_ids: Tensor) -> Iterator[None]:
-    """End this process with a line naming the role that failed, instead of hanging or a traceback.
-
-    The launcher stops the survivors with SIGTERM as soon as one process ends, often before a
-    collective notices: the handler then names the roles whose processes are gone.
-    """
-    role = topology.role
-
-    def stopped_by_launcher(signum: int, frame: object) -> None:
-        ended = " and ".join(ended_roles(process_ids, topology.rank)) or "another process"
-        print(f"error: {role}: stopped by the launcher because {ended} ended", file=sys.stderr, flush=True)
-        os._exit(1)
-
-    signal.signal(signal.SIGTERM, stopped_by_launcher)
-    try:
-        yield
-    except PeerLost as lost:
-        ended = " and ".join(ended_roles(process_ids, topology.rank)) or lost.peer
-        print(f"error: {role}: {ended} stopped ({lost.detail})", file=sys.stderr, flush=True)
-        os._exit(1)  # the process group is broken: skip its teardown, which could block

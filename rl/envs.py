@@ -11,6 +11,10 @@ import numpy as np
 
 from rl.errors import UsageError
 
+# Rendering is to arrays only; pygame's SDL must not look for a display or a sound device.
+os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+
 # gymnasium 1.x removed these ids; their successors keep the same spaces and dynamics fixes.
 RENAMED_ENV_IDS = {
     "LunarLander-v2": "LunarLander-v3",

@@ -21,8 +21,14 @@ def evaluate_greedy(
     obs_normalizer: ObservationNormalizer,
     device: torch.device,
     video_dir: str | None = None,
+    deterministic: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Returns and lengths of `episodes` episodes, one per env, all run side by side."""
+    """Returns and lengths of `episodes` episodes, one per env, all run side by side.
+
+    Greedy (the distribution's mode) unless `deterministic` is False; then actions are sampled
+    from a generator seeded by `seed`. With `video_dir`, the first env's episode is recorded.
+    """
+    generator = torch.Generator(device=device).manual_seed(derive_seed(seed, EVAL_STREAM, episodes))
     envs = make_vector_env(env_id, episodes, video_dir)
     returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
     finished = np.zeros(episodes, dtype=bool)
@@ -30,7 +36,9 @@ def evaluate_greedy(
         obs, _ = envs.reset(seed=[derive_seed(seed, EVAL_STREAM, i) for i in range(episodes)])
         while not finished.all():
             obs_t = torch.as_tensor(obs, dtype=torch.float32, device=device).reshape(episodes, -1)
-            action = agent.greedy_action(obs_normalizer(obs_t)).cpu().numpy()
+            obs_t = obs_normalizer(obs_t)
+            action = agent.greedy_action(obs_t) if deterministic else agent.act(obs_t, generator)[0]
+            action = action.cpu().numpy()
             obs, _, _, _, info = envs.step(action)
             if "_episode" in info:  # only an env's first episode counts
                 ended = info["_episode"] & ~finished

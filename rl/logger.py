@@ -137,8 +137,8 @@ class TrainingMetrics(MeanOverRanks):
 class ProgressBar:
     """Steps, steps/s and the recent return on rank 0, one refresh per update."""
 
-    def __init__(self, total_steps: int, enabled: bool) -> None:
-        self._bar = tqdm(total=total_steps, unit="step", disable=not enabled, dynamic_ncols=True)
+    def __init__(self, total_steps: int, enabled: bool, initial: int = 0) -> None:
+        self._bar = tqdm(total=total_steps, initial=initial, unit="step", disable=not enabled, dynamic_ncols=True)
         self._recent_return: float | None = None
 
     def advance(self, steps: int, steps_per_second: float, episode_return: float | None) -> None:

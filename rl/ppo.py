@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -103,7 +104,7 @@ def ppo_update(
     schedule: MinibatchSchedule,
     hp: PPOHyperparameters,
     backward: Callable[[Tensor], None],
-    clip_gradients: Callable[[float], None],
+    clip_gradients: Callable[[float], Tensor | None],
 ) -> dict[str, Tensor]:
     """`update_epochs` passes of minibatch gradient steps over `batch`.
 
@@ -125,12 +126,29 @@ def ppo_update(
 
             optimizer.zero_grad(set_to_none=True)
             backward(loss)
-            if hp.max_grad_norm > 0:
-                clip_gradients(hp.max_grad_norm)
+            check_and_clip(clip_gradients, hp.max_grad_norm)
             optimizer.step()
             stats.append(_minibatch_stats(new_logprobs, minibatch.logprobs, pg_loss, v_loss, ent_loss, hp.clip_coef))
     means = torch.stack(stats).mean(0)
     return dict(zip(UPDATE_STATS, means, strict=True))
+
+
+class TrainingDiverged(Exception):
+    """A loss or gradient stopped being finite; the step that would spread it was not taken."""
+
+
+def check_and_clip(clip_gradients: Callable[[float], Tensor | None], max_grad_norm: float) -> None:
+    """Clip to `max_grad_norm` (0: no clipping), and stop on a non-finite norm.
+
+    The gradients are DDP's averages, identical on every rank, so every rank stops at the same
+    step. With no clipping the norm is still computed (clipping to infinity scales by exactly 1).
+    """
+    try:
+        clip_gradients(max_grad_norm if max_grad_norm > 0 else math.inf)
+    except RuntimeError as error:
+        if "non-finite" not in str(error):
+            raise
+        raise TrainingDiverged("the gradient norm is not finite (a loss became NaN or infinite)") from None
 
 
 @torch.no_grad()

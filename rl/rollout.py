@@ -91,8 +91,11 @@ class RolloutCollector:
                 ("truncated", np.bool_),
             ]
         }
-        first_obs, _ = envs.reset(seed=env_seeds)
-        self._raw_obs = self._to_tensor(first_obs)
+        self.reset_envs(env_seeds)
+
+    def reset_envs(self, seeds: list[int]) -> None:
+        first_obs, _ = self.envs.reset(seed=seeds)
+        self.raw_obs = self._to_tensor(first_obs)
 
     def _to_tensor(self, array: np.ndarray) -> Tensor:
         return torch.as_tensor(array, dtype=torch.float32).reshape(self.envs.num_envs, -1).to(self.device)
@@ -102,7 +105,7 @@ class RolloutCollector:
         buf, episodes = self.buffer, EpisodeLog()
         env_side = self._env_side  # numpy staging: cheaper per step than tensor writes
         for step in range(self.num_steps):
-            obs = self.obs_normalizer(self._raw_obs)
+            obs = self.obs_normalizer(self.raw_obs)
             action, logprob, value = agent.act(obs, self.generator)
             raw_next, reward, terminated, truncated, info = self.envs.step(action.cpu().numpy())
             env_side["rewards"][step], env_side["discounted_returns"][step] = self.reward_scaler(
@@ -110,18 +113,18 @@ class RolloutCollector:
             )
             env_side["terminated"][step] = terminated
             env_side["truncated"][step] = truncated
-            buf.raw_obs[step] = self._raw_obs
+            buf.raw_obs[step] = self.raw_obs
             buf.obs[step] = obs
             buf.actions[step] = action
             buf.logprobs[step] = logprob
             buf.values[step] = value
             buf.final_values[step] = self._truncation_values(agent, truncated & ~terminated, info)
             _record_episodes(info, episodes)
-            self._raw_obs = self._to_tensor(raw_next)
+            self.raw_obs = self._to_tensor(raw_next)
 
         for name, array in env_side.items():
             getattr(buf, name).copy_(torch.from_numpy(array))
-        buf.next_obs = self.obs_normalizer(self._raw_obs)
+        buf.next_obs = self.obs_normalizer(self.raw_obs)
         with torch.no_grad():
             buf.next_value = agent.value(buf.next_obs)
         return buf, episodes

@@ -7,6 +7,7 @@ saving and a TensorBoard sink), so the rollout loop and the update step are writ
 from __future__ import annotations
 
 import os
+import warnings
 from abc import ABC, abstractmethod
 from datetime import timedelta
 from typing import Any
@@ -45,7 +46,8 @@ class Runtime(ABC):
     def backward(self, loss: Tensor) -> None: ...
 
     @abstractmethod
-    def clip_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> None: ...
+    def clip_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> Tensor:
+        """Clip the global norm; raise RuntimeError if it is not finite."""
 
     @abstractmethod
     def all_reduce_sum(self, tensor: Tensor) -> Tensor: ...
@@ -60,6 +62,22 @@ class Runtime(ABC):
     @abstractmethod
     def save(self, path: str, state: dict[str, Any]) -> None:
         """Write `state` once (from rank 0); every rank returns after the file exists."""
+
+    def save_atomically(self, path: str, state: dict[str, Any]) -> None:
+        """Write to a temporary file, then rename: a crash mid-save leaves the old files intact."""
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        temporary = f"{path}.tmp"
+        self.save(temporary, state)
+        if self.is_main:
+            os.replace(temporary, path)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order (pickled: for small, rare messages only)."""
+        if self.world_size == 1:
+            return [obj]
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, obj)
+        return gathered
 
     @abstractmethod
     def make_sink(self, root_dir: str, run_name: str) -> MetricsSink: ...
@@ -164,8 +182,8 @@ class FabricRuntime(Runtime):
     def backward(self, loss: Tensor) -> None:
         self.fabric.backward(loss)
 
-    def clip_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> None:
-        self.fabric.clip_gradients(model, optimizer, max_norm=max_norm)
+    def clip_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> Tensor:
+        return self.fabric.clip_gradients(model, optimizer, max_norm=max_norm, error_if_nonfinite=True)
 
     def all_reduce_sum(self, tensor: Tensor) -> Tensor:
         return self.fabric.all_reduce(tensor, group=self.group, reduce_op="sum") if self.world_size > 1 else tensor
@@ -173,7 +191,10 @@ class FabricRuntime(Runtime):
     def all_gather_rows(self, tensor: Tensor) -> Tensor:
         if self.world_size == 1:
             return tensor
-        return self.fabric.all_gather(tensor, group=self.group).reshape(-1, *tensor.shape[1:])
+        with warnings.catch_warnings():  # Lightning's own call of a deprecated torch function
+            warnings.filterwarnings("ignore", message=".*all_gather is deprecated.*")
+            gathered = self.fabric.all_gather(tensor, group=self.group)
+        return gathered.reshape(-1, *tensor.shape[1:])
 
     def broadcast_object(self, obj: Any) -> Any:
         return self.fabric.broadcast(obj, src=0)
@@ -223,8 +244,8 @@ class TorchRuntime(Runtime):
     def backward(self, loss: Tensor) -> None:
         loss.backward()
 
-    def clip_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> None:
-        nn.utils.clip_grad_norm_(model.parameters(), max_norm, error_if_nonfinite=True)
+    def clip_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> Tensor:
+        return nn.utils.clip_grad_norm_(model.parameters(), max_norm, error_if_nonfinite=True)
 
     def all_reduce_sum(self, tensor: Tensor) -> Tensor:
         if self.world_size > 1:

@@ -64,7 +64,7 @@ def test_one_process_is_refused(tmp_path):
 
 @pytest.mark.parametrize(
     ("victim", "survivor_says"),
-    [(2, ["error: player: ", "trainer 2"]), (0, ["error: trainer 1: ", "the player"])],
+    [(2, ["error: the player: ", "trainer 2"]), (0, ["error: trainer 1: ", "the player"])],
     ids=["trainer-killed", "player-killed"],
 )
 def test_a_killed_role_ends_the_job_within_60_s(tmp_path, victim, survivor_says):

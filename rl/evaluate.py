@@ -1,0 +1,130 @@
+"""Evaluate a saved agent or training checkpoint: `python -m rl.evaluate CHECKPOINT [flags]`.
+
+Prints the mean ± std of the episode return and length; with --capture-video writes an mp4 of
+the first episode under the run folder and logs it, and the scores, to TensorBoard there.
+"""
+
+from __future__ import annotations
+
+import glob
+import io
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import tyro
+
+from rl.checkpoint import CHECKPOINT_DIR, load_checkpoint
+from rl.cli import check_video_support
+from rl.config import PPOConfig
+from rl.envs import inspect_env
+from rl.errors import UsageError, exit_on_usage_error
+from rl.evaluation import evaluate_greedy
+from rl.normalization import ObservationNormalizer
+from rl.policy import ActorCritic
+
+
+@dataclass
+class EvalConfig:
+    """Evaluate a saved agent (agent.ckpt) or a training checkpoint."""
+
+    checkpoint: tyro.conf.Positional[str]
+    """the file to evaluate"""
+    episodes: int = 10
+    """how many episodes, run side by side"""
+    deterministic: bool = True
+    """act with the distribution's mode; --stochastic (or --no-deterministic) samples actions"""
+    capture_video: bool = False
+    """write an mp4 of the first episode under the run folder and log it to TensorBoard"""
+    env_id: str | None = None
+    """evaluate on another env with the same spaces (default: the one it was trained on)"""
+    seed: int = 0
+    """seed of the evaluation envs and of sampled actions"""
+
+
+def parse(argv: list[str]) -> EvalConfig:
+    argv = ["--no-deterministic" if arg == "--stochastic" else arg for arg in argv]
+    return tyro.cli(EvalConfig, args=argv)
+
+
+def run_folder(checkpoint: str) -> Path:
+    """The run folder: where agent.ckpt lies, or the parent of a checkpoints/ folder."""
+    folder = Path(checkpoint).resolve().parent
+    return folder.parent if folder.name == CHECKPOINT_DIR else folder
+
+
+def restore_agent(state: dict, env_id: str) -> tuple[ActorCritic, ObservationNormalizer]:
+    trained = PPOConfig(**{k: v for k, v in state["config"].items() if k in PPOConfig.__dataclass_fields__})
+    spaces = inspect_env(env_id)
+    agent = ActorCritic(spaces.obs_dim, spaces.action_space, trained.activation_function)
+    try:
+        agent.load_state_dict(state["agent"])
+    except RuntimeError as error:
+        raise UsageError("--env-id", f"{env_id} does not fit this agent: {str(error).splitlines()[0]}") from None
+    normalizer = ObservationNormalizer(spaces.obs_dim, trained.normalize_observations, torch.device("cpu"))
+    normalizer.load_state_dict(state["obs_normalizer"])
+    return agent, normalizer
+
+
+def log_to_tensorboard(folder: Path, returns: np.ndarray, lengths: np.ndarray, video_dir: str | None) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(str(folder / "evaluation")) as writer:
+        writer.add_scalar("Eval/return_mean", float(returns.mean()))
+        writer.add_scalar("Eval/return_std", float(returns.std()))
+        writer.add_scalar("Eval/length_mean", float(lengths.mean()))
+        videos = sorted(glob.glob(os.path.join(video_dir, "*.mp4"))) if video_dir else []
+        if videos:
+            writer.file_writer.add_summary(video_summary("Eval/video", videos[0]))
+
+
+def video_summary(tag: str, mp4: str):
+    """The mp4 as TensorBoard's animated-GIF video summary.
+
+    `SummaryWriter.add_video` encodes through moviepy 1.x's `moviepy.editor`, which moviepy 2
+    removed, so the GIF is made here with Pillow.
+    """
+    from moviepy import VideoFileClip
+    from PIL import Image
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    with VideoFileClip(mp4) as clip:
+        frames = [Image.fromarray(frame) for frame in clip.iter_frames()]
+        duration_ms = int(1000 / clip.fps)
+    gif = io.BytesIO()
+    frames[0].save(gif, format="GIF", save_all=True, append_images=frames[1:], duration=duration_ms, loop=0)
+    width, height = frames[0].size
+    image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=gif.getvalue())
+    return Summary(value=[Summary.Value(tag=tag, image=image)])
+
+
+def main(argv: list[str]) -> None:
+    cfg = parse(argv)
+    if cfg.episodes <= 0:
+        raise UsageError("--episodes", f"must be positive, got {cfg.episodes}")
+    if cfg.capture_video:
+        check_video_support()
+    state = load_checkpoint(cfg.checkpoint, flag="CHECKPOINT")
+    env_id = cfg.env_id or state["env_id"]
+    agent, normalizer = restore_agent(state, env_id)
+    folder = run_folder(cfg.checkpoint)
+    video_dir = str(folder / "eval_videos") if cfg.capture_video else None
+    returns, lengths = evaluate_greedy(
+        agent, env_id, cfg.episodes, cfg.seed, normalizer, torch.device("cpu"), video_dir, cfg.deterministic
+    )
+    mode = "deterministic" if cfg.deterministic else "stochastic"
+    print(
+        f"{env_id}, {cfg.episodes} {mode} episodes: return {returns.mean():.2f} ± {returns.std():.2f}, "
+        f"length {lengths.mean():.1f} ± {lengths.std():.1f}"
+    )
+    log_to_tensorboard(folder, returns, lengths, video_dir)
+    if video_dir:
+        print(f"video: {sorted(glob.glob(os.path.join(video_dir, '*.mp4')))[0]}")
+
+
+if __name__ == "__main__":
+    with exit_on_usage_error():
+        main(sys.argv[1:])

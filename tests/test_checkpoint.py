@@ -1,0 +1,231 @@
+"""Checkpoints, exact resume, faults and the evaluation CLI, with real processes on CPU."""
+
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import SCRIPTS, child_env, child_pids, launch, load_agent, rank_pid, run_dir, start
+
+QUICK = ["--update-epochs", "2", "--eval-episodes", "0", "--no-progress-bar"]
+
+
+def checkpoints(cwd: Path, mode: str = "fabric") -> list[Path]:
+    return sorted((run_dir(cwd, mode) / "checkpoints").glob("step_*.ckpt"))
+
+
+def all_scalars(directory: Path, tag: str) -> dict[int, float]:
+    """A tag's values by step over every event file of a run folder (a resumed run adds one)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    values = {}
+    for events_file in glob.glob(str(directory / "events.*")):
+        events = EventAccumulator(events_file)
+        events.Reload()
+        if tag in events.Tags()["scalars"]:
+            values |= {event.step: event.value for event in events.Scalars(tag)}
+    return values
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """4,096 steps in one go (checkpointing every 1,024, keeping 2), and 2,048 + 2,048 resumed.
+
+    Maps each name to its run folder; a resumed run continues in the folder of its checkpoint.
+    """
+    folders = {}
+
+    def run(name, launcher, script, args, mode="fabric"):
+        cwd = tmp_path_factory.mktemp(name)
+        finished = launch(launcher, script, QUICK + args, cwd)
+        assert finished.returncode == 0, finished.stderr[-3000:]
+        folders[name] = run_dir(cwd, mode)
+        return folders[name]
+
+    def last_checkpoint(folder):
+        return str(sorted((folder / "checkpoints").glob("step_*.ckpt"))[-1])
+
+    def copy_of(folder, name):
+        return Path(shutil.copytree(folder, tmp_path_factory.mktemp(name) / folder.name))
+
+    every = ["--checkpoint-every", "1024", "--keep-last", "2"]
+    run("full", "fabric run", SCRIPTS["fabric"], ["--total-timesteps", "4096", *every])
+    fabric_half = run("fabric-half", "fabric run", SCRIPTS["fabric"], ["--total-timesteps", "2048"])
+    torch_half = run("torch-half", "torchrun", SCRIPTS["torch"], ["--total-timesteps", "2048"], mode="torch")
+    folders["fabric-to-torch"] = copy_of(fabric_half, "fabric-to-torch")
+    folders["fabric-resumed"] = copy_of(fabric_half, "fabric-resumed")
+    folders["torch-resumed"] = copy_of(torch_half, "torch-resumed")
+    resume = [*QUICK, "--total-timesteps", "4096", "--resume-from"]
+    for name, launcher, mode in (("fabric-resumed", "fabric run", "fabric"), ("torch-resumed", "torchrun", "torch"),
+                                 ("fabric-to-torch", "torchrun", "torch")):  # fmt: skip
+        finished = launch(launcher, SCRIPTS[mode], [*resume, last_checkpoint(folders[name])], folders[name])
+        assert finished.returncode == 0, finished.stderr[-3000:]
+    folders["fabric_half_checkpoint"] = Path(last_checkpoint(fabric_half))
+    return folders
+
+
+@pytest.mark.parametrize("resumed", ["fabric-resumed", "torch-resumed", "fabric-to-torch"])
+def test_resuming_equals_an_uninterrupted_run(runs, resumed):
+    full = load_agent(runs["full"])["agent"]
+    continued = load_agent(runs[resumed])["agent"]
+    assert all(torch.equal(full[name], continued[name]) for name in full)
+    full_losses = all_scalars(runs["full"], "Loss/policy_loss")
+    assert sorted(full_losses) == [512 * k for k in range(1, 9)]
+    assert all_scalars(runs[resumed], "Loss/policy_loss") == full_losses  # 512..2048 before the stop, the rest after
+
+
+def test_checkpoints_are_written_every_n_steps_and_the_last_ones_kept(runs):
+    saved = sorted((runs["full"] / "checkpoints").glob("step_*.ckpt"))
+    assert [path.name for path in saved] == ["step_000000003072.ckpt", "step_000000004096.ckpt"]
+    state = torch.load(saved[-1], weights_only=True)
+    assert state["counters"] == {"global_step": 4096, "update": 8, "epoch": 16}
+    assert state["world_size"] == 2 and len(state["rank_states"]) == 2
+    assert {"agent", "optimizer", "obs_normalizer", "reward_scaler", "config"} <= set(state)
+    assert all(rank["envs"] is not None for rank in state["rank_states"])
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--env-id", "Acrobot-v1"], "--env-id"),
+        (["--num-envs", "3"], "--num-envs"),
+        (["--activation-function", "tanh"], "--activation-function"),
+        (["--total-timesteps", "2048"], "--total-timesteps"),
+    ],
+)
+def test_a_field_that_cannot_change_is_named(runs, tmp_path, args, flag):
+    base = ["--total-timesteps", "4096", "--resume-from", str(runs["fabric_half_checkpoint"])]
+    finished = launch("fabric run", SCRIPTS["fabric"], [*base, *args], tmp_path)
+    lines = [line for line in finished.stderr.splitlines() if line.startswith("error: ")]
+    assert finished.returncode != 0 and len(lines) == 2
+    assert all(line.startswith(f"error: {flag}: ") for line in lines), lines
+
+
+def test_a_different_process_count_is_refused(runs, tmp_path):
+    resume = ["--total-timesteps", "4096", "--resume-from", str(runs["fabric_half_checkpoint"])]
+    finished = launch("python", SCRIPTS["fabric"], resume, tmp_path)
+    assert finished.returncode == 2
+    assert finished.stderr.strip().startswith("error: --devices: the checkpoint was written by 2 processes, not 1")
+
+
+def bad_files(runs, folder: Path) -> dict[str, Path]:
+    good = runs["fabric_half_checkpoint"].read_bytes()
+    (folder / "garbage.ckpt").write_bytes(b"not a checkpoint at all" * 100)
+    (folder / "truncated.ckpt").write_bytes(good[: len(good) // 2])
+    torch.save({"weights": torch.zeros(3)}, folder / "foreign.ckpt")
+    return {
+        "garbage": folder / "garbage.ckpt",
+        "truncated": folder / "truncated.ckpt",
+        "foreign": folder / "foreign.ckpt",
+        "saved agent": runs["fabric-half"] / "agent.ckpt",
+        "missing": folder / "nothing-here.ckpt",
+    }
+
+
+@pytest.mark.parametrize("kind", ["garbage", "truncated", "foreign", "saved agent", "missing"])
+def test_bad_checkpoints_end_with_one_line_and_exit_2(runs, tmp_path, kind):
+    path = bad_files(runs, tmp_path)[kind]
+    finished = launch("python", SCRIPTS["fabric"], ["--resume-from", str(path)], tmp_path)
+    assert finished.returncode == 2, finished.stderr[-2000:]
+    (line,) = finished.stderr.strip().splitlines()
+    assert line.startswith("error: --resume-from: ")
+
+
+def test_a_non_finite_loss_stops_training_without_a_nan_checkpoint(tmp_path):
+    args = ["--learning-rate", "1e30", "--total-timesteps", "16384", "--checkpoint-every", "512", "--keep-last", "100"]
+    finished = launch("fabric run", SCRIPTS["fabric"], QUICK + args, tmp_path)
+    assert finished.returncode != 0
+    assert "error: training stopped: the gradient norm is not finite" in finished.stderr
+    assert not (run_dir(tmp_path, "fabric") / "agent.ckpt").exists()
+    for path in checkpoints(tmp_path):
+        state = torch.load(path, weights_only=True)
+        assert all(torch.isfinite(tensor).all() for tensor in state["agent"].values()), path
+
+
+def wait_for(predicate, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def test_ctrl_c_on_the_launcher_writes_a_checkpoint_and_exits_cleanly(tmp_path):
+    job = start("fabric run", SCRIPTS["fabric"], [*QUICK, "--total-timesteps", "100000000"], tmp_path, nproc=2)
+    ranks = []
+    try:
+        wait_for(lambda: list((tmp_path / "logs").glob("*/*/events.*")), 60)
+        time.sleep(2)
+        ranks = child_pids(job.pid)
+        job.send_signal(signal.SIGINT)
+        stdout, stderr = job.communicate(timeout=60)
+    finally:
+        for pid in child_pids(job.pid):
+            os.kill(pid, signal.SIGKILL)
+    assert "interrupted at step" in stdout, stderr[-3000:]
+    assert not [line for line in stderr.splitlines() if line.startswith("[rank")]  # no rank traceback
+    assert all(not Path(f"/proc/{pid}").exists() for pid in ranks)
+    (saved,) = checkpoints(tmp_path)
+    step = torch.load(saved, weights_only=True)["counters"]["global_step"]
+    resumed = launch("fabric run", SCRIPTS["fabric"], [*QUICK, "--total-timesteps", str(step + 1024),
+                                                       "--resume-from", str(saved)], tmp_path)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_killed_rank_ends_the_job_and_the_last_checkpoint_resumes(tmp_path, victim):
+    # A checkpoint after every update, so kills often land in the middle of a save.
+    args = [*QUICK, "--total-timesteps", "100000000", "--checkpoint-every", "512", "--keep-last", "100"]
+    job = start("fabric run", SCRIPTS["fabric"], args, tmp_path, nproc=2)
+    try:
+        wait_for(lambda: len(list(tmp_path.glob("logs/*/*/checkpoints/step_*.ckpt"))) >= 3, 90)
+        killed_at = time.monotonic()
+        os.kill(rank_pid(job.pid, victim), signal.SIGKILL)
+        _, stderr = job.communicate(timeout=60)
+    finally:
+        for pid in child_pids(job.pid):
+            os.kill(pid, signal.SIGKILL)
+    assert time.monotonic() - killed_at < 60 and job.returncode != 0
+    survivor = [line for line in stderr.splitlines() if line.startswith(f"error: rank {1 - victim}: ")]
+    assert survivor and f"rank {victim}" in survivor[0].split(": ", 2)[2], stderr[-3000:]
+    saved = checkpoints(tmp_path)
+    for path in saved:  # written atomically: none is partial
+        torch.load(path, weights_only=True)
+    step = torch.load(saved[-1], weights_only=True)["counters"]["global_step"]
+    resumed = launch("fabric run", SCRIPTS["fabric"], [*QUICK, "--total-timesteps", str(step + 512),
+                                                       "--resume-from", str(saved[-1])], tmp_path)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+
+def evaluate(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "rl.evaluate", *args]
+    return subprocess.run(command, cwd=cwd, env=child_env(), capture_output=True, text=True, timeout=120)
+
+
+def test_evaluation_cli_prints_scores_and_writes_a_video(runs):
+    folder = runs["fabric-half"]
+    done = evaluate([str(folder / "agent.ckpt"), "--episodes", "3", "--capture-video"], folder)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "CartPole-v1, 3 deterministic episodes: return " in done.stdout and " ± " in done.stdout
+    videos = list((folder / "eval_videos").glob("*.mp4"))
+    assert videos and videos[0].stat().st_size > 1000
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(folder / "evaluation"))
+    events.Reload()
+    assert "Eval/video" in events.Tags()["images"] and "Eval/return_mean" in events.Tags()["scalars"]
+
+
+def test_evaluation_cli_takes_training_checkpoints_stochastic_play_and_another_env(runs):
+    checkpoint = str(runs["fabric_half_checkpoint"])
+    done = evaluate([checkpoint, "--episodes", "2", "--stochastic"], runs["fabric-half"])
+    assert done.returncode == 0 and "2 stochastic episodes" in done.stdout, done.stderr[-2000:]
+    wrong_env = evaluate([checkpoint, "--env-id", "Pendulum-v1"], runs["fabric-half"])
+    assert wrong_env.returncode == 2 and wrong_env.stderr.strip().startswith("error: --env-id: ")
+    missing = evaluate(["nothing.ckpt"], runs["fabric-half"])
+    assert missing.returncode == 2 and missing.stderr.strip().startswith("error: CHECKPOINT: no checkpoint at")
