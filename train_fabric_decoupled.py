@@ -9,8 +9,8 @@ from rl.decoupled import train_decoupled
 
 
 def main(argv: list[str]) -> None:
-    cfg, spaces, world_size, _ = prepare(argv, decoupled=True)
-    train_decoupled(cfg, spaces, world_size)
+    cfg, spaces, world_size, resume = prepare(argv, decoupled=True)
+    train_decoupled(cfg, spaces, world_size, resume)
 
 
 if __name__ == "__main__":

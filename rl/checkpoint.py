@@ -95,20 +95,42 @@ def restore_rank_state(collector: RolloutCollector, state: dict[str, Any], fresh
 
 def training_state(
     agent: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer_state: dict[str, Any],
     obs_normalizer: ObservationNormalizer,
     reward_scaler: RewardScaler,
     cfg: PPOConfig,
     env_id: str,
     counters: dict[str, int],
     rank_states: list[dict[str, Any]],
+    mode: str,
+    world_size: int,
 ) -> dict[str, Any]:
+    """`rank_states` holds one entry per rank that runs envs: every rank when coupled, the player when decoupled."""
     return agent_state(agent, obs_normalizer, reward_scaler, cfg, env_id) | {
-        "optimizer": optimizer.state_dict(),
-        "counters": counters,  # global_step, update, schedule_epoch
-        "world_size": len(rank_states),
+        "optimizer": optimizer_state,
+        "counters": counters,  # global_step, update, epoch (of the minibatch schedule)
+        "mode": mode,
+        "world_size": world_size,
         "rank_states": rank_states,
     }
+
+
+def to_cpu(value: Any) -> Any:
+    """A copy of nested dicts, lists and tuples with every tensor on the CPU."""
+    if isinstance(value, Tensor):
+        return value.cpu()
+    if isinstance(value, dict):
+        return {key: to_cpu(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(to_cpu(item) for item in value)
+    return value
+
+
+def save_file_atomically(path: str, state: dict[str, Any]) -> None:
+    """`torch.save` to a temporary file, then rename: for a single writer such as the player."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    torch.save(state, f"{path}.tmp")
+    os.replace(f"{path}.tmp", path)
 
 
 def assert_finite(agent: nn.Module) -> None:
@@ -130,10 +152,12 @@ def load_checkpoint(path: str, flag: str = "--resume-from") -> dict[str, Any]:
     return state
 
 
-def check_resumable(state: dict[str, Any], cfg: PPOConfig, world_size: int, env_id: str) -> None:
+def check_resumable(state: dict[str, Any], cfg: PPOConfig, world_size: int, env_id: str, mode: str) -> None:
     """A resumed run must keep what shapes its envs, network and per-rank state."""
     if "rank_states" not in state:
         raise UsageError("--resume-from", "this file holds a saved agent, not a training checkpoint")
+    if state["mode"] != mode:
+        raise UsageError("--resume-from", f"this checkpoint was written in {state['mode']} mode, not {mode} mode")
     saved = state["config"] | {"env_id": state["env_id"]}
     current = cfg.to_dict() | {"env_id": env_id}
     for field in IMMUTABLE_FIELDS:

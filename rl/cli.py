@@ -36,7 +36,7 @@ def prepare(argv: list[str], decoupled: bool = False) -> tuple[PPOConfig, EnvSpa
     resume = None
     if cfg.resume_from is not None:  # read on every rank now, so a bad file stops all before any collective
         resume = load_checkpoint(cfg.resume_from)
-        check_resumable(resume, cfg, world_size, spaces.env_id)
+        check_resumable(resume, cfg, world_size, spaces.env_id, "decoupled" if decoupled else "coupled")
     configure_torch_threads(cfg.torch_threads)
     torch.backends.cudnn.deterministic = cfg.torch_deterministic
     return cfg, spaces, world_size, resume

@@ -197,7 +197,16 @@ def _train_coupled(cfg: PPOConfig, spaces: EnvSpaces, runtime: Runtime, resume: 
         counters = {"global_step": global_step, "update": update, "epoch": schedule.epoch}
         rank_states = runtime.all_gather_object(capture_rank_state(collector))
         state = training_state(
-            agent, optimizer, obs_normalizer, collector.reward_scaler, cfg, spaces.env_id, counters, rank_states
+            agent,
+            optimizer.state_dict(),
+            obs_normalizer,
+            collector.reward_scaler,
+            cfg,
+            spaces.env_id,
+            counters,
+            rank_states,
+            "coupled",
+            world_size,
         )
         runtime.save_atomically(checkpoint_path(run.dir, global_step), state)
         if runtime.is_main:

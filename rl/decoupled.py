@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import time
 from dataclasses import dataclass
 from enum import IntEnum
@@ -19,12 +20,27 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rl.checkpoint import agent_path, agent_state
+from rl.checkpoint import (
+    agent_path,
+    agent_state,
+    assert_finite,
+    capture_rank_state,
+    checkpoint_path,
+    prune_checkpoints,
+    restore_rank_state,
+    run_dir_of,
+    save_file_atomically,
+    to_cpu,
+    training_state,
+)
 from rl.config import PPOConfig
 from rl.coupled import (
+    ENV_STREAM,
+    InterruptFlag,
     action_generator,
     annealed_lr,
     build_agent,
+    checkpoint_due,
     env_seeds,
     hyperparameters,
     make_optimizer,
@@ -53,7 +69,8 @@ def role_name(rank: int) -> str:
 
 class Command(IntEnum):
     ROLLOUT = 1  # a rollout follows; train on it and send the weights back
-    STOP = 2  # training is over; leave the loop
+    SAVE = 2  # the player writes a checkpoint: the first trainer sends its optimizer state
+    STOP = 3  # training is over; leave the loop
 
 
 class BatchCodec:
@@ -152,6 +169,14 @@ class Channel:
         with peer("a trainer"):
             self._send_header(Command.STOP, 0)
 
+    def request_optimizer_state(self, update: int) -> dict:
+        """The trainers' optimizer state, which only they hold (a rare message: pickled)."""
+        received: list = [None]
+        with peer("a trainer"):
+            self._send_header(Command.SAVE, update)
+            dist.recv_object_list(received, src=FIRST_TRAINER_RANK)
+        return received[0]
+
     def receive_weights(self) -> tuple[Tensor, dict[str, Tensor]]:
         with peer("a trainer"):
             dist.recv(self.message, src=FIRST_TRAINER_RANK)
@@ -187,6 +212,10 @@ class Channel:
             dist.broadcast(flat, PLAYER_RANK)
         return flat
 
+    def send_optimizer_state(self, state: dict) -> None:
+        with peer("the player"):
+            dist.send_object_list([to_cpu(state)], dst=PLAYER_RANK)
+
     def send_weights(self, flat: Tensor, stats: dict[str, Tensor]) -> None:
         self.message[: len(UPDATE_STATS)] = torch.stack([stats[name] for name in UPDATE_STATS])
         self.message[len(UPDATE_STATS) :] = flat
@@ -208,11 +237,18 @@ def load_flat_weights(agent: ActorCritic, flat: Tensor) -> None:
             param.copy_(chunk.view_as(param))
 
 
-def run_player(cfg: PPOConfig, spaces: EnvSpaces, topology: Topology, channel: Channel, codec: BatchCodec) -> None:
-    name = run_name(cfg, spaces.env_id)
-    run = open_run(cfg, FabricSink(os.path.join(cfg.log_dir, LOG_SUBDIR), name))
+def run_player(
+    cfg: PPOConfig, spaces: EnvSpaces, topology: Topology, channel: Channel, codec: BatchCodec, resume: dict | None
+) -> None:
+    if resume:
+        root, name = os.path.split(run_dir_of(cfg.resume_from))
+    else:
+        root, name = os.path.join(cfg.log_dir, LOG_SUBDIR), run_name(cfg, spaces.env_id)
+    run = open_run(cfg, FabricSink(root, name))
     device = topology.device
     agent = build_agent(cfg, spaces, device)
+    if resume:
+        agent.load_state_dict(resume["agent"])
     channel.send_initial_weights(flat_weights(agent))
 
     envs = make_vector_env(spaces.env_id, cfg.num_envs, video_folder(run.dir, "train") if cfg.capture_video else None)
@@ -227,32 +263,61 @@ def run_player(cfg: PPOConfig, spaces: EnvSpaces, topology: Topology, channel: C
         env_seeds(cfg, PLAYER_RANK),
         action_generator(cfg, PLAYER_RANK, device),
     )
+    steps_per_update = cfg.rollout_steps_per_rank
+    weights_version = 0  # how many updates the player's weights hold
+    if resume:
+        obs_normalizer.load_state_dict(resume["obs_normalizer"])
+        collector.reward_scaler.load_state_dict(resume["reward_scaler"])
+        weights_version = resume["counters"]["update"]
+        (player_state,) = resume["rank_states"]
+        seeds = [derive_seed(cfg.seed, ENV_STREAM, PLAYER_RANK, i, weights_version) for i in range(cfg.num_envs)]
+        restore_rank_state(collector, player_state, seeds)
+        if not cfg.share_data:
+            channel.shuffle.set_state(player_state["shuffle"])
     rows = torch.zeros(cfg.rollout_steps_per_rank, codec.width, device=device)
     metrics = TrainingMetrics(device, all_reduce_sum=lambda tensor: tensor)  # the player alone holds them
     num_updates = cfg.num_updates(1)
-    steps_per_update = cfg.rollout_steps_per_rank
-    progress = ProgressBar(num_updates * steps_per_update, cfg.progress_bar)
+    start_step = weights_version * steps_per_update
+    progress = ProgressBar(num_updates * steps_per_update, cfg.progress_bar, initial=start_step)
+    interrupt = InterruptFlag()
+    policy_lags: dict[int, int] = {}  # per update: how many updates older the acting weights were
+    sent, start = weights_version, time.perf_counter()
 
-    weights_version, sent, global_step, start = 0, 0, 0, time.perf_counter()
-    policy_lags: list[int] = []  # per update: how many updates older the acting weights were
+    def global_step() -> int:
+        return weights_version * steps_per_update
 
     def receive_update() -> None:
-        nonlocal weights_version, global_step
+        nonlocal weights_version
         flat, stats = channel.receive_weights()
         load_flat_weights(agent, flat)
         weights_version += 1
         metrics.record_update(stats)
-        global_step = weights_version * steps_per_update
-        steps_per_second = global_step / (time.perf_counter() - start)
+        steps_per_second = (global_step() - start_step) / (time.perf_counter() - start)
         scalars = metrics.compute() | {
             "Info/learning_rate": annealed_lr(cfg, weights_version, num_updates),
-            "Info/policy_lag": float(policy_lags[weights_version - 1]),
+            "Info/policy_lag": float(policy_lags[weights_version]),
             "Time/steps_per_second": steps_per_second,
         }
-        run.sink.log_scalars(scalars, global_step)
+        run.sink.log_scalars(scalars, global_step())
         progress.advance(steps_per_update, steps_per_second, scalars.get(EPISODE_RETURN))
 
-    for update in range(1, num_updates + 1):
+    def save_checkpoint() -> None:
+        assert_finite(agent)
+        optimizer_state = channel.request_optimizer_state(weights_version)
+        player_state = capture_rank_state(collector)
+        if not cfg.share_data:
+            player_state["shuffle"] = channel.shuffle.get_state()
+        counters = {
+            "global_step": global_step(),
+            "update": weights_version,
+            "epoch": weights_version * cfg.update_epochs,
+        }
+        state = training_state(agent, optimizer_state, obs_normalizer, collector.reward_scaler, cfg, spaces.env_id,
+                               counters, [player_state], "decoupled", topology.world_size)  # fmt: skip
+        save_file_atomically(checkpoint_path(run.dir, global_step()), state)
+        prune_checkpoints(run.dir, cfg.keep_last)
+
+    for update in range(weights_version + 1, num_updates + 1):
         collected_with = weights_version
         rollout, episodes = collector.collect(agent)
         collector.sync_normalizers(rollout, all_reduce_sum=lambda tensor: tensor)
@@ -264,24 +329,36 @@ def run_player(cfg: PPOConfig, spaces: EnvSpaces, topology: Topology, channel: C
         if sent > weights_version:  # pipelined: the trainers are done with the previous rollout
             receive_update()
         # The trainers will train this rollout on top of `update - 1` updates.
-        policy_lags.append(update - 1 - collected_with)
+        policy_lags[update] = update - 1 - collected_with
         channel.send_rollout(update, rows)
         sent = update
-        if not cfg.pipeline:
+        # A checkpoint waits for this rollout's update, even when pipelined, so none is in flight.
+        save = interrupt.requested or checkpoint_due(cfg.checkpoint_every, update * steps_per_update, steps_per_update)
+        if not cfg.pipeline or save:
             receive_update()
+        if save:
+            save_checkpoint()
+        if interrupt.requested:
+            break
     if sent > weights_version:
         receive_update()
+    if not os.path.exists(checkpoint_path(run.dir, global_step())):
+        save_checkpoint()
     channel.send_stop()
     progress.close()
-    envs.close()
+    collector.envs.close()
+    if interrupt.requested:
+        print(f"interrupted at step {global_step()}: checkpoint written to {run.dir}", flush=True)
+        run.sink.close()
+        return
 
     loop_seconds = time.perf_counter() - start
-    print(
-        f"training loop: {global_step} steps in {loop_seconds:.2f} s ({global_step / loop_seconds:,.0f} steps/s)",
-        flush=True,
-    )
-    torch.save(agent_state(agent, obs_normalizer, collector.reward_scaler, cfg, spaces.env_id), agent_path(run.dir))
-    report_evaluation(cfg, spaces, agent, obs_normalizer, run, global_step)
+    steps = global_step() - start_step
+    print(f"training loop: {steps} steps in {loop_seconds:.2f} s ({steps / loop_seconds:,.0f} steps/s)", flush=True)
+    assert_finite(agent)
+    save_file_atomically(agent_path(run.dir), agent_state(agent, obs_normalizer, collector.reward_scaler, cfg,
+                                                          spaces.env_id))  # fmt: skip
+    report_evaluation(cfg, spaces, agent, obs_normalizer, run, global_step())
     run.sink.close()
 
 
@@ -292,12 +369,16 @@ def run_trainer(
     channel: Channel,
     codec: BatchCodec,
     trainer_group: dist.ProcessGroup,
+    resume: dict | None,
 ) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the player's to handle: it checkpoints and stops us
     agent = build_agent(cfg, spaces, torch.device("cpu"))
     load_flat_weights(agent, channel.receive_initial_weights(num_parameters(agent)))
     runtime = FabricRuntime(cfg, topology.world_size, process_group=trainer_group)
     agent.to(runtime.device)
     model, optimizer = runtime.setup(agent, make_optimizer(agent, cfg))
+    if resume:
+        optimizer.load_state_dict(resume["optimizer"])
     hp = hyperparameters(cfg)
     num_updates = cfg.num_updates(1)
     trainer_index = runtime.rank
@@ -308,11 +389,17 @@ def run_trainer(
         own_rows = channel.shards[trainer_index]
         minibatches = math.ceil(max(channel.shards) / cfg.per_rank_batch_size)
         schedule = MinibatchSchedule(own_rows, cfg.per_rank_batch_size, 1, 0, cfg.seed, minibatches)
+    if resume:
+        schedule.epoch = resume["counters"]["epoch"]
 
     while True:
         command, update = channel.receive_command()
         if command is Command.STOP:
             break
+        if command is Command.SAVE:
+            if topology.rank == FIRST_TRAINER_RANK:
+                channel.send_optimizer_state(optimizer.state_dict())
+            continue
         batch = codec.unpack(channel.receive_rollout().to(runtime.device))
         for group in optimizer.param_groups:
             group["lr"] = annealed_lr(cfg, update, num_updates)
@@ -347,7 +434,7 @@ def role_devices(cfg: PPOConfig, rank: int) -> tuple[torch.device, torch.device,
     return device, comm_device, world_backend, "nccl" if cfg.cuda else "gloo"
 
 
-def train_decoupled(cfg: PPOConfig, spaces: EnvSpaces, world_size: int) -> None:
+def train_decoupled(cfg: PPOConfig, spaces: EnvSpaces, world_size: int, resume: dict | None = None) -> None:
     from lightning.fabric.plugins.collectives import TorchCollective
 
     rank = int(os.environ.get("RANK", "0"))
@@ -366,7 +453,7 @@ def train_decoupled(cfg: PPOConfig, spaces: EnvSpaces, world_size: int) -> None:
     channel = Channel(cfg, topology, codec, weights_size)
     with report_lost_peers(topology.rank, role_name, gather_process_ids(comm_device)):
         if topology.is_player:
-            run_player(cfg, spaces, topology, channel, codec)
+            run_player(cfg, spaces, topology, channel, codec, resume)
         else:
-            run_trainer(cfg, spaces, topology, channel, codec, trainers.group)
+            run_trainer(cfg, spaces, topology, channel, codec, trainers.group, resume)
         close_process_group()

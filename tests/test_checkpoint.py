@@ -229,3 +229,51 @@ def test_evaluation_cli_takes_training_checkpoints_stochastic_play_and_another_e
     assert wrong_env.returncode == 2 and wrong_env.stderr.strip().startswith("error: --env-id: ")
     missing = evaluate(["nothing.ckpt"], runs["fabric-half"])
     assert missing.returncode == 2 and missing.stderr.strip().startswith("error: CHECKPOINT: no checkpoint at")
+
+
+def test_decoupled_resume_equals_an_uninterrupted_run(tmp_path):
+    args = [*QUICK, "--num-envs", "2"]
+    (tmp_path / "full").mkdir()
+    (tmp_path / "part").mkdir()
+    full = launch("fabric run", SCRIPTS["decoupled"], [*args, "--total-timesteps", "2048", "--checkpoint-every",
+                                                        "512"], tmp_path / "full", nproc=3)  # fmt: skip
+    half = launch("fabric run", SCRIPTS["decoupled"], [*args, "--total-timesteps", "1024"], tmp_path / "part", nproc=3)
+    assert full.returncode == 0 and half.returncode == 0, (full.stderr + half.stderr)[-3000:]
+    saved = checkpoints(tmp_path / "part", "decoupled")
+    assert [path.name for path in saved] == ["step_000000001024.ckpt"]  # one file, written once, by the player
+    state = torch.load(saved[-1], weights_only=True)
+    assert state["mode"] == "decoupled" and state["optimizer"]["state"]  # the trainers' Adam moments
+    resumed = launch("fabric run", SCRIPTS["decoupled"], [*args, "--total-timesteps", "2048", "--resume-from",
+                                                           str(saved[-1])], tmp_path / "part", nproc=3)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    whole = load_agent(run_dir(tmp_path / "full", "decoupled"))["agent"]
+    continued = load_agent(run_dir(tmp_path / "part", "decoupled"))["agent"]
+    assert all(torch.equal(whole[name], continued[name]) for name in whole)
+
+
+def test_a_checkpoint_resumes_only_in_its_own_mode(runs, tmp_path):
+    args = ["--total-timesteps", "4096", "--resume-from", str(runs["fabric_half_checkpoint"])]
+    finished = launch("fabric run", SCRIPTS["decoupled"], args, tmp_path, nproc=2)
+    lines = [line for line in finished.stderr.splitlines() if line.startswith("error: ")]
+    assert finished.returncode != 0 and len(lines) == 2
+    assert all("written in coupled mode, not decoupled mode" in line for line in lines)
+
+
+def test_ctrl_c_on_a_pipelined_decoupled_launcher_checkpoints_and_stops(tmp_path):
+    args = [*QUICK, "--total-timesteps", "100000000", "--pipeline"]
+    job = start("fabric run", SCRIPTS["decoupled"], args, tmp_path, nproc=3)
+    try:
+        wait_for(lambda: list((tmp_path / "logs").glob("*/*/events.*")), 60)
+        time.sleep(2)
+        job.send_signal(signal.SIGINT)
+        stdout, stderr = job.communicate(timeout=60)
+    finally:
+        for pid in child_pids(job.pid):
+            os.kill(pid, signal.SIGKILL)
+    assert "interrupted at step" in stdout, stderr[-3000:]
+    assert not [line for line in stderr.splitlines() if line.startswith(("[rank", "error: "))], stderr[-3000:]
+    (saved,) = checkpoints(tmp_path, "decoupled")
+    step = torch.load(saved, weights_only=True)["counters"]["global_step"]
+    resumed = launch("fabric run", SCRIPTS["decoupled"], [*QUICK, "--total-timesteps", str(step + 512),
+                                                           "--resume-from", str(saved)], tmp_path, nproc=3)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
