@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from collections.abc import Callable
 
@@ -11,7 +12,7 @@ import torch
 from rl.checkpoint import check_resumable, load_checkpoint
 from rl.config import PPOConfig, parse_config, validate, validate_decoupled, world_size_from_env
 from rl.envs import EnvSpaces, inspect_env
-from rl.errors import UsageError, exit_on_usage_error
+from rl.errors import UsageError, exit_on_usage_error, print_error
 from rl.ppo import TrainingDiverged
 from rl.runtime import configure_torch_threads
 
@@ -53,6 +54,6 @@ def run_main(main: Callable[[list[str]], None]) -> None:
         try:
             main(sys.argv[1:])
         except (TrainingDiverged, FloatingPointError) as error:
-            print(f"error: training stopped: {error}; the checkpoints written so far hold finite weights",
-                  file=sys.stderr, flush=True)  # fmt: skip
-            sys.exit(1)
+            print_error(f"error: training stopped: {error}; the checkpoints written so far hold finite weights")
+            sys.stderr.flush()
+            os._exit(1)  # every rank stops here at the same step; a process group teardown could block

@@ -192,7 +192,11 @@ def _train_coupled(cfg: PPOConfig, spaces: EnvSpaces, runtime: Runtime, resume: 
     progress = ProgressBar(num_updates * steps_per_update, runtime.is_main and cfg.progress_bar, initial=global_step)
     interrupt = InterruptFlag()
 
+    saved_at = -1  # the step of the last checkpoint: every rank must agree, so no file-system check
+
     def save_checkpoint(update: int) -> None:
+        nonlocal saved_at
+        saved_at = global_step
         assert_finite(agent)
         counters = {"global_step": global_step, "update": update, "epoch": schedule.epoch}
         rank_states = runtime.all_gather_object(capture_rank_state(collector))
@@ -250,7 +254,7 @@ def _train_coupled(cfg: PPOConfig, spaces: EnvSpaces, runtime: Runtime, resume: 
             save_checkpoint(update)
     loop_seconds = time.perf_counter() - start
     progress.close()
-    if not os.path.exists(checkpoint_path(run.dir, global_step)):
+    if saved_at != global_step:
         save_checkpoint(update)
     collector.envs.close()
     if interrupt.requested:

@@ -301,7 +301,11 @@ def run_player(
         run.sink.log_scalars(scalars, global_step())
         progress.advance(steps_per_update, steps_per_second, scalars.get(EPISODE_RETURN))
 
+    saved_at = -1
+
     def save_checkpoint() -> None:
+        nonlocal saved_at
+        saved_at = global_step()
         assert_finite(agent)
         optimizer_state = channel.request_optimizer_state(weights_version)
         player_state = capture_rank_state(collector)
@@ -342,7 +346,7 @@ def run_player(
             break
     if sent > weights_version:
         receive_update()
-    if not os.path.exists(checkpoint_path(run.dir, global_step())):
+    if saved_at != global_step():
         save_checkpoint()
     channel.send_stop()
     progress.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +18,11 @@ class UsageError(Exception):
         self.flag = flag
 
 
+def print_error(line: str) -> None:
+    """One line on stderr in a single write, so lines from several ranks never interleave."""
+    os.write(sys.stderr.fileno(), f"{line}\n".encode())
+
+
 @contextmanager
 def exit_on_usage_error(prefix: str = "error") -> Iterator[None]:
     """Turn a `UsageError` into a one-line message and exit code 2, without a traceback.
@@ -27,5 +33,5 @@ def exit_on_usage_error(prefix: str = "error") -> Iterator[None]:
     try:
         yield
     except UsageError as error:
-        print(f"{prefix}: {error}", file=sys.stderr, flush=True)
+        print_error(f"{prefix}: {error}")
         sys.exit(USAGE_EXIT_CODE)

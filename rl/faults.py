@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import sys
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,6 +18,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+from rl.errors import print_error
 
 LOST_CONNECTION = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out", "timed out")
 
@@ -84,15 +85,20 @@ def report_lost_peers(own_rank: int, name: Callable[[int], str], process_ids: Te
         return " and ".join(name(rank) for rank in ended_ranks(process_ids, own_rank))
 
     def stopped_by_launcher(signum: int, frame: object) -> None:
-        print(f"error: {role}: stopped by the launcher because {ended() or 'another process'} ended", file=sys.stderr,
-              flush=True)  # fmt: skip
+        print_error(f"error: {role}: stopped by the launcher because {ended() or 'another process'} ended")
         os._exit(1)
 
     previous = signal.signal(signal.SIGTERM, stopped_by_launcher)
     try:
         yield
-    except PeerLost as lost:
-        print(f"error: {role}: {ended() or lost.peer} stopped ({lost.detail})", file=sys.stderr, flush=True)
+    except Exception as error:
+        # Once a peer is gone, whatever failed here (a collective, or gradients a broken
+        # all-reduce left behind) follows from that: name the peer, not the symptom.
+        gone = ended()
+        if not gone and not isinstance(error, PeerLost):
+            raise
+        detail = error.detail if isinstance(error, PeerLost) else str(error).splitlines()[0]
+        print_error(f"error: {role}: {gone or error.peer} stopped ({detail})")
         os._exit(1)  # the process group is broken: skip its teardown, which could block
     finally:
         signal.signal(signal.SIGTERM, previous)
