@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import resource
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -27,12 +26,11 @@ from rl.checkpoint import (
 )
 from rl.config import PPOConfig
 from rl.envs import EnvSpaces, derive_seed, make_vector_env, video_folder
+from rl.errors import print_error
 from rl.evaluation import evaluate_greedy
 from rl.faults import gather_process_ids, peer, report_lost_peers
 from rl.logger import (
-    EPISODE_LENGTH,
     EPISODE_RETURN,
-    EXPLAINED_VARIANCE,
     MetricsSink,
     ProgressBar,
     TrainingMetrics,
@@ -54,6 +52,32 @@ def build_agent(cfg: PPOConfig, spaces: EnvSpaces, device: torch.device) -> Acto
     torch.manual_seed(cfg.seed)  # the same initial weights on every rank and in every mode
     agent = ActorCritic(spaces.obs_dim, spaces.action_space, cfg.activation_function, cfg.ortho_init)
     return agent.to(device)
+
+
+def make_collector(
+    cfg: PPOConfig, spaces: EnvSpaces, rank: int, device: torch.device, video_dir: str | None
+) -> RolloutCollector:
+    """This rank's envs, seeded for (seed, rank), with its normalizers and action generator."""
+    return RolloutCollector(
+        make_vector_env(spaces.env_id, cfg.num_envs, video_dir),
+        cfg.num_steps,
+        spaces.obs_dim,
+        device,
+        ObservationNormalizer(spaces.obs_dim, cfg.normalize_observations, device),
+        RewardScaler(cfg.num_envs, cfg.gamma, cfg.normalize_rewards),
+        env_seeds(cfg, rank),
+        action_generator(cfg, rank, device),
+    )
+
+
+def restore_collector(collector: RolloutCollector, resume: dict, cfg: PPOConfig, rank: int, state: dict) -> None:
+    """Put a rank's collector back as the checkpoint left it."""
+    collector.obs_normalizer.load_state_dict(resume["obs_normalizer"])
+    collector.reward_scaler.load_state_dict(resume["reward_scaler"])
+    next_update = resume["counters"]["update"] + 1
+    fresh_seeds = [derive_seed(cfg.seed, ENV_STREAM, rank, index, next_update) for index in range(cfg.num_envs)]
+    if not restore_rank_state(collector, state, fresh_seeds):
+        print_error(f"warning: rank {rank}: these envs cannot be saved; they restart from fresh resets")
 
 
 def make_optimizer(agent: ActorCritic, cfg: PPOConfig) -> torch.optim.Optimizer:
@@ -157,18 +181,8 @@ def _train_coupled(cfg: PPOConfig, spaces: EnvSpaces, runtime: Runtime, resume: 
     model, optimizer = runtime.setup(agent, make_optimizer(agent, cfg))
 
     record_video = cfg.capture_video and runtime.is_main
-    envs = make_vector_env(spaces.env_id, cfg.num_envs, video_folder(run.dir, "train") if record_video else None)
-    obs_normalizer = ObservationNormalizer(spaces.obs_dim, cfg.normalize_observations, device)
-    collector = RolloutCollector(
-        envs,
-        cfg.num_steps,
-        spaces.obs_dim,
-        device,
-        obs_normalizer,
-        RewardScaler(cfg.num_envs, cfg.gamma, cfg.normalize_rewards),
-        env_seeds(cfg, rank),
-        action_generator(cfg, rank, device),
-    )
+    collector = make_collector(cfg, spaces, rank, device, video_folder(run.dir, "train") if record_video else None)
+    obs_normalizer = collector.obs_normalizer
     # With --share-data every rank trains on its shard of the gathered rollouts.
     shards = world_size if cfg.share_data else 1
     schedule = MinibatchSchedule(
@@ -177,13 +191,9 @@ def _train_coupled(cfg: PPOConfig, spaces: EnvSpaces, runtime: Runtime, resume: 
     first_update, global_step = 1, 0
     if resume:
         optimizer.load_state_dict(resume["optimizer"])
-        obs_normalizer.load_state_dict(resume["obs_normalizer"])
-        collector.reward_scaler.load_state_dict(resume["reward_scaler"])
         counters = resume["counters"]
         first_update, global_step, schedule.epoch = counters["update"] + 1, counters["global_step"], counters["epoch"]
-        fresh_seeds = [derive_seed(cfg.seed, ENV_STREAM, rank, index, first_update) for index in range(cfg.num_envs)]
-        if not restore_rank_state(collector, resume["rank_states"][rank], fresh_seeds) and runtime.is_main:
-            print("warning: these envs cannot be saved; they restart from fresh resets", file=sys.stderr)
+        restore_collector(collector, resume, cfg, rank, resume["rank_states"][rank])
 
     metrics = TrainingMetrics(device, runtime.all_reduce_sum)
     hp = hyperparameters(cfg)
@@ -227,9 +237,7 @@ def _train_coupled(cfg: PPOConfig, spaces: EnvSpaces, runtime: Runtime, resume: 
         batch = rollout_to_batch(rollout, cfg.gamma, cfg.gae_lambda)
         if cfg.share_data:
             batch = batch.map(runtime.all_gather_rows)
-        metrics.update(EPISODE_RETURN, episodes.returns)
-        metrics.update(EPISODE_LENGTH, episodes.lengths)
-        metrics.update(EXPLAINED_VARIANCE, explained_variance(batch.values, batch.returns))
+        metrics.record_rollout(episodes.returns, episodes.lengths, explained_variance(batch.values, batch.returns))
 
         update_stats = ppo_update(
             model,

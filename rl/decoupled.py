@@ -27,7 +27,6 @@ from rl.checkpoint import (
     capture_rank_state,
     checkpoint_path,
     prune_checkpoints,
-    restore_rank_state,
     run_dir_of,
     save_file_atomically,
     to_cpu,
@@ -35,26 +34,24 @@ from rl.checkpoint import (
 )
 from rl.config import PPOConfig
 from rl.coupled import (
-    ENV_STREAM,
     InterruptFlag,
-    action_generator,
     annealed_lr,
     build_agent,
     checkpoint_due,
-    env_seeds,
     hyperparameters,
+    make_collector,
     make_optimizer,
     open_run,
     report_evaluation,
+    restore_collector,
     run_name,
 )
-from rl.envs import EnvSpaces, derive_seed, make_vector_env, video_folder
+from rl.envs import EnvSpaces, derive_seed, video_folder
 from rl.faults import gather_process_ids, peer, report_lost_peers
-from rl.logger import EPISODE_LENGTH, EPISODE_RETURN, EXPLAINED_VARIANCE, FabricSink, ProgressBar, TrainingMetrics
-from rl.normalization import ObservationNormalizer, RewardScaler
+from rl.logger import EPISODE_RETURN, FabricSink, ProgressBar, TrainingMetrics
 from rl.policy import ActorCritic, action_shape_and_dtype
 from rl.ppo import UPDATE_STATS, MinibatchSchedule, explained_variance, ppo_update
-from rl.rollout import Batch, RolloutCollector, rollout_to_batch
+from rl.rollout import Batch, rollout_to_batch
 from rl.runtime import FabricRuntime, close_process_group, collective_timeout
 
 PLAYER_RANK = 0
@@ -251,27 +248,15 @@ def run_player(
         agent.load_state_dict(resume["agent"])
     channel.send_initial_weights(flat_weights(agent))
 
-    envs = make_vector_env(spaces.env_id, cfg.num_envs, video_folder(run.dir, "train") if cfg.capture_video else None)
-    obs_normalizer = ObservationNormalizer(spaces.obs_dim, cfg.normalize_observations, device)
-    collector = RolloutCollector(
-        envs,
-        cfg.num_steps,
-        spaces.obs_dim,
-        device,
-        obs_normalizer,
-        RewardScaler(cfg.num_envs, cfg.gamma, cfg.normalize_rewards),
-        env_seeds(cfg, PLAYER_RANK),
-        action_generator(cfg, PLAYER_RANK, device),
-    )
+    video_dir = video_folder(run.dir, "train") if cfg.capture_video else None
+    collector = make_collector(cfg, spaces, PLAYER_RANK, device, video_dir)
+    obs_normalizer = collector.obs_normalizer
     steps_per_update = cfg.rollout_steps_per_rank
     weights_version = 0  # how many updates the player's weights hold
     if resume:
-        obs_normalizer.load_state_dict(resume["obs_normalizer"])
-        collector.reward_scaler.load_state_dict(resume["reward_scaler"])
         weights_version = resume["counters"]["update"]
         (player_state,) = resume["rank_states"]
-        seeds = [derive_seed(cfg.seed, ENV_STREAM, PLAYER_RANK, i, weights_version) for i in range(cfg.num_envs)]
-        restore_rank_state(collector, player_state, seeds)
+        restore_collector(collector, resume, cfg, PLAYER_RANK, player_state)
         if not cfg.share_data:
             channel.shuffle.set_state(player_state["shuffle"])
     rows = torch.zeros(cfg.rollout_steps_per_rank, codec.width, device=device)
@@ -327,9 +312,7 @@ def run_player(
         collector.sync_normalizers(rollout, all_reduce_sum=lambda tensor: tensor)
         batch = rollout_to_batch(rollout, cfg.gamma, cfg.gae_lambda)
         codec.pack(batch, rows)
-        metrics.update(EPISODE_RETURN, episodes.returns)
-        metrics.update(EPISODE_LENGTH, episodes.lengths)
-        metrics.update(EXPLAINED_VARIANCE, explained_variance(batch.values, batch.returns))
+        metrics.record_rollout(episodes.returns, episodes.lengths, explained_variance(batch.values, batch.returns))
         if sent > weights_version:  # pipelined: the trainers are done with the previous rollout
             receive_update()
         # The trainers will train this rollout on top of `update - 1` updates.

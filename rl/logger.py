@@ -129,6 +129,11 @@ class TrainingMetrics(MeanOverRanks):
         names = [EPISODE_RETURN, EPISODE_LENGTH, EXPLAINED_VARIANCE, *LOSS_TAGS.values()]
         super().__init__(names, device, all_reduce_sum)
 
+    def record_rollout(self, returns: list[float], lengths: list[int], explained_variance: float) -> None:
+        self.update(EPISODE_RETURN, returns)
+        self.update(EPISODE_LENGTH, lengths)
+        self.update(EXPLAINED_VARIANCE, explained_variance)
+
     def record_update(self, stats: dict[str, torch.Tensor]) -> None:
         for name, value in stats.items():
             self.update(LOSS_TAGS[name], value)

@@ -155,8 +155,8 @@ def wait_for(predicate, seconds: float) -> None:
         time.sleep(0.2)
 
 
-def test_ctrl_c_on_the_launcher_writes_a_checkpoint_and_exits_cleanly(tmp_path):
-    job = start("fabric run", SCRIPTS["fabric"], [*QUICK, "--total-timesteps", "100000000"], tmp_path, nproc=2)
+def ctrl_c_once_training(job: subprocess.Popen, tmp_path: Path) -> tuple[str, str, list[int]]:
+    """Send SIGINT to the launcher a little after training started; its output, and the ranks it had."""
     ranks = []
     try:
         wait_for(lambda: list((tmp_path / "logs").glob("*/*/events.*")), 60)
@@ -167,6 +167,12 @@ def test_ctrl_c_on_the_launcher_writes_a_checkpoint_and_exits_cleanly(tmp_path):
     finally:
         for pid in child_pids(job.pid):
             os.kill(pid, signal.SIGKILL)
+    return stdout, stderr, ranks
+
+
+def test_ctrl_c_on_the_launcher_writes_a_checkpoint_and_exits_cleanly(tmp_path):
+    job = start("fabric run", SCRIPTS["fabric"], [*QUICK, "--total-timesteps", "100000000"], tmp_path, nproc=2)
+    stdout, stderr, ranks = ctrl_c_once_training(job, tmp_path)
     assert "interrupted at step" in stdout, stderr[-3000:]
     assert not [line for line in stderr.splitlines() if line.startswith("[rank")]  # no rank traceback
     assert all(not Path(f"/proc/{pid}").exists() for pid in ranks)
@@ -262,16 +268,10 @@ def test_a_checkpoint_resumes_only_in_its_own_mode(runs, tmp_path):
 def test_ctrl_c_on_a_pipelined_decoupled_launcher_checkpoints_and_stops(tmp_path):
     args = [*QUICK, "--total-timesteps", "100000000", "--pipeline"]
     job = start("fabric run", SCRIPTS["decoupled"], args, tmp_path, nproc=3)
-    try:
-        wait_for(lambda: list((tmp_path / "logs").glob("*/*/events.*")), 60)
-        time.sleep(2)
-        job.send_signal(signal.SIGINT)
-        stdout, stderr = job.communicate(timeout=60)
-    finally:
-        for pid in child_pids(job.pid):
-            os.kill(pid, signal.SIGKILL)
+    stdout, stderr, ranks = ctrl_c_once_training(job, tmp_path)
     assert "interrupted at step" in stdout, stderr[-3000:]
     assert not [line for line in stderr.splitlines() if line.startswith(("[rank", "error: "))], stderr[-3000:]
+    assert all(not Path(f"/proc/{pid}").exists() for pid in ranks)
     (saved,) = checkpoints(tmp_path, "decoupled")
     step = torch.load(saved, weights_only=True)["counters"]["global_step"]
     resumed = launch("fabric run", SCRIPTS["decoupled"], [*QUICK, "--total-timesteps", str(step + 512),
