@@ -277,3 +277,12 @@ def test_ctrl_c_on_a_pipelined_decoupled_launcher_checkpoints_and_stops(tmp_path
     resumed = launch("fabric run", SCRIPTS["decoupled"], [*QUICK, "--total-timesteps", str(step + 512),
                                                            "--resume-from", str(saved)], tmp_path, nproc=3)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+
+def test_capture_video_during_training_records_rank_zeros_first_env(tmp_path):
+    args = [*QUICK, "--total-timesteps", "1024", "--capture-video", "--eval-episodes", "1"]
+    finished = launch("fabric run", SCRIPTS["fabric"], args, tmp_path)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    folder = run_dir(tmp_path, "fabric")
+    assert list((folder / "train_videos").glob("*.mp4")), "rank 0's first env records its episodes"
+    assert list((folder / "test_videos").glob("*.mp4")), "the final evaluation records its first episode"
