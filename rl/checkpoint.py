@@ -5,12 +5,13 @@ resumed run continues exactly: weights and optimizer state, normalization statis
 step and update counters, the minibatch schedule's epoch, the config, and every rank's own
 state (its envs, their last observations, its action generator, torch's RNG). Every value is
 a tensor or a plain Python value, so `torch.load(path, weights_only=True)` reads it; the envs
-travel as cloudpickle bytes inside a uint8 tensor (envs that cannot be pickled, such as Box2D
-ones, restart from fresh seeded resets on resume, and the resume is then not bit-exact).
+travel as cloudpickle bytes inside a uint8 tensor (envs that cannot be restored from a pickle,
+such as Box2D ones, restart from fresh seeded resets on resume, which is then not bit-exact).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import zipfile
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import cloudpickle
+import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
@@ -64,12 +66,21 @@ def _bytes_tensor(blob: bytes) -> Tensor:
     return torch.frombuffer(bytearray(blob), dtype=torch.uint8)
 
 
+# Box2D worlds pickle without error but unpickle broken (the first step fails an assertion).
+UNPICKLABLE_ENV_PACKAGES = ("gymnasium.envs.box2d",)
+
+
+def _restorable_from_pickle(envs: gym.vector.VectorEnv) -> bool:
+    modules = [type(env.unwrapped).__module__ for env in envs.unwrapped.envs]
+    return not any(module.startswith(UNPICKLABLE_ENV_PACKAGES) for module in modules)
+
+
 def capture_rank_state(collector: RolloutCollector) -> dict[str, Any]:
     """This rank's own state: its envs mid-episode, what they last showed, its random streams."""
-    try:
-        envs = _bytes_tensor(cloudpickle.dumps(collector.envs))
-    except (TypeError, AttributeError, pickle.PicklingError):
-        envs = None  # e.g. Box2D bodies: these envs restart from fresh resets on resume
+    envs = None  # these envs restart from fresh resets on resume
+    if _restorable_from_pickle(collector.envs):
+        with contextlib.suppress(TypeError, AttributeError, pickle.PicklingError):
+            envs = _bytes_tensor(cloudpickle.dumps(collector.envs))
     return {
         "envs": envs,
         "raw_obs": collector.raw_obs.cpu(),

@@ -145,8 +145,9 @@ class Channel:
         if self.share_data:
             self.rollout = torch.zeros(self.rows, codec.width, device=device)
         else:
-            self.scatter_buffers = [torch.zeros(max(self.shards), codec.width, device=device)
-                                    for _ in range(topology.world_size)]  # fmt: skip
+            # The player fills one padded shard per rank (its own slot unused); a trainer needs its own only.
+            count = topology.world_size if topology.is_player else 1
+            self.scatter_buffers = [torch.zeros(max(self.shards), codec.width, device=device) for _ in range(count)]
             self.shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, SCATTER_STREAM))
 
     # The player's side.
@@ -199,7 +200,7 @@ class Channel:
             if self.share_data:
                 dist.broadcast(self.rollout, PLAYER_RANK)
                 return self.rollout
-            own = self.scatter_buffers[self.topology.rank]
+            (own,) = self.scatter_buffers
             dist.scatter(own, src=PLAYER_RANK)
             return own[: self.shards[self.topology.rank - 1]]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from collections.abc import Iterator
@@ -20,7 +21,14 @@ class UsageError(Exception):
 
 def print_error(line: str) -> None:
     """One line on stderr in a single write, so lines from several ranks never interleave."""
-    os.write(sys.stderr.fileno(), f"{line}\n".encode())
+    try:
+        descriptor = sys.stderr.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):  # a stream without a file, e.g. captured
+        sys.stderr.write(f"{line}\n")
+        sys.stderr.flush()
+        return
+    sys.stderr.flush()
+    os.write(descriptor, f"{line}\n".encode())
 
 
 @contextmanager

@@ -6,7 +6,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from rl.config import PPOConfig, parse_config, validate
+from rl.config import PPOConfig, parse_config, validate, validate_decoupled
 from rl.envs import derive_seed, inspect_env
 from rl.errors import UsageError
 
@@ -32,6 +32,10 @@ def check(cfg, world_size=1, gpu_count=0):
         ({"gamma": 1.5}, "--gamma"),
         ({"gae_lambda": -0.5}, "--gae-lambda"),
         ({"seed": -1}, "--seed"),
+        ({"collective_timeout": 0.0}, "--collective-timeout"),
+        ({"checkpoint_every": -1}, "--checkpoint-every"),
+        ({"keep_last": 0}, "--keep-last"),
+        ({"torch_threads": -1}, "--torch-threads"),
         ({"per_rank_batch_size": 257}, "--per-rank-batch-size"),
         ({"total_timesteps": 255}, "--total-timesteps"),
         ({"cuda": True}, "--cuda"),
@@ -137,3 +141,13 @@ def test_capture_video_without_moviepy_names_the_flag(monkeypatch):
     with pytest.raises(UsageError, match="needs moviepy") as error:
         cli.check_video_support()
     assert error.value.flag == "--capture-video"
+
+
+def test_decoupled_needs_a_trainer_and_a_row_per_trainer():
+    with pytest.raises(UsageError, match="at least 2 processes") as error:
+        validate_decoupled(PPOConfig(), world_size=1)
+    assert error.value.flag == "--devices"
+    with pytest.raises(UsageError, match="a rollout of 4 rows cannot feed 5 trainers") as error:
+        validate_decoupled(PPOConfig(num_envs=2, num_steps=2), world_size=6)
+    assert error.value.flag == "--num-steps"
+    validate_decoupled(PPOConfig(), world_size=3)

@@ -27,6 +27,8 @@ EXPECTED_SCALARS = {
     "Test/return_mean",
     "Test/return_std",
     "Test/length_mean",
+    "Perf/loop_steps_per_second",
+    "Perf/peak_rss_mb_max",
 }
 
 
@@ -93,3 +95,12 @@ def test_same_seed_same_result_on_cpu(tmp_path):
         losses.append(read_scalars(run_dir(cwd, "fabric"))["Loss/policy_loss"])
     assert losses[0] == losses[1]
     assert all(torch.equal(agents[0][name], agents[1][name]) for name in agents[0])
+
+
+def test_log_dir_moves_the_run_folder(tmp_path):
+    args = [*SHORT_RUN, "--eval-episodes", "0", "--log-dir", "elsewhere", "--exp-name", "named"]
+    finished = launch("python", SCRIPTS["fabric"], args, tmp_path)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    (folder,) = (tmp_path / "elsewhere" / "fabric_logs").iterdir()
+    assert folder.name.startswith("named_CartPole-v1_42_") and (folder / "agent.ckpt").exists()
+    assert not (tmp_path / "logs").exists()
