@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 USAGE_EXIT_CODE = 2
+# torchrun's agent stops every rank as soon as one exits. A rank that finds bad input waits
+# this long, so that its peers, checking the same input a moment later, print their own line.
+PEER_GRACE_SECONDS = 3.0
 
 
 class UsageError(Exception):
@@ -42,4 +47,18 @@ def exit_on_usage_error(prefix: str = "error") -> Iterator[None]:
         yield
     except UsageError as error:
         print_error(f"{prefix}: {error}")
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            exit_after_peers_report()
         sys.exit(USAGE_EXIT_CODE)
+
+
+def exit_after_peers_report() -> None:
+    """Give peers time to print their own line, then exit with code 2 even if the launcher stops us first.
+
+    `os._exit` because a SIGTERM that lands during interpreter shutdown would otherwise read as -15.
+    Nothing needs cleaning up: bad input is found before any file, logger or process group exists.
+    """
+    sys.stdout.flush()
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(USAGE_EXIT_CODE))
+    time.sleep(PEER_GRACE_SECONDS)
+    os._exit(USAGE_EXIT_CODE)
