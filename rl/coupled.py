@@ -246,7 +246,6 @@ def _train_coupled(cfg: PPOConfig, spaces: EnvSpaces, runtime: Runtime, resume: 
             schedule,
             hp,
             runtime.backward,
-            lambda max_norm: runtime.clip_gradients(model, optimizer, max_norm),
         )
         metrics.record_update(update_stats)
 

@@ -399,7 +399,6 @@ def run_trainer(
                 schedule,
                 hp,
                 runtime.backward,
-                lambda max_norm: runtime.clip_gradients(model, optimizer, max_norm),
             )
             mean_stats = runtime.all_reduce_sum(torch.stack(list(stats.values()))) / runtime.world_size
         if topology.rank == FIRST_TRAINER_RANK:

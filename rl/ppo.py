@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -104,19 +103,17 @@ def ppo_update(
     schedule: MinibatchSchedule,
     hp: PPOHyperparameters,
     backward: Callable[[Tensor], None],
-    clip_gradients: Callable[[float], Tensor | None],
 ) -> dict[str, Tensor]:
     """`update_epochs` passes of minibatch gradient steps over `batch`.
 
     `model` is the DDP-wrapped module, so `backward` averages gradients across ranks and the
     clipping that follows acts on the averaged gradients. Returns the mean of each of
-    `UPDATE_STATS` over the minibatches, as tensors, so a GPU run syncs once per update.
+    `UPDATE_STATS` as tensors, so a GPU run syncs once per update.
     """
-    stats = []
+    parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    stats = UpdateStats()
     for _ in range(hp.update_epochs):
-        for rows in schedule.next_epoch():
-            index = torch.as_tensor(rows, device=batch.obs.device)
-            minibatch = batch.rows(index)
+        for minibatch in batch.minibatches(schedule.next_epoch()):
             new_logprobs, entropy, new_values = model(minibatch.obs, minibatch.actions)
             advantages = normalize(minibatch.advantages) if hp.normalize_advantages else minibatch.advantages
             pg_loss = policy_loss(new_logprobs, minibatch.logprobs, advantages, hp.clip_coef)
@@ -126,39 +123,54 @@ def ppo_update(
 
             optimizer.zero_grad(set_to_none=True)
             backward(loss)
-            check_and_clip(clip_gradients, hp.max_grad_norm)
+            clip_grad_norm(parameters, hp.max_grad_norm)
             optimizer.step()
-            stats.append(_minibatch_stats(new_logprobs, minibatch.logprobs, pg_loss, v_loss, ent_loss, hp.clip_coef))
-    means = torch.stack(stats).mean(0)
-    return dict(zip(UPDATE_STATS, means, strict=True))
+            stats.record(pg_loss, v_loss, ent_loss, new_logprobs, minibatch.logprobs)
+    return stats.means(hp.clip_coef)
 
 
 class TrainingDiverged(Exception):
     """A loss or gradient stopped being finite; the step that would spread it was not taken."""
 
 
-def check_and_clip(clip_gradients: Callable[[float], Tensor | None], max_grad_norm: float) -> None:
-    """Clip to `max_grad_norm` (0: no clipping), and stop on a non-finite norm.
-
-    The gradients are DDP's averages, identical on every rank, so every rank stops at the same
-    step. With no clipping the norm is still computed (clipping to infinity scales by exactly 1).
-    """
-    try:
-        clip_gradients(max_grad_norm if max_grad_norm > 0 else math.inf)
-    except RuntimeError as error:
-        if "non-finite" not in str(error):
-            raise
-        raise TrainingDiverged("the gradient norm is not finite (a loss became NaN or infinite)") from None
-
-
 @torch.no_grad()
-def _minibatch_stats(
-    new_logprobs: Tensor, old_logprobs: Tensor, pg_loss: Tensor, v_loss: Tensor, ent_loss: Tensor, clip_coef: float
-) -> Tensor:
-    """The values of `UPDATE_STATS`, in that order."""
-    log_ratio = new_logprobs - old_logprobs
-    ratio = log_ratio.exp()
-    # approx_kl is the low-variance estimator of KL(old || new) from Schulman's note on KL estimators
-    approx_kl = ((ratio - 1) - log_ratio).mean()
-    clip_fraction = ((ratio - 1.0).abs() > clip_coef).float().mean()
-    return torch.stack([pg_loss, v_loss, -ent_loss, approx_kl, clip_fraction])
+def clip_grad_norm(parameters: list[Tensor], max_norm: float) -> Tensor:
+    """Scale the gradients so their global norm is at most `max_norm` (0: no clipping); return the norm.
+
+    The same arithmetic as `torch.nn.utils.clip_grad_norm_`, without its per-call grouping of
+    tensors by device and dtype, which costs as much as the clipping itself for these small nets.
+    The gradients are DDP's averages, identical on every rank, so a non-finite norm stops every
+    rank at the same step, before the optimizer spreads it into the weights.
+    """
+    grads = [parameter.grad for parameter in parameters if parameter.grad is not None]
+    total_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    if not torch.isfinite(total_norm):
+        raise TrainingDiverged("the gradient norm is not finite (a loss became NaN or infinite)")
+    if max_norm > 0:
+        torch._foreach_mul_(grads, (max_norm / (total_norm + 1e-6)).clamp_(max=1.0))
+    return total_norm
+
+
+class UpdateStats:
+    """Collects each minibatch's losses and log-probs; reduces them once, after the update."""
+
+    def __init__(self) -> None:
+        self.losses: list[Tensor] = []
+        self.new_logprobs: list[Tensor] = []
+        self.old_logprobs: list[Tensor] = []
+
+    def record(self, pg_loss: Tensor, v_loss: Tensor, ent_loss: Tensor, new_logprobs: Tensor, old_logprobs: Tensor):
+        self.losses += [pg_loss.detach(), v_loss.detach(), -ent_loss.detach()]
+        self.new_logprobs.append(new_logprobs.detach())
+        self.old_logprobs.append(old_logprobs)
+
+    @torch.no_grad()
+    def means(self, clip_coef: float) -> dict[str, Tensor]:
+        """Losses averaged over minibatches; approx_kl and clip_fraction over every row trained on."""
+        policy, value, entropy = torch.stack(self.losses).view(-1, 3).mean(0)
+        log_ratio = torch.cat(self.new_logprobs) - torch.cat(self.old_logprobs)
+        ratio = log_ratio.exp()
+        # approx_kl is the low-variance estimator of KL(old || new) from Schulman's note on KL estimators
+        approx_kl = ((ratio - 1) - log_ratio).mean()
+        clip_fraction = ((ratio - 1.0).abs() > clip_coef).float().mean()
+        return dict(zip(UPDATE_STATS, (policy, value, entropy, approx_kl, clip_fraction), strict=True))

@@ -209,6 +209,13 @@ class Batch:
     def rows(self, index: Tensor) -> Batch:
         return self.map(lambda tensor: tensor[index])
 
+    def minibatches(self, epoch: list[list[int]]) -> list[Batch]:
+        """One `Batch` per list of row indices: one gather for the whole epoch, then views of it."""
+        order = torch.as_tensor([row for rows in epoch for row in rows], device=self.obs.device)
+        sizes = [len(rows) for rows in epoch]
+        columns = {f.name: getattr(self, f.name)[order].split(sizes) for f in fields(self)}
+        return [Batch(**{name: parts[i] for name, parts in columns.items()}) for i in range(len(sizes))]
+
 
 def rollout_to_batch(rollout: Rollout, gamma: float, gae_lambda: float) -> Batch:
     advantages, returns = compute_gae(

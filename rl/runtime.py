@@ -46,10 +46,6 @@ class Runtime(ABC):
     def backward(self, loss: Tensor) -> None: ...
 
     @abstractmethod
-    def clip_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> Tensor:
-        """Clip the global norm; raise RuntimeError if it is not finite."""
-
-    @abstractmethod
     def all_reduce_sum(self, tensor: Tensor) -> Tensor: ...
 
     @abstractmethod
@@ -182,9 +178,6 @@ class FabricRuntime(Runtime):
     def backward(self, loss: Tensor) -> None:
         self.fabric.backward(loss)
 
-    def clip_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> Tensor:
-        return self.fabric.clip_gradients(model, optimizer, max_norm=max_norm, error_if_nonfinite=True)
-
     def all_reduce_sum(self, tensor: Tensor) -> Tensor:
         return self.fabric.all_reduce(tensor, group=self.group, reduce_op="sum") if self.world_size > 1 else tensor
 
@@ -243,9 +236,6 @@ class TorchRuntime(Runtime):
 
     def backward(self, loss: Tensor) -> None:
         loss.backward()
-
-    def clip_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer, max_norm: float) -> Tensor:
-        return nn.utils.clip_grad_norm_(model.parameters(), max_norm, error_if_nonfinite=True)
 
     def all_reduce_sum(self, tensor: Tensor) -> Tensor:
         if self.world_size > 1:

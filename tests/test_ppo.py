@@ -5,7 +5,17 @@ import math
 import pytest
 import torch
 
-from rl.ppo import MinibatchSchedule, entropy_loss, explained_variance, normalize, policy_loss, value_loss
+from rl.ppo import (
+    MinibatchSchedule,
+    TrainingDiverged,
+    clip_grad_norm,
+    entropy_loss,
+    explained_variance,
+    normalize,
+    policy_loss,
+    value_loss,
+)
+from rl.rollout import Batch
 
 
 def test_policy_loss_is_the_negated_clipped_surrogate():
@@ -63,3 +73,41 @@ def test_each_epoch_reshuffles_and_a_seed_repeats():
     epoch_one, epoch_two = first.next_epoch(), first.next_epoch()
     assert epoch_one != epoch_two
     assert again.next_epoch() == epoch_one
+
+
+def _gradients(seed: int, scale: float) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    parameters = [torch.zeros(shape, requires_grad=True) for shape in [(3, 4), (4,), (1,)]]
+    for parameter in parameters:
+        parameter.grad = scale * torch.randn(parameter.shape, generator=generator)
+    return parameters
+
+
+@pytest.mark.parametrize(("scale", "max_norm"), [(10.0, 0.5), (0.01, 0.5), (10.0, 0.0)])
+def test_clip_grad_norm_matches_torch(scale, max_norm):
+    ours, reference = _gradients(0, scale), _gradients(0, scale)
+    norm = clip_grad_norm(ours, max_norm)
+    expected = torch.nn.utils.clip_grad_norm_(reference, max_norm if max_norm > 0 else math.inf)
+    assert torch.equal(norm, expected)
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(ours, reference, strict=True))
+
+
+def test_a_non_finite_gradient_norm_stops_training_before_any_change():
+    parameters = _gradients(0, 1.0)
+    parameters[1].grad[0] = math.nan
+    before = [parameter.grad.clone() for parameter in parameters]
+    with pytest.raises(TrainingDiverged, match="not finite"):
+        clip_grad_norm(parameters, 0.5)
+    assert all(
+        torch.allclose(a.grad, b, rtol=0, atol=0, equal_nan=True) for a, b in zip(parameters, before, strict=True)
+    )
+
+
+def test_minibatches_take_the_listed_rows_in_order():
+    rows = torch.arange(10.0)
+    batch = Batch(obs=rows[:, None], actions=rows, logprobs=rows, values=rows, advantages=rows, returns=rows)
+    epoch = [[3, 1, 4], [0, 9], [2]]
+    minibatches = batch.minibatches(epoch)
+    for minibatch, index in zip(minibatches, epoch, strict=True):
+        assert minibatch.obs.squeeze(-1).tolist() == index
+        assert minibatch.returns.tolist() == index
