@@ -313,13 +313,14 @@ def run_player(
         collector.sync_normalizers(rollout, all_reduce_sum=lambda tensor: tensor)
         batch = rollout_to_batch(rollout, cfg.gamma, cfg.gae_lambda)
         codec.pack(batch, rows)
-        metrics.record_rollout(episodes.returns, episodes.lengths, explained_variance(batch.values, batch.returns))
         if sent > weights_version:  # pipelined: the trainers are done with the previous rollout
             receive_update()
         # The trainers will train this rollout on top of `update - 1` updates.
         policy_lags[update] = update - 1 - collected_with
         channel.send_rollout(update, rows)
         sent = update
+        # Off the trainers' critical path: they are training meanwhile.
+        metrics.record_rollout(episodes.returns, episodes.lengths, explained_variance(batch.values, batch.returns))
         # A checkpoint waits for this rollout's update, even when pipelined, so none is in flight.
         save = interrupt.requested or checkpoint_due(cfg.checkpoint_every, update * steps_per_update, steps_per_update)
         if not cfg.pipeline or save:
