@@ -119,7 +119,9 @@ def ppo_update(
             pg_loss = policy_loss(new_logprobs, minibatch.logprobs, advantages, hp.clip_coef)
             v_loss = value_loss(new_values, minibatch.values, minibatch.returns, hp.clip_coef, hp.clip_vloss)
             ent_loss = entropy_loss(entropy)
-            loss = pg_loss + hp.vf_coef * v_loss + hp.ent_coef * ent_loss
+            loss = pg_loss + hp.vf_coef * v_loss
+            if hp.ent_coef != 0:  # at 0 (the example's default) the term adds only backward work, no gradient
+                loss = loss + hp.ent_coef * ent_loss
 
             optimizer.zero_grad(set_to_none=True)
             backward(loss)
