@@ -161,7 +161,9 @@ class UpdateStats:
         self.new_logprobs: list[Tensor] = []
         self.old_logprobs: list[Tensor] = []
 
-    def record(self, pg_loss: Tensor, v_loss: Tensor, ent_loss: Tensor, new_logprobs: Tensor, old_logprobs: Tensor):
+    def record(
+        self, pg_loss: Tensor, v_loss: Tensor, ent_loss: Tensor, new_logprobs: Tensor, old_logprobs: Tensor
+    ) -> None:
         self.losses += [pg_loss.detach(), v_loss.detach(), -ent_loss.detach()]
         self.new_logprobs.append(new_logprobs.detach())
         self.old_logprobs.append(old_logprobs)

@@ -206,9 +206,6 @@ class Batch:
     def map(self, fn: Callable[[Tensor], Tensor]) -> Batch:
         return Batch(**{f.name: fn(getattr(self, f.name)) for f in fields(self)})
 
-    def rows(self, index: Tensor) -> Batch:
-        return self.map(lambda tensor: tensor[index])
-
     def minibatches(self, epoch: list[list[int]]) -> list[Batch]:
         """One `Batch` per list of row indices: one gather for the whole epoch, then views of it."""
         order = torch.as_tensor([row for rows in epoch for row in rows], device=self.obs.device)
