@@ -1,17 +1,18 @@
-"""Coupled PPO on Lightning Fabric.
+"""Coupled training on Lightning Fabric: PPO by default, or `sac`.
 
 fabric run --accelerator=cpu --devices=2 train_fabric.py --env-id CartPole-v1
-python train_fabric.py            # one process
+fabric run --accelerator=cpu --devices=2 train_fabric.py sac --env-id Pendulum-v1
+python train_fabric.py [sac] ...   # one process
 """
 
 from rl.cli import prepare, run_main
-from rl.coupled import train_coupled
+from rl.modes.coupled import train_coupled
 from rl.runtime import FabricRuntime
 
 
 def main(argv: list[str]) -> None:
-    cfg, spaces, world_size, resume = prepare(argv)
-    train_coupled(cfg, spaces, FabricRuntime(cfg, world_size), resume)
+    algorithm, world_size, resume = prepare(argv)
+    train_coupled(algorithm, FabricRuntime(algorithm.cfg, world_size), resume)
 
 
 if __name__ == "__main__":

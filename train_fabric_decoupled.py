@@ -1,16 +1,17 @@
-"""Decoupled PPO on Lightning Fabric: rank 0 plays, ranks 1..N-1 train.
+"""Decoupled training on Lightning Fabric: rank 0 plays, ranks 1..N-1 train. PPO by default, or `sac`.
 
 fabric run --devices=3 train_fabric_decoupled.py --num-envs 4 [--share-data] [--pipeline]
+fabric run --devices=3 train_fabric_decoupled.py sac --env-id Pendulum-v1 [--pipeline]
 fabric run --devices=3 train_fabric_decoupled.py --cuda [--player-on-gpu]
 """
 
 from rl.cli import prepare, run_main
-from rl.decoupled import train_decoupled
+from rl.modes.decoupled import train_decoupled
 
 
 def main(argv: list[str]) -> None:
-    cfg, spaces, world_size, resume = prepare(argv, decoupled=True)
-    train_decoupled(cfg, spaces, world_size, resume)
+    algorithm, world_size, resume = prepare(argv, decoupled=True)
+    train_decoupled(algorithm, world_size, resume)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,17 @@
-"""Coupled PPO on raw torch.distributed, the baseline for the Fabric path.
+"""Coupled training on raw torch.distributed, the baseline for the Fabric path: PPO by default, or `sac`.
 
 torchrun --nproc_per_node=2 --standalone train_torch.py --env-id CartPole-v1
+torchrun --nproc_per_node=2 --standalone train_torch.py sac --env-id Pendulum-v1
 """
 
 from rl.cli import prepare, run_main
-from rl.coupled import train_coupled
+from rl.modes.coupled import train_coupled
 from rl.runtime import TorchRuntime
 
 
 def main(argv: list[str]) -> None:
-    cfg, spaces, world_size, resume = prepare(argv)
-    train_coupled(cfg, spaces, TorchRuntime(cfg, world_size), resume)
+    algorithm, world_size, resume = prepare(argv)
+    train_coupled(algorithm, TorchRuntime(algorithm.cfg, world_size), resume)
 
 
 if __name__ == "__main__":

@@ -9,16 +9,36 @@ from collections.abc import Callable
 
 import torch
 
+from rl.algos.base import Algorithm
 from rl.checkpoint import check_resumable, load_checkpoint
-from rl.config import PPOConfig, parse_config, validate, validate_decoupled, world_size_from_env
-from rl.envs import EnvSpaces, inspect_env
+from rl.config import (
+    RunConfig,
+    local_world_size_from_env,
+    parse_dataclass,
+    validate,
+    validate_decoupled,
+    world_size_from_env,
+)
+from rl.envs import inspect_env
 from rl.errors import UsageError, exit_on_usage_error, print_error
-from rl.ppo import TrainingDiverged
+from rl.optim import TrainingDiverged
+from rl.registry import ALGORITHMS, DEFAULT_ALGORITHM, algorithm_type
 from rl.runtime import configure_torch_threads
 
 
-def prepare(argv: list[str], decoupled: bool = False) -> tuple[PPOConfig, EnvSpaces, int, dict | None]:
-    """Config, env spaces and world size, all checked before any process group exists.
+def parse_config(argv: list[str]) -> RunConfig:
+    """`[ALGORITHM] [FLAGS]`: a leading algorithm name (`ppo`, `sac`) picks its config; PPO by default.
+
+    Without a name the whole command line is PPO's, so the Lightning example's commands run
+    unchanged, and `--help` shows PPO's flags (its description names the other algorithms).
+    """
+    name, flags = (argv[0], argv[1:]) if argv and argv[0] in ALGORITHMS else (DEFAULT_ALGORITHM, argv)
+    program = f"{os.path.basename(sys.argv[0])} {name}"
+    return parse_dataclass(ALGORITHMS[name].config_type, flags, prog=program)
+
+
+def prepare(argv: list[str], decoupled: bool = False) -> tuple[Algorithm, int, dict | None]:
+    """The algorithm (config and env spaces), world size and checkpoint, all checked before any process group.
 
     Every rank runs this on the same input, so bad input stops every rank here, with the
     same one-line error, before a collective could leave one of them waiting.
@@ -34,13 +54,19 @@ def prepare(argv: list[str], decoupled: bool = False) -> tuple[PPOConfig, EnvSpa
     if cfg.capture_video:
         check_video_support()
     spaces = inspect_env(cfg.env_id)
+    kind = algorithm_type(cfg)
+    kind.check_spaces(spaces)
+    algorithm = kind(cfg, spaces)
+    env_ranks, env_processes_here = (1, 1) if decoupled else (world_size, local_world_size_from_env())
+    algorithm.check_memory(env_ranks, env_processes_here)
     resume = None
     if cfg.resume_from is not None:  # read on every rank now, so a bad file stops all before any collective
         resume = load_checkpoint(cfg.resume_from)
-        check_resumable(resume, cfg, world_size, spaces.env_id, "decoupled" if decoupled else "coupled")
+        mode = "decoupled" if decoupled else "coupled"
+        check_resumable(resume, cfg, world_size, spaces.env_id, mode, algorithm.name)
     configure_torch_threads(cfg.torch_threads)
     torch.backends.cudnn.deterministic = cfg.torch_deterministic
-    return cfg, spaces, world_size, resume
+    return algorithm, world_size, resume
 
 
 def check_video_support() -> None:

@@ -1,7 +1,8 @@
-"""The one typed configuration shared by every entry point.
+"""The run-level configuration every algorithm shares, its validation, and tyro parsing.
 
-Flag names and meanings follow Lightning's fabric RL example so its README commands run
-unchanged; the extra fields (evaluation, normalization, logging) are ours.
+Each algorithm's config (`rl/algos/<name>/config.py`) derives from `RunConfig` and adds its
+own fields. Flag names and meanings follow Lightning's fabric RL example (PPO) and
+Stable-Baselines3 / CleanRL (SAC), so their commands run unchanged.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import re
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, TypeVar
 
 import tyro
 
@@ -19,8 +20,8 @@ from rl.errors import UsageError
 
 
 @dataclass
-class PPOConfig:
-    """Proximal Policy Optimization trained across processes."""
+class RunConfig:
+    """What every algorithm shares: the run, its envs, its processes, logging and checkpoints."""
 
     exp_name: str = "default"
     """the name of this experiment; part of the run folder's name"""
@@ -36,50 +37,17 @@ class PPOConfig:
     num_envs: int = 2
     """the number of parallel environments per rank"""
     share_data: bool = False
-    """all-gather the rollouts so each rank trains on a shard of everyone's data"""
-    per_rank_batch_size: int = 64
-    """the minibatch size on each rank"""
-
+    """coupled: all-gather each batch so every rank trains on a shard of everyone's data;
+    decoupled: broadcast one batch that the trainers split, instead of one batch per trainer"""
     env_id: str = "CartPole-v1"
     """the id of the gymnasium environment"""
-    num_steps: int = 128
-    """the number of steps each environment runs per rollout"""
     capture_video: bool = False
     """record videos of rank 0's first environment into the run folder"""
-
     total_timesteps: int = 2**16
     """total environment steps, counted across all ranks"""
-    learning_rate: float = 1e-3
-    """the learning rate of the Adam optimizer"""
-    anneal_lr: bool = False
-    """anneal the learning rate linearly to zero over the run"""
     gamma: float = 0.99
     """the discount factor"""
-    gae_lambda: float = 0.95
-    """the lambda of generalized advantage estimation"""
-    update_epochs: int = 10
-    """the number of passes over the rollout per update"""
-    activation_function: Literal["relu", "tanh"] = "relu"
-    """the activation function of the actor and critic networks"""
-    ortho_init: bool = False
-    """initialize the layers orthogonally"""
-    normalize_advantages: bool = False
-    """normalize the advantages of each minibatch"""
-    clip_coef: float = 0.2
-    """the surrogate clipping coefficient"""
-    clip_vloss: bool = False
-    """clip the value loss, as in the PPO paper"""
-    ent_coef: float = 0.0
-    """the coefficient of the entropy bonus"""
-    vf_coef: float = 1.0
-    """the coefficient of the value loss"""
-    max_grad_norm: float = 0.5
-    """the maximum global gradient norm, applied after DDP averaging (0 disables clipping)"""
 
-    normalize_observations: bool = False
-    """normalize observations with running statistics synchronized across ranks"""
-    normalize_rewards: bool = False
-    """scale rewards by the running std of the discounted return, synchronized across ranks"""
     eval_episodes: int = 10
     """greedy evaluation episodes at the end of training (0 skips the evaluation)"""
     log_dir: str = "logs"
@@ -97,14 +65,26 @@ class PPOConfig:
     collective_timeout: float = 300.0
     """seconds a collective may wait for a peer before the job fails (instead of gloo's 30 minutes)"""
     pipeline: bool = False
-    """decoupled mode: the player collects the next rollout while the trainers train on this one"""
+    """decoupled mode: the player collects the next batch while the trainers train on this one"""
+
+    # Fields a resumed run must share with its checkpoint: they shape the envs or the networks.
+    IMMUTABLE = ("env_id", "num_envs")
+    POSITIVE = ("num_envs", "total_timesteps", "keep_last", "collective_timeout")
+    NON_NEGATIVE = ("eval_episodes", "torch_threads", "checkpoint_every")
 
     @property
-    def rollout_steps_per_rank(self) -> int:
-        return self.num_envs * self.num_steps
+    def steps_per_iteration(self) -> int:
+        """Env steps one rank collects between two learning phases."""
+        raise NotImplementedError
 
-    def num_updates(self, world_size: int) -> int:
-        return self.total_timesteps // (self.rollout_steps_per_rank * world_size)
+    def num_iterations(self, env_ranks: int) -> int:
+        return self.total_timesteps // (self.steps_per_iteration * env_ranks)
+
+    def validate_algorithm(self) -> None:
+        """The algorithm's own checks; raise `UsageError` naming the flag."""
+
+    def validate_decoupled(self, num_trainers: int) -> None:
+        """What the algorithm needs to feed `num_trainers` trainers from one player."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,12 +95,16 @@ def flag(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
-POSITIVE_INTS = ("num_envs", "num_steps", "per_rank_batch_size", "total_timesteps", "update_epochs", "keep_last")
-POSITIVE_FLOATS = ("learning_rate", "clip_coef", "collective_timeout")
-NON_NEGATIVE = ("ent_coef", "vf_coef", "max_grad_norm", "eval_episodes", "torch_threads", "checkpoint_every")
+def check_signs(cfg: RunConfig, positive: tuple[str, ...], non_negative: tuple[str, ...] = ()) -> None:
+    for name in positive:
+        if not getattr(cfg, name) > 0:
+            raise UsageError(flag(name), f"must be positive, got {getattr(cfg, name)}")
+    for name in non_negative:
+        if getattr(cfg, name) < 0:
+            raise UsageError(flag(name), f"must not be negative, got {getattr(cfg, name)}")
 
 
-def validate(cfg: PPOConfig, world_size: int, gpu_count: int, env_ranks: int | None = None) -> None:
+def validate(cfg: RunConfig, world_size: int, gpu_count: int, env_ranks: int | None = None) -> None:
     """Check everything that does not need an environment; raise `UsageError` naming the flag.
 
     `env_ranks` is how many processes run environments: all of them unless given (decoupled
@@ -129,28 +113,17 @@ def validate(cfg: PPOConfig, world_size: int, gpu_count: int, env_ranks: int | N
     env_ranks = world_size if env_ranks is None else env_ranks
     if cfg.seed < 0:
         raise UsageError("--seed", f"must not be negative, got {cfg.seed}")
-    for name in POSITIVE_INTS + POSITIVE_FLOATS:
-        if not getattr(cfg, name) > 0:
-            raise UsageError(flag(name), f"must be positive, got {getattr(cfg, name)}")
-    for name in NON_NEGATIVE:
-        if getattr(cfg, name) < 0:
-            raise UsageError(flag(name), f"must not be negative, got {getattr(cfg, name)}")
+    check_signs(cfg, cfg.POSITIVE, cfg.NON_NEGATIVE)
     if not 0.0 < cfg.gamma <= 1.0:
         raise UsageError("--gamma", f"must be in (0, 1], got {cfg.gamma}")
-    if not 0.0 <= cfg.gae_lambda <= 1.0:
-        raise UsageError("--gae-lambda", f"must be in [0, 1], got {cfg.gae_lambda}")
-    if cfg.per_rank_batch_size > cfg.rollout_steps_per_rank:
-        raise UsageError(
-            "--per-rank-batch-size",
-            f"{cfg.per_rank_batch_size} is larger than the per-rank rollout "
-            f"(--num-envs {cfg.num_envs} x --num-steps {cfg.num_steps} = {cfg.rollout_steps_per_rank})",
-        )
-    global_rollout = cfg.rollout_steps_per_rank * env_ranks
-    if cfg.total_timesteps < global_rollout:
+    cfg.validate_algorithm()
+    global_iteration = cfg.steps_per_iteration * env_ranks
+    if cfg.total_timesteps < global_iteration:
         raise UsageError(
             "--total-timesteps",
-            f"{cfg.total_timesteps} is smaller than one global rollout "
-            f"({env_ranks} ranks x {cfg.num_envs} envs x {cfg.num_steps} steps = {global_rollout})",
+            f"{cfg.total_timesteps} is smaller than one global {iteration_name(cfg)} "
+            f"({env_ranks} ranks x {cfg.num_envs} envs x {cfg.steps_per_iteration // cfg.num_envs} steps "
+            f"= {global_iteration})",
         )
     if cfg.cuda and gpu_count == 0:
         raise UsageError("--cuda", "no CUDA GPU is available on this machine")
@@ -160,21 +133,23 @@ def validate(cfg: PPOConfig, world_size: int, gpu_count: int, env_ranks: int | N
         raise UsageError("--player-on-gpu", "needs --cuda as well")
 
 
-def validate_decoupled(cfg: PPOConfig, world_size: int) -> None:
+def iteration_name(cfg: RunConfig) -> str:
+    return getattr(cfg, "ITERATION_NAME", "iteration")
+
+
+def validate_decoupled(cfg: RunConfig, world_size: int) -> None:
     if world_size < 2:
         raise UsageError(
             "--devices", f"decoupled mode needs at least 2 processes (a player and a trainer), got {world_size}"
         )
-    if cfg.rollout_steps_per_rank < world_size - 1:
-        raise UsageError(
-            "--num-steps", f"a rollout of {cfg.rollout_steps_per_rank} rows cannot feed {world_size - 1} trainers"
-        )
+    cfg.validate_decoupled(world_size - 1)
 
 
 _RULE = re.compile(r"^[\s╭╮╰╯│─-]*$")
+Config = TypeVar("Config")
 
 
-def parse_config(argv: list[str], prog: str | None = None) -> PPOConfig:
+def parse_dataclass(config_type: type[Config], argv: list[str], prog: str | None = None) -> Config:
     """Parse the command line with tyro, condensing its boxed errors into one line.
 
     `--help` prints tyro's help as usual; any parse error raises `UsageError`.
@@ -182,7 +157,7 @@ def parse_config(argv: list[str], prog: str | None = None) -> PPOConfig:
     out, err = io.StringIO(), io.StringIO()
     try:
         with redirect_stdout(out), redirect_stderr(err):
-            return tyro.cli(PPOConfig, args=argv, prog=prog)
+            return tyro.cli(config_type, args=argv, prog=prog)
     except SystemExit as exit_:
         if exit_.code in (0, None):
             print(out.getvalue(), end="")

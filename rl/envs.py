@@ -27,11 +27,6 @@ RENAMED_ENV_IDS = {
 SUPPORTED_ACTION_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Box)
 
 
-def derive_seed(seed: int, *stream: int) -> int:
-    """A 32-bit seed unique to (seed, *stream), e.g. (seed, rank, env index)."""
-    return int(np.random.SeedSequence([seed, *stream]).generate_state(1)[0])
-
-
 @dataclass(frozen=True)
 class EnvSpaces:
     """What the agent needs to know about an environment."""
@@ -39,6 +34,7 @@ class EnvSpaces:
     env_id: str
     obs_dim: int
     action_space: gym.Space
+    observation_space: gym.Space
 
 
 def resolve_env_id(env_id: str) -> str:
@@ -60,7 +56,8 @@ def inspect_env(env_id: str) -> EnvSpaces:
     except ImportError as error:
         raise UsageError("--env-id", f"{env_id!r} needs a missing package: {error}") from None
     try:
-        return EnvSpaces(env_id, _obs_dim(env.observation_space), _checked_action_space(env.action_space))
+        obs_space = env.observation_space
+        return EnvSpaces(env_id, _obs_dim(obs_space), _checked_action_space(env.action_space), obs_space)
     finally:
         env.close()
 

@@ -5,16 +5,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rl.envs import derive_seed, make_vector_env
+from rl.envs import make_vector_env
+from rl.experience import Policy
 from rl.normalization import ObservationNormalizer
-from rl.policy import ActorCritic
-
-EVAL_STREAM = 3  # seed stream of the evaluation envs, apart from the training envs'
+from rl.seeds import EVAL_STREAM, derive_seed
 
 
 @torch.no_grad()
 def evaluate_greedy(
-    agent: ActorCritic,
+    agent: Policy,
     env_id: str,
     episodes: int,
     seed: int,

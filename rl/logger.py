@@ -112,31 +112,22 @@ class MeanOverRanks:
 
 EPISODE_RETURN = "Rewards/rew_avg"
 EPISODE_LENGTH = "Game/ep_len_avg"
-LOSS_TAGS = {
-    "policy_loss": "Loss/policy_loss",
-    "value_loss": "Loss/value_loss",
-    "entropy": "Loss/entropy",
-    "approx_kl": "Loss/approx_kl",
-    "clip_fraction": "Loss/clip_fraction",
-}  # keyed by rl.ppo.UPDATE_STATS
-EXPLAINED_VARIANCE = "Loss/explained_variance"
 
 
 class TrainingMetrics(MeanOverRanks):
-    """Episode statistics and update statistics, aggregated across ranks."""
+    """Episode statistics and an algorithm's named statistics, aggregated across ranks."""
 
-    def __init__(self, device: torch.device, all_reduce_sum: AllReduceSum) -> None:
-        names = [EPISODE_RETURN, EPISODE_LENGTH, EXPLAINED_VARIANCE, *LOSS_TAGS.values()]
-        super().__init__(names, device, all_reduce_sum)
+    def __init__(self, device: torch.device, all_reduce_sum: AllReduceSum, stat_tags: dict[str, str]) -> None:
+        self.stat_tags = stat_tags  # statistic name -> TensorBoard tag
+        super().__init__([EPISODE_RETURN, EPISODE_LENGTH, *stat_tags.values()], device, all_reduce_sum)
 
-    def record_rollout(self, returns: list[float], lengths: list[int], explained_variance: float) -> None:
+    def record_episodes(self, returns: list[float], lengths: list[int]) -> None:
         self.update(EPISODE_RETURN, returns)
         self.update(EPISODE_LENGTH, lengths)
-        self.update(EXPLAINED_VARIANCE, explained_variance)
 
-    def record_update(self, stats: dict[str, torch.Tensor]) -> None:
+    def record(self, stats: dict[str, torch.Tensor | float]) -> None:
         for name, value in stats.items():
-            self.update(LOSS_TAGS[name], value)
+            self.update(self.stat_tags[name], value)
 
 
 class ProgressBar:

@@ -1,7 +1,9 @@
 """The distributed runtime a training loop runs on: Lightning Fabric or raw torch.distributed.
 
-Both expose the same small surface (set-up, backward, gradient clipping, a few collectives,
-saving and a TensorBoard sink), so the rollout loop and the update step are written once.
+Both expose the same small surface (set-up, backward, a few collectives, saving and a
+TensorBoard sink), so every mode's loop and every algorithm's update step are written once.
+Buffers are never broadcast: the modules' buffers are constants (SAC's action bounds), and
+DDP would otherwise broadcast them before every forward.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from rl.config import PPOConfig, local_world_size_from_env
+from rl.config import RunConfig, local_world_size_from_env
 from rl.logger import FabricSink, MetricsSink, SummaryWriterSink
 
 
@@ -115,11 +117,11 @@ def register_gradient_hook(ddp: nn.parallel.DistributedDataParallel) -> None:
         ddp.register_comm_hook(ddp.process_group, gather_mean_hook)
 
 
-def _device(cfg: PPOConfig, local_rank: int) -> torch.device:
+def _device(cfg: RunConfig, local_rank: int) -> torch.device:
     return torch.device(f"cuda:{local_rank}") if cfg.cuda else torch.device("cpu")
 
 
-def _fabric_ddp_strategy(cfg: PPOConfig, process_group: dist.ProcessGroup | None) -> Any:
+def _fabric_ddp_strategy(cfg: RunConfig, process_group: dist.ProcessGroup | None) -> Any:
     from lightning.fabric.strategies import DDPStrategy
 
     class HookedDDPStrategy(DDPStrategy):
@@ -135,10 +137,10 @@ def _fabric_ddp_strategy(cfg: PPOConfig, process_group: dist.ProcessGroup | None
     if os.environ.get("LT_STRATEGY") == "ddp":
         del os.environ["LT_STRATEGY"]
     ddp_kwargs = {"process_group": process_group} if process_group is not None else {}
-    return HookedDDPStrategy(timeout=collective_timeout(cfg), **ddp_kwargs)
+    return HookedDDPStrategy(timeout=collective_timeout(cfg), broadcast_buffers=False, **ddp_kwargs)
 
 
-def collective_timeout(cfg: PPOConfig) -> timedelta:
+def collective_timeout(cfg: RunConfig) -> timedelta:
     return timedelta(seconds=cfg.collective_timeout)
 
 
@@ -147,7 +149,7 @@ class FabricRuntime(Runtime):
 
     log_subdir = "fabric_logs"
 
-    def __init__(self, cfg: PPOConfig, world_size: int, process_group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, cfg: RunConfig, world_size: int, process_group: dist.ProcessGroup | None = None) -> None:
         from lightning.fabric import Fabric
         from lightning.fabric.connector import _is_using_cli
 
@@ -215,7 +217,7 @@ class TorchRuntime(Runtime):
 
     log_subdir = "torch_logs"
 
-    def __init__(self, cfg: PPOConfig, world_size: int) -> None:
+    def __init__(self, cfg: RunConfig, world_size: int) -> None:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.device = _device(cfg, local_rank)
         if self.device.type == "cuda":
@@ -230,7 +232,7 @@ class TorchRuntime(Runtime):
         if self.world_size == 1:
             return model, optimizer
         device_ids = [self.device] if self.device.type == "cuda" else None
-        ddp = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
         register_gradient_hook(ddp)
         return ddp, optimizer
 

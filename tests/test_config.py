@@ -6,9 +6,12 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from rl.config import PPOConfig, parse_config, validate, validate_decoupled
-from rl.envs import derive_seed, inspect_env
+from rl.algos.ppo.config import PPOConfig
+from rl.cli import parse_config
+from rl.config import validate, validate_decoupled
+from rl.envs import inspect_env
 from rl.errors import UsageError
+from rl.seeds import derive_seed
 
 
 def check(cfg, world_size=1, gpu_count=0):

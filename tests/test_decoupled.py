@@ -8,10 +8,12 @@ import pytest
 import torch
 from conftest import SCRIPTS, child_pids, launch, load_agent, rank_pid, read_scalars, run_dir, start
 
-from rl.decoupled import BatchCodec, shard_sizes
+from rl.algos.ppo.algorithm import PPO
+from rl.algos.ppo.config import PPOConfig
+from rl.algos.ppo.rollout import Batch
+from rl.algos.ppo.update import MinibatchSchedule
+from rl.batch import shard_sizes
 from rl.envs import inspect_env
-from rl.ppo import MinibatchSchedule
-from rl.rollout import Batch
 
 SHORT = ["--total-timesteps", "2048", "--update-epochs", "2", "--eval-episodes", "2", "--no-progress-bar"]
 
@@ -98,7 +100,7 @@ def test_codec_round_trips_every_action_space():
         ("Pendulum-v1", torch.tensor([[0.5], [-2.5], [1.0]])),
     ):
         spaces = inspect_env(env_id)
-        codec = BatchCodec(spaces)
+        codec = PPO(PPOConfig(), spaces).batch_codec()
         batch = Batch(
             obs=torch.randn(3, spaces.obs_dim),
             actions=actions,
@@ -107,7 +109,7 @@ def test_codec_round_trips_every_action_space():
         rows = torch.zeros(3, codec.width)
         codec.pack(batch, rows)
         unpacked = codec.unpack(rows)
-        for name in BatchCodec.FIELDS:
+        for name in codec.columns:
             assert torch.equal(getattr(unpacked, name), getattr(batch, name)), (env_id, name)
 
 

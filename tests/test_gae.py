@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
+from rl.algos.ppo.policy import ActorCritic
+from rl.algos.ppo.rollout import RolloutCollector, compute_gae
 from rl.normalization import ObservationNormalizer, RewardScaler
-from rl.policy import ActorCritic
-from rl.rollout import RolloutCollector, compute_gae
 
 
 def reference_gae(rewards, values, terminated, truncated, final_values, next_value, gamma, lam):
@@ -86,8 +86,16 @@ def make_collector(envs, num_steps=64, seed=0):
         RewardScaler(envs.num_envs, 0.99, enabled=False),
         [seed + i for i in range(envs.num_envs)],
         generator,
+        gamma=0.99,
+        gae_lambda=0.95,
     )
     return agent, collector
+
+
+def collect(collector, agent):
+    """One rollout and the episodes that ended in it."""
+    episodes = collector.collect(agent)
+    return collector.buffer, episodes
 
 
 def vector_env(num_envs, max_episode_steps=None):
@@ -99,7 +107,7 @@ def vector_env(num_envs, max_episode_steps=None):
 def test_rollout_never_stores_an_autoreset_step():
     # CartPole pays 1 on every real step; the fake step of NEXT_STEP autoreset would pay 0.
     agent, collector = make_collector(vector_env(3), num_steps=200)
-    rollout, episodes = collector.collect(agent)
+    rollout, episodes = collect(collector, agent)
     assert torch.all(rollout.rewards == 1.0)
     ended = rollout.terminated | rollout.truncated
     assert int(ended.sum()) == len(episodes.returns) > 0
@@ -116,7 +124,7 @@ def test_truncated_steps_carry_the_value_of_the_final_observation():
     with torch.no_grad():  # a critic that says 3 everywhere makes V(final observation) visible
         agent.critic_head.weight.zero_()
         agent.critic_head.bias.fill_(3.0)
-    rollout, episodes = collector.collect(agent)
+    rollout, episodes = collect(collector, agent)
     assert rollout.truncated.sum() == 4 and not rollout.terminated.any()
     assert episodes.lengths == [5, 5, 5, 5]
     cut = rollout.truncated
@@ -124,32 +132,30 @@ def test_truncated_steps_carry_the_value_of_the_final_observation():
 
 
 def test_box2d_envs_restart_from_fresh_resets_on_resume(capsys):
-    from rl.checkpoint import capture_rank_state, restore_rank_state
-    from rl.config import PPOConfig
-    from rl.coupled import restore_collector
+    from rl.algos.ppo.config import PPOConfig
     from rl.envs import make_vector_env
+    from rl.run import restore_run_state
 
     agent, collector = make_collector(make_vector_env("LunarLander-v3", 2), num_steps=8)
     collector.collect(agent)
-    state = capture_rank_state(collector)
+    state = collector.capture_state()
     assert state["envs"] is None  # Box2D worlds unpickle broken, so they are not saved
-    assert restore_rank_state(collector, state, fresh_seeds=[5, 6]) is False
-    rollout, _ = collector.collect(agent)  # the fresh envs run
+    assert collector.restore_state(state, fresh_seeds=[5, 6]) is False
+    rollout, _ = collect(collector, agent)  # the fresh envs run
     assert rollout.obs.shape == (8, 2, 8)
-    resume = {"obs_normalizer": collector.obs_normalizer.state_dict(),
-              "reward_scaler": collector.reward_scaler.state_dict(), "counters": {"update": 3}}  # fmt: skip
-    restore_collector(collector, resume, PPOConfig(num_envs=2), rank=1, state=state)
+    resume = {"agent": agent.state_dict(), "obs_normalizer": collector.obs_normalizer.state_dict(),
+              "reward_scaler": collector.reward_scaler.state_dict(), "counters": {"update": 3},
+              "config": PPOConfig(num_envs=2).to_dict(), "rank_states": [None, state]}  # fmt: skip
+    restore_run_state(resume, 1, agent, None, collector)
     assert "warning: rank 1: these envs cannot be saved" in capsys.readouterr().err
 
 
 def test_classic_control_envs_resume_mid_episode():
-    from rl.checkpoint import capture_rank_state, restore_rank_state
-
     agent, collector = make_collector(vector_env(2), num_steps=20)
     collector.collect(agent)
-    state = capture_rank_state(collector)
-    expected, _ = collector.collect(agent)
+    state = collector.capture_state()
+    expected, _ = collect(collector, agent)
     expected = expected.obs.clone()
-    restore_rank_state(collector, state, fresh_seeds=[0, 0])
-    again, _ = collector.collect(agent)
+    collector.restore_state(state, fresh_seeds=[0, 0])
+    again, _ = collect(collector, agent)
     assert torch.equal(again.obs, expected)

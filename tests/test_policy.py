@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.distributions import Categorical, Normal
 
-from rl.policy import ActorCritic
+from rl.algos.ppo.policy import ActorCritic
 
 OBS_DIM, BATCH = 5, 7
 

@@ -5,17 +5,9 @@ import math
 import pytest
 import torch
 
-from rl.ppo import (
-    MinibatchSchedule,
-    TrainingDiverged,
-    clip_grad_norm,
-    entropy_loss,
-    explained_variance,
-    normalize,
-    policy_loss,
-    value_loss,
-)
-from rl.rollout import Batch
+from rl.algos.ppo.rollout import Batch, explained_variance
+from rl.algos.ppo.update import MinibatchSchedule, entropy_loss, normalize, policy_loss, value_loss
+from rl.optim import TrainingDiverged, clip_grad_norm
 
 
 def test_policy_loss_is_the_negated_clipped_surrogate():

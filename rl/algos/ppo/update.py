@@ -1,4 +1,4 @@
-"""PPO losses (pure functions) and the update step shared by every mode."""
+"""PPO losses (pure functions), the minibatch schedule and the update step shared by every mode."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import BatchSampler, DistributedSampler
 
-from rl.rollout import Batch
+from rl.algos.ppo.rollout import Batch
+from rl.optim import clip_grad_norm
 
 
 def policy_loss(new_logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, clip_coef: float) -> Tensor:
@@ -39,14 +40,6 @@ def normalize(advantages: Tensor) -> Tensor:
     if advantages.numel() < 2:
         return advantages - advantages.mean()
     return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-
-
-def explained_variance(predictions: Tensor, targets: Tensor) -> float:
-    """1 - Var[targets - predictions] / Var[targets]; NaN when the targets do not vary."""
-    target_var = targets.var()
-    if target_var == 0:
-        return float("nan")
-    return float(1.0 - (targets - predictions).var() / target_var)
 
 
 @dataclass(frozen=True)
@@ -129,28 +122,6 @@ def ppo_update(
             optimizer.step()
             stats.record(pg_loss, v_loss, ent_loss, new_logprobs, minibatch.logprobs)
     return stats.means(hp.clip_coef)
-
-
-class TrainingDiverged(Exception):
-    """A loss or gradient stopped being finite; the step that would spread it was not taken."""
-
-
-@torch.no_grad()
-def clip_grad_norm(parameters: list[Tensor], max_norm: float) -> Tensor:
-    """Scale the gradients so their global norm is at most `max_norm` (0: no clipping); return the norm.
-
-    The same arithmetic as `torch.nn.utils.clip_grad_norm_`, without its per-call grouping of
-    tensors by device and dtype, which costs as much as the clipping itself for these small nets.
-    The gradients are DDP's averages, identical on every rank, so a non-finite norm stops every
-    rank at the same step, before the optimizer spreads it into the weights.
-    """
-    grads = [parameter.grad for parameter in parameters if parameter.grad is not None]
-    total_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
-    if not torch.isfinite(total_norm):
-        raise TrainingDiverged("the gradient norm is not finite (a loss became NaN or infinite)")
-    if max_norm > 0:
-        torch._foreach_mul_(grads, (max_norm / (total_norm + 1e-6)).clamp_(max=1.0))
-    return total_norm
 
 
 class UpdateStats:

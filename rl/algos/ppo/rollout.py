@@ -1,8 +1,7 @@
-"""The rollout loop and generalized advantage estimation, shared by every mode."""
+"""PPO's experience: the rollout loop and generalized advantage estimation, shared by every mode."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 import gymnasium as gym
@@ -10,8 +9,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rl.algos.ppo.policy import ActorCritic, action_shape_and_dtype
+from rl.batch import TensorBatch
+from rl.experience import EpisodeLog, ExperienceSource
 from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
-from rl.policy import ActorCritic, action_shape_and_dtype
 
 
 @dataclass
@@ -55,14 +56,8 @@ class Rollout:
         )
 
 
-@dataclass
-class EpisodeLog:
-    returns: list[float] = field(default_factory=list)
-    lengths: list[int] = field(default_factory=list)
-
-
-class RolloutCollector:
-    """Steps a vector env with the current policy and fills a `Rollout`."""
+class RolloutCollector(ExperienceSource):
+    """Steps a vector env with the current policy and fills a `Rollout`, one per iteration."""
 
     def __init__(
         self,
@@ -74,13 +69,11 @@ class RolloutCollector:
         reward_scaler: RewardScaler,
         env_seeds: list[int],
         generator: torch.Generator,
+        gamma: float,
+        gae_lambda: float,
     ) -> None:
-        self.envs = envs
         self.num_steps = num_steps
-        self.device = device
-        self.obs_normalizer = obs_normalizer
-        self.reward_scaler = reward_scaler
-        self.generator = generator
+        self.gamma, self.gae_lambda = gamma, gae_lambda
         self.buffer = Rollout.allocate(num_steps, envs.num_envs, obs_dim, envs.single_action_space, device)
         self._env_side = {
             name: np.zeros(tuple(getattr(self.buffer, name).shape), dtype=dtype)
@@ -91,22 +84,15 @@ class RolloutCollector:
                 ("truncated", np.bool_),
             ]
         }
-        self.reset_envs(env_seeds)
+        super().__init__(envs, device, obs_normalizer, reward_scaler, env_seeds, generator)
 
-    def reset_envs(self, seeds: list[int]) -> None:
-        first_obs, _ = self.envs.reset(seed=seeds)
-        self.raw_obs = self._to_tensor(first_obs)
-
-    def _to_tensor(self, array: np.ndarray) -> Tensor:
-        return torch.as_tensor(array, dtype=torch.float32).reshape(self.envs.num_envs, -1).to(self.device)
-
-    def collect(self, agent: ActorCritic) -> tuple[Rollout, EpisodeLog]:
+    def collect(self, policy: ActorCritic, global_step: int = 0) -> EpisodeLog:
         """Run `num_steps` vector steps; the observation normalizer is frozen meanwhile."""
         buf, episodes = self.buffer, EpisodeLog()
         env_side = self._env_side  # numpy staging: cheaper per step than tensor writes
         for step in range(self.num_steps):
             obs = self.obs_normalizer(self.raw_obs)
-            action, logprob, value = agent.act(obs, self.generator)
+            action, logprob, value = policy.act(obs, self.generator)
             raw_next, reward, terminated, truncated, info = self.envs.step(action.cpu().numpy())
             env_side["rewards"][step], env_side["discounted_returns"][step] = self.reward_scaler(
                 reward, terminated | truncated
@@ -118,16 +104,16 @@ class RolloutCollector:
             buf.actions[step] = action
             buf.logprobs[step] = logprob
             buf.values[step] = value
-            buf.final_values[step] = self._truncation_values(agent, truncated & ~terminated, info)
-            _record_episodes(info, episodes)
-            self.raw_obs = self._to_tensor(raw_next)
+            buf.final_values[step] = self._truncation_values(policy, truncated & ~terminated, info)
+            episodes.record(info)
+            self.raw_obs = self.to_tensor(raw_next)
 
         for name, array in env_side.items():
             getattr(buf, name).copy_(torch.from_numpy(array))
         buf.next_obs = self.obs_normalizer(self.raw_obs)
         with torch.no_grad():
-            buf.next_value = agent.value(buf.next_obs)
-        return buf, episodes
+            buf.next_value = policy.value(buf.next_obs)
+        return episodes
 
     def _truncation_values(self, agent: ActorCritic, bootstrap: np.ndarray, info: dict) -> Tensor | float:
         """V(final observation) for envs cut off by a time limit: their return continues."""
@@ -137,11 +123,16 @@ class RolloutCollector:
         final_obs = np.stack([info["final_obs"][i] for i in index])
         values = torch.zeros(self.envs.num_envs, device=self.device)
         with torch.no_grad():
-            values[index] = agent.value(self.obs_normalizer(self._to_tensor_rows(final_obs)))
+            values[index] = agent.value(self.obs_normalizer(self.to_tensor(final_obs)))
         return values
 
-    def _to_tensor_rows(self, array: np.ndarray) -> Tensor:
-        return torch.as_tensor(array, dtype=torch.float32).reshape(array.shape[0], -1).to(self.device)
+    def next_batch(self, global_step: int, all_reduce_sum: AllReduceSum) -> Batch:
+        """Fold the rollout into the pooled normalization statistics, then compute its advantages."""
+        self.sync_normalizers(self.buffer, all_reduce_sum)
+        return rollout_to_batch(self.buffer, self.gamma, self.gae_lambda)
+
+    def batch_stats(self, batch: Batch) -> dict[str, float]:
+        return {"explained_variance": explained_variance(batch.values, batch.returns)}
 
     def sync_normalizers(self, rollout: Rollout, all_reduce_sum: AllReduceSum) -> None:
         """Fold this rollout into the normalization statistics, pooled over all ranks."""
@@ -149,12 +140,12 @@ class RolloutCollector:
         self.reward_scaler.sync_update(rollout.discounted_returns, all_reduce_sum)
 
 
-def _record_episodes(info: dict, episodes: EpisodeLog) -> None:
-    if "_episode" not in info:
-        return
-    done = info["_episode"]
-    episodes.returns.extend(info["episode"]["r"][done].tolist())
-    episodes.lengths.extend(info["episode"]["l"][done].tolist())
+def explained_variance(predictions: Tensor, targets: Tensor) -> float:
+    """1 - Var[targets - predictions] / Var[targets]; NaN when the targets do not vary."""
+    target_var = targets.var()
+    if target_var == 0:
+        return float("nan")
+    return float(1.0 - (targets - predictions).var() / target_var)
 
 
 def compute_gae(
@@ -190,7 +181,7 @@ def compute_gae(
 
 
 @dataclass
-class Batch:
+class Batch(TensorBatch):
     """Flat training data: one row per transition."""
 
     obs: Tensor
@@ -199,12 +190,6 @@ class Batch:
     values: Tensor
     advantages: Tensor
     returns: Tensor
-
-    def __len__(self) -> int:
-        return self.obs.shape[0]
-
-    def map(self, fn: Callable[[Tensor], Tensor]) -> Batch:
-        return Batch(**{f.name: fn(getattr(self, f.name)) for f in fields(self)})
 
     def minibatches(self, epoch: list[list[int]]) -> list[Batch]:
         """One `Batch` per list of row indices: one gather for the whole epoch, then views of it."""

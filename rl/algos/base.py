@@ -1,0 +1,103 @@
+"""The interface between an algorithm and a mode.
+
+An algorithm knows its config, its networks and optimizers, how its experience is gathered and
+batched (`ExperienceSource`), how a batch becomes one synchronized update (`Learner`), and what
+it checkpoints. A mode knows processes, roles, collectives, devices, logging, checkpoints,
+faults and shutdown, and talks to any algorithm through the classes below alone:
+
+- every rank that runs envs: `build_policy` + `make_source`, then `collect` / `next_batch`;
+- every rank that learns: `build_policy` + `make_learner`, then `update(batch)`;
+- a decoupled player ships batches packed by `batch_codec` and loads `policy_weights`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from rl.batch import DataShard, RowCodec, TensorBatch
+from rl.config import RunConfig
+from rl.envs import EnvSpaces
+from rl.experience import ExperienceSource
+from rl.optim import flat_parameters
+from rl.runtime import Runtime
+
+
+class Learner(ABC):
+    """One rank's learning side: the trained modules (set up through the runtime), optimizers, update step."""
+
+    def __init__(self, policy: nn.Module) -> None:
+        self.policy = policy  # the plain module: acting and evaluation use it, and it shares the trained weights
+
+    @abstractmethod
+    def update(self, batch: TensorBatch, iteration: int) -> dict[str, Tensor]:
+        """One learning phase on `batch`; returns named statistics (a subset of the algorithm's `stat_tags`).
+
+        Every learner calls it at the same iteration with a batch of the same size, so the
+        collectives inside (DDP's gradient averaging) stay in step.
+        """
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Everything beyond the policy's weights that an exact resume needs (optimizers, targets, counters)."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def policy_weights(self) -> Tensor:
+        """The weights a player acts with, as one vector."""
+        return flat_parameters(self.policy)
+
+
+class Algorithm(ABC):
+    """An algorithm for one config and env; the factory of its policy, experience source and learner."""
+
+    name: ClassVar[str]
+    config_type: ClassVar[type[RunConfig]]
+    stat_tags: ClassVar[dict[str, str]]  # statistic name -> TensorBoard tag, in the order they travel
+    passes_per_batch: ClassVar[int] = 1  # how often an update reuses each row (PPO: its epochs)
+
+    def __init__(self, cfg: RunConfig, spaces: EnvSpaces) -> None:
+        self.cfg = cfg
+        self.spaces = spaces
+
+    @classmethod
+    def check_spaces(cls, spaces: EnvSpaces) -> None:
+        """Refuse an env this algorithm cannot train on, with a `UsageError` that says what to do instead."""
+        return  # every env `inspect_env` accepts, by default
+
+    def check_memory(self, env_ranks: int, processes_here: int) -> None:
+        """Refuse, before anything is allocated, storage this machine cannot hold (`processes_here` ranks run envs)."""
+        return  # nothing large is allocated, by default
+
+    @abstractmethod
+    def build_policy(self, device: torch.device) -> nn.Module:
+        """The acting module, with the same initial weights on every rank and in every mode."""
+
+    @abstractmethod
+    def make_source(
+        self, rank: int, device: torch.device, video_dir: str | None, env_ranks: int, batch_rows: int
+    ) -> ExperienceSource:
+        """This rank's envs, seeded for (seed, rank), and the storage its batches of `batch_rows` rows come from."""
+
+    @abstractmethod
+    def make_learner(self, policy: nn.Module, runtime: Runtime, shard: DataShard, env_ranks: int) -> Learner:
+        """The learning side around `policy`, its modules set up through `runtime` (DDP across learners)."""
+
+    @abstractmethod
+    def batch_rows(self, learners_fed: int) -> int:
+        """Rows of one batch that feeds `learners_fed` learners each their own data."""
+
+    @abstractmethod
+    def batch_codec(self) -> RowCodec:
+        """How a batch travels between processes."""
+
+    def iterations_per_report(self, env_ranks: int) -> int:
+        """Iterations between two logged points (and interrupt and checkpoint checks)."""
+        return 1
+
+    def immutable_fields(self) -> tuple[str, ...]:
+        return self.config_type.IMMUTABLE

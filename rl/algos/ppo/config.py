@@ -1,0 +1,79 @@
+"""PPO's configuration: the flags of Lightning's fabric RL example, with the same defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from rl.config import RunConfig, check_signs
+from rl.errors import UsageError
+
+
+@dataclass
+class PPOConfig(RunConfig):
+    """Proximal Policy Optimization trained across processes (the default algorithm; `sac --help` for SAC)."""
+
+    per_rank_batch_size: int = 64
+    """the minibatch size on each rank"""
+    num_steps: int = 128
+    """the number of steps each environment runs per rollout"""
+    learning_rate: float = 1e-3
+    """the learning rate of the Adam optimizer"""
+    anneal_lr: bool = False
+    """anneal the learning rate linearly to zero over the run"""
+    gae_lambda: float = 0.95
+    """the lambda of generalized advantage estimation"""
+    update_epochs: int = 10
+    """the number of passes over the rollout per update"""
+    activation_function: Literal["relu", "tanh"] = "relu"
+    """the activation function of the actor and critic networks"""
+    ortho_init: bool = False
+    """initialize the layers orthogonally"""
+    normalize_advantages: bool = False
+    """normalize the advantages of each minibatch"""
+    clip_coef: float = 0.2
+    """the surrogate clipping coefficient"""
+    clip_vloss: bool = False
+    """clip the value loss, as in the PPO paper"""
+    ent_coef: float = 0.0
+    """the coefficient of the entropy bonus"""
+    vf_coef: float = 1.0
+    """the coefficient of the value loss"""
+    max_grad_norm: float = 0.5
+    """the maximum global gradient norm, applied after DDP averaging (0 disables clipping)"""
+    normalize_observations: bool = False
+    """normalize observations with running statistics synchronized across ranks"""
+    normalize_rewards: bool = False
+    """scale rewards by the running std of the discounted return, synchronized across ranks"""
+
+    IMMUTABLE = (*RunConfig.IMMUTABLE, "activation_function")
+    ITERATION_NAME = "rollout"
+
+    @property
+    def rollout_steps_per_rank(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def steps_per_iteration(self) -> int:
+        return self.rollout_steps_per_rank
+
+    def validate_algorithm(self) -> None:
+        check_signs(
+            self,
+            positive=("num_steps", "per_rank_batch_size", "update_epochs", "learning_rate", "clip_coef"),
+            non_negative=("ent_coef", "vf_coef", "max_grad_norm"),
+        )
+        if not 0.0 <= self.gae_lambda <= 1.0:
+            raise UsageError("--gae-lambda", f"must be in [0, 1], got {self.gae_lambda}")
+        if self.per_rank_batch_size > self.rollout_steps_per_rank:
+            raise UsageError(
+                "--per-rank-batch-size",
+                f"{self.per_rank_batch_size} is larger than the per-rank rollout "
+                f"(--num-envs {self.num_envs} x --num-steps {self.num_steps} = {self.rollout_steps_per_rank})",
+            )
+
+    def validate_decoupled(self, num_trainers: int) -> None:
+        if self.rollout_steps_per_rank < num_trainers:
+            raise UsageError(
+                "--num-steps", f"a rollout of {self.rollout_steps_per_rank} rows cannot feed {num_trainers} trainers"
+            )

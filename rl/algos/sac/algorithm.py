@@ -1,0 +1,305 @@
+"""SAC behind the algorithm interface: replay experience, twin critics, a tuned temperature."""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from rl.algos.base import Algorithm, Learner
+from rl.algos.sac.config import AUTO, SACConfig
+from rl.algos.sac.losses import actor_loss, critic_loss, soft_target, temperature_loss
+from rl.algos.sac.networks import CriticEnsemble, SquashedGaussianActor
+from rl.algos.sac.replay import ReplayBuffer, check_buffer_fits
+from rl.batch import Column, DataShard, RowCodec, TensorBatch, shard_slice
+from rl.envs import EnvSpaces, make_vector_env
+from rl.errors import UsageError
+from rl.experience import EpisodeLog, ExperienceSource
+from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
+from rl.runtime import Runtime
+from rl.seeds import ACTION_STREAM, LEARNER_STREAM, REPLAY_STREAM, derive_seed, env_seeds, seeded_generator
+
+
+@dataclass
+class Transitions(TensorBatch):
+    """Replayed transitions; `next_obs` is the true final observation where an episode ended."""
+
+    obs: Tensor
+    actions: Tensor
+    rewards: Tensor
+    next_obs: Tensor
+    terminated: Tensor  # 1.0 where the episode terminated (no bootstrap); truncation keeps it
+
+
+def transition_columns(spaces: EnvSpaces) -> dict[str, Column]:
+    action_dim = int(spaces.action_space.shape[0])
+    obs = Column((spaces.obs_dim,))
+    return {"obs": obs, "actions": Column((action_dim,)), "rewards": Column(()), "next_obs": obs,
+            "terminated": Column(())}  # fmt: skip
+
+
+class ReplayCollector(ExperienceSource):
+    """Steps the envs `train_freq` times per iteration into a replay buffer, and samples batches from it."""
+
+    def __init__(
+        self, cfg: SACConfig, envs: gym.vector.VectorEnv, buffer: ReplayBuffer, rank: int, env_ranks: int,
+        batch_rows: int, device: torch.device,
+    ) -> None:  # fmt: skip
+        self.cfg, self.buffer, self.batch_rows = cfg, buffer, batch_rows
+        self.steps_per_vector_step = cfg.num_envs * env_ranks  # global env steps per step of this rank's envs
+        self.sampler = seeded_generator(device, cfg.seed, REPLAY_STREAM, rank)
+        space = envs.single_action_space
+        self.action_low = torch.as_tensor(space.low, dtype=torch.float32, device=device)
+        self.action_range = torch.as_tensor(space.high - space.low, dtype=torch.float32, device=device)
+        disabled_normalizer = ObservationNormalizer(buffer.columns["obs"].width, False, device)
+        super().__init__(envs, device, disabled_normalizer, RewardScaler(cfg.num_envs, cfg.gamma, False),
+                         env_seeds(cfg.seed, rank, cfg.num_envs), seeded_generator(device, cfg.seed, ACTION_STREAM,
+                                                                                   rank))  # fmt: skip
+
+    def collect(self, policy: SquashedGaussianActor, global_step: int) -> EpisodeLog:
+        episodes = EpisodeLog()
+        for _ in range(self.cfg.train_freq):
+            if global_step < self.cfg.learning_starts:  # uniform exploration first, as SB3 and CleanRL
+                actions = self.action_low + self.action_range * torch.rand(
+                    (self.envs.num_envs, *self.action_low.shape), generator=self.generator, device=self.device
+                )
+            else:
+                actions, _ = policy.act(self.raw_obs, self.generator)
+            next_obs, rewards, terminated, truncated, info = self.envs.step(actions.cpu().numpy())
+            self.buffer.add(
+                obs=self.raw_obs,
+                actions=actions,
+                rewards=torch.as_tensor(rewards, dtype=torch.float32, device=self.device),
+                next_obs=self.to_tensor(final_observations(next_obs, terminated | truncated, info)),
+                terminated=torch.as_tensor(terminated, dtype=torch.float32, device=self.device),
+            )
+            episodes.record(info)
+            self.raw_obs = self.to_tensor(next_obs)
+            global_step += self.steps_per_vector_step
+        return episodes
+
+    def next_batch(self, global_step: int, all_reduce_sum: AllReduceSum) -> Transitions | None:
+        if global_step <= self.cfg.learning_starts or len(self.buffer) < self.cfg.batch_size:
+            return None
+        return Transitions(**self.buffer.sample(self.batch_rows, self.sampler))
+
+    def capture_state(self) -> dict[str, Any]:
+        state = super().capture_state() | {"sampler": self.sampler.get_state()}
+        if self.cfg.save_buffer:
+            state["buffer"] = self.buffer.state_dict()
+        return state
+
+    def restore_state(self, state: dict[str, Any], fresh_seeds: list[int]) -> bool:
+        self.sampler.set_state(state["sampler"])
+        if "buffer" in state:
+            self.buffer.load_state_dict(state["buffer"])
+        return super().restore_state(state, fresh_seeds)
+
+
+def final_observations(next_obs: np.ndarray, ended: np.ndarray, info: dict) -> np.ndarray:
+    """The observation each transition led to: with SAME_STEP autoreset, an ended env's is in `final_obs`."""
+    if not ended.any():
+        return next_obs
+    final = np.array(next_obs, copy=True)
+    for index in np.flatnonzero(ended):
+        final[index] = info["final_obs"][index]
+    return final
+
+
+class StatMeans:
+    """Per-step statistics kept as tensors and averaged once per update: no host sync per step."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, list[Tensor]] = {}
+
+    def add(self, **stats: Tensor) -> None:
+        for name, value in stats.items():
+            self.values.setdefault(name, []).append(value.detach().reshape(()))
+
+    def means(self) -> dict[str, Tensor]:
+        return {name: torch.stack(values).mean() for name, values in self.values.items()}
+
+
+class SACLearner(Learner):
+    """Twin critics with Polyak targets, a squashed-Gaussian actor and (optionally) a tuned temperature.
+
+    Every gradient average goes through the runtime: DDP for the actor and the critics, and an
+    explicit all-reduce for the temperature, a bare parameter.
+    """
+
+    def __init__(self, cfg: SACConfig, actor: SquashedGaussianActor, runtime: Runtime, shard: DataShard):
+        super().__init__(actor)
+        self.cfg, self.shard, self.runtime = cfg, shard, runtime
+        device = runtime.device
+        lr_scale = runtime.world_size if cfg.scale_lr else 1
+        critic = CriticEnsemble(actor.hidden1.in_features, actor.action_dim).to(device)
+        self.critic = critic  # plain module: its weights are the DDP-wrapped ones
+        self.critic_target = copy.deepcopy(critic).requires_grad_(False)
+        self.actor_model, self.actor_optimizer = runtime.setup(
+            actor, adam(actor.parameters(), cfg.policy_lr * lr_scale)
+        )
+        self.critic_model, self.critic_optimizer = runtime.setup(critic, adam(critic.parameters(), cfg.q_lr * lr_scale))
+        self.target_entropy = -float(actor.action_dim) if cfg.target_entropy == AUTO else float(cfg.target_entropy)
+        if cfg.autotune:
+            self.log_alpha = torch.zeros(1, device=device, requires_grad=True)
+            self.alpha_optimizer = adam([self.log_alpha], cfg.q_lr * lr_scale)
+            self.alpha = self.log_alpha.detach().exp()
+        else:
+            self.alpha = torch.tensor([float(cfg.ent_coef)], device=device)
+        self.noise = torch.Generator(device=device)
+        self.gradient_steps = 0
+
+    def update(self, batch: Transitions, iteration: int) -> dict[str, Tensor]:
+        start = time.perf_counter()
+        # Reseeded per update from (seed, learner, iteration): exact on resume with nothing to save.
+        self.noise.manual_seed(derive_seed(self.cfg.seed, LEARNER_STREAM, self.runtime.rank, iteration))
+        stats = StatMeans()
+        step_rows = len(batch) // self.cfg.gradient_steps
+        own = shard_slice(step_rows, self.shard.shards, self.shard.index)
+        for step in range(self.cfg.gradient_steps):
+            offset = step * step_rows
+            self.gradient_step(batch.map(lambda t, a=offset + own.start, b=offset + own.stop: t[a:b]), stats)
+        elapsed_ms = 1000.0 * (time.perf_counter() - start) / self.cfg.gradient_steps
+        return stats.means() | {"gradient_step_ms": torch.tensor(elapsed_ms)}
+
+    def gradient_step(self, batch: Transitions, stats: StatMeans) -> None:
+        cfg, actor = self.cfg, self.policy
+        self.gradient_steps += 1
+        with torch.no_grad():
+            next_actions, next_logprob = actor(batch.next_obs, actor.noise(len(batch), self.noise))
+            next_q = self.critic_target(batch.next_obs, next_actions)
+            target = soft_target(batch.rewards, batch.terminated, next_q, next_logprob, self.alpha, cfg.gamma)
+        q_values = self.critic_model(batch.obs, batch.actions)
+        loss = critic_loss(q_values, target)
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        self.runtime.backward(loss)
+        self.critic_optimizer.step()
+        stats.add(critic_loss=loss, q_values=q_values.mean())
+
+        if self.gradient_steps % cfg.policy_frequency == 0:
+            for _ in range(cfg.policy_frequency):  # delayed, then caught up (TD3's rule, as CleanRL)
+                self.actor_step(batch, stats)
+        if self.gradient_steps % cfg.target_network_frequency == 0:
+            torch._foreach_lerp_(list(self.critic_target.parameters()), list(self.critic.parameters()), cfg.tau)
+
+    def actor_step(self, batch: Transitions, stats: StatMeans) -> None:
+        actions, logprob = self.actor_model(batch.obs, self.policy.noise(len(batch), self.noise))
+        loss = actor_loss(logprob, self.critic.q_values_of_actions(batch.obs, actions), self.alpha)
+        self.actor_optimizer.zero_grad(set_to_none=True)
+        self.runtime.backward(loss)
+        self.actor_optimizer.step()
+        stats.add(actor_loss=loss, entropy=-logprob.mean())
+        if self.cfg.autotune:
+            alpha_loss = temperature_loss(self.log_alpha, logprob, self.target_entropy)
+            self.alpha_optimizer.zero_grad(set_to_none=True)
+            alpha_loss.backward()
+            self.average_gradient(self.log_alpha)
+            self.alpha_optimizer.step()
+            self.alpha = self.log_alpha.detach().exp()
+            stats.add(alpha_loss=alpha_loss)
+        stats.add(alpha=self.alpha)
+
+    def average_gradient(self, parameter: Tensor) -> None:
+        """The temperature is a bare parameter, outside DDP: average its gradient over the learners."""
+        if self.runtime.world_size > 1:
+            parameter.grad.copy_(self.runtime.all_reduce_sum(parameter.grad) / self.runtime.world_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {
+            "critic": self.critic.state_dict(),
+            "critic_target": self.critic_target.state_dict(),
+            "actor_optimizer": self.actor_optimizer.state_dict(),
+            "critic_optimizer": self.critic_optimizer.state_dict(),
+            "alpha": self.alpha.cpu(),
+            "gradient_steps": self.gradient_steps,
+        }
+        if self.cfg.autotune:
+            state |= {"log_alpha": self.log_alpha.detach().cpu(), "alpha_optimizer": self.alpha_optimizer.state_dict()}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.critic.load_state_dict(state["critic"])
+        self.critic_target.load_state_dict(state["critic_target"])
+        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        self.gradient_steps = state["gradient_steps"]
+        if self.cfg.autotune:
+            with torch.no_grad():
+                self.log_alpha.copy_(state["log_alpha"])
+            self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
+        self.alpha = state["alpha"].to(self.alpha.device)
+
+
+def adam(parameters: Any, lr: float) -> torch.optim.Optimizer:
+    return torch.optim.Adam(parameters, lr=lr, fused=True)
+
+
+class SAC(Algorithm):
+    name = "sac"
+    config_type = SACConfig
+    stat_tags: ClassVar[dict[str, str]] = {
+        "critic_loss": "Loss/critic_loss",
+        "actor_loss": "Loss/actor_loss",
+        "alpha_loss": "Loss/alpha_loss",
+        "entropy": "Loss/entropy",
+        "q_values": "Info/q_values",
+        "alpha": "Info/alpha",
+        "gradient_step_ms": "Time/gradient_step_ms",
+    }
+    cfg: SACConfig
+
+    @classmethod
+    def check_spaces(cls, spaces: EnvSpaces) -> None:
+        action_space, env_id = spaces.action_space, spaces.env_id
+        if not isinstance(action_space, gym.spaces.Box):
+            raise UsageError(
+                "--env-id", f"SAC needs continuous (Box) actions, but {env_id} has {action_space}; "
+                "train it with PPO instead (drop the 'sac' subcommand)",
+            )  # fmt: skip
+        if not (np.isfinite(action_space.low).all() and np.isfinite(action_space.high).all()):
+            raise UsageError(
+                "--env-id", f"SAC squashes actions into the action bounds, but {env_id}'s are not finite "
+                f"({action_space}); wrap the env with finite bounds (gymnasium's RescaleAction), or use PPO",
+            )  # fmt: skip
+        if len(spaces.observation_space.shape) > 1:
+            raise UsageError(
+                "--env-id", f"{env_id} has image observations {spaces.observation_space.shape}; SAC here takes "
+                "state vectors (no CNN encoder yet): use the env's state-based version, or PPO",
+            )  # fmt: skip
+
+    def check_memory(self, env_ranks: int, processes_here: int) -> None:
+        check_buffer_fits(self.capacity_per_rank(env_ranks), transition_columns(self.spaces), processes_here)
+
+    def capacity_per_rank(self, env_ranks: int) -> int:
+        """Each rank that runs envs holds its share of --buffer-size, as in the DSAC reference."""
+        return max(self.cfg.buffer_size // env_ranks, self.cfg.batch_size)
+
+    def iterations_per_report(self, env_ranks: int) -> int:
+        return max(1, self.cfg.log_every // (self.cfg.steps_per_iteration * env_ranks))
+
+    def build_policy(self, device: torch.device) -> nn.Module:
+        torch.manual_seed(self.cfg.seed)  # the same initial weights on every rank and in every mode
+        return SquashedGaussianActor(self.spaces.obs_dim, self.spaces.action_space).to(device)
+
+    def make_source(
+        self, rank: int, device: torch.device, video_dir: str | None, env_ranks: int, batch_rows: int
+    ) -> ReplayCollector:
+        buffer = ReplayBuffer(self.capacity_per_rank(env_ranks), transition_columns(self.spaces), device)
+        envs = make_vector_env(self.spaces.env_id, self.cfg.num_envs, video_dir)
+        return ReplayCollector(self.cfg, envs, buffer, rank, env_ranks, batch_rows, device)
+
+    def make_learner(self, policy: nn.Module, runtime: Runtime, shard: DataShard, env_ranks: int) -> SACLearner:
+        assert isinstance(policy, SquashedGaussianActor)
+        return SACLearner(self.cfg, policy, runtime, shard)
+
+    def batch_rows(self, learners_fed: int) -> int:
+        return self.cfg.gradient_steps * self.cfg.batch_size * learners_fed
+
+    def batch_codec(self) -> RowCodec:
+        return RowCodec(Transitions, transition_columns(self.spaces))

@@ -1,0 +1,101 @@
+"""SAC's configuration: Stable-Baselines3's and CleanRL's flag names, and their defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rl.config import RunConfig, check_signs
+from rl.errors import UsageError
+
+AUTO = "auto"
+
+
+@dataclass
+class SACConfig(RunConfig):
+    """Soft Actor-Critic trained across processes (continuous actions)."""
+
+    env_id: str = "Pendulum-v1"
+    """the id of the gymnasium environment (its action space must be a bounded Box)"""
+    num_envs: int = 1
+    """the number of parallel environments per rank"""
+    total_timesteps: int = 20_000
+    """total environment steps, counted across all ranks"""
+
+    buffer_size: int = 1_000_000
+    """replay buffer capacity in transitions, over all ranks (coupled: each rank holds its share)"""
+    learning_starts: int = 100
+    """env steps (across all ranks) of uniformly random actions before learning starts"""
+    batch_size: int = 256
+    """transitions per gradient step on each learner"""
+    tau: float = 0.005
+    """the target networks' Polyak averaging coefficient"""
+    train_freq: int = 1
+    """vector env steps between two learning phases"""
+    gradient_steps: int = 1
+    """gradient steps in each learning phase"""
+    ent_coef: str = AUTO
+    """the entropy coefficient (temperature): a number, or 'auto' to tune it towards --target-entropy"""
+    target_entropy: str = AUTO
+    """the entropy the tuned temperature aims at: a number, or 'auto' for -(action dimensions)"""
+    policy_lr: float = 3e-4
+    """the learning rate of the actor's Adam optimizer"""
+    q_lr: float = 1e-3
+    """the learning rate of the critics' and the temperature's Adam optimizers"""
+    target_network_frequency: int = 1
+    """gradient steps between two target-network updates"""
+    policy_frequency: int = 1
+    """gradient steps between actor updates; each time the actor takes that many steps (delayed, as TD3)"""
+    scale_lr: bool = False
+    """multiply the learning rates by the number of learners (the DSAC rule for comparable runs)"""
+    save_buffer: bool = False
+    """put the replay buffer into training checkpoints, so a resumed run equals an uninterrupted one"""
+    log_every: int = 1000
+    """env steps (across all ranks) between two logged points"""
+
+    ITERATION_NAME = "learning phase"
+
+    @property
+    def steps_per_iteration(self) -> int:
+        return self.num_envs * self.train_freq
+
+    @property
+    def autotune(self) -> bool:
+        return self.ent_coef == AUTO
+
+    def validate_algorithm(self) -> None:
+        check_signs(
+            self,
+            positive=(
+                "buffer_size",
+                "batch_size",
+                "train_freq",
+                "gradient_steps",
+                "policy_lr",
+                "q_lr",
+                "target_network_frequency",
+                "policy_frequency",
+                "log_every",
+            ),
+            non_negative=("learning_starts",),
+        )
+        if not 0.0 < self.tau <= 1.0:
+            raise UsageError("--tau", f"must be in (0, 1], got {self.tau}")
+        if not self.autotune and not parse_number(self.ent_coef, "--ent-coef") > 0:
+            raise UsageError("--ent-coef", f"must be positive or 'auto', got {self.ent_coef}")
+        if self.target_entropy != AUTO:
+            parse_number(self.target_entropy, "--target-entropy")
+        if self.buffer_size < self.batch_size:
+            raise UsageError("--buffer-size", f"{self.buffer_size} cannot hold one batch of {self.batch_size}")
+
+    def validate_decoupled(self, num_trainers: int) -> None:
+        if self.share_data and self.batch_size < num_trainers:
+            raise UsageError(
+                "--batch-size", f"a shared batch of {self.batch_size} cannot be split among {num_trainers} trainers"
+            )
+
+
+def parse_number(text: str, flag_name: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise UsageError(flag_name, f"must be a number or 'auto', got {text!r}") from None

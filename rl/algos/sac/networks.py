@@ -1,0 +1,125 @@
+"""SAC's networks: a tanh-squashed Gaussian actor and twin critics evaluated as one batched ensemble."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+HIDDEN_SIZE = 256
+LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # Stable-Baselines3's clamp of the actor's log-std
+NUM_CRITICS = 2
+LOG_2 = math.log(2.0)
+
+
+def _linear(layer: nn.Linear, x: Tensor) -> Tensor:
+    # The functional op skips nn.Module's per-call hook machinery, a visible cost at batch 1 when acting.
+    return F.linear(x, layer.weight, layer.bias)
+
+
+def squash(pre_tanh: Tensor, noise_logprob: Tensor, scale: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
+    """Squash a Gaussian sample into [bias - scale, bias + scale]; returns (action, log-prob).
+
+    The log-prob subtracts log|d action / d pre_tanh| = log(scale) + log(1 - tanh^2), written as
+    2 (log 2 - u - softplus(-2u)), which stays finite where tanh saturates.
+    """
+    log_det = (scale.log() + 2.0 * (LOG_2 - pre_tanh - F.softplus(-2.0 * pre_tanh))).sum(-1)
+    return torch.tanh(pre_tanh) * scale + bias, noise_logprob - log_det
+
+
+class SquashedGaussianActor(nn.Module):
+    """obs -> 256 -> 256 -> (mean, log-std) of a Gaussian whose sample is tanh-squashed into the action bounds.
+
+    `forward(obs, noise)` is the reparameterized training call (the only one a DDP wrapper sees);
+    acting and evaluation use `act` and `greedy_action` on the plain module.
+    """
+
+    def __init__(self, obs_dim: int, action_space: gym.spaces.Box, hidden: int = HIDDEN_SIZE) -> None:
+        super().__init__()
+        action_dim = int(action_space.shape[0])
+        self.hidden1 = nn.Linear(obs_dim, hidden)
+        self.hidden2 = nn.Linear(hidden, hidden)
+        self.mean = nn.Linear(hidden, action_dim)
+        self.log_std = nn.Linear(hidden, action_dim)
+        low = torch.as_tensor(action_space.low, dtype=torch.float32)
+        high = torch.as_tensor(action_space.high, dtype=torch.float32)
+        # Buffers move with the module; the runtimes do not broadcast buffers, these never change.
+        self.register_buffer("action_scale", (high - low) / 2.0)
+        self.register_buffer("action_bias", (high + low) / 2.0)
+
+    @property
+    def action_dim(self) -> int:
+        return self.mean.out_features
+
+    def distribution(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        """Mean and log-std of the Gaussian before the squash."""
+        features = torch.relu(_linear(self.hidden2, torch.relu(_linear(self.hidden1, obs))))
+        log_std = _linear(self.log_std, features).clamp(LOG_STD_MIN, LOG_STD_MAX)
+        return _linear(self.mean, features), log_std
+
+    def forward(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """A reparameterized action for standard-normal `noise`, and its log-prob."""
+        mean, log_std = self.distribution(obs)
+        pre_tanh = mean + log_std.exp() * noise
+        noise_logprob = (-0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+        return squash(pre_tanh, noise_logprob, self.action_scale, self.action_bias)
+
+    def noise(self, rows: int, generator: torch.Generator | None) -> Tensor:
+        return torch.randn(
+            (rows, self.action_dim), generator=generator, device=self.action_scale.device, dtype=torch.float32
+        )
+
+    @torch.no_grad()
+    def act(self, obs: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+        """Sampled actions within the bounds, and their log-probs."""
+        return self.forward(obs, self.noise(obs.shape[0], generator))
+
+    @torch.no_grad()
+    def greedy_action(self, obs: Tensor) -> Tensor:
+        mean, _ = self.distribution(obs)
+        return torch.tanh(mean) * self.action_scale + self.action_bias
+
+
+def _uniform(shape: tuple[int, ...], fan_in: int) -> nn.Parameter:
+    """nn.Linear's default initialization: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weights and biases."""
+    bound = 1.0 / math.sqrt(fan_in)
+    return nn.Parameter(torch.empty(shape).uniform_(-bound, bound))
+
+
+class CriticEnsemble(nn.Module):
+    """`members` Q-networks (obs, action) -> 256 -> 256 -> 1, stacked so each layer is one batched matmul.
+
+    Two critics as one module cost one kernel per layer instead of two, and one DDP bucket.
+    """
+
+    def __init__(self, obs_dim: int, action_dim: int, hidden: int = HIDDEN_SIZE, members: int = NUM_CRITICS):
+        super().__init__()
+        inputs = obs_dim + action_dim
+        self.w1, self.b1 = _uniform((members, inputs, hidden), inputs), _uniform((members, 1, hidden), inputs)
+        self.w2, self.b2 = _uniform((members, hidden, hidden), hidden), _uniform((members, 1, hidden), hidden)
+        self.w3, self.b3 = _uniform((members, hidden, 1), hidden), _uniform((members, 1, 1), hidden)
+
+    def forward(self, obs: Tensor, action: Tensor) -> Tensor:
+        """Q-values of every member, shape [members, rows]."""
+        return self.q_values(obs, action, self.w1, self.b1, self.w2, self.b2, self.w3, self.b3)
+
+    def q_values_of_actions(self, obs: Tensor, action: Tensor) -> Tensor:
+        """Q-values through weights cut from the graph: gradients reach `action`, never the critics.
+
+        The actor's loss uses this, so its backward neither touches the critics' gradients nor
+        fires their DDP hooks (no second critic all-reduce).
+        """
+        weights = [p.detach() for p in (self.w1, self.b1, self.w2, self.b2, self.w3, self.b3)]
+        return self.q_values(obs, action, *weights)
+
+    @staticmethod
+    def q_values(
+        obs: Tensor, action: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, w3: Tensor, b3: Tensor
+    ) -> Tensor:
+        x = torch.cat([obs, action], dim=-1).expand(w1.shape[0], -1, -1)
+        hidden = torch.relu(torch.baddbmm(b1, x, w1))
+        hidden = torch.relu(torch.baddbmm(b2, hidden, w2))
+        return torch.baddbmm(b3, hidden, w3).squeeze(-1)

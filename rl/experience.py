@@ -1,0 +1,132 @@
+"""A rank's environments and the experience they produce, whatever the algorithm stores it in.
+
+`ExperienceSource` owns what every acting rank has: the vector env, the last observations, the
+action generator and the normalizers, plus the rank's own checkpoint state. An algorithm's
+source (PPO's rollout, SAC's replay buffer) adds how steps are stored and batches are made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import cloudpickle
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import Tensor
+
+from rl.batch import TensorBatch
+from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
+
+
+class Policy(Protocol):
+    """The plain (never DDP-wrapped) module a rank acts with."""
+
+    def act(self, obs: Tensor, generator: torch.Generator | None) -> tuple[Tensor, ...]:
+        """Sampled actions first, then whatever else the algorithm stores."""
+
+    def greedy_action(self, obs: Tensor) -> Tensor: ...
+
+
+@dataclass
+class EpisodeLog:
+    returns: list[float] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)
+
+    def record(self, info: dict) -> None:
+        """Add the episodes that ended in this vector step (gymnasium's RecordEpisodeStatistics)."""
+        if "_episode" not in info:
+            return
+        done = info["_episode"]
+        self.returns.extend(info["episode"]["r"][done].tolist())
+        self.lengths.extend(info["episode"]["l"][done].tolist())
+
+
+# Box2D worlds pickle without error but unpickle broken (the first step fails an assertion).
+UNPICKLABLE_ENV_PACKAGES = ("gymnasium.envs.box2d",)
+
+
+def _bytes_tensor(blob: bytes) -> Tensor:
+    return torch.frombuffer(bytearray(blob), dtype=torch.uint8)
+
+
+class ExperienceSource(ABC):
+    """Steps a vector env with a policy; subclasses store the steps and make batches of them."""
+
+    def __init__(
+        self,
+        envs: gym.vector.VectorEnv,
+        device: torch.device,
+        obs_normalizer: ObservationNormalizer,
+        reward_scaler: RewardScaler,
+        env_seeds: list[int],
+        generator: torch.Generator,
+    ) -> None:
+        self.envs = envs
+        self.device = device
+        self.obs_normalizer = obs_normalizer
+        self.reward_scaler = reward_scaler
+        self.generator = generator
+        self.reset_envs(env_seeds)
+
+    @abstractmethod
+    def collect(self, policy: Policy, global_step: int) -> EpisodeLog:
+        """Step the envs for one iteration and store what they showed; `global_step` counts every rank's steps."""
+
+    @abstractmethod
+    def next_batch(self, global_step: int, all_reduce_sum: AllReduceSum) -> TensorBatch | None:
+        """The batch to learn from after this iteration, or None while there is nothing to learn yet.
+
+        `all_reduce_sum` pools statistics over every rank that runs envs (an identity for one).
+        """
+
+    def batch_stats(self, batch: TensorBatch) -> dict[str, float]:
+        """Metrics of a batch that only the acting side can compute (PPO's explained variance)."""
+        return {}
+
+    def reset_envs(self, seeds: list[int]) -> None:
+        first_obs, _ = self.envs.reset(seed=seeds)
+        self.raw_obs = self.to_tensor(first_obs)
+
+    def to_tensor(self, array: np.ndarray) -> Tensor:
+        """Observations of shape [rows, ...] as float32 rows on this rank's device."""
+        return torch.as_tensor(array, dtype=torch.float32).reshape(array.shape[0], -1).to(self.device)
+
+    def close(self) -> None:
+        self.envs.close()
+
+    # Checkpoints: this rank's own state.
+    def capture_state(self) -> dict[str, Any]:
+        """This rank's envs mid-episode, what they last showed, and its random streams."""
+        envs = None  # these envs restart from fresh resets on resume
+        if self._restorable_from_pickle():
+            with contextlib.suppress(TypeError, AttributeError, pickle.PicklingError):
+                envs = _bytes_tensor(cloudpickle.dumps(self.envs))
+        return {
+            "envs": envs,
+            "raw_obs": self.raw_obs.cpu(),
+            "discounted_returns": torch.from_numpy(self.reward_scaler.discounted_returns.copy()),
+            "action_generator": self.generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def restore_state(self, state: dict[str, Any], fresh_seeds: list[int]) -> bool:
+        """Put this rank back where it was; returns False when its envs had to restart from a reset."""
+        self.generator.set_state(state["action_generator"])
+        torch.set_rng_state(state["torch_rng"])
+        self.reward_scaler.discounted_returns = state["discounted_returns"].double().numpy()
+        if state["envs"] is None:
+            self.reset_envs(fresh_seeds)
+            return False
+        self.envs.close()
+        self.envs = pickle.loads(state["envs"].numpy().tobytes())  # the user's own checkpoint
+        self.raw_obs = state["raw_obs"].to(self.device)
+        return True
+
+    def _restorable_from_pickle(self) -> bool:
+        modules = [type(env.unwrapped).__module__ for env in self.envs.unwrapped.envs]
+        return not any(module.startswith(UNPICKLABLE_ENV_PACKAGES) for module in modules)

@@ -1,0 +1,129 @@
+"""Coupled mode: every rank collects its own experience and trains a DDP replica of the learner.
+
+The loop knows iterations (collect, then one learning phase), ranks, logging, checkpoints and
+Ctrl-C; the algorithm behind `Algorithm` knows what an iteration collects and learns.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rl.algos.base import Algorithm
+from rl.batch import DataShard
+from rl.checkpoint import agent_path, assert_finite, checkpoint_path, prune_checkpoints, run_dir_of
+from rl.envs import video_folder
+from rl.faults import gather_process_ids, peer, report_lost_peers
+from rl.logger import EPISODE_RETURN, ProgressBar, TrainingMetrics
+from rl.run import (
+    InterruptFlag,
+    agent_state,
+    checkpoint_due,
+    report_due,
+    report_evaluation,
+    report_resources,
+    restore_run_state,
+    start_run,
+    training_state,
+)
+from rl.runtime import Runtime
+
+MODE = "coupled"
+
+
+def rank_name(rank: int) -> str:
+    return f"rank {rank}"
+
+
+def train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None = None) -> None:
+    with report_lost_peers(runtime.rank, rank_name, gather_process_ids(runtime.device)), peer("another rank"):
+        _train_coupled(algorithm, runtime, resume)
+
+
+def learner_shard(batch_rows: int, share_data: bool, rank: int, world_size: int) -> DataShard:
+    """With --share-data every rank trains on its shard of everyone's gathered batches."""
+    return DataShard(batch_rows * world_size, world_size, rank) if share_data else DataShard(batch_rows)
+
+
+def _train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None) -> None:
+    cfg, env_id = algorithm.cfg, algorithm.spaces.env_id
+    run = start_run(cfg, runtime, env_id, run_dir_of(cfg.resume_from) if resume else None)
+    device, rank, world_size = runtime.device, runtime.rank, runtime.world_size
+
+    policy = algorithm.build_policy(device)
+    batch_rows = algorithm.batch_rows(1)
+    learner = algorithm.make_learner(policy, runtime, learner_shard(batch_rows, cfg.share_data, rank, world_size),
+                                     env_ranks=world_size)  # fmt: skip
+    record_video = cfg.capture_video and runtime.is_main
+    video_dir = video_folder(run.dir, "train") if record_video else None
+    source = algorithm.make_source(rank, device, video_dir, env_ranks=world_size, batch_rows=batch_rows)
+    first_iteration, global_step = 1, 0
+    if resume:
+        restore_run_state(resume, rank, policy, learner, source)
+        first_iteration, global_step = resume["counters"]["update"] + 1, resume["counters"]["global_step"]
+
+    metrics = TrainingMetrics(device, runtime.all_reduce_sum, algorithm.stat_tags)
+    num_iterations = cfg.num_iterations(world_size)
+    steps_per_iteration = cfg.steps_per_iteration * world_size
+    report_every = algorithm.iterations_per_report(world_size)
+    replay_ratio = algorithm.passes_per_batch * batch_rows / cfg.steps_per_iteration
+    progress = ProgressBar(num_iterations * steps_per_iteration, runtime.is_main and cfg.progress_bar,
+                           initial=global_step)  # fmt: skip
+    interrupt = InterruptFlag()
+
+    saved_at = -1  # the step of the last checkpoint: every rank must agree, so no file-system check
+
+    def save_checkpoint(iteration: int) -> None:
+        nonlocal saved_at
+        saved_at = global_step
+        assert_finite(policy)
+        counters = {"global_step": global_step, "update": iteration}
+        rank_states = runtime.all_gather_object(source.capture_state())
+        state = training_state(algorithm, policy, source, learner.state_dict(), counters, rank_states, MODE,
+                               world_size)  # fmt: skip
+        runtime.save_atomically(checkpoint_path(run.dir, global_step), state)
+        if runtime.is_main:
+            prune_checkpoints(run.dir, cfg.keep_last)
+
+    start_step, start, iteration = global_step, time.perf_counter(), first_iteration - 1
+    reported_step = global_step
+    for iteration in range(first_iteration, num_iterations + 1):
+        episodes = source.collect(policy, global_step)
+        global_step += steps_per_iteration
+        batch = source.next_batch(global_step, runtime.all_reduce_sum)
+        if batch is not None:
+            if cfg.share_data:
+                batch = batch.map(runtime.all_gather_rows)
+            metrics.record(source.batch_stats(batch))
+            metrics.record(learner.update(batch, iteration))
+        metrics.record_episodes(episodes.returns, episodes.lengths)
+        if not report_due(iteration, report_every, num_iterations):
+            continue
+
+        steps_per_second = (global_step - start_step) / (time.perf_counter() - start)
+        scalars = metrics.compute() | {"Time/steps_per_second": steps_per_second, "Info/replay_ratio": replay_ratio}
+        run.sink.log_scalars(scalars, global_step)
+        progress.advance(global_step - reported_step, steps_per_second, scalars.get(EPISODE_RETURN))
+        if interrupt.agreed(runtime):
+            break
+        if checkpoint_due(cfg.checkpoint_every, global_step, global_step - reported_step):
+            save_checkpoint(iteration)
+        reported_step = global_step
+    loop_seconds = time.perf_counter() - start
+    progress.close()
+    if saved_at != global_step:
+        save_checkpoint(iteration)
+    source.close()
+    if interrupt.requested:
+        if runtime.is_main:
+            print(f"interrupted at step {global_step}: checkpoint written to {run.dir}", flush=True)
+        run.sink.close()
+        runtime.shutdown()
+        return
+
+    report_resources(runtime, run, loop_seconds, global_step - start_step)
+    assert_finite(policy)
+    runtime.save_atomically(agent_path(run.dir), agent_state(algorithm, policy, source))
+    if runtime.is_main:
+        report_evaluation(cfg, env_id, policy, source.obs_normalizer, run, global_step)
+    run.sink.close()
+    runtime.shutdown()

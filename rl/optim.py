@@ -1,0 +1,47 @@
+"""Optimization helpers every algorithm shares: a lean gradient clip that also stops divergence."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class TrainingDiverged(Exception):
+    """A loss or gradient stopped being finite; the step that would spread it was not taken."""
+
+
+@torch.no_grad()
+def clip_grad_norm(parameters: list[Tensor], max_norm: float) -> Tensor:
+    """Scale the gradients so their global norm is at most `max_norm` (0: no clipping); return the norm.
+
+    The same arithmetic as `torch.nn.utils.clip_grad_norm_`, without its per-call grouping of
+    tensors by device and dtype, which costs as much as the clipping itself for these small nets.
+    The gradients are DDP's averages, identical on every rank, so a non-finite norm stops every
+    rank at the same step, before the optimizer spreads it into the weights.
+    """
+    grads = [parameter.grad for parameter in parameters if parameter.grad is not None]
+    total_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    if not torch.isfinite(total_norm):
+        raise TrainingDiverged("the gradient norm is not finite (a loss became NaN or infinite)")
+    if max_norm > 0:
+        torch._foreach_mul_(grads, (max_norm / (total_norm + 1e-6)).clamp_(max=1.0))
+    return total_norm
+
+
+def flat_parameters(module: nn.Module) -> Tensor:
+    """Every parameter of `module` in one detached vector (the weights a mode ships to players)."""
+    return torch.nn.utils.parameters_to_vector(module.parameters()).detach()
+
+
+def load_flat_parameters(module: nn.Module, flat: Tensor) -> None:
+    """Copy into the existing parameters (`vector_to_parameters` would make them views of `flat`,
+    whose different alignment takes other CPU kernel paths and rounds differently)."""
+    params = list(module.parameters())
+    chunks = flat.to(params[0].device).split([p.numel() for p in params])
+    with torch.no_grad():
+        for param, chunk in zip(params, chunks, strict=True):
+            param.copy_(chunk.view_as(param))
+
+
+def num_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())

@@ -1,0 +1,176 @@
+"""What every mode does around training, whatever the algorithm: the run folder and its logs,
+Ctrl-C, checkpoint timing and contents, the closing evaluation and the resource summary."""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from rl import PROCESS_STARTED
+from rl.algos.base import Algorithm, Learner
+from rl.checkpoint import FORMAT
+from rl.config import RunConfig
+from rl.envs import video_folder
+from rl.errors import print_error
+from rl.evaluation import evaluate_greedy
+from rl.experience import ExperienceSource
+from rl.logger import MetricsSink, hparams_table
+from rl.normalization import ObservationNormalizer
+from rl.runtime import Runtime
+from rl.seeds import env_seeds
+
+
+@dataclass
+class Run:
+    dir: str
+    sink: MetricsSink
+
+
+def run_name(cfg: RunConfig, env_id: str) -> str:
+    return f"{cfg.exp_name}_{env_id}_{cfg.seed}_{datetime.now():%Y%m%d_%H%M%S}"
+
+
+def open_run(cfg: RunConfig, sink: MetricsSink) -> Run:
+    """Log the hyperparameters into a new run folder."""
+    sink.log_hparams(cfg.to_dict())
+    sink.log_text("hyperparameters", hparams_table(cfg.to_dict()))
+    return Run(sink.log_dir, sink)
+
+
+def start_run(cfg: RunConfig, runtime: Runtime, env_id: str, resumed_dir: str | None = None) -> Run:
+    """Name the run on rank 0, so that all ranks agree, and open it; a resumed run keeps its folder."""
+    if resumed_dir is not None:
+        root, name = os.path.split(resumed_dir)
+    else:
+        root, name = os.path.join(cfg.log_dir, runtime.log_subdir), runtime.broadcast_object(run_name(cfg, env_id))
+    return open_run(cfg, runtime.make_sink(root, name))
+
+
+def checkpoint_due(every: int, global_step: int, steps_since_last_check: int) -> bool:
+    """Whether the steps since the last check crossed a multiple of `every` env steps (0: never)."""
+    return every > 0 and global_step // every > (global_step - steps_since_last_check) // every
+
+
+def report_due(iteration: int, every: int, last_iteration: int) -> bool:
+    """Iterations that log (and check for Ctrl-C and checkpoints): every `every`-th, and the last."""
+    return iteration % every == 0 or iteration == last_iteration
+
+
+class InterruptFlag:
+    """Ctrl-C (SIGINT, which the launchers pass on to every rank) asks for a checkpoint and a clean
+    stop at the end of the current update, agreed by all ranks, rather than a KeyboardInterrupt
+    in the middle of a collective."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGINT, self._request)
+
+    def _request(self, signum: int, frame: object) -> None:
+        self.requested = True
+
+    def agreed(self, runtime: Runtime) -> bool:
+        return bool(runtime.all_reduce_sum(torch.tensor([float(self.requested)], device=runtime.device)).item() > 0)
+
+
+def agent_state(algorithm: Algorithm, policy: nn.Module, source: ExperienceSource) -> dict[str, Any]:
+    """What evaluation needs: the algorithm, the policy's weights, normalization statistics and the config."""
+    return {
+        "format": FORMAT,
+        "algorithm": algorithm.name,
+        "agent": policy.state_dict(),
+        "obs_normalizer": source.obs_normalizer.state_dict(),
+        "reward_scaler": source.reward_scaler.state_dict(),
+        "config": algorithm.cfg.to_dict(),
+        "env_id": algorithm.spaces.env_id,
+    }
+
+
+def training_state(
+    algorithm: Algorithm,
+    policy: nn.Module,
+    source: ExperienceSource,
+    learner_state: dict[str, Any],
+    counters: dict[str, int],
+    rank_states: list[dict[str, Any]],
+    mode: str,
+    world_size: int,
+) -> dict[str, Any]:
+    """`rank_states` holds one entry per rank that runs envs: every rank when coupled, the player when decoupled."""
+    return agent_state(algorithm, policy, source) | {
+        "learner": learner_state,
+        "counters": counters,  # global_step, update (the last finished iteration)
+        "mode": mode,
+        "world_size": world_size,
+        "rank_states": rank_states,
+    }
+
+
+def restore_run_state(
+    resume: dict[str, Any], rank: int, policy: nn.Module, learner: Learner | None, source: ExperienceSource | None
+) -> None:
+    """Put what this rank holds back as the checkpoint left it."""
+    policy.load_state_dict(resume["agent"])
+    if learner is not None:
+        learner.load_state_dict(resume["learner"])
+    if source is None:
+        return
+    source.obs_normalizer.load_state_dict(resume["obs_normalizer"])
+    source.reward_scaler.load_state_dict(resume["reward_scaler"])
+    cfg = resume["config"]
+    fresh_seeds = env_seeds(cfg["seed"], rank, cfg["num_envs"], resume["counters"]["update"] + 1)
+    if not source.restore_state(resume["rank_states"][rank], fresh_seeds):
+        print_error(f"warning: rank {rank}: these envs cannot be saved; they restart from fresh resets")
+
+
+def report_resources(runtime: Runtime, run: Run, loop_seconds: float, global_step: int) -> None:
+    """Loop speed, and each rank's process time and peak memory, printed and logged by rank 0."""
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    process_seconds = time.monotonic() - PROCESS_STARTED
+    per_rank = runtime.all_gather_rows(torch.tensor([[peak_rss_mb, process_seconds]], dtype=torch.float64))
+    run.sink.log_scalars(
+        {"Perf/loop_steps_per_second": global_step / loop_seconds, "Perf/peak_rss_mb_max": float(per_rank[:, 0].max())},
+        global_step,
+    )
+    if runtime.is_main:
+        rss = ", ".join(f"{mb:.0f}" for mb in per_rank[:, 0].tolist())
+        print(
+            f"training loop: {global_step} steps in {loop_seconds:.2f} s ({global_step / loop_seconds:,.0f} steps/s); "
+            f"peak RSS per rank (MB): {rss}; rank 0 process time so far: {per_rank[0, 1]:.2f} s",
+            flush=True,
+        )
+
+
+def report_evaluation(
+    cfg: RunConfig,
+    env_id: str,
+    policy: nn.Module,
+    obs_normalizer: ObservationNormalizer,
+    run: Run,
+    global_step: int,
+) -> None:
+    if cfg.eval_episodes == 0:
+        return
+    video_dir = video_folder(run.dir, "test") if cfg.capture_video else None
+    device = next(policy.parameters()).device
+    returns, lengths = evaluate_greedy(policy, env_id, cfg.eval_episodes, cfg.seed, obs_normalizer, device, video_dir)
+    summary = {
+        "Test/return_mean": float(np.mean(returns)),
+        "Test/return_std": float(np.std(returns)),
+        "Test/length_mean": float(np.mean(lengths)),
+    }
+    run.sink.log_scalars(summary, global_step)
+    print(
+        f"evaluation over {cfg.eval_episodes} greedy episodes: return "
+        f"{summary['Test/return_mean']:.2f} ± {summary['Test/return_std']:.2f}, "
+        f"length {summary['Test/length_mean']:.1f}",
+        flush=True,
+    )
