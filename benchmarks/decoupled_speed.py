@@ -11,12 +11,11 @@ each, and the ratios. Targets: lock-step >= coupled; pipelined >= 1.5x lock-step
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from launch import loop_steps_per_second
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -27,16 +26,6 @@ RUNS = {
     "decoupled lock-step": DECOUPLED,
     "decoupled pipelined": [*DECOUPLED, "--pipeline"],
 }
-SUMMARY = re.compile(r"training loop: (\d+) steps in ([\d.]+) s")
-
-
-def loop_steps_per_second(command: list[str]) -> float:
-    with tempfile.TemporaryDirectory() as cwd:
-        done = subprocess.run(command + CONFIG, cwd=cwd, capture_output=True, text=True, check=False)
-    match = SUMMARY.search(done.stdout)
-    if done.returncode != 0 or match is None:
-        sys.exit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
-    return int(match.group(1)) / float(match.group(2))
 
 
 def main() -> None:
@@ -45,7 +34,7 @@ def main() -> None:
     repeats = parser.parse_args().repeats
     ratios: dict[str, list[float]] = {"lock-step / coupled": [], "pipelined / lock-step": []}
     for _ in range(repeats):
-        speed = {name: loop_steps_per_second(command) for name, command in RUNS.items()}
+        speed = {name: loop_steps_per_second(command + CONFIG) for name, command in RUNS.items()}
         for name, steps_per_second in speed.items():
             print(f"{name:<21} {steps_per_second:>8,.0f} steps/s")
         lock_step, pipelined = speed["decoupled lock-step"], speed["decoupled pipelined"]

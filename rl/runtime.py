@@ -2,8 +2,8 @@
 
 Both expose the same small surface (set-up, backward, a few collectives, saving and a
 TensorBoard sink), so every mode's loop and every algorithm's update step are written once.
-Buffers are never broadcast: the modules' buffers are constants (SAC's action bounds), and
-DDP would otherwise broadcast them before every forward.
+Buffers are synced once, at set-up, and not before every forward, as DDP would by default:
+they are constants (SAC's action bounds).
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def _fabric_ddp_strategy(cfg: RunConfig, process_group: dist.ProcessGroup | None
     if os.environ.get("LT_STRATEGY") == "ddp":
         del os.environ["LT_STRATEGY"]
     ddp_kwargs = {"process_group": process_group} if process_group is not None else {}
-    return HookedDDPStrategy(timeout=collective_timeout(cfg), broadcast_buffers=False, **ddp_kwargs)
+    return HookedDDPStrategy(timeout=collective_timeout(cfg), forward_sync_buffers=False, **ddp_kwargs)
 
 
 def collective_timeout(cfg: RunConfig) -> timedelta:
@@ -232,7 +232,7 @@ class TorchRuntime(Runtime):
         if self.world_size == 1:
             return model, optimizer
         device_ids = [self.device] if self.device.type == "cuda" else None
-        ddp = nn.parallel.DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=device_ids, forward_sync_buffers=False)
         register_gradient_hook(ddp)
         return ddp, optimizer
 

@@ -58,7 +58,9 @@ def launch(launcher: str, script: Path, args: list[str], cwd: Path, nproc: int =
 
 
 def child_env() -> dict[str, str]:
-    return {**os.environ, "PYTHONUNBUFFERED": "1"}
+    """The test environment plus tests/ on the path, so `--env-id envs_for_tests:...` ids resolve."""
+    path = os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
 
 
 def start(launcher: str, script: Path, args: list[str], cwd: Path, nproc: int) -> subprocess.Popen:
@@ -118,3 +120,16 @@ def read_text_tags(directory: Path) -> list[str]:
 
 def load_agent(directory: Path) -> dict:
     return torch.load(directory / "agent.ckpt", weights_only=True)
+
+
+def all_scalars(directory: Path, tag: str) -> dict[int, float]:
+    """A tag's values by step over every event file of a run folder (a resumed run adds one)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    values = {}
+    for events_file in glob.glob(str(directory / "events.*")):
+        events = EventAccumulator(events_file)
+        events.Reload()
+        if tag in events.Tags()["scalars"]:
+            values |= {event.step: event.value for event in events.Scalars(tag)}
+    return values

@@ -1,6 +1,5 @@
 """Checkpoints, exact resume, faults and the evaluation CLI, with real processes on CPU."""
 
-import glob
 import os
 import shutil
 import signal
@@ -11,26 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SCRIPTS, child_env, child_pids, launch, load_agent, rank_pid, run_dir, start
+from conftest import SCRIPTS, all_scalars, child_env, child_pids, launch, load_agent, rank_pid, run_dir, start
 
 QUICK = ["--update-epochs", "2", "--eval-episodes", "0", "--no-progress-bar"]
 
 
 def checkpoints(cwd: Path, mode: str = "fabric") -> list[Path]:
     return sorted((run_dir(cwd, mode) / "checkpoints").glob("step_*.ckpt"))
-
-
-def all_scalars(directory: Path, tag: str) -> dict[int, float]:
-    """A tag's values by step over every event file of a run folder (a resumed run adds one)."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    values = {}
-    for events_file in glob.glob(str(directory / "events.*")):
-        events = EventAccumulator(events_file)
-        events.Reload()
-        if tag in events.Tags()["scalars"]:
-            values |= {event.step: event.value for event in events.Scalars(tag)}
-    return values
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +70,10 @@ def test_checkpoints_are_written_every_n_steps_and_the_last_ones_kept(runs):
     saved = sorted((runs["full"] / "checkpoints").glob("step_*.ckpt"))
     assert [path.name for path in saved] == ["step_000000003072.ckpt", "step_000000004096.ckpt"]
     state = torch.load(saved[-1], weights_only=True)
-    assert state["counters"] == {"global_step": 4096, "update": 8, "epoch": 16}
-    assert state["world_size"] == 2 and len(state["rank_states"]) == 2
-    assert {"agent", "optimizer", "obs_normalizer", "reward_scaler", "config"} <= set(state)
+    assert state["counters"] == {"global_step": 4096, "update": 8}
+    assert state["learner"]["epoch"] == 16 and state["learner"]["optimizer"]["state"]  # the schedule, Adam's moments
+    assert state["world_size"] == 2 and len(state["rank_states"]) == 2 and state["algorithm"] == "ppo"
+    assert {"agent", "learner", "obs_normalizer", "reward_scaler", "config"} <= set(state)
     assert all(rank["envs"] is not None for rank in state["rank_states"])
 
 
@@ -248,7 +235,7 @@ def test_decoupled_resume_equals_an_uninterrupted_run(tmp_path):
     saved = checkpoints(tmp_path / "part", "decoupled")
     assert [path.name for path in saved] == ["step_000000001024.ckpt"]  # one file, written once, by the player
     state = torch.load(saved[-1], weights_only=True)
-    assert state["mode"] == "decoupled" and state["optimizer"]["state"]  # the trainers' Adam moments
+    assert state["mode"] == "decoupled" and state["learner"]["optimizer"]["state"]  # the trainers' Adam moments
     resumed = launch("fabric run", SCRIPTS["decoupled"], [*args, "--total-timesteps", "2048", "--resume-from",
                                                            str(saved[-1])], tmp_path / "part", nproc=3)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -154,3 +154,43 @@ def test_decoupled_needs_a_trainer_and_a_row_per_trainer():
         validate_decoupled(PPOConfig(num_envs=2, num_steps=2), world_size=6)
     assert error.value.flag == "--num-steps"
     validate_decoupled(PPOConfig(), world_size=3)
+
+
+def test_a_leading_algorithm_name_picks_its_config_and_ppo_is_the_default():
+    from rl.algos.sac.config import SACConfig
+
+    assert type(parse_config(["--env-id", "Acrobot-v1"])) is PPOConfig
+    assert type(parse_config(["ppo", "--num-steps", "64"])) is PPOConfig
+    sac = parse_config(["sac", "--batch-size", "32", "--ent-coef", "0.1", "--scale-lr", "--save-buffer"])
+    assert type(sac) is SACConfig and sac.batch_size == 32 and sac.ent_coef == "0.1" and sac.scale_lr
+    assert sac.env_id == "Pendulum-v1" and sac.num_envs == 1  # SAC's own defaults
+    with pytest.raises(UsageError) as error:
+        parse_config(["sac", "--per-rank-batch-size", "8"])  # a PPO flag
+    assert error.value.flag == "--per-rank-batch-size"
+
+
+def test_help_at_each_level_shows_that_levels_flags(capsys):
+    from rl.algos.sac.config import SACConfig
+
+    for argv, config_type in ((["--help"], PPOConfig), (["sac", "--help"], SACConfig)):
+        with pytest.raises(SystemExit) as exit_:
+            parse_config(argv)
+        assert exit_.value.code == 0
+        help_text = " ".join(capsys.readouterr().out.split())
+        for field in dataclasses.fields(config_type):
+            assert "--" + field.name.replace("_", "-") in help_text, (argv, field.name)
+        other = SACConfig if config_type is PPOConfig else PPOConfig
+        assert ("--buffer-size" in help_text) == (config_type is SACConfig)
+        assert ("--per-rank-batch-size" in help_text) == (other is SACConfig)
+    # the default level says where the other algorithm's flags are
+    with pytest.raises(SystemExit):
+        parse_config(["--help"])
+    assert "sac --help" in " ".join(capsys.readouterr().out.split())
+
+
+def test_sac_help_explains_its_flags(capsys):
+    with pytest.raises(SystemExit):
+        parse_config(["sac", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for meaning in ("replay buffer capacity", "Polyak", "'auto' to tune it", "gradient steps in each learning phase"):
+        assert meaning in help_text

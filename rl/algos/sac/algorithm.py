@@ -22,6 +22,7 @@ from rl.envs import EnvSpaces, make_vector_env
 from rl.errors import UsageError
 from rl.experience import EpisodeLog, ExperienceSource
 from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
+from rl.optim import clip_grad_norm
 from rl.runtime import Runtime
 from rl.seeds import ACTION_STREAM, LEARNER_STREAM, REPLAY_STREAM, derive_seed, env_seeds, seeded_generator
 
@@ -48,13 +49,13 @@ class ReplayCollector(ExperienceSource):
     """Steps the envs `train_freq` times per iteration into a replay buffer, and samples batches from it."""
 
     def __init__(
-        self, cfg: SACConfig, envs: gym.vector.VectorEnv, buffer: ReplayBuffer, rank: int, env_ranks: int,
-        batch_rows: int, device: torch.device,
+        self, cfg: SACConfig, envs: gym.vector.VectorEnv, action_space: gym.spaces.Box, buffer: ReplayBuffer,
+        rank: int, env_ranks: int, batch_rows: int, device: torch.device,
     ) -> None:  # fmt: skip
         self.cfg, self.buffer, self.batch_rows = cfg, buffer, batch_rows
         self.steps_per_vector_step = cfg.num_envs * env_ranks  # global env steps per step of this rank's envs
         self.sampler = seeded_generator(device, cfg.seed, REPLAY_STREAM, rank)
-        space = envs.single_action_space
+        space = action_space  # the env's own bounds: ClipAction widens the vector env's to +-inf
         self.action_low = torch.as_tensor(space.low, dtype=torch.float32, device=device)
         self.action_range = torch.as_tensor(space.high - space.low, dtype=torch.float32, device=device)
         disabled_normalizer = ObservationNormalizer(buffer.columns["obs"].width, False, device)
@@ -165,6 +166,8 @@ class SACLearner(Learner):
         for step in range(self.cfg.gradient_steps):
             offset = step * step_rows
             self.gradient_step(batch.map(lambda t, a=offset + own.start, b=offset + own.stop: t[a:b]), stats)
+        # Once per update, on the averaged gradients (the same on every learner, so all stop together).
+        clip_grad_norm(list(self.critic.parameters()), max_norm=0.0)
         elapsed_ms = 1000.0 * (time.perf_counter() - start) / self.cfg.gradient_steps
         return stats.means() | {"gradient_step_ms": torch.tensor(elapsed_ms)}
 
@@ -292,7 +295,7 @@ class SAC(Algorithm):
     ) -> ReplayCollector:
         buffer = ReplayBuffer(self.capacity_per_rank(env_ranks), transition_columns(self.spaces), device)
         envs = make_vector_env(self.spaces.env_id, self.cfg.num_envs, video_dir)
-        return ReplayCollector(self.cfg, envs, buffer, rank, env_ranks, batch_rows, device)
+        return ReplayCollector(self.cfg, envs, self.spaces.action_space, buffer, rank, env_ranks, batch_rows, device)
 
     def make_learner(self, policy: nn.Module, runtime: Runtime, shard: DataShard, env_ranks: int) -> SACLearner:
         assert isinstance(policy, SquashedGaussianActor)

@@ -1,0 +1,28 @@
+"""Running an entry point in a scratch folder and reading the training loop's speed from its summary."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+
+SUMMARY = re.compile(r"training loop: (\d+) steps in ([\d.]+) s")
+
+
+def run_in_scratch_folder(command: list[str]) -> str:
+    """The command's stdout; a failed command ends the benchmark with its error output."""
+    with tempfile.TemporaryDirectory() as cwd:
+        done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+    return done.stdout
+
+
+def loop_steps_per_second(command: list[str]) -> float:
+    """Env steps per second of the training loop, from the summary line rank 0 (or the player) prints."""
+    stdout = run_in_scratch_folder(command)
+    match = SUMMARY.search(stdout)
+    if match is None:
+        sys.exit(f"no training-loop summary from {' '.join(command)}:\n{stdout[-2000:]}")
+    return int(match.group(1)) / float(match.group(2))

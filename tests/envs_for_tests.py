@@ -1,0 +1,21 @@
+"""Envs that only tests need, registered on import: `--env-id envs_for_tests:UnboundedActions-v0`."""
+
+import gymnasium as gym
+import numpy as np
+
+
+class UnboundedActions(gym.Env):
+    """A state-vector env whose Box actions have infinite bounds (SAC cannot squash into them)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), dtype=np.float32)
+    action_space = gym.spaces.Box(-np.inf, np.inf, (1,), dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(3, dtype=np.float32), {}
+
+    def step(self, action):
+        return np.zeros(3, dtype=np.float32), 0.0, False, False, {}
+
+
+gym.register("UnboundedActions-v0", entry_point=UnboundedActions, max_episode_steps=10)

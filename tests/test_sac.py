@@ -1,0 +1,295 @@
+"""SAC's pieces: the squashed Gaussian, the critic target, the ensemble, the replay buffer, the collector."""
+
+import math
+
+import gymnasium as gym
+import pytest
+import torch
+from torch.distributions import AffineTransform, Independent, Normal, TanhTransform, TransformedDistribution
+
+from rl.algos.sac.algorithm import (
+    SAC,
+    SACLearner,
+    StatMeans,
+    Transitions,
+    final_observations,
+    transition_columns,
+)
+from rl.algos.sac.config import SACConfig
+from rl.algos.sac.losses import actor_loss, critic_loss, soft_target, temperature_loss
+from rl.algos.sac.networks import CriticEnsemble, SquashedGaussianActor
+from rl.algos.sac.replay import ReplayBuffer, check_buffer_fits
+from rl.batch import Column, DataShard
+from rl.envs import inspect_env
+from rl.errors import UsageError
+from rl.runtime import TorchRuntime
+
+BOX = gym.spaces.Box(low=torch.tensor([-2.0, 0.0]).numpy(), high=torch.tensor([2.0, 1.0]).numpy())
+
+
+def test_squashed_log_prob_matches_torch_transformed_distribution():
+    torch.manual_seed(0)
+    actor = SquashedGaussianActor(obs_dim=3, action_space=BOX, hidden=16)
+    obs, noise = torch.randn(64, 3), torch.randn(64, 2)
+    with torch.no_grad():
+        action, logprob = actor(obs, noise)
+        mean, log_std = actor.distribution(obs)
+    scale, bias = actor.action_scale, actor.action_bias
+    reference = TransformedDistribution(
+        Independent(Normal(mean, log_std.exp()), 1), [TanhTransform(), AffineTransform(bias, scale)]
+    )
+    assert ((action >= bias - scale) & (action <= bias + scale)).all()
+    # the reference inverts the action through atanh, which loses precision near the bounds
+    inside = (action - bias).abs() < 0.99 * scale
+    rows = inside.all(-1)
+    torch.testing.assert_close(logprob[rows], reference.log_prob(action)[rows], rtol=1e-4, atol=1e-4)
+    assert rows.sum() > 40
+
+
+def test_squashed_log_prob_stays_finite_where_tanh_saturates():
+    actor = SquashedGaussianActor(obs_dim=1, action_space=BOX, hidden=4)
+    with torch.no_grad():
+        actor.mean.bias.fill_(40.0)  # tanh(40) is 1.0 in float32
+    action, logprob = actor(torch.zeros(2, 1), torch.zeros(2, 2))
+    assert torch.isfinite(logprob).all()
+    torch.testing.assert_close(action, (actor.action_bias + actor.action_scale).expand(2, -1))
+
+
+def test_greedy_action_is_the_squashed_mean_and_sampling_follows_its_generator():
+    torch.manual_seed(1)
+    actor = SquashedGaussianActor(3, BOX, hidden=8)
+    obs = torch.randn(5, 3)
+    mean, _ = actor.distribution(obs)
+    torch.testing.assert_close(actor.greedy_action(obs), torch.tanh(mean) * actor.action_scale + actor.action_bias)
+    first = actor.act(obs, torch.Generator().manual_seed(3))[0]
+    torch.manual_seed(99)
+    assert torch.equal(first, actor.act(obs, torch.Generator().manual_seed(3))[0])
+
+
+def test_the_critic_target_bootstraps_after_truncation_but_not_termination():
+    rewards, next_q = torch.tensor([1.0, 1.0]), torch.tensor([[10.0, 10.0], [4.0, 4.0]])  # min over critics: 4
+    next_logprob, alpha = torch.tensor([-1.0, -1.0]), torch.tensor(0.5)
+    terminated = torch.tensor([1.0, 0.0])  # the second transition was truncated (or ran on)
+    target = soft_target(rewards, terminated, next_q, next_logprob, alpha, gamma=0.9)
+    assert target.tolist() == pytest.approx([1.0, 1.0 + 0.9 * (4.0 + 0.5)])
+
+
+def test_losses():
+    q_values, target = torch.tensor([[1.0, 3.0], [2.0, 2.0]]), torch.tensor([1.0, 1.0])
+    assert critic_loss(q_values, target).item() == pytest.approx(0.5 * (2.0 + 1.0))
+    logprob, alpha = torch.tensor([-1.0, 1.0]), torch.tensor(0.1)
+    assert actor_loss(logprob, q_values, alpha).item() == pytest.approx(((-0.1 - 1.0) + (0.1 - 2.0)) / 2)
+    log_alpha = torch.zeros(1, requires_grad=True)
+    temperature_loss(log_alpha, torch.tensor([-3.0, -1.0]), target_entropy=-1.0).backward()
+    assert log_alpha.grad.item() == pytest.approx(3.0)  # entropy 2 > target 1: alpha goes down
+
+
+def test_the_critic_ensemble_equals_separate_critics_and_detaches_on_request():
+    torch.manual_seed(0)
+    critics = CriticEnsemble(obs_dim=3, action_dim=2, hidden=8)
+    obs, action = torch.randn(4, 3), torch.randn(4, 2, requires_grad=True)
+    q_values = critics(obs, action)
+    x = torch.cat([obs, action], -1)
+    for member in range(2):
+        hidden = torch.relu(x @ critics.w1[member] + critics.b1[member])
+        hidden = torch.relu(hidden @ critics.w2[member] + critics.b2[member])
+        torch.testing.assert_close(q_values[member], (hidden @ critics.w3[member] + critics.b3[member]).squeeze(-1))
+    critics.q_values_of_actions(obs, action).sum().backward()
+    assert action.grad is not None and all(p.grad is None for p in critics.parameters())
+
+
+def test_the_buffer_wraps_around_and_samples_what_it_holds():
+    buffer = ReplayBuffer(5, {"x": Column(()), "y": Column((2,))}, torch.device("cpu"))
+    for start in (0, 3, 6):  # 3 rows each: the third add straddles the end of the ring
+        rows = torch.arange(start, start + 3, dtype=torch.float32)
+        buffer.add(x=rows, y=rows[:, None].expand(-1, 2))
+    assert len(buffer) == 5 and buffer.position == 4
+    assert buffer.storage["x"].tolist() == [5.0, 6.0, 7.0, 8.0, 4.0]
+    sample = buffer.sample(200, torch.Generator().manual_seed(0))
+    assert set(sample["x"].tolist()) == {4.0, 5.0, 6.0, 7.0, 8.0}
+    assert torch.equal(sample["y"][:, 0], sample["x"]) and torch.equal(sample["y"][:, 1], sample["x"])
+    again = ReplayBuffer(5, buffer.columns, torch.device("cpu"))
+    again.load_state_dict(buffer.state_dict())
+    assert torch.equal(again.sample(7, torch.Generator().manual_seed(1))["x"],
+                       buffer.sample(7, torch.Generator().manual_seed(1))["x"])  # fmt: skip
+
+
+def test_a_buffer_that_cannot_fit_is_refused_before_allocation():
+    with pytest.raises(UsageError, match="lower --buffer-size") as error:
+        check_buffer_fits(10**13, {"obs": Column((100,))}, processes_here=2)
+    assert error.value.flag == "--buffer-size"
+    check_buffer_fits(1000, {"obs": Column((100,))}, processes_here=2)
+
+
+def test_truncated_transitions_store_the_true_final_observation():
+    cfg = SACConfig(num_envs=2, learning_starts=10**6, buffer_size=64, batch_size=4)
+    algorithm = SAC(cfg, inspect_env("Pendulum-v1"))
+    source = algorithm.make_source(0, torch.device("cpu"), None, env_ranks=1, batch_rows=4)
+    source.envs = gym.wrappers.vector.RecordEpisodeStatistics(
+        gym.vector.SyncVectorEnv(
+            [lambda: gym.make("Pendulum-v1", max_episode_steps=3)] * 2,
+            autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
+        )
+    )
+    source.reset_envs([0, 1])
+    observed = []
+    for step in range(4):
+        before = source.raw_obs.clone()
+        source.collect(None, step)
+        observed.append((before, source.raw_obs.clone()))
+    storage = source.buffer.storage
+    assert storage["terminated"][:8].sum() == 0  # Pendulum only truncates
+    # steps 0-2 make one episode per env; step 3 starts the next from a reset
+    for step in range(4):
+        assert torch.equal(storage["obs"][2 * step : 2 * step + 2], observed[step][0])
+    assert torch.equal(storage["next_obs"][0:2], observed[0][1])  # mid-episode: the next observation
+    assert not torch.equal(storage["next_obs"][4:6], observed[2][1])  # the last step: not the reset's
+    assert torch.equal(storage["obs"][6:8], observed[2][1])  # the reset's observation opens the next episode
+    final = final_observations(observed[2][1].numpy(), torch.tensor([True, False]).numpy(),
+                               {"final_obs": [torch.ones(3).numpy(), None]})  # fmt: skip
+    assert final[0].tolist() == [1.0, 1.0, 1.0] and final[1].tolist() == observed[2][1][1].tolist()
+
+
+def one_process_learner(**changes) -> tuple[SAC, SACLearner]:
+    cfg = SACConfig(batch_size=8, **changes)
+    algorithm = SAC(cfg, inspect_env("Pendulum-v1"))
+    runtime = TorchRuntime(cfg, 1)
+    policy = algorithm.build_policy(runtime.device)
+    return algorithm, algorithm.make_learner(policy, runtime, DataShard(algorithm.batch_rows(1)), env_ranks=1)
+
+
+def random_transitions(rows: int, seed: int = 0) -> Transitions:
+    generator = torch.Generator().manual_seed(seed)
+    columns = transition_columns(inspect_env("Pendulum-v1"))
+    values = {name: torch.rand((rows, *column.shape), generator=generator) for name, column in columns.items()}
+    values["terminated"] = (values["terminated"] > 0.8).float()
+    return Transitions(**values)
+
+
+def test_the_actor_step_leaves_the_critic_gradients_as_the_critic_step_left_them():
+    _, learner = one_process_learner(policy_frequency=2)  # the first gradient step updates the critics only
+    batch, stats = random_transitions(8), StatMeans()
+    learner.gradient_step(batch, stats)
+    after_update = [p.grad.clone() for p in learner.critic.parameters()]
+    learner.actor_step(batch, stats)
+    assert all(torch.equal(p.grad, g) for p, g in zip(learner.critic.parameters(), after_update, strict=True))
+
+
+def test_update_takes_gradient_steps_and_moves_targets_and_temperature():
+    _, learner = one_process_learner(gradient_steps=3, policy_frequency=2, tau=0.5)
+    target_before = [p.clone() for p in learner.critic_target.parameters()]
+    stats = learner.update(random_transitions(24), iteration=1)
+    assert learner.gradient_steps == 3
+    assert set(stats) == {"critic_loss", "q_values", "actor_loss", "entropy", "alpha_loss", "alpha", "gradient_step_ms"}
+    assert all(torch.isfinite(value) for value in stats.values())
+    assert not torch.equal(target_before[0], learner.critic_target.w1)
+    assert learner.alpha.item() != 1.0  # log_alpha took a step from 0
+
+
+def test_a_fixed_entropy_coefficient_is_not_tuned():
+    _, learner = one_process_learner(ent_coef="0.2")
+    stats = learner.update(random_transitions(8), iteration=1)
+    assert "alpha_loss" not in stats and stats["alpha"].item() == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize(
+    ("changes", "flag"),
+    [
+        ({"buffer_size": 0}, "--buffer-size"),
+        ({"batch_size": 0}, "--batch-size"),
+        ({"tau": 0.0}, "--tau"),
+        ({"tau": 1.5}, "--tau"),
+        ({"train_freq": 0}, "--train-freq"),
+        ({"gradient_steps": 0}, "--gradient-steps"),
+        ({"ent_coef": "hot"}, "--ent-coef"),
+        ({"ent_coef": "-0.1"}, "--ent-coef"),
+        ({"target_entropy": "low"}, "--target-entropy"),
+        ({"policy_lr": 0.0}, "--policy-lr"),
+        ({"q_lr": -1.0}, "--q-lr"),
+        ({"policy_frequency": 0}, "--policy-frequency"),
+        ({"target_network_frequency": 0}, "--target-network-frequency"),
+        ({"learning_starts": -1}, "--learning-starts"),
+        ({"buffer_size": 10, "batch_size": 32}, "--buffer-size"),
+        ({"total_timesteps": 0}, "--total-timesteps"),
+    ],
+)
+def test_bad_sac_values_name_their_flag(changes, flag):
+    from rl.config import validate
+
+    cfg = SACConfig(**changes)
+    with pytest.raises(UsageError) as error:
+        validate(cfg, world_size=1, gpu_count=0)
+    assert error.value.flag == flag
+
+
+@pytest.mark.parametrize(
+    ("env_id", "message"),
+    [
+        ("CartPole-v1", "SAC needs continuous .Box. actions"),
+        ("CarRacing-v3", "image observations"),
+    ],
+)
+def test_envs_sac_cannot_train_on_are_refused_with_what_to_do(env_id, message):
+    with pytest.raises(UsageError, match=message) as error:
+        SAC.check_spaces(inspect_env(env_id))
+    assert error.value.flag == "--env-id"
+    assert "PPO" in str(error.value) or "state" in str(error.value)
+
+
+def test_unbounded_actions_are_refused():
+    spaces = inspect_env("Pendulum-v1")
+    unbounded = type(spaces)(spaces.env_id, spaces.obs_dim, gym.spaces.Box(-math.inf, math.inf, (1,)),
+                             spaces.observation_space)  # fmt: skip
+    with pytest.raises(UsageError, match="not finite"):
+        SAC.check_spaces(unbounded)
+
+
+@pytest.mark.parametrize("env_id", ["HalfCheetah-v5", "Hopper-v5", "Humanoid-v5"])
+def test_the_mujoco_envs_sac_is_run_on_collect_and_learn(env_id):
+    # gymnasium's MuJoCo envs come with the `mujoco` extra (and `dev`, so these run in CI).
+    spaces = inspect_env(env_id)
+    SAC.check_spaces(spaces)
+    cfg = SACConfig(env_id=env_id, num_envs=2, learning_starts=8, batch_size=8, buffer_size=64)
+    algorithm = SAC(cfg, spaces)
+    runtime = TorchRuntime(cfg, 1)
+    policy = algorithm.build_policy(runtime.device)
+    learner = algorithm.make_learner(policy, runtime, DataShard(algorithm.batch_rows(1)), env_ranks=1)
+    source = algorithm.make_source(0, runtime.device, None, env_ranks=1, batch_rows=algorithm.batch_rows(1))
+    batches = 0
+    for iteration in range(1, 9):
+        source.collect(policy, 2 * (iteration - 1))
+        batch = source.next_batch(2 * iteration, lambda tensor: tensor)
+        if batch is not None:
+            batches += 1
+            assert all(torch.isfinite(value) for value in learner.update(batch, iteration).values())
+    source.close()
+    assert batches == 4  # iterations 5 to 8: past --learning-starts (global step 10 > 8), a batch in the buffer
+
+
+def test_train_freq_steps_the_envs_that_many_times_per_iteration():
+    cfg = SACConfig(num_envs=2, train_freq=3, learning_starts=0, batch_size=4, buffer_size=64)
+    algorithm = SAC(cfg, inspect_env("Pendulum-v1"))
+    source = algorithm.make_source(0, torch.device("cpu"), None, env_ranks=1, batch_rows=4)
+    policy = algorithm.build_policy(torch.device("cpu"))
+    source.collect(policy, 0)
+    assert len(source.buffer) == 6 and cfg.steps_per_iteration == 6
+
+
+def test_targets_move_every_target_network_frequency_steps_and_the_target_entropy_is_taken():
+    _, learner = one_process_learner(target_network_frequency=2, target_entropy="-3")
+    assert learner.target_entropy == -3.0
+    before = learner.critic_target.w1.clone()
+    learner.update(random_transitions(8), iteration=1)
+    assert torch.equal(learner.critic_target.w1, before)  # the first gradient step leaves the targets
+    learner.update(random_transitions(8, seed=1), iteration=2)
+    assert not torch.equal(learner.critic_target.w1, before)
+
+
+def test_a_diverged_critic_stops_training_at_the_update():
+    from rl.optim import TrainingDiverged
+
+    _, learner = one_process_learner()
+    batch = random_transitions(8)
+    batch.rewards[0] = math.inf
+    with pytest.raises(TrainingDiverged, match="not finite"):
+        learner.update(batch, iteration=1)

@@ -1,0 +1,232 @@
+"""SAC across real processes over gloo: gradient sync, Fabric vs torchrun, decoupled roles, resume, bad input."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from conftest import SCRIPTS, all_scalars, child_env, free_port, launch, load_agent, read_scalars, run_dir
+from test_sac import random_transitions
+from torch import nn
+
+from rl.algos.sac.algorithm import SAC
+from rl.algos.sac.config import SACConfig
+from rl.batch import DataShard
+from rl.envs import inspect_env
+from rl.runtime import TorchRuntime, gather_mean_hook
+
+SAC_TAGS = {
+    "Loss/critic_loss", "Loss/actor_loss", "Loss/alpha_loss", "Loss/entropy", "Info/q_values", "Info/alpha",
+    "Info/replay_ratio", "Time/gradient_step_ms", "Time/steps_per_second", "Rewards/rew_avg", "Game/ep_len_avg",
+    "Test/return_mean", "Perf/loop_steps_per_second",
+}  # fmt: skip
+# 2 ranks x 1 env: 600 steps per rank, learning from global step 400 on, a point logged every 400 steps.
+SHORT = ["sac", "--total-timesteps", "1200", "--learning-starts", "400", "--batch-size", "64", "--log-every", "400",
+         "--eval-episodes", "2", "--no-progress-bar"]  # fmt: skip
+
+
+class CountingRuntime(TorchRuntime):
+    """The torchrun runtime, counting the gradient reductions of each DDP module it sets up."""
+
+    def __init__(self, cfg: SACConfig, world_size: int) -> None:
+        super().__init__(cfg, world_size)
+        self.reductions: list[int] = []
+
+    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        ddp = nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False)
+        index = len(self.reductions)
+        self.reductions.append(0)
+
+        def counting_hook(process_group, bucket):
+            self.reductions[index] += 1
+            return gather_mean_hook(process_group, bucket)
+
+        ddp.register_comm_hook(None, counting_hook)
+        return ddp, optimizer
+
+
+def _sync_worker(rank: int, port: int, folder: str) -> None:
+    os.environ |= {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+    torch.set_num_threads(1)
+    cfg = SACConfig(batch_size=16, gradient_steps=3, policy_frequency=1, tau=0.1, scale_lr=True)
+    algorithm = SAC(cfg, inspect_env("Pendulum-v1"))
+    runtime = CountingRuntime(cfg, 2)
+    policy = algorithm.build_policy(runtime.device)
+    learner = algorithm.make_learner(policy, runtime, DataShard(algorithm.batch_rows(1)), env_ranks=2)
+    for iteration in range(1, 5):  # each rank trains on its own data, as coupled ranks do
+        learner.update(random_transitions(algorithm.batch_rows(1), seed=10 * rank + iteration), iteration)
+    state = {
+        "actor": [p.detach().clone() for p in learner.policy.parameters()],
+        "critic": [p.detach().clone() for p in learner.critic.parameters()],
+        "critic_grad": [p.grad.clone() for p in learner.critic.parameters()],
+        "target": [p.detach().clone() for p in learner.critic_target.parameters()],
+        "log_alpha": learner.log_alpha.detach().clone(),
+        "reductions": runtime.reductions,
+        "learning_rates": [
+            optimizer.param_groups[0]["lr"]
+            for optimizer in (learner.actor_optimizer, learner.critic_optimizer, learner.alpha_optimizer)
+        ],
+    }
+    torch.save(state, os.path.join(folder, f"rank{rank}.pt"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def synced_states(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sync")
+    mp.spawn(_sync_worker, args=(free_port(), str(folder)), nprocs=2, join=True)
+    return [torch.load(folder / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
+
+
+@pytest.mark.parametrize("part", ["actor", "critic", "target", "log_alpha"])
+def test_weights_targets_and_temperature_stay_identical_on_every_rank(synced_states, part):
+    first, second = (state[part] for state in synced_states)
+    if part == "log_alpha":
+        assert torch.equal(first, second) and first.item() != 0.0
+    else:
+        assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+
+
+def test_one_critic_reduction_per_critic_step_and_no_critic_gradient_from_the_actor_loss(synced_states):
+    # 4 updates x 3 gradient steps: 12 critic steps and 12 actor steps, one bucket each.
+    assert all(state["reductions"] == [12, 12] for state in synced_states)  # [actor, critic]
+    # Local critic gradients leaked by the actor's backward would differ between ranks (their data differ);
+    # what is left must be the averaged gradient of the last critic step, the same on both.
+    first, second = (state["critic_grad"] for state in synced_states)
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+
+
+def test_scale_lr_multiplies_every_learning_rate_by_the_number_of_learners(synced_states):
+    assert all(state["learning_rates"] == [2 * 3e-4, 2 * 1e-3, 2 * 1e-3] for state in synced_states)
+
+
+@pytest.fixture(scope="module")
+def fabric_and_torch_sac_runs(tmp_path_factory):
+    runs = {}
+    for mode, launcher in (("fabric", "fabric run"), ("torch", "torchrun")):
+        cwd = tmp_path_factory.mktemp(f"sac-{mode}")
+        finished = launch(launcher, SCRIPTS[mode], SHORT, cwd)
+        assert finished.returncode == 0, finished.stderr[-3000:]
+        runs[mode] = run_dir(cwd, mode)
+    return runs
+
+
+def test_fabric_and_torchrun_sac_give_identical_losses_and_weights(fabric_and_torch_sac_runs):
+    fabric_dir, torch_dir = fabric_and_torch_sac_runs["fabric"], fabric_and_torch_sac_runs["torch"]
+    fabric_agent, torch_agent = load_agent(fabric_dir), load_agent(torch_dir)
+    assert fabric_agent["algorithm"] == "sac" and fabric_agent["agent"].keys() == torch_agent["agent"].keys()
+    assert all(torch.equal(tensor, torch_agent["agent"][name]) for name, tensor in fabric_agent["agent"].items())
+    fabric_scalars, torch_scalars = read_scalars(fabric_dir), read_scalars(torch_dir)
+    for tag in ("Loss/critic_loss", "Loss/actor_loss", "Info/alpha", "Info/q_values", "Rewards/rew_avg"):
+        assert fabric_scalars[tag] == torch_scalars[tag], tag
+    assert [step for step, _ in fabric_scalars["Loss/critic_loss"]] == [800, 1200]
+
+
+def test_sac_runs_log_every_expected_scalar(fabric_and_torch_sac_runs):
+    for mode, directory in fabric_and_torch_sac_runs.items():
+        scalars = read_scalars(directory)
+        assert set(scalars) >= SAC_TAGS, (mode, SAC_TAGS - set(scalars))
+        # one gradient step of 64 rows per env step on each rank
+        assert scalars["Info/replay_ratio"][-1][1] == 64.0
+
+
+@pytest.mark.parametrize(
+    ("nproc", "args"),
+    [(3, []), (3, ["--share-data"]), (3, ["--pipeline"])],
+    ids=["scatter", "share", "pipeline"],
+)
+def test_decoupled_sac_runs_every_data_path(tmp_path, nproc, args):
+    decoupled_short = [*SHORT, "--total-timesteps", "800", "--learning-starts", "200", "--log-every", "200"]
+    finished = launch("fabric run", SCRIPTS["decoupled"], decoupled_short + args, tmp_path, nproc=nproc)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    scalars = read_scalars(run_dir(tmp_path, "decoupled"))
+    assert [step for step, _ in scalars["Loss/critic_loss"]] == [400, 600, 800]
+    lags = [lag for _, lag in scalars["Info/policy_lag"]]
+    assert lags == ([1.0] * 3 if "--pipeline" in args else [0.0] * 3)
+    # rows trained per env step: one batch per trainer, or one shared batch
+    assert scalars["Info/replay_ratio"][-1][1] == (64.0 if "--share-data" in args else 128.0)
+    assert "evaluation over 2 greedy episodes" in finished.stdout
+
+
+def test_one_sac_trainer_equals_a_single_process_coupled_run(tmp_path):
+    args = [*SHORT, "--total-timesteps", "600", "--learning-starts", "300", "--torch-threads", "1",
+            "--eval-episodes", "0"]  # fmt: skip
+    (tmp_path / "coupled").mkdir()
+    (tmp_path / "decoupled").mkdir()
+    coupled = launch("python", SCRIPTS["fabric"], args, tmp_path / "coupled")
+    decoupled = launch("fabric run", SCRIPTS["decoupled"], [*args, "--share-data"], tmp_path / "decoupled", nproc=2)
+    assert coupled.returncode == 0 and decoupled.returncode == 0, (coupled.stderr + decoupled.stderr)[-3000:]
+    coupled_dir, decoupled_dir = run_dir(tmp_path / "coupled", "fabric"), run_dir(tmp_path / "decoupled", "decoupled")
+    coupled_agent, decoupled_agent = load_agent(coupled_dir)["agent"], load_agent(decoupled_dir)["agent"]
+    assert all(torch.equal(coupled_agent[name], decoupled_agent[name]) for name in coupled_agent)
+    for tag in ("Loss/critic_loss", "Loss/actor_loss", "Info/alpha", "Rewards/rew_avg"):
+        assert read_scalars(coupled_dir)[tag] == read_scalars(decoupled_dir)[tag], tag
+
+
+def test_resuming_with_the_buffer_equals_an_uninterrupted_run(tmp_path):
+    base = [*SHORT, "--eval-episodes", "0", "--save-buffer", "--checkpoint-every", "400"]
+    (tmp_path / "full").mkdir()
+    (tmp_path / "part").mkdir()
+    full = launch("fabric run", SCRIPTS["fabric"], base, tmp_path / "full")
+    part = launch("fabric run", SCRIPTS["fabric"], [*base, "--total-timesteps", "800"], tmp_path / "part")
+    assert full.returncode == 0 and part.returncode == 0, (full.stderr + part.stderr)[-3000:]
+    part_dir = run_dir(tmp_path / "part", "fabric")
+    saved = sorted((part_dir / "checkpoints").glob("step_*.ckpt"))[-1]
+    state = torch.load(saved, weights_only=True)
+    assert state["counters"]["global_step"] == 800 and len(state["rank_states"]) == 2
+    assert state["rank_states"][1]["buffer"]["size"] == 400  # each rank's own transitions
+    assert {"critic", "critic_target", "log_alpha", "critic_optimizer"} <= set(state["learner"])
+    resumed = launch("fabric run", SCRIPTS["fabric"], [*base, "--resume-from", str(saved)], tmp_path / "part")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    whole, continued = load_agent(run_dir(tmp_path / "full", "fabric")), load_agent(part_dir)
+    assert all(torch.equal(whole["agent"][name], continued["agent"][name]) for name in whole["agent"])
+    full_dir = run_dir(tmp_path / "full", "fabric")
+    for tag in ("Loss/critic_loss", "Loss/actor_loss", "Info/alpha"):
+        assert all_scalars(part_dir, tag) == all_scalars(full_dir, tag), tag
+
+
+def test_evaluation_cli_on_a_sac_checkpoint_with_video(fabric_and_torch_sac_runs):
+    folder = fabric_and_torch_sac_runs["fabric"]
+    command = [sys.executable, "-m", "rl.evaluate", str(folder / "agent.ckpt"), "--episodes", "2", "--capture-video"]
+    done = subprocess.run(command, cwd=folder, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Pendulum-v1, 2 deterministic episodes: return " in done.stdout
+    assert list((folder / "eval_videos").glob("*.mp4"))
+
+
+SAC_BAD_INPUTS = [
+    (["sac", "--env-id", "CartPole-v1"], "--env-id", "SAC needs continuous (Box) actions"),
+    (["sac", "--env-id", "CarRacing-v3"], "--env-id", "image observations"),
+    (["sac", "--env-id", "envs_for_tests:UnboundedActions-v0"], "--env-id", "not finite"),
+    (["sac", "--tau", "2"], "--tau", "must be in (0, 1]"),
+    (["sac", "--buffer-size", "100000000000"], "--buffer-size", "lower --buffer-size"),
+    (["sac", "--no-such-flag"], "--no-such-flag", ""),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "flag", "says"), SAC_BAD_INPUTS, ids=[" ".join(args[1:3]) for args, _, _ in SAC_BAD_INPUTS]
+)
+def test_bad_sac_input_exits_2_with_one_line(tmp_path, args, flag, says):
+    finished = launch("python", SCRIPTS["fabric"], args, tmp_path)
+    assert finished.returncode == 2, finished.stderr[-2000:]
+    (line,) = [line for line in finished.stderr.splitlines() if line.startswith("error: ")]
+    assert line.startswith(f"error: {flag}: ") and says in line
+    assert "Traceback" not in finished.stderr and not (tmp_path / "logs").exists()
+
+
+@pytest.mark.parametrize(
+    ("launcher", "script"),
+    [("fabric run", "fabric"), ("torchrun", "torch"), ("fabric run", "decoupled")],
+)
+def test_every_rank_of_every_launcher_refuses_a_discrete_env_for_sac(tmp_path, launcher, script):
+    finished = launch(launcher, SCRIPTS[script], ["sac", "--env-id", "CartPole-v1"], tmp_path, timeout=60)
+    assert finished.returncode != 0
+    lines = [line for line in finished.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 2 and all(line.startswith("error: --env-id: SAC needs continuous") for line in lines)
+    assert "[rank" not in finished.stderr
