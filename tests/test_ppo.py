@@ -103,3 +103,10 @@ def test_minibatches_take_the_listed_rows_in_order():
     for minibatch, index in zip(minibatches, epoch, strict=True):
         assert minibatch.obs.squeeze(-1).tolist() == index
         assert minibatch.returns.tolist() == index
+
+
+def test_every_statistic_ppo_reports_has_a_tensorboard_tag():
+    from rl.algos.ppo.algorithm import PPO
+    from rl.algos.ppo.update import UPDATE_STATS
+
+    assert {*UPDATE_STATS, "learning_rate", "explained_variance"} == set(PPO.stat_tags)

@@ -12,7 +12,7 @@ from rl.algos.base import Algorithm, Learner
 from rl.algos.ppo.config import PPOConfig
 from rl.algos.ppo.policy import ActorCritic, action_shape_and_dtype
 from rl.algos.ppo.rollout import Batch, RolloutCollector
-from rl.algos.ppo.update import UPDATE_STATS, MinibatchSchedule, PPOHyperparameters, ppo_update
+from rl.algos.ppo.update import MinibatchSchedule, PPOHyperparameters, ppo_update
 from rl.batch import Column, DataShard, RowCodec
 from rl.envs import make_vector_env
 from rl.normalization import ObservationNormalizer, RewardScaler
@@ -126,5 +126,3 @@ class PPO(Algorithm):
         columns = {"obs": Column((self.spaces.obs_dim,)), "actions": Column(action_shape, action_dtype)}
         return RowCodec(Batch, columns | {name: Column(()) for name in ("logprobs", "values", "advantages", "returns")})
 
-
-assert set(UPDATE_STATS) <= set(PPO.stat_tags)

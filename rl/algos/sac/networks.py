@@ -122,4 +122,5 @@ class CriticEnsemble(nn.Module):
         x = torch.cat([obs, action], dim=-1).expand(w1.shape[0], -1, -1)
         hidden = torch.relu(torch.baddbmm(b1, x, w1))
         hidden = torch.relu(torch.baddbmm(b2, hidden, w2))
-        return torch.baddbmm(b3, hidden, w3).squeeze(-1)
+        # The one-unit output layer as a multiply-and-sum: a batched matmul with one column is slow on CPU.
+        return (hidden * w3.transpose(1, 2)).sum(-1) + b3.squeeze(-1)

@@ -1,0 +1,72 @@
+"""PPO's loop speed in this tree against another git revision, alternated round by round in one run.
+
+    python benchmarks/ppo_against_revision.py REV [--rounds 3]
+
+Checks out REV into a temporary worktree and runs, for both trees: coupled PPO at the Lightning
+example's defaults under `fabric run --devices=2` and `torchrun` (as `coupled_speed.py`), and
+decoupled lock-step and pipelined PPO with 2 processes (as `decoupled_speed.py`). Prints each
+run's training-loop env steps/s and, at the end, the median ratio this tree / REV of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from launch import loop_steps_per_second
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+COUPLED = (
+    "--env-id CartPole-v1 --num-envs 2 --num-steps 128 --per-rank-batch-size 64 --update-epochs 10 "
+    "--learning-rate 1e-3 --total-timesteps 32768 --no-progress-bar"
+).split()
+DECOUPLED = "--env-id CartPole-v1 --num-envs 4 --num-steps 128 --total-timesteps 32768 --no-progress-bar".split()
+
+
+def runs(tree: Path) -> dict[str, list[str]]:
+    fabric = [str(BIN / "fabric"), "run", "--accelerator=cpu", "--devices=2"]
+    return {
+        "coupled, fabric run": [*fabric, str(tree / "train_fabric.py"), *COUPLED],
+        "coupled, torchrun": [
+            str(BIN / "torchrun"),
+            "--nproc_per_node=2",
+            "--standalone",
+            str(tree / "train_torch.py"),
+            *COUPLED,
+        ],
+        "decoupled lock-step": [*fabric, str(tree / "train_fabric_decoupled.py"), *DECOUPLED],
+        "decoupled pipelined": [*fabric, str(tree / "train_fabric_decoupled.py"), *DECOUPLED, "--pipeline"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("revision")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    ratios: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        baseline = Path(folder) / "baseline"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(baseline), args.revision],
+                       check=True)  # fmt: skip
+        try:
+            for round_ in range(1, args.rounds + 1):
+                for name, ours in runs(REPO).items():
+                    before = loop_steps_per_second(runs(baseline)[name])
+                    after = loop_steps_per_second(ours)
+                    ratios.setdefault(name, []).append(after / before)
+                    print(f"round {round_}, {name:<20} {args.revision}: {before:7,.0f}  this tree: {after:7,.0f} "
+                          f"steps/s  ({after / before:.2f}x)", flush=True)  # fmt: skip
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(baseline)], check=False)
+    for name, values in ratios.items():
+        print(f"median this tree / {args.revision}, {name}: {statistics.median(values):.2f}x")
+
+
+if __name__ == "__main__":
+    main()
