@@ -58,7 +58,8 @@ def prepare(argv: list[str], decoupled: bool = False) -> tuple[Algorithm, int, d
     kind.check_spaces(spaces)
     algorithm = kind(cfg, spaces)
     env_ranks, env_processes_here = (1, 1) if decoupled else (world_size, local_world_size_from_env())
-    algorithm.check_memory(env_ranks, env_processes_here)
+    acting_on_gpu = cfg.cuda and (not decoupled or cfg.player_on_gpu)
+    algorithm.check_memory(env_ranks, env_processes_here, acting_on_gpu)
     resume = None
     if cfg.resume_from is not None:  # read on every rank now, so a bad file stops all before any collective
         resume = load_checkpoint(cfg.resume_from)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -35,6 +36,7 @@ class Runtime(ABC):
     world_size: int
     device: torch.device
     log_subdir: str  # logs/<log_subdir>/<run>/
+    group: dist.ProcessGroup | None = None  # the learners' group; None: every process
 
     @property
     def is_main(self) -> bool:
@@ -68,6 +70,16 @@ class Runtime(ABC):
         self.save(temporary, state)
         if self.is_main:
             os.replace(temporary, path)
+
+    def start_mean(self, tensor: Tensor) -> Callable[[], None]:
+        """Average `tensor` in place over the ranks, in the background; call the result to wait for it.
+
+        For gradients outside DDP (SAC's temperature): the collective overlaps the work that follows.
+        """
+        if self.world_size == 1:
+            return lambda: None
+        tensor.div_(self.world_size)
+        return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group, async_op=True).wait
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every rank's `obj`, in rank order (pickled: for small, rare messages only)."""

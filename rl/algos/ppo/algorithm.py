@@ -125,4 +125,3 @@ class PPO(Algorithm):
         action_shape, action_dtype = action_shape_and_dtype(self.spaces.action_space)
         columns = {"obs": Column((self.spaces.obs_dim,)), "actions": Column(action_shape, action_dtype)}
         return RowCodec(Batch, columns | {name: Column(()) for name in ("logprobs", "values", "advantages", "returns")})
-

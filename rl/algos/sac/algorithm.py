@@ -131,7 +131,7 @@ class SACLearner(Learner):
     """Twin critics with Polyak targets, a squashed-Gaussian actor and (optionally) a tuned temperature.
 
     Every gradient average goes through the runtime: DDP for the actor and the critics, and an
-    explicit all-reduce for the temperature, a bare parameter.
+    explicit all-reduce for the temperature, a bare parameter, overlapped with the actor's backward.
     """
 
     def __init__(self, cfg: SACConfig, actor: SquashedGaussianActor, runtime: Runtime, shard: DataShard):
@@ -193,25 +193,24 @@ class SACLearner(Learner):
 
     def actor_step(self, batch: Transitions, stats: StatMeans) -> None:
         actions, logprob = self.actor_model(batch.obs, self.policy.noise(len(batch), self.noise))
+        if self.cfg.autotune:
+            # The temperature is a bare parameter, outside DDP: its gradient (which reaches log_alpha
+            # alone) is averaged explicitly, while the actor's backward runs.
+            alpha_loss = temperature_loss(self.log_alpha, logprob, self.target_entropy)
+            self.alpha_optimizer.zero_grad(set_to_none=True)
+            alpha_loss.backward()
+            averaged = self.runtime.start_mean(self.log_alpha.grad)
+            stats.add(alpha_loss=alpha_loss)
         loss = actor_loss(logprob, self.critic.q_values_of_actions(batch.obs, actions), self.alpha)
         self.actor_optimizer.zero_grad(set_to_none=True)
         self.runtime.backward(loss)
         self.actor_optimizer.step()
         stats.add(actor_loss=loss, entropy=-logprob.mean())
         if self.cfg.autotune:
-            alpha_loss = temperature_loss(self.log_alpha, logprob, self.target_entropy)
-            self.alpha_optimizer.zero_grad(set_to_none=True)
-            alpha_loss.backward()
-            self.average_gradient(self.log_alpha)
+            averaged()
             self.alpha_optimizer.step()
             self.alpha = self.log_alpha.detach().exp()
-            stats.add(alpha_loss=alpha_loss)
         stats.add(alpha=self.alpha)
-
-    def average_gradient(self, parameter: Tensor) -> None:
-        """The temperature is a bare parameter, outside DDP: average its gradient over the learners."""
-        if self.runtime.world_size > 1:
-            parameter.grad.copy_(self.runtime.all_reduce_sum(parameter.grad) / self.runtime.world_size)
 
     def state_dict(self) -> dict[str, Any]:
         state = {
@@ -276,8 +275,8 @@ class SAC(Algorithm):
                 "state vectors (no CNN encoder yet): use the env's state-based version, or PPO",
             )  # fmt: skip
 
-    def check_memory(self, env_ranks: int, processes_here: int) -> None:
-        check_buffer_fits(self.capacity_per_rank(env_ranks), transition_columns(self.spaces), processes_here)
+    def check_memory(self, env_ranks: int, processes_here: int, on_gpu: bool) -> None:
+        check_buffer_fits(self.capacity_per_rank(env_ranks), transition_columns(self.spaces), processes_here, on_gpu)
 
     def capacity_per_rank(self, env_ranks: int) -> int:
         """Each rank that runs envs holds its share of --buffer-size, as in the DSAC reference."""

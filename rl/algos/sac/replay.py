@@ -86,14 +86,20 @@ def available_memory_bytes() -> int | None:
     return pages * os.sysconf("SC_PAGE_SIZE") if pages else None
 
 
-def check_buffer_fits(capacity: int, columns: dict[str, Column], processes_here: int) -> None:
-    """Refuse, before anything is allocated, a buffer that this machine's memory cannot hold."""
-    needed = buffer_bytes(capacity, columns) * processes_here
-    available = available_memory_bytes()
+def check_buffer_fits(capacity: int, columns: dict[str, Column], processes_here: int, on_gpu: bool = False) -> None:
+    """Refuse, before anything is allocated, a buffer that this machine's memory cannot hold.
+
+    On the GPU each process has a device of its own; on the CPU the processes here share the memory.
+    """
+    if on_gpu:
+        available, holders, where = torch.cuda.mem_get_info()[0], 1, "its GPU has"
+    else:
+        available, holders, where = available_memory_bytes(), processes_here, "this machine has"
+    needed = buffer_bytes(capacity, columns) * holders
     if available is not None and needed > available:
         gib = 2**30
         raise UsageError(
             "--buffer-size",
-            f"{processes_here} replay buffer(s) of {capacity:,} transitions need {needed / gib:.1f} GiB, "
-            f"but this machine has {available / gib:.1f} GiB available; lower --buffer-size",
+            f"{holders} replay buffer(s) of {capacity:,} transitions need {needed / gib:.1f} GiB, "
+            f"but {where} {available / gib:.1f} GiB available; lower --buffer-size",
         )
