@@ -17,15 +17,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from coupled_speed import CONFIG as COUPLED
+from decoupled_speed import CONFIG as DECOUPLED
 from launch import loop_steps_per_second
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-COUPLED = (
-    "--env-id CartPole-v1 --num-envs 2 --num-steps 128 --per-rank-batch-size 64 --update-epochs 10 "
-    "--learning-rate 1e-3 --total-timesteps 32768 --no-progress-bar"
-).split()
-DECOUPLED = "--env-id CartPole-v1 --num-envs 4 --num-steps 128 --total-timesteps 32768 --no-progress-bar".split()
 
 
 def runs(tree: Path) -> dict[str, list[str]]:
