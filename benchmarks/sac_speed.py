@@ -57,7 +57,7 @@ def stable_baselines3(python: str, steps: int, threads: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=4000, help="env steps per rank and run")
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch threads of the 1-rank runs")
+    parser.add_argument("--threads", type=int, nargs="*", default=[1, 2], help="torch threads of the 1-rank runs")
     parser.add_argument("--rounds", type=int, default=1, help="rounds of every run, interleaved")
     parser.add_argument("--sb3-python", default=str(REPO / ".venv-sb3" / "bin" / "python"))
     parser.add_argument("--skip-sb3", action="store_true", help="only ours, 1 rank against 2")

@@ -1,6 +1,9 @@
-"""Optimization helpers every algorithm shares: a lean gradient clip that also stops divergence."""
+"""Optimization helpers every algorithm shares: a lean gradient clip that also stops divergence,
+and gradients kept in one flat buffer for a single collective."""
 
 from __future__ import annotations
+
+from itertools import accumulate
 
 import torch
 from torch import Tensor, nn
@@ -26,6 +29,28 @@ def clip_grad_norm(parameters: list[Tensor], max_norm: float) -> Tensor:
     if max_norm > 0:
         torch._foreach_mul_(grads, (max_norm / (total_norm + 1e-6)).clamp_(max=1.0))
     return total_norm
+
+
+class FlatGradients:
+    """The gradients of consecutive parameter groups as views into one buffer.
+
+    Backward passes write (accumulate) into the views, so a run of consecutive groups is one
+    contiguous tensor (`span`) that a single collective averages across learners, and zeroing
+    is one call. Optimizers must not reset these gradients to None.
+    """
+
+    def __init__(self, *groups: list[Tensor]) -> None:
+        parameters = [parameter for group in groups for parameter in group]
+        group_sizes = [sum(parameter.numel() for parameter in group) for group in groups]
+        self.buffer = torch.zeros(sum(group_sizes), dtype=parameters[0].dtype, device=parameters[0].device)
+        self.starts = list(accumulate(group_sizes, initial=0))
+        views = self.buffer.split([parameter.numel() for parameter in parameters])
+        for parameter, view in zip(parameters, views, strict=True):
+            parameter.grad = view.view_as(parameter)
+
+    def span(self, first: int, last: int) -> Tensor:
+        """The gradients of groups `first` to `last` (inclusive), as one view."""
+        return self.buffer[self.starts[first] : self.starts[last + 1]]
 
 
 def flat_parameters(module: nn.Module) -> Tensor:

@@ -15,6 +15,7 @@ SCATTER_STREAM = 2  # the decoupled player's shard shuffling
 EVAL_STREAM = 3  # evaluation envs and sampled evaluation actions
 REPLAY_STREAM = 4  # (seed, stream, rank): which transitions a replay buffer samples
 LEARNER_STREAM = 5  # (seed, stream, learner): noise a learner draws in its update (SAC's actor loss)
+CRITIC_STREAM = 6  # (seed, stream): the critics' initial weights, the same on every learner
 
 
 def derive_seed(seed: int, *stream: int) -> int:

@@ -166,13 +166,25 @@ def random_transitions(rows: int, seed: int = 0) -> Transitions:
     return Transitions(**values)
 
 
-def test_the_actor_step_leaves_the_critic_gradients_as_the_critic_step_left_them():
-    _, learner = one_process_learner(policy_frequency=2)  # the first gradient step updates the critics only
-    batch, stats = random_transitions(8), StatMeans()
-    learner.gradient_step(batch, stats)
-    after_update = [p.grad.clone() for p in learner.critic.parameters()]
-    learner.actor_step(batch, stats)
-    assert all(torch.equal(p.grad, g) for p, g in zip(learner.critic.parameters(), after_update, strict=True))
+def test_one_backward_gives_each_network_the_gradient_of_its_own_loss_alone():
+    _, learner = one_process_learner()
+    batch = random_transitions(8)
+
+    def gradients_of(pick) -> torch.Tensor:
+        learner.gradients.buffer.zero_()
+        learner.noise.manual_seed(0)
+        stats = StatMeans()
+        critic, actor = learner.critic_loss(batch, stats), learner.actor_and_temperature_loss(batch, stats)
+        pick(critic, actor).backward()
+        return learner.gradients.buffer.clone()
+
+    joint = gradients_of(lambda critic, actor: critic + actor)
+    critic_only, actor_only = gradients_of(lambda critic, _: critic), gradients_of(lambda _, actor: actor)
+    critic_size = learner.gradients.span(learner.CRITIC, learner.CRITIC).numel()
+    assert actor_only[:critic_size].eq(0).all()  # the actor's loss sees the critics through detached weights
+    assert critic_only[critic_size:].eq(0).all()  # the target carries no gradient into the actor
+    assert torch.equal(joint, critic_only + actor_only) and joint[critic_size:].ne(0).any()
+    assert learner.log_alpha.grad.ne(0).all()  # the temperature's gradient is in the same buffer
 
 
 def test_update_takes_gradient_steps_and_moves_targets_and_temperature():

@@ -10,13 +10,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import SCRIPTS, all_scalars, child_env, free_port, launch, load_agent, read_scalars, run_dir
 from test_sac import random_transitions
-from torch import nn
 
 from rl.algos.sac.algorithm import SAC
 from rl.algos.sac.config import SACConfig
 from rl.batch import DataShard
 from rl.envs import inspect_env
-from rl.runtime import TorchRuntime, gather_mean_hook
+from rl.runtime import TorchRuntime
 
 SAC_TAGS = {
     "Loss/critic_loss", "Loss/actor_loss", "Loss/alpha_loss", "Loss/entropy", "Info/q_values", "Info/alpha",
@@ -29,23 +28,15 @@ SHORT = ["sac", "--total-timesteps", "1200", "--learning-starts", "400", "--batc
 
 
 class CountingRuntime(TorchRuntime):
-    """The torchrun runtime, counting the gradient reductions of each DDP module it sets up."""
+    """The torchrun runtime, recording the size of every tensor it averages across ranks."""
 
     def __init__(self, cfg: SACConfig, world_size: int) -> None:
         super().__init__(cfg, world_size)
-        self.reductions: list[int] = []
+        self.averaged_sizes: list[int] = []
 
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer):
-        ddp = nn.parallel.DistributedDataParallel(model, forward_sync_buffers=False)
-        index = len(self.reductions)
-        self.reductions.append(0)
-
-        def counting_hook(process_group, bucket):
-            self.reductions[index] += 1
-            return gather_mean_hook(process_group, bucket)
-
-        ddp.register_comm_hook(None, counting_hook)
-        return ddp, optimizer
+    def start_mean(self, tensor: torch.Tensor):
+        self.averaged_sizes.append(tensor.numel())
+        return super().start_mean(tensor)
 
 
 def _sync_worker(rank: int, port: int, folder: str) -> None:
@@ -65,7 +56,8 @@ def _sync_worker(rank: int, port: int, folder: str) -> None:
         "critic_grad": [p.grad.clone() for p in learner.critic.parameters()],
         "target": [p.detach().clone() for p in learner.critic_target.parameters()],
         "log_alpha": learner.log_alpha.detach().clone(),
-        "reductions": runtime.reductions,
+        "averaged_sizes": runtime.averaged_sizes,
+        "gradient_size": learner.gradients.buffer.numel(),
         "learning_rates": [
             optimizer.param_groups[0]["lr"]
             for optimizer in (learner.actor_optimizer, learner.critic_optimizer, learner.alpha_optimizer)
@@ -92,11 +84,11 @@ def test_weights_targets_and_temperature_stay_identical_on_every_rank(synced_sta
         assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
 
 
-def test_one_critic_reduction_per_critic_step_and_no_critic_gradient_from_the_actor_loss(synced_states):
-    # 4 updates x 3 gradient steps: 12 critic steps and 12 actor steps, one bucket each.
-    assert all(state["reductions"] == [12, 12] for state in synced_states)  # [actor, critic]
-    # Local critic gradients leaked by the actor's backward would differ between ranks (their data differ);
-    # what is left must be the averaged gradient of the last critic step, the same on both.
+def test_one_collective_per_gradient_step_averages_every_gradient_and_none_is_left_local(synced_states):
+    # 4 updates x 3 gradient steps: 12 collectives, each over the critics', the actor's and the temperature's.
+    assert all(state["averaged_sizes"] == [state["gradient_size"]] * 12 for state in synced_states)
+    # A local critic gradient (from the actor's loss, say) would differ between ranks, whose data differ;
+    # what is left must be the averaged gradient of the last step, the same on both.
     first, second = (state["critic_grad"] for state in synced_states)
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
 

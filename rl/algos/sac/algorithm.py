@@ -22,9 +22,17 @@ from rl.envs import EnvSpaces, make_vector_env
 from rl.errors import UsageError
 from rl.experience import EpisodeLog, ExperienceSource
 from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
-from rl.optim import clip_grad_norm
+from rl.optim import FlatGradients, clip_grad_norm
 from rl.runtime import Runtime
-from rl.seeds import ACTION_STREAM, LEARNER_STREAM, REPLAY_STREAM, derive_seed, env_seeds, seeded_generator
+from rl.seeds import (
+    ACTION_STREAM,
+    CRITIC_STREAM,
+    LEARNER_STREAM,
+    REPLAY_STREAM,
+    derive_seed,
+    env_seeds,
+    seeded_generator,
+)
 
 
 @dataclass
@@ -130,29 +138,33 @@ class StatMeans:
 class SACLearner(Learner):
     """Twin critics with Polyak targets, a squashed-Gaussian actor and (optionally) a tuned temperature.
 
-    Every gradient average goes through the runtime: DDP for the actor and the critics, and an
-    explicit all-reduce for the temperature, a bare parameter, overlapped with the actor's backward.
+    A gradient step takes the critics', the actor's and the temperature's losses from the same
+    parameters, as the original SAC implementation does (Stable-Baselines3 and CleanRL update
+    the critics first and show the actor the updated ones). The three gradients are separate by
+    construction: the critics' target carries no gradient, the actor sees the critics through
+    detached weights, the temperature a detached log-prob. So one backward pass writes them
+    all into one flat buffer, and one collective per gradient step averages them across
+    learners, where DDP would need one per module and a wait for the critics' update.
     """
+
+    CRITIC, ACTOR = 0, 1  # the gradient buffer's groups: the critics, then the actor and the temperature
 
     def __init__(self, cfg: SACConfig, actor: SquashedGaussianActor, runtime: Runtime, shard: DataShard):
         super().__init__(actor)
         self.cfg, self.shard, self.runtime = cfg, shard, runtime
         device = runtime.device
         lr_scale = runtime.world_size if cfg.scale_lr else 1
-        critic = CriticEnsemble(actor.hidden1.in_features, actor.action_dim).to(device)
-        self.critic = critic  # plain module: its weights are the DDP-wrapped ones
-        self.critic_target = copy.deepcopy(critic).requires_grad_(False)
-        self.actor_model, self.actor_optimizer = runtime.setup(
-            actor, adam(actor.parameters(), cfg.policy_lr * lr_scale)
-        )
-        self.critic_model, self.critic_optimizer = runtime.setup(critic, adam(critic.parameters(), cfg.q_lr * lr_scale))
+        torch.manual_seed(derive_seed(cfg.seed, CRITIC_STREAM))  # the same critics on every learner
+        self.critic = CriticEnsemble(actor.hidden1.in_features, actor.action_dim).to(device)
+        self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.target_entropy = -float(actor.action_dim) if cfg.target_entropy == AUTO else float(cfg.target_entropy)
-        if cfg.autotune:
-            self.log_alpha = torch.zeros(1, device=device, requires_grad=True)
-            self.alpha_optimizer = adam([self.log_alpha], cfg.q_lr * lr_scale)
-            self.alpha = self.log_alpha.detach().exp()
-        else:
-            self.alpha = torch.tensor([float(cfg.ent_coef)], device=device)
+        self.log_alpha = torch.zeros(1, device=device, requires_grad=cfg.autotune)
+        self.alpha = torch.tensor([1.0 if cfg.autotune else float(cfg.ent_coef)], device=device)
+        temperature = [self.log_alpha] if cfg.autotune else []
+        self.gradients = FlatGradients(list(self.critic.parameters()), [*actor.parameters(), *temperature])
+        self.critic_optimizer = adam(self.critic.parameters(), cfg.q_lr * lr_scale)
+        self.actor_optimizer = adam(actor.parameters(), cfg.policy_lr * lr_scale)
+        self.alpha_optimizer = adam(temperature, cfg.q_lr * lr_scale) if cfg.autotune else None
         self.noise = torch.Generator(device=device)
         self.gradient_steps = 0
 
@@ -172,42 +184,53 @@ class SACLearner(Learner):
         return stats.means() | {"gradient_step_ms": torch.tensor(elapsed_ms)}
 
     def gradient_step(self, batch: Transitions, stats: StatMeans) -> None:
-        cfg, actor = self.cfg, self.policy
+        cfg = self.cfg
         self.gradient_steps += 1
-        with torch.no_grad():
-            next_actions, next_logprob = actor(batch.next_obs, actor.noise(len(batch), self.noise))
-            next_q = self.critic_target(batch.next_obs, next_actions)
-            target = soft_target(batch.rewards, batch.terminated, next_q, next_logprob, self.alpha, cfg.gamma)
-        q_values = self.critic_model(batch.obs, batch.actions)
-        loss = critic_loss(q_values, target)
-        self.critic_optimizer.zero_grad(set_to_none=True)
-        self.runtime.backward(loss)
+        trains_actor = self.gradient_steps % cfg.policy_frequency == 0
+        loss = self.critic_loss(batch, stats)
+        if trains_actor:
+            loss = loss + self.actor_and_temperature_loss(batch, stats)
+        self.backward_and_average(loss, self.CRITIC, self.ACTOR if trains_actor else self.CRITIC)
         self.critic_optimizer.step()
-        stats.add(critic_loss=loss, q_values=q_values.mean())
-
-        if self.gradient_steps % cfg.policy_frequency == 0:
-            for _ in range(cfg.policy_frequency):  # delayed, then caught up (TD3's rule, as CleanRL)
-                self.actor_step(batch, stats)
+        if trains_actor:
+            self.step_actor(stats)
+            for _ in range(cfg.policy_frequency - 1):  # a delayed actor catches up (TD3's rule, as CleanRL)
+                self.backward_and_average(self.actor_and_temperature_loss(batch, stats), self.ACTOR, self.ACTOR)
+                self.step_actor(stats)
         if self.gradient_steps % cfg.target_network_frequency == 0:
             torch._foreach_lerp_(list(self.critic_target.parameters()), list(self.critic.parameters()), cfg.tau)
 
-    def actor_step(self, batch: Transitions, stats: StatMeans) -> None:
-        actions, logprob = self.actor_model(batch.obs, self.policy.noise(len(batch), self.noise))
-        if self.cfg.autotune:
-            # The temperature is a bare parameter, outside DDP: its gradient (which reaches log_alpha
-            # alone) is averaged explicitly, while the actor's backward runs.
-            alpha_loss = temperature_loss(self.log_alpha, logprob, self.target_entropy)
-            self.alpha_optimizer.zero_grad(set_to_none=True)
-            alpha_loss.backward()
-            averaged = self.runtime.start_mean(self.log_alpha.grad)
-            stats.add(alpha_loss=alpha_loss)
+    def critic_loss(self, batch: Transitions, stats: StatMeans) -> Tensor:
+        with torch.no_grad():
+            next_actions, next_logprob = self.policy(batch.next_obs, self.policy.noise(len(batch), self.noise))
+            next_q = self.critic_target(batch.next_obs, next_actions)
+            target = soft_target(batch.rewards, batch.terminated, next_q, next_logprob, self.alpha, self.cfg.gamma)
+        q_values = self.critic(batch.obs, batch.actions)
+        loss = critic_loss(q_values, target)
+        stats.add(critic_loss=loss, q_values=q_values.mean())
+        return loss
+
+    def actor_and_temperature_loss(self, batch: Transitions, stats: StatMeans) -> Tensor:
+        actions, logprob = self.policy(batch.obs, self.policy.noise(len(batch), self.noise))
         loss = actor_loss(logprob, self.critic.q_values_of_actions(batch.obs, actions), self.alpha)
-        self.actor_optimizer.zero_grad(set_to_none=True)
-        self.runtime.backward(loss)
-        self.actor_optimizer.step()
         stats.add(actor_loss=loss, entropy=-logprob.mean())
-        if self.cfg.autotune:
-            averaged()
+        if not self.cfg.autotune:
+            return loss
+        alpha_loss = temperature_loss(self.log_alpha, logprob, self.target_entropy)
+        stats.add(alpha_loss=alpha_loss)
+        return loss + alpha_loss
+
+    def backward_and_average(self, loss: Tensor, first_group: int, last_group: int) -> None:
+        """Write the gradients of `loss` into groups first..last (the others keep theirs), and
+        average them over the learners in one collective."""
+        gradients = self.gradients.span(first_group, last_group)
+        gradients.zero_()
+        self.runtime.backward(loss)
+        self.runtime.start_mean(gradients)()
+
+    def step_actor(self, stats: StatMeans) -> None:
+        self.actor_optimizer.step()
+        if self.alpha_optimizer is not None:
             self.alpha_optimizer.step()
             self.alpha = self.log_alpha.detach().exp()
         stats.add(alpha=self.alpha)
@@ -222,6 +245,7 @@ class SACLearner(Learner):
             "gradient_steps": self.gradient_steps,
         }
         if self.cfg.autotune:
+            assert self.alpha_optimizer is not None
             state |= {"log_alpha": self.log_alpha.detach().cpu(), "alpha_optimizer": self.alpha_optimizer.state_dict()}
         return state
 
@@ -231,7 +255,7 @@ class SACLearner(Learner):
         self.actor_optimizer.load_state_dict(state["actor_optimizer"])
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.gradient_steps = state["gradient_steps"]
-        if self.cfg.autotune:
+        if self.alpha_optimizer is not None:
             with torch.no_grad():
                 self.log_alpha.copy_(state["log_alpha"])
             self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
