@@ -24,14 +24,35 @@ class UsageError(Exception):
         self.flag = flag
 
 
+_progress_line_open = False  # a progress bar is drawn on stderr's current line
+
+
+def progress_line(is_open: bool) -> None:
+    """Called by the progress bar: while it is drawn, an error line must start on a line of its own."""
+    global _progress_line_open
+    _progress_line_open = is_open
+
+
 def print_error(line: str) -> None:
-    """One line on stderr in a single write, so lines from several ranks never interleave."""
+    """One line on stderr in a single write, so lines from several ranks never interleave.
+
+    A progress bar leaves the cursor at the end of its text, without a newline; the error line
+    must not be glued to it. On a terminal the bar's line (whichever rank drew it) is cleared
+    first; elsewhere (a pipe, a file) the line starts after a newline if this process's bar is
+    drawn. Signal-safe: no lock is taken.
+    """
+    global _progress_line_open
     try:
         descriptor = sys.stderr.fileno()
     except (AttributeError, OSError, io.UnsupportedOperation):  # a stream without a file, e.g. captured
         sys.stderr.write(f"{line}\n")
         sys.stderr.flush()
         return
+    if os.isatty(descriptor):
+        line = f"\r\x1b[K{line}"
+    elif _progress_line_open:
+        line = f"\n{line}"
+    _progress_line_open = False
     sys.stderr.flush()
     os.write(descriptor, f"{line}\n".encode())
 

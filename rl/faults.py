@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rl.errors import print_error
+from rl.optim import TrainingDiverged
 
 LOST_CONNECTION = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out", "timed out")
 
@@ -91,14 +92,18 @@ def report_lost_peers(own_rank: int, name: Callable[[int], str], process_ids: Te
     previous = signal.signal(signal.SIGTERM, stopped_by_launcher)
     try:
         yield
+    except TrainingDiverged:
+        raise  # every rank finds it at the same step, whether or not a peer has already exited over it
     except Exception as error:
-        # Once a peer is gone, whatever failed here (a collective, or gradients a broken
-        # all-reduce left behind) follows from that: name the peer, not the symptom.
+        # Once a peer is gone, whatever failed here follows from that: name the lost peer, never
+        # this process's symptom as if it were the cause.
         gone = ended()
-        if not gone and not isinstance(error, PeerLost):
+        if gone:  # seen on this host: the peer's process is gone
+            print_error(f"error: {role}: lost {gone}: its process ended")
+        elif isinstance(error, PeerLost):  # on another host, or already reaped: what the collective saw
+            print_error(f"error: {role}: lost {error.peer}: {error.detail}")
+        else:
             raise
-        detail = error.detail if isinstance(error, PeerLost) else str(error).splitlines()[0]
-        print_error(f"error: {role}: {gone or error.peer} stopped ({detail})")
         os._exit(1)  # the process group is broken: skip its teardown, which could block
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 import torch
 from tqdm import tqdm
 
+from rl.errors import progress_line
 from rl.normalization import AllReduceSum
 
 
@@ -133,9 +134,11 @@ class TrainingMetrics(MeanOverRanks):
 class ProgressBar:
     """Steps, steps/s and the recent return on rank 0, one refresh per update."""
 
-    def __init__(self, total_steps: int, enabled: bool, initial: int = 0) -> None:
+    def __init__(self, total_steps: int, enabled: bool, initial: int = 0, drawn_by_job: bool | None = None) -> None:
+        """`drawn_by_job`: another process of the job draws the bar on the shared stderr (default: `enabled`)."""
         self._bar = tqdm(total=total_steps, initial=initial, unit="step", disable=not enabled, dynamic_ncols=True)
         self._recent_return: float | None = None
+        progress_line(enabled if drawn_by_job is None else drawn_by_job)
 
     def advance(self, steps: int, steps_per_second: float, episode_return: float | None) -> None:
         if episode_return is not None:
@@ -148,3 +151,4 @@ class ProgressBar:
 
     def close(self) -> None:
         self._bar.close()
+        progress_line(False)

@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -20,7 +21,27 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from rl.config import RunConfig, local_world_size_from_env
+from rl.errors import UsageError
 from rl.logger import FabricSink, MetricsSink, SummaryWriterSink
+
+
+@contextmanager
+def naming_a_taken_port() -> Iterator[None]:
+    """Joining the process group where another job holds the rendezvous port: say so, and what to do.
+
+    Launchers that host the rendezvous themselves (`fabric run`, torchrun) fail before any rank
+    starts; ranks started otherwise (SLURM's srun, a hand-set environment) fail here on rank 0.
+    """
+    try:
+        yield
+    except dist.DistNetworkError as error:
+        if "EADDRINUSE" not in str(error) and "address already in use" not in str(error).lower():
+            raise
+        port = os.environ.get("MASTER_PORT", "the rendezvous port")
+        raise UsageError(
+            "--main-port", f"port {port} is taken, most likely by another job on this machine; start with "
+            "a free one: fabric run --main-port=N, or torchrun --master-port=N (MASTER_PORT=N)",
+        ) from None  # fmt: skip
 
 
 def configure_torch_threads(requested: int = 0) -> int:
@@ -139,8 +160,12 @@ def gather_mean_hook(process_group, bucket):
     flat = bucket.buffer()
     world_size = dist.get_world_size(process_group)
     gathered = flat.new_empty(world_size * flat.numel())
-    work = start_all_gather(flat, gathered, process_group)
-    return work.get_future().then(lambda _: mean_of_gathered(gathered, world_size))
+
+    def average(gather: torch.futures.Future) -> Tensor:
+        gather.value()  # re-raises a failed gather (a lost peer): its empty buffer must never become gradients
+        return mean_of_gathered(gathered, world_size)
+
+    return start_all_gather(flat, gathered, process_group).get_future().then(average)
 
 
 def keep_gradients_hook(process_group, bucket):
@@ -190,8 +215,21 @@ class FabricRuntime(Runtime):
     log_subdir = "fabric_logs"
 
     def __init__(self, cfg: RunConfig, world_size: int, process_group: dist.ProcessGroup | None = None) -> None:
-        from lightning.fabric import Fabric
         from lightning.fabric.connector import _is_using_cli
+
+        with naming_a_taken_port():
+            self.fabric = self._make_fabric(cfg, world_size, process_group)
+        if not _is_using_cli():  # `fabric run` has already created the processes
+            with naming_a_taken_port():
+                self.fabric.launch()
+        self.group = process_group
+        self.rank = dist.get_rank(process_group) if process_group is not None else self.fabric.global_rank
+        self.world_size = dist.get_world_size(process_group) if process_group is not None else self.fabric.world_size
+        self.device = self.fabric.device
+
+    @staticmethod
+    def _make_fabric(cfg: RunConfig, world_size: int, process_group: dist.ProcessGroup | None) -> Any:
+        from lightning.fabric import Fabric
 
         accelerator = "cuda" if cfg.cuda else "cpu"
         if process_group is not None and dist.get_world_size(process_group) == 1:
@@ -199,20 +237,13 @@ class FabricRuntime(Runtime):
             from lightning.fabric.strategies import SingleDeviceStrategy
 
             device = _device(cfg, int(os.environ.get("LOCAL_RANK", "0")))
-            self.fabric = Fabric(accelerator=accelerator, strategy=SingleDeviceStrategy(device=device))
-        else:
-            self.fabric = Fabric(
-                accelerator=accelerator,
-                strategy=_fabric_ddp_strategy(cfg, process_group) if world_size > 1 else "auto",
-                devices=local_world_size_from_env(),
-                num_nodes=max(1, world_size // local_world_size_from_env()),
-            )
-        if not _is_using_cli():  # `fabric run` has already created the processes
-            self.fabric.launch()
-        self.group = process_group
-        self.rank = dist.get_rank(process_group) if process_group is not None else self.fabric.global_rank
-        self.world_size = dist.get_world_size(process_group) if process_group is not None else self.fabric.world_size
-        self.device = self.fabric.device
+            return Fabric(accelerator=accelerator, strategy=SingleDeviceStrategy(device=device))
+        return Fabric(
+            accelerator=accelerator,
+            strategy=_fabric_ddp_strategy(cfg, process_group) if world_size > 1 else "auto",
+            devices=local_world_size_from_env(),
+            num_nodes=max(1, world_size // local_world_size_from_env()),
+        )
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
         return self.fabric.setup(model, optimizer)
@@ -264,7 +295,8 @@ class TorchRuntime(Runtime):
             torch.cuda.set_device(self.device)
         self.world_size = world_size
         if world_size > 1:
-            dist.init_process_group(backend="nccl" if cfg.cuda else "gloo", timeout=collective_timeout(cfg))
+            with naming_a_taken_port():
+                dist.init_process_group(backend="nccl" if cfg.cuda else "gloo", timeout=collective_timeout(cfg))
         self.rank = dist.get_rank() if world_size > 1 else 0
 
     def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:

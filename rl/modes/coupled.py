@@ -67,7 +67,7 @@ def _train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None) 
     report_every = algorithm.iterations_per_report(world_size)
     replay_ratio = algorithm.passes_per_batch * batch_rows / cfg.steps_per_iteration
     progress = ProgressBar(num_iterations * steps_per_iteration, runtime.is_main and cfg.progress_bar,
-                           initial=global_step)  # fmt: skip
+                           initial=global_step, drawn_by_job=cfg.progress_bar)  # fmt: skip
     interrupt = InterruptFlag()
 
     saved_at = -1  # the step of the last checkpoint: every rank must agree, so no file-system check

@@ -33,6 +33,7 @@ from rl.checkpoint import (
 )
 from rl.config import RunConfig
 from rl.envs import video_folder
+from rl.errors import progress_line
 from rl.faults import gather_process_ids, peer, report_lost_peers
 from rl.logger import EPISODE_RETURN, FabricSink, ProgressBar, TrainingMetrics
 from rl.optim import load_flat_parameters, num_parameters
@@ -47,7 +48,7 @@ from rl.run import (
     run_name,
     training_state,
 )
-from rl.runtime import FabricRuntime, close_process_group, collective_timeout
+from rl.runtime import FabricRuntime, close_process_group, collective_timeout, naming_a_taken_port
 from rl.seeds import SCATTER_STREAM, derive_seed
 
 PLAYER_RANK = 0
@@ -328,6 +329,7 @@ def run_trainer(
     codec = algorithm.batch_codec()
     stats_message = StatsMessage(list(algorithm.stat_tags))
     is_first = topology.rank == FIRST_TRAINER_RANK
+    progress_line(cfg.progress_bar)  # the player's bar shares our stderr: error lines start on their own
 
     while True:
         command, iteration = channel.receive_command()
@@ -368,7 +370,8 @@ def train_decoupled(algorithm: Algorithm, world_size: int, resume: dict | None =
     if device.type == "cuda":
         torch.cuda.set_device(device)
     timeout = collective_timeout(cfg)
-    world = TorchCollective().setup(backend=world_backend, timeout=timeout)
+    with naming_a_taken_port():
+        world = TorchCollective().setup(backend=world_backend, timeout=timeout)
     trainers = TorchCollective().create_group(
         ranks=list(range(FIRST_TRAINER_RANK, world_size)), backend=trainer_backend, timeout=timeout
     )

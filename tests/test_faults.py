@@ -1,0 +1,67 @@
+"""Faults around the process group: a peer lost mid-average, a rendezvous port another job holds."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from conftest import SCRIPTS, child_env, free_port
+from torch import nn
+
+from rl.algos.sac.config import SACConfig
+from rl.runtime import TorchRuntime
+
+
+def _average_after_peer_exits(rank: int, port: int, folder: str, path: str) -> None:
+    os.environ |= {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+    torch.set_num_threads(1)
+    runtime = TorchRuntime(SACConfig(), 2)
+    model, _ = runtime.setup(nn.Linear(4, 1), torch.optim.SGD([torch.zeros(1)], lr=0.1))  # DDP, gloo hook
+    torch.distributed.barrier()
+    if rank == 1:
+        os._exit(0)  # the peer is lost without a word
+    time.sleep(1.0)
+    gradients = torch.ones(3)
+    try:
+        if path == "ddp":
+            model(torch.ones(2, 4)).sum().backward()
+            gradients = model.module.weight.grad
+        else:
+            runtime.start_mean(gradients)()
+        outcome = f"returned {gradients.tolist()}"
+    except RuntimeError as error:
+        outcome = f"raised {type(error).__name__}: {str(error).splitlines()[0]}"
+    with open(os.path.join(folder, "outcome.txt"), "w") as file:
+        file.write(outcome)
+    os._exit(0)  # the process group is broken: no teardown
+
+
+@pytest.mark.parametrize("path", ["ddp", "start_mean"])
+def test_a_gradient_average_whose_peer_is_lost_raises_instead_of_returning_gradients(tmp_path, path):
+    mp.spawn(_average_after_peer_exits, args=(free_port(), str(tmp_path), path), nprocs=2, join=True)
+    outcome = (tmp_path / "outcome.txt").read_text()
+    assert outcome.startswith("raised"), outcome
+
+
+@pytest.mark.parametrize("script", ["fabric", "torch", "decoupled"])
+def test_a_rendezvous_port_taken_by_another_job_is_named_with_the_flag_that_frees_it(tmp_path, script):
+    # Rank 0 of a job started without a launcher's rendezvous (as srun does) hosts the store itself.
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        rank_zero = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "NODE_RANK": "0",
+                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+        finished = subprocess.run([sys.executable, str(SCRIPTS[script]), "--no-progress-bar"], cwd=tmp_path,
+                                  env=child_env() | rank_zero, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert finished.returncode == 2, finished.stderr[-3000:]
+    lines = finished.stderr.strip().split("\n")
+    assert (
+        lines[-1] == f"error: --main-port: port {port} is taken, most likely by another job on this machine; "
+        "start with a free one: fabric run --main-port=N, or torchrun --master-port=N (MASTER_PORT=N)"
+    ), lines
