@@ -1,0 +1,93 @@
+"""A SLURM batch script for a multi-node run: `python -m rl.slurm [flags] -- SCRIPT [ARGS...]`.
+
+Prints an sbatch script that starts one launcher per node with `srun`: `fabric run` with the
+node's rank and the first node as the main address, or torchrun with its c10d rendezvous on
+the first node. Both are torch.distributed; nothing here transports data. Submit it with
+`python -m rl.slurm --nodes 4 -- train_fabric.py sac > job.sbatch && sbatch job.sbatch`.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass, field
+from typing import Literal
+
+import tyro
+
+from rl.errors import UsageError, exit_on_usage_error
+
+
+@dataclass
+class SlurmConfig:
+    """Render an sbatch script that trains across nodes."""
+
+    command: tyro.conf.Positional[list[str]] = field(default_factory=lambda: ["train_fabric.py"])
+    """the entry script and its flags, after `--` (e.g. -- train_fabric.py sac --env-id Hopper-v5)"""
+    nodes: int = 2
+    """how many nodes"""
+    processes_per_node: int = 1
+    """ranks per node: one per GPU with --gpus-per-node, else a share of the node's cores each"""
+    gpus_per_node: int = 0
+    """GPUs to request per node (0: a CPU job); the script gets --cuda when non-zero"""
+    cpus_per_node: int = 16
+    """cores to request per node"""
+    launcher: Literal["fabric", "torchrun"] = "fabric"
+    """`fabric run` per node, or torchrun with its c10d rendezvous"""
+    port: int = 29400
+    """the rendezvous port on the first node"""
+    time: str = "04:00:00"
+    """the job's wall-time limit"""
+    job_name: str = "rl"
+    """the job's name in the queue"""
+    python: str = "python"
+    """the Python interpreter on the nodes (e.g. the project's .venv/bin/python)"""
+
+
+def launcher_command(cfg: SlurmConfig) -> list[str]:
+    """The command `srun` starts once per node; `$SLURM_*` and `$MAIN_NODE` expand on the node."""
+    if cfg.launcher == "fabric":
+        accelerator = "cuda" if cfg.gpus_per_node else "cpu"
+        return [cfg.python, "-m", "lightning.fabric.cli", f"--accelerator={accelerator}",  # = fabric run
+                f"--devices={cfg.processes_per_node}", '--num-nodes="$SLURM_NNODES"',
+                '--node-rank="$SLURM_NODEID"', '--main-address="$MAIN_NODE"', f"--main-port={cfg.port}"]  # fmt: skip
+    return [cfg.python, "-m", "torch.distributed.run", '--nnodes="$SLURM_NNODES"',
+            f"--nproc-per-node={cfg.processes_per_node}", "--rdzv-backend=c10d",
+            f'--rdzv-endpoint="$MAIN_NODE:{cfg.port}"', '--rdzv-id="$SLURM_JOB_ID"']  # fmt: skip
+
+
+def render(cfg: SlurmConfig) -> str:
+    if cfg.nodes < 1 or cfg.processes_per_node < 1:
+        raise UsageError("--nodes", "--nodes and --processes-per-node must be at least 1")
+    if not cfg.command or not cfg.command[0].endswith(".py"):
+        raise UsageError("command", "give the entry script after `--`, e.g. -- train_fabric.py sac")
+    script_args = list(cfg.command)
+    if cfg.gpus_per_node and "--cuda" not in script_args:
+        script_args.append("--cuda")
+    directives = [f"--job-name={cfg.job_name}", f"--nodes={cfg.nodes}", "--ntasks-per-node=1",
+                  f"--cpus-per-task={cfg.cpus_per_node}", f"--time={cfg.time}"]  # fmt: skip
+    if cfg.gpus_per_node:
+        directives.append(f"--gpus-per-node={cfg.gpus_per_node}")
+    threads = max(1, cfg.cpus_per_node // cfg.processes_per_node)
+    launch = " ".join([*launcher_command(cfg), *map(shlex.quote, script_args)])
+    lines = [
+        "#!/bin/bash",
+        *(f"#SBATCH {directive}" for directive in directives),
+        "set -euo pipefail",
+        "# The first node hosts the rendezvous; every node starts one launcher, which starts its ranks.",
+        'MAIN_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "export MAIN_NODE",
+        f"export OMP_NUM_THREADS={threads}  # a share of the node's cores per rank",
+        f"srun --nodes={cfg.nodes} --ntasks-per-node=1 bash -c {shlex.quote(launch)}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> None:
+    cfg = tyro.cli(SlurmConfig, args=argv, description=__doc__)
+    sys.stdout.write(render(cfg))
+
+
+if __name__ == "__main__":
+    with exit_on_usage_error():
+        main(sys.argv[1:])

@@ -1,0 +1,96 @@
+"""Two "nodes" on localhost: `fabric run --num-nodes=2` and torchrun's c10d rendezvous train as one
+machine with two processes does, bit for bit."""
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import BIN, SCRIPTS, child_env, free_port, launch, load_agent, run_dir
+
+PPO_ARGS = ["--total-timesteps", "1024", "--update-epochs", "2", "--eval-episodes", "0", "--torch-threads", "1"]
+SAC_ARGS = ["sac", "--total-timesteps", "600", "--learning-starts", "200", "--batch-size", "32", "--log-every", "200",
+            "--eval-episodes", "0", "--torch-threads", "1"]  # fmt: skip
+
+
+def node_command(launcher: str, node_rank: int, port: int, script: Path, args: list[str]) -> list[str]:
+    if launcher == "fabric run":
+        return [str(BIN / "fabric"), "run", "--accelerator=cpu", "--num-nodes=2", f"--node-rank={node_rank}",
+                "--main-address=127.0.0.1", f"--main-port={port}", "--devices=1", str(script), *args]  # fmt: skip
+    return [str(BIN / "torchrun"), "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=two-nodes", str(script), *args]  # fmt: skip
+
+
+def launch_two_nodes(launcher: str, script: Path, args: list[str], cwd: Path) -> list[subprocess.CompletedProcess]:
+    """Both nodes at once, as a cluster scheduler starts them; the same working directory (a shared disk)."""
+    port = free_port()
+    commands = [node_command(launcher, rank, port, script, args) for rank in range(2)]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    nodes = [subprocess.Popen(command, cwd=cwd, env=child_env(), **pipes) for command in commands]
+    finished = []
+    for node in nodes:
+        stdout, stderr = node.communicate(timeout=240)
+        finished.append(subprocess.CompletedProcess(node.args, node.returncode, stdout, stderr))
+    return finished
+
+
+@pytest.mark.parametrize(
+    ("launcher", "mode", "args"),
+    [("fabric run", "fabric", PPO_ARGS), ("torchrun", "torch", SAC_ARGS)],
+    ids=["fabric-run-ppo", "torchrun-sac"],
+)
+def test_two_nodes_train_exactly_as_two_processes_on_one_machine(tmp_path, launcher, mode, args):
+    nodes_dir, single_dir = tmp_path / "two-nodes", tmp_path / "one-machine"
+    nodes_dir.mkdir()
+    single_dir.mkdir()
+    for node in launch_two_nodes(launcher, SCRIPTS[mode], args, nodes_dir):
+        assert node.returncode == 0, node.stderr[-3000:]
+    single = launch(launcher, SCRIPTS[mode], args, single_dir, nproc=2)
+    assert single.returncode == 0, single.stderr[-3000:]
+    across_nodes, on_one_machine = load_agent(run_dir(nodes_dir, mode)), load_agent(run_dir(single_dir, mode))
+    assert across_nodes["config"]["total_timesteps"] == on_one_machine["config"]["total_timesteps"]
+    for name, tensor in on_one_machine["agent"].items():
+        assert torch.equal(across_nodes["agent"][name], tensor), name
+
+
+def render_slurm(*args: str) -> subprocess.CompletedProcess:
+    command = [str(BIN / "python"), "-m", "rl.slurm", *args]
+    return subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("launcher", ["fabric", "torchrun"])
+def test_the_slurm_script_starts_one_launcher_per_node_with_the_first_node_as_rendezvous(tmp_path, launcher):
+    # A stand-in interpreter that prints the arguments it gets: what each node's launcher would receive.
+    (python := tmp_path / "python").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    python.chmod(0o755)
+    rendered = render_slurm("--nodes", "4", "--gpus-per-node", "8", "--processes-per-node", "8", "--launcher",
+                            launcher, "--python", str(python), "--", "train_fabric.py", "sac", "--exp-name",
+                            "it's mine")  # fmt: skip
+    assert rendered.returncode == 0, rendered.stderr
+    script = rendered.stdout
+    for directive in ("--nodes=4", "--ntasks-per-node=1", "--gpus-per-node=8", "--cpus-per-task=16"):
+        assert f"#SBATCH {directive}\n" in script
+    assert "export OMP_NUM_THREADS=2" in script  # 16 cores / 8 ranks
+    (path := tmp_path / "job.sbatch").write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0  # valid bash
+    # srun runs `bash -c COMMAND` on every node; run it here as SLURM would on node 3 of 4.
+    (srun_line,) = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert srun_line.startswith("srun --nodes=4 --ntasks-per-node=1 bash -c ")
+    node_3 = {"SLURM_NNODES": "4", "SLURM_NODEID": "3", "SLURM_JOB_ID": "77", "MAIN_NODE": "gpu001"}
+    inner = srun_line.removeprefix("srun --nodes=4 --ntasks-per-node=1 ")
+    received = subprocess.run(["bash", "-c", inner], env=child_env() | node_3, capture_output=True, text=True)
+    arguments = received.stdout.splitlines()
+    if launcher == "fabric":
+        assert arguments[:2] == ["-m", "lightning.fabric.cli"]
+        expected = {"--num-nodes=4", "--node-rank=3", "--main-address=gpu001", "--devices=8", "--accelerator=cuda"}
+    else:
+        assert arguments[:2] == ["-m", "torch.distributed.run"]
+        expected = {"--nnodes=4", "--nproc-per-node=8", "--rdzv-endpoint=gpu001:29400", "--rdzv-id=77"}
+    assert expected <= set(arguments), arguments
+    assert arguments[-5:] == ["train_fabric.py", "sac", "--exp-name", "it's mine", "--cuda"]
+
+
+def test_a_slurm_script_needs_an_entry_script():
+    rendered = render_slurm("--nodes", "2", "--", "sac")
+    assert rendered.returncode == 2
+    assert rendered.stderr.strip() == "error: command: give the entry script after `--`, e.g. -- train_fabric.py sac"
