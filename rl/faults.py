@@ -3,6 +3,9 @@
 The launcher stops the survivors with SIGTERM as soon as one process ends, often before any
 collective notices; otherwise a collective fails with a lost connection. Either way each
 survivor prints one line naming the ranks or roles whose processes have ended, and exits 1.
+
+On its own node a survivor sees an ended process in /proc. Across nodes, every rank beats a
+counter in the job's rendezvous store once a second: a rank whose counter stands still is gone.
 """
 
 from __future__ import annotations
@@ -10,9 +13,12 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import threading
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -45,13 +51,53 @@ def peer(name: str) -> Iterator[None]:
         raise
 
 
-def _host_id() -> int:
-    return zlib.crc32(socket.gethostname().encode())
+HEARTBEAT_SECONDS = 1.0
+
+
+def _node_id() -> int:
+    """This launcher group: the host, and the node rank a launcher gives (two "nodes" may share a host)."""
+    return zlib.crc32(f"{socket.gethostname()}/{os.environ.get('GROUP_RANK', '0')}".encode())
+
+
+class Heartbeat:
+    """Each rank adds 1 to its key in the job's store every `HEARTBEAT_SECONDS`, from a daemon thread.
+
+    Its own client connection to the rendezvous store (`MASTER_ADDR:MASTER_PORT`, hosted by the
+    launcher or rank 0), so it never shares a socket with the process group.
+    """
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank, self.world_size = rank, world_size
+        self.store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                                   timeout=timedelta(seconds=10))  # fmt: skip
+        self.stopped = threading.Event()
+        threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
+
+    def _beat(self) -> None:
+        while not self.stopped.wait(HEARTBEAT_SECONDS):
+            try:
+                self.store.add(f"rl/heartbeat/{self.rank}", 1)
+            except (RuntimeError, dist.DistError):  # the store's host is gone: silent_ranks says so
+                return
+
+    def silent_ranks(self) -> list[int] | None:
+        """The other ranks whose beats stopped (over three periods); None if the store itself is gone."""
+        self.stopped.set()
+        try:
+            before = self._counts()
+            time.sleep(3 * HEARTBEAT_SECONDS)
+            after = self._counts()
+        except (RuntimeError, dist.DistError):
+            return None
+        return [rank for rank in range(self.world_size) if rank != self.rank and after[rank] == before[rank]]
+
+    def _counts(self) -> list[int]:
+        return [self.store.add(f"rl/heartbeat/{rank}", 0) for rank in range(self.world_size)]
 
 
 def gather_process_ids(device: torch.device) -> Tensor:
-    """(host id, pid) of every rank, so a survivor can tell whose process has ended."""
-    own = torch.tensor([_host_id(), os.getpid()], dtype=torch.long, device=device)
+    """(node id, pid) of every rank, so a survivor can tell whose process has ended."""
+    own = torch.tensor([_node_id(), os.getpid()], dtype=torch.long, device=device)
     if not dist.is_initialized():
         return own.unsqueeze(0).cpu()
     every = [torch.zeros_like(own) for _ in range(dist.get_world_size())]
@@ -68,25 +114,44 @@ def _process_ended(pid: int) -> bool:
 
 
 def ended_ranks(process_ids: Tensor, own_rank: int) -> list[int]:
-    """Ranks on this host whose processes have ended (other hosts cannot be checked from here)."""
-    host = _host_id()
+    """Ranks on this node whose processes have ended (other nodes cannot be checked from here)."""
+    node = _node_id()
     return [
         rank
-        for rank, (rank_host, pid) in enumerate(process_ids.tolist())
-        if rank != own_rank and rank_host == host and _process_ended(pid)
+        for rank, (rank_node, pid) in enumerate(process_ids.tolist())
+        if rank != own_rank and rank_node == node and _process_ended(pid)
     ]
+
+
+def spans_nodes(process_ids: Tensor) -> bool:
+    return len(set(process_ids[:, 0].tolist())) > 1
 
 
 @contextmanager
 def report_lost_peers(own_rank: int, name: Callable[[int], str], process_ids: Tensor) -> Iterator[None]:
     """End this process with a line naming what failed, instead of hanging or a traceback."""
     role = name(own_rank)
+    heartbeat = Heartbeat(own_rank, len(process_ids)) if spans_nodes(process_ids) else None
 
-    def ended() -> str:
-        return " and ".join(name(rank) for rank in ended_ranks(process_ids, own_rank))
+    def lost() -> str:
+        """The peers known to be gone, and how that is known; empty if none is."""
+        gone = ended_ranks(process_ids, own_rank)
+        if gone:  # seen on this node
+            return f"{' and '.join(map(name, gone))}: {'its process' if len(gone) == 1 else 'their processes'} ended"
+        if heartbeat is None:
+            return ""
+        silent = heartbeat.silent_ranks()
+        if silent is None:
+            return "the node hosting the rendezvous store (node 0): the store is unreachable"
+        if not silent:
+            return ""
+        return (
+            f"{' and '.join(map(name, silent))} on another node: {'its' if len(silent) == 1 else 'their'} "
+            "heartbeat stopped"
+        )
 
     def stopped_by_launcher(signum: int, frame: object) -> None:
-        print_error(f"error: {role}: stopped by the launcher because {ended() or 'another process'} ended")
+        print_error(f"error: {role}: stopped by the launcher because it lost {lost() or 'another process'}")
         os._exit(1)
 
     previous = signal.signal(signal.SIGTERM, stopped_by_launcher)
@@ -97,13 +162,15 @@ def report_lost_peers(own_rank: int, name: Callable[[int], str], process_ids: Te
     except Exception as error:
         # Once a peer is gone, whatever failed here follows from that: name the lost peer, never
         # this process's symptom as if it were the cause.
-        gone = ended()
-        if gone:  # seen on this host: the peer's process is gone
-            print_error(f"error: {role}: lost {gone}: its process ended")
-        elif isinstance(error, PeerLost):  # on another host, or already reaped: what the collective saw
+        known = lost()
+        if known:
+            print_error(f"error: {role}: lost {known}")
+        elif isinstance(error, PeerLost):  # reaped, or no heartbeat to tell: what the collective saw
             print_error(f"error: {role}: lost {error.peer}: {error.detail}")
         else:
             raise
         os._exit(1)  # the process group is broken: skip its teardown, which could block
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if heartbeat is not None:
+            heartbeat.stopped.set()

@@ -1,12 +1,15 @@
 """Two "nodes" on localhost: `fabric run --num-nodes=2` and torchrun's c10d rendezvous train as one
 machine with two processes does, bit for bit."""
 
+import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import BIN, SCRIPTS, child_env, free_port, launch, load_agent, run_dir
+from conftest import BIN, SCRIPTS, child_env, child_pids, free_port, launch, load_agent, rank_pid, run_dir
 
 PPO_ARGS = ["--total-timesteps", "1024", "--update-epochs", "2", "--eval-episodes", "0", "--torch-threads", "1"]
 SAC_ARGS = ["sac", "--total-timesteps", "600", "--learning-starts", "200", "--batch-size", "32", "--log-every", "200",
@@ -51,6 +54,32 @@ def test_two_nodes_train_exactly_as_two_processes_on_one_machine(tmp_path, launc
     assert across_nodes["config"]["total_timesteps"] == on_one_machine["config"]["total_timesteps"]
     for name, tensor in on_one_machine["agent"].items():
         assert torch.equal(across_nodes["agent"][name], tensor), name
+
+
+def test_a_rank_killed_on_another_node_is_named_by_the_survivor(tmp_path):
+    port = free_port()
+    args = ["--total-timesteps", "100000000", "--no-progress-bar", "--torch-threads", "1"]
+    nodes = [subprocess.Popen(node_command("fabric run", rank, port, SCRIPTS["fabric"], args), cwd=tmp_path,
+                              env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True) for rank in range(2)]  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while not list(tmp_path.glob("logs/*/*/events.*")):
+            assert time.monotonic() < deadline, "training did not start"
+            time.sleep(0.2)
+        time.sleep(1.0)
+        victim = rank_pid(nodes[1].pid, 1)
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        _, survivor_stderr = nodes[0].communicate(timeout=60)
+    finally:
+        for node in nodes:
+            for pid in child_pids(node.pid):
+                os.kill(pid, signal.SIGKILL)
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    said = [line for line in survivor_stderr.split("\n") if line.startswith("error: rank 0: ")]
+    assert said and "rank 1 on another node: its heartbeat stopped" in said[0], survivor_stderr[-3000:]
 
 
 def render_slurm(*args: str) -> subprocess.CompletedProcess:
