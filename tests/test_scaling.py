@@ -1,0 +1,37 @@
+"""The scaling study end to end on a tiny budget: real launched jobs, results, figures, resume."""
+
+import csv
+import json
+import subprocess
+import sys
+
+from conftest import REPO, child_env
+
+STUDY = [sys.executable, str(REPO / "benchmarks" / "scaling.py"), "--modes", "coupled", "decoupled",
+         "--world-sizes", "1", "2", "--seeds", "1", "--total-timesteps", "3072"]  # fmt: skip
+
+
+def run_study(out) -> subprocess.CompletedProcess:
+    return subprocess.run([*STUDY, "--out", str(out)], env=child_env(), capture_output=True, text=True, timeout=300)
+
+
+def test_a_study_writes_one_row_per_run_its_figures_and_resumes_without_rerunning(tmp_path):
+    first = run_study(tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "[3/3] decoupled-w2-s1" in first.stdout  # progress, one line per run
+    with open(tmp_path / "results.csv") as file:
+        rows = list(csv.DictReader(file))
+    runs = [(row["mode"], row["world_size"]) for row in rows]
+    assert runs == [("coupled", "1"), ("coupled", "2"), ("decoupled", "2")]
+    by_mode = {(row["mode"], row["world_size"]): row for row in rows}
+    assert float(by_mode[("coupled", "1")]["speedup"]) == 1.0
+    for row in rows:
+        assert float(row["env_steps_per_s"]) > 0 and float(row["wall_time_s"]) > 0
+        assert float(row["efficiency"]) == round(float(row["speedup"]) / int(row["world_size"]), 3)
+        assert row["oversubscribed"] == "False" and row["final_eval_return"] != ""
+    (stored,) = [row for row in json.loads((tmp_path / "results.json").read_text()) if row["mode"] == "decoupled"]
+    assert stored["curve"]["steps"][-1] == 3072 and len(stored["curve"]["returns"]) == len(stored["curve"]["steps"])
+    for figure in ("return_vs_steps_per_process", "return_vs_total_steps", "return_vs_wall_time", "speedup"):
+        assert (tmp_path / f"{figure}.png").stat().st_size > 10_000, figure
+    again = run_study(tmp_path)
+    assert again.returncode == 0 and "3 runs, 3 already done" in again.stdout and "[1/" not in again.stdout
