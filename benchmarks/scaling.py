@@ -174,7 +174,8 @@ def run_study(args: argparse.Namespace, runs: list[Run]) -> list[dict]:
         (rows_dir / f"{run.key}.json").write_text(json.dumps(row))
         elapsed = time.perf_counter() - started
         eta = elapsed / done_count * (len(pending) - done_count)
-        print(f"{row['env_steps_per_s']:,.0f} env steps/s, eval {row['final_eval_return']}, "
+        evaluation = "n/a" if row["final_eval_return"] is None else f"{row['final_eval_return']:.1f}"
+        print(f"{row['env_steps_per_s']:,.0f} env steps/s, eval {evaluation}, "
               f"{row['wall_time_s']:.0f} s (study ETA {eta / 60:.1f} min)", flush=True)  # fmt: skip
     for run in runs:
         rows.append(json.loads((rows_dir / f"{run.key}.json").read_text()))
