@@ -27,7 +27,7 @@ from rl.runtime import Runtime
 
 
 class Learner(ABC):
-    """One rank's learning side: the trained modules (set up through the runtime), optimizers, update step."""
+    """One rank's learning side: the trained modules, optimizers and update step, averaged through the runtime."""
 
     def __init__(self, policy: nn.Module) -> None:
         self.policy = policy  # the plain module: acting and evaluation use it, and it shares the trained weights
@@ -37,7 +37,7 @@ class Learner(ABC):
         """One learning phase on `batch`; returns named statistics (a subset of the algorithm's `stat_tags`).
 
         Every learner calls it at the same iteration with a batch of the same size, so the
-        collectives inside (DDP's gradient averaging) stay in step.
+        collectives inside (the gradient averages) stay in step.
         """
 
     @abstractmethod
@@ -88,7 +88,7 @@ class Algorithm(ABC):
 
     @abstractmethod
     def make_learner(self, policy: nn.Module, runtime: Runtime, shard: DataShard, env_ranks: int) -> Learner:
-        """The learning side around `policy`, its modules set up through `runtime` (DDP across learners)."""
+        """The learning side around `policy`; its gradients are averaged across learners through `runtime`."""
 
     @abstractmethod
     def batch_rows(self, learners_fed: int) -> int:
