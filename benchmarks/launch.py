@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 import tempfile
 
 SUMMARY = re.compile(r"training loop: (\d+) steps in ([\d.]+) s")
+
+
+def free_port() -> int:
+    """A port no other job holds, so a benchmark can run beside other jobs on this machine."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def run_in_scratch_folder(command: list[str]) -> str:

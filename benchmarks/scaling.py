@@ -27,14 +27,13 @@ import csv
 import glob
 import json
 import os
-import socket
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from launch import SUMMARY
+from launch import SUMMARY, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -97,13 +96,6 @@ def command(args: argparse.Namespace, run: Run) -> list[str]:
     if args.scale_lr and args.algorithm == "sac":
         flags.append("--scale-lr")
     return [*launcher, str(REPO / script), *flags]
-
-
-def free_port() -> int:
-    """A port no other job holds, so a study can run beside other jobs on this machine."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def launch(args: argparse.Namespace, run: Run, folder: Path) -> dict:

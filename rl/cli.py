@@ -14,7 +14,7 @@ from rl.checkpoint import check_resumable, load_checkpoint
 from rl.config import (
     RunConfig,
     local_world_size_from_env,
-    parse_dataclass,
+    parse_config_flags,
     validate,
     validate_decoupled,
     world_size_from_env,
@@ -34,7 +34,7 @@ def parse_config(argv: list[str]) -> RunConfig:
     """
     name, flags = (argv[0], argv[1:]) if argv and argv[0] in ALGORITHMS else (DEFAULT_ALGORITHM, argv)
     program = f"{os.path.basename(sys.argv[0])} {name}"
-    return parse_dataclass(ALGORITHMS[name].config_type, flags, prog=program)
+    return parse_config_flags(ALGORITHMS[name].config_type, flags, prog=program)
 
 
 def prepare(argv: list[str], decoupled: bool = False) -> tuple[Algorithm, int, dict | None]:

@@ -12,10 +12,11 @@ import os
 import re
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import tyro
 
+from rl.envs import VectorMode
 from rl.errors import UsageError
 
 
@@ -36,6 +37,9 @@ class RunConfig:
 
     num_envs: int = 2
     """the number of parallel environments per rank"""
+    vector_mode: VectorMode = "sync"
+    """how a rank steps its envs: sync (in its process), async (a process per env), native (the env's own
+    vectorized implementation, many times faster where gymnasium has one: CartPole), auto (native where it exists)"""
     share_data: bool = False
     """coupled: all-gather each batch so every rank trains on a shard of everyone's data;
     decoupled: broadcast one batch that the trainers split, instead of one batch per trainer"""
@@ -67,6 +71,8 @@ class RunConfig:
     pipeline: bool = False
     """decoupled mode: the player collects the next batch while the trainers train on this one"""
 
+    # Tuned starting points by name (`--preset`), each a mapping of field names to values.
+    PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
     # Fields a resumed run must share with its checkpoint: they shape the envs or the networks.
     IMMUTABLE = ("env_id", "num_envs")
     POSITIVE = ("num_envs", "total_timesteps", "keep_last", "collective_timeout")
@@ -147,17 +153,45 @@ def validate_decoupled(cfg: RunConfig, world_size: int) -> None:
 
 _RULE = re.compile(r"^[\s╭╮╰╯│─-]*$")
 Config = TypeVar("Config")
+RunConfigT = TypeVar("RunConfigT", bound=RunConfig)
 
 
-def parse_dataclass(config_type: type[Config], argv: list[str], prog: str | None = None) -> Config:
-    """Parse the command line with tyro, condensing its boxed errors into one line.
+def parse_config_flags(config_type: type[RunConfigT], argv: list[str], prog: str | None = None) -> RunConfigT:
+    """A run config from the command line; `--preset NAME` replaces the defaults with the preset's values."""
+    name = preset_from_argv(argv)
+    default = None if name is None else config_type(**preset_values(config_type, name))
+    return parse_dataclass(config_type, argv, prog, default)
+
+
+def preset_from_argv(argv: list[str]) -> str | None:
+    """The value of `--preset NAME` or `--preset=NAME` (the last, if given twice); None without one."""
+    name = None
+    for index, arg in enumerate(argv):
+        if arg == "--preset" and index + 1 < len(argv):
+            name = argv[index + 1]
+        elif arg.startswith("--preset="):
+            name = arg.split("=", 1)[1]
+    return name
+
+
+def preset_values(config_type: type[RunConfig], name: str) -> dict[str, Any]:
+    if name not in config_type.PRESETS:
+        choices = ", ".join(config_type.PRESETS) or "none exist"
+        raise UsageError("--preset", f"there is no preset {name!r} for this algorithm; choose from {choices}")
+    return {"preset": name, **config_type.PRESETS[name]}
+
+
+def parse_dataclass(
+    config_type: type[Config], argv: list[str], prog: str | None = None, default: Config | None = None
+) -> Config:
+    """Parse the command line with tyro (from `default`'s values, if given), condensing its boxed errors into one line.
 
     `--help` prints tyro's help as usual; any parse error raises `UsageError`.
     """
     out, err = io.StringIO(), io.StringIO()
     try:
         with redirect_stdout(out), redirect_stderr(err):
-            return tyro.cli(config_type, args=argv, prog=prog)
+            return tyro.cli(config_type, args=argv, prog=prog, default=default)
     except SystemExit as exit_:
         if exit_.code in (0, None):
             print(out.getvalue(), end="")

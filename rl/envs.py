@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass
+from typing import Literal
 
 import gymnasium as gym
 import numpy as np
@@ -23,6 +24,8 @@ RENAMED_ENV_IDS = {
     "BipedalWalkerHardcore-v2": "BipedalWalkerHardcore-v3",
     "CarRacing-v1": "CarRacing-v3",
 }
+
+VectorMode = Literal["auto", "sync", "async", "native"]
 
 SUPPORTED_ACTION_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Box)
 
@@ -95,16 +98,69 @@ def _make_env_thunk(env_id: str, video_dir: str | None):
     return thunk
 
 
-def make_vector_env(env_id: str, num_envs: int, video_dir: str | None = None) -> gym.vector.VectorEnv:
-    """Synchronous envs that reset in the same step as they end, with episode statistics.
+def make_vector_env(
+    env_id: str, num_envs: int, video_dir: str | None = None, mode: VectorMode = "sync"
+) -> gym.vector.VectorEnv:
+    """`num_envs` envs stepped as one, with episode statistics.
 
-    SAME_STEP autoreset returns the first observation of the next episode together with the
-    last transition and puts the true last observation in `info["final_obs"]`, so the rollout
-    never stores the fake reset step that NEXT_STEP would produce.
+    - `sync` / `async`: gymnasium's vector wrappers around single envs, in this process or one
+      process per env. They reset an env in the same step as it ends (SAME_STEP autoreset):
+      the step returns the next episode's first observation, and the true last one is in
+      `info["final_obs"]`, so a rollout never stores a step that is not a transition.
+    - `native`: the env's own vectorized implementation (`gym.make_vec`, gymnasium's
+      `vector_entry_point`), far faster where one exists. It resets an env one step after it
+      ends (NEXT_STEP): that step ignores the action and only returns the first observation.
     """
+    if mode == "native":
+        envs = gym.make_vec(env_id, num_envs, vectorization_mode="vector_entry_point")
+        return gym.wrappers.vector.RecordEpisodeStatistics(envs)
     thunks = [_make_env_thunk(env_id, video_dir if index == 0 else None) for index in range(num_envs)]
-    envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    vector_type = gym.vector.AsyncVectorEnv if mode == "async" else gym.vector.SyncVectorEnv
+    envs = vector_type(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)
+
+
+def resets_next_step(envs: gym.vector.VectorEnv) -> bool:
+    """Whether an ended env returns its first observation one step late (see `make_vector_env`)."""
+    return envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP) == gym.vector.AutoresetMode.NEXT_STEP
+
+
+def reset_vector_env(envs: gym.vector.VectorEnv, seeds: list[int]) -> np.ndarray:
+    """Reset every env: one seed each where the envs are separate, the first seed for a native vector env."""
+    separate = isinstance(envs.unwrapped, gym.vector.SyncVectorEnv | gym.vector.AsyncVectorEnv)
+    first_obs, _ = envs.reset(seed=seeds if separate else seeds[0])
+    return first_obs
+
+
+def has_native_vector_env(env_id: str) -> bool:
+    """Whether gymnasium registers a vectorized implementation of the env that imports here."""
+    spec = gym.envs.registry.get(env_id)
+    entry_point = None if spec is None else spec.vector_entry_point
+    if not isinstance(entry_point, str):
+        return entry_point is not None
+    try:
+        gym.envs.registration.load_env_creator(entry_point)
+    except (ImportError, gym.error.DependencyNotInstalled):
+        return False  # e.g. the JAX envs of gymnasium.envs.phys2d without jax installed
+    return True
+
+
+def choose_vector_mode(mode: VectorMode, env_id: str, capture_video: bool, algorithm_allows_native: bool) -> VectorMode:
+    """The mode to build: `auto` is `native` where the env has it (and video and the algorithm allow), else `sync`.
+
+    Raises `UsageError` when `native` was asked for and cannot be had.
+    """
+    native_ok = has_native_vector_env(env_id)
+    if mode == "auto":
+        return "native" if native_ok and not capture_video and algorithm_allows_native else "sync"
+    if mode == "native":
+        if not native_ok:
+            raise UsageError("--vector-mode", f"{env_id} has no native vector env here; use sync or async")
+        if capture_video:
+            raise UsageError("--vector-mode", "native envs do not record video; use sync with --capture-video")
+        if not algorithm_allows_native:
+            raise UsageError("--vector-mode", "this algorithm needs envs that reset as they end; use sync or async")
+    return mode
 
 
 def video_folder(run_dir: str, prefix: str) -> str:

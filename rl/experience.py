@@ -11,7 +11,7 @@ import contextlib
 import pickle
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import cloudpickle
 import gymnasium as gym
@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from rl.batch import TensorBatch
+from rl.envs import reset_vector_env, resets_next_step
 from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
 
 
@@ -30,6 +31,15 @@ class Policy(Protocol):
         """Sampled actions first, then whatever else the algorithm stores."""
 
     def greedy_action(self, obs: Tensor) -> Tensor: ...
+
+
+class EnvStep(NamedTuple):
+    next_obs: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    info: dict
+    is_transition: np.ndarray  # False where a NEXT_STEP env only reset (its action was ignored)
 
 
 @dataclass
@@ -71,6 +81,8 @@ class ExperienceSource(ABC):
         self.obs_normalizer = obs_normalizer
         self.reward_scaler = reward_scaler
         self.generator = generator
+        # Native vector envs reset an ended env on the step after: that step is no transition.
+        self.resets_next_step = resets_next_step(envs)
         self.reset_envs(env_seeds)
 
     @abstractmethod
@@ -89,8 +101,21 @@ class ExperienceSource(ABC):
         return {}
 
     def reset_envs(self, seeds: list[int]) -> None:
-        first_obs, _ = self.envs.reset(seed=seeds)
-        self.raw_obs = self.to_tensor(first_obs)
+        self.raw_obs = self.to_tensor(reset_vector_env(self.envs, seeds))
+        self.ended = np.zeros(self.envs.num_envs, dtype=np.bool_)  # which envs' last step ended an episode
+
+    def step_envs(self, actions: np.ndarray) -> EnvStep:
+        """One vector step, and which of its rows are transitions (not a NEXT_STEP env's reset step)."""
+        is_transition = ~self.ended if self.resets_next_step else np.ones(self.envs.num_envs, dtype=np.bool_)
+        raw_next, reward, terminated, truncated, info = self.envs.step(actions)
+        self.ended = terminated | truncated
+        return EnvStep(raw_next, reward, terminated, truncated, info, is_transition)
+
+    def final_observations(self, raw_next: np.ndarray, info: dict, index: np.ndarray) -> np.ndarray:
+        """The true last observations of the envs in `index`, which ended in this step."""
+        if self.resets_next_step:
+            return raw_next[index]  # the reset comes on the next step; this one returned the last observation
+        return np.stack([info["final_obs"][i] for i in index])
 
     def to_tensor(self, array: np.ndarray) -> Tensor:
         """Observations of shape [rows, ...] as float32 rows on this rank's device."""
@@ -109,6 +134,7 @@ class ExperienceSource(ABC):
         return {
             "envs": envs,
             "raw_obs": self.raw_obs.cpu(),
+            "ended": torch.from_numpy(self.ended.copy()),
             "discounted_returns": torch.from_numpy(self.reward_scaler.discounted_returns.copy()),
             "action_generator": self.generator.get_state(),
             "torch_rng": torch.get_rng_state(),
@@ -125,8 +151,12 @@ class ExperienceSource(ABC):
         self.envs.close()
         self.envs = pickle.loads(state["envs"].numpy().tobytes())  # the user's own checkpoint
         self.raw_obs = state["raw_obs"].to(self.device)
+        self.ended = state["ended"].numpy().copy() if "ended" in state else np.zeros_like(self.ended)
         return True
 
     def _restorable_from_pickle(self) -> bool:
-        modules = [type(env.unwrapped).__module__ for env in self.envs.unwrapped.envs]
+        vector = self.envs.unwrapped
+        if isinstance(vector, gym.vector.AsyncVectorEnv):
+            return False  # its envs live in worker processes
+        modules = [type(env.unwrapped).__module__ for env in getattr(vector, "envs", [vector])]
         return not any(module.startswith(UNPICKLABLE_ENV_PACKAGES) for module in modules)

@@ -12,6 +12,8 @@ BAD_INPUTS = [
     (["--learning-rate", "-0.001"], "--learning-rate"),
     (["--total-timesteps", "200"], "--total-timesteps"),  # one rollout is 2 envs x 128 steps per rank
     (["--no-such-flag"], "--no-such-flag"),
+    (["--env-id", "Acrobot-v1", "--vector-mode", "native"], "--vector-mode"),  # no native Acrobot
+    (["--preset", "hopper"], "--preset"),
 ]
 if not torch.cuda.is_available():
     BAD_INPUTS.append((["--cuda"], "--cuda"))

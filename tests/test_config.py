@@ -1,6 +1,7 @@
 """Config parsing and validation: each bad input names its flag."""
 
 import dataclasses
+import typing
 
 import gymnasium as gym
 import numpy as np
@@ -194,3 +195,73 @@ def test_sac_help_explains_its_flags(capsys):
     help_text = " ".join(capsys.readouterr().out.split())
     for meaning in ("replay buffer capacity", "Polyak", "'auto' to tune it", "gradient steps in each learning phase"):
         assert meaning in help_text
+
+
+def preset_cases():
+    from rl.registry import ALGORITHMS
+
+    return [(name, preset) for name, kind in ALGORITHMS.items() for preset in kind.config_type.PRESETS]
+
+
+def test_each_config_offers_exactly_its_algorithms_presets():
+    from rl.registry import ALGORITHMS
+
+    for kind in ALGORITHMS.values():
+        preset_type = typing.get_type_hints(kind.config_type)["preset"]
+        offered = [arg for arg in typing.get_args(preset_type) if arg is not type(None)]
+        choices = [choice for arg in offered for choice in typing.get_args(arg)]
+        assert choices == list(kind.config_type.PRESETS), kind.name
+
+
+@pytest.mark.parametrize(("algorithm", "preset"), preset_cases())
+def test_every_preset_is_a_valid_two_process_run_on_an_env_its_algorithm_accepts(algorithm, preset):
+    from rl.registry import ALGORITHMS
+
+    cfg = parse_config([algorithm, "--preset", preset])
+    assert cfg.preset == preset
+    for field, value in type(cfg).PRESETS[preset].items():
+        assert getattr(cfg, field) == value, field
+    check(cfg, world_size=2)
+    ALGORITHMS[algorithm].check_spaces(inspect_env(cfg.env_id))
+
+
+@pytest.mark.parametrize("order", ["preset first", "preset last"])
+def test_flags_given_with_a_preset_override_it_in_any_order(order):
+    preset, flags = ["--preset", "cartpole"], ["--seed", "7", "--num-envs", "3", "--no-anneal-lr"]
+    cfg = parse_config(preset + flags if order == "preset first" else flags + preset)
+    assert (cfg.env_id, cfg.gamma, cfg.activation_function) == ("CartPole-v1", 0.98, "tanh")  # from the preset
+    assert (cfg.seed, cfg.num_envs, cfg.anneal_lr) == (7, 3, False)  # from the flags
+    assert parse_config(["--preset=cartpole"]).anneal_lr
+
+
+@pytest.mark.parametrize("argv", [["--preset", "hopper"], ["sac", "--preset", "cartpole"]])
+def test_an_unknown_preset_is_named_with_the_choices(argv):
+    with pytest.raises(UsageError) as error:
+        parse_config(argv)
+    assert error.value.flag == "--preset"
+    assert "choose from" in str(error.value) and argv[-1] in str(error.value)
+
+
+def test_auto_vector_mode_is_native_only_where_the_env_algorithm_and_video_allow_it():
+    from rl.envs import choose_vector_mode
+
+    assert choose_vector_mode("auto", "CartPole-v1", capture_video=False, algorithm_allows_native=True) == "native"
+    assert choose_vector_mode("auto", "Acrobot-v1", capture_video=False, algorithm_allows_native=True) == "sync"
+    assert choose_vector_mode("auto", "CartPole-v1", capture_video=True, algorithm_allows_native=True) == "sync"
+    assert choose_vector_mode("auto", "CartPole-v1", capture_video=False, algorithm_allows_native=False) == "sync"
+    assert choose_vector_mode("async", "Acrobot-v1", capture_video=True, algorithm_allows_native=False) == "async"
+    for env_id, video, allowed in (("Acrobot-v1", False, True), ("CartPole-v1", True, True),
+                                   ("CartPole-v1", False, False)):  # fmt: skip
+        with pytest.raises(UsageError) as error:
+            choose_vector_mode("native", env_id, capture_video=video, algorithm_allows_native=allowed)
+        assert error.value.flag == "--vector-mode"
+
+
+def test_sac_is_refused_native_envs_with_the_modes_it_takes():
+    from rl.algos.sac.algorithm import SAC
+    from rl.algos.sac.config import SACConfig
+
+    spaces = inspect_env("MountainCarContinuous-v0")
+    assert SAC(SACConfig(env_id=spaces.env_id, vector_mode="auto"), spaces).vector_mode == "sync"
+    with pytest.raises(UsageError, match="needs envs that reset as they end"):
+        SAC(SACConfig(env_id="CartPole-v1", vector_mode="native"), inspect_env("CartPole-v1"))

@@ -159,3 +159,53 @@ def test_classic_control_envs_resume_mid_episode():
     collector.restore_state(state, fresh_seeds=[0, 0])
     again, _ = collect(collector, agent)
     assert torch.equal(again.obs, expected)
+
+
+def test_native_vector_envs_mark_their_late_reset_steps_as_no_transition():
+    from rl.envs import make_vector_env
+
+    # A native CartPole resets an ended env on the next step, which pays 0 and ignores the action.
+    agent, collector = make_collector(make_vector_env("CartPole-v1", 4, mode="native"), num_steps=200)
+    assert collector.resets_next_step
+    rollout, episodes = collect(collector, agent)
+    ended = rollout.terminated | rollout.truncated
+    reset_steps = ~rollout.is_transition
+    assert int(ended.sum()) == len(episodes.returns) > 0
+    assert torch.equal(reset_steps[1:], ended[:-1])  # exactly the steps after an episode ended
+    assert torch.all(rollout.rewards[reset_steps] == 0) and torch.all(rollout.rewards[~reset_steps] == 1)
+    # The next rollout starts with a reset step where this one ended on its last step.
+    first_next = ended[-1].clone()
+    rollout, _ = collect(collector, agent)
+    assert torch.equal(~rollout.is_transition[0], first_next)
+    batch = collector.next_batch(0, lambda tensor: tensor)
+    assert torch.equal(batch.is_transition, rollout.is_transition.reshape(-1))
+
+
+def test_a_native_env_cut_by_its_time_limit_bootstraps_from_the_observation_it_returned():
+    from rl.envs import make_vector_env
+
+    envs = make_vector_env("CartPole-v1", 2, mode="native")
+    envs.unwrapped.max_episode_steps = 5  # CartPoleVectorEnv's own time limit
+    agent, collector = make_collector(envs, num_steps=13)
+    with torch.no_grad():
+        agent.critic_head.weight.zero_()
+        agent.critic_head.bias.fill_(3.0)
+    rollout, episodes = collect(collector, agent)
+    # 5 steps, a reset step, 5 steps, a reset step, 1 step: each env is cut twice
+    assert rollout.truncated.sum() == 4 and episodes.lengths == [5, 5, 5, 5]
+    assert torch.all(rollout.final_values[rollout.truncated] == 3.0)
+    assert (~rollout.is_transition).sum() == 4
+
+
+def test_native_envs_resume_mid_episode_including_a_pending_reset():
+    from rl.envs import make_vector_env
+
+    agent, collector = make_collector(make_vector_env("CartPole-v1", 3, mode="native"), num_steps=37)
+    collector.collect(agent)
+    state = collector.capture_state()
+    expected, _ = collect(collector, agent)
+    expected = (expected.obs.clone(), expected.is_transition.clone())
+    collector.restore_state(state, fresh_seeds=[0, 0, 0])
+    again, _ = collect(collector, agent)
+    assert torch.equal(again.obs, expected[0]) and torch.equal(again.is_transition, expected[1])
+    assert not expected[1].all()  # the window held reset steps

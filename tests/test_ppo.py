@@ -97,7 +97,8 @@ def test_a_non_finite_gradient_norm_stops_training_before_any_change():
 
 def test_minibatches_take_the_listed_rows_in_order():
     rows = torch.arange(10.0)
-    batch = Batch(obs=rows[:, None], actions=rows, logprobs=rows, values=rows, advantages=rows, returns=rows)
+    batch = Batch(obs=rows[:, None], actions=rows, logprobs=rows, values=rows, advantages=rows, returns=rows,
+                  is_transition=rows >= 0)  # fmt: skip
     epoch = [[3, 1, 4], [0, 9], [2]]
     minibatches = batch.minibatches(epoch)
     for minibatch, index in zip(minibatches, epoch, strict=True):
@@ -110,3 +111,21 @@ def test_every_statistic_ppo_reports_has_a_tensorboard_tag():
     from rl.algos.ppo.update import UPDATE_STATS
 
     assert {*UPDATE_STATS, "learning_rate", "explained_variance"} == set(PPO.stat_tags)
+
+
+def test_masked_losses_equal_the_losses_of_the_kept_rows_alone():
+    generator = torch.Generator().manual_seed(0)
+    new, old, advantages, values, returns, entropy = torch.randn(6, 32, generator=generator)
+    keep = torch.rand(32, generator=generator) > 0.3
+    kept_alone = policy_loss(new[keep], old[keep], advantages[keep], 0.2)
+    assert policy_loss(new, old, advantages, 0.2, keep) == pytest.approx(float(kept_alone))
+    for clip_vloss in (False, True):
+        masked = value_loss(new, values, returns, 0.2, clip_vloss, keep)
+        assert masked == pytest.approx(float(value_loss(new[keep], values[keep], returns[keep], 0.2, clip_vloss)))
+    assert entropy_loss(entropy, keep) == pytest.approx(float(entropy_loss(entropy[keep])))
+    normalized = normalize(advantages, keep)
+    assert torch.allclose(normalized[keep], normalize(advantages[keep]))
+    # and a dropped row's value cannot reach a masked loss's gradient
+    advantages.requires_grad_(True)
+    policy_loss(new, old, advantages, 0.2, keep).backward()
+    assert torch.all(advantages.grad[~keep] == 0) and torch.all(advantages.grad[keep] != 0)

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from rl.batch import DataShard, RowCodec, TensorBatch
 from rl.config import RunConfig
-from rl.envs import EnvSpaces
+from rl.envs import EnvSpaces, VectorMode, choose_vector_mode
 from rl.experience import ExperienceSource
 from rl.optim import flat_parameters
 from rl.runtime import Runtime
@@ -59,10 +59,15 @@ class Algorithm(ABC):
     config_type: ClassVar[type[RunConfig]]
     stat_tags: ClassVar[dict[str, str]]  # statistic name -> TensorBoard tag, in the order they travel
     passes_per_batch: ClassVar[int] = 1  # how often an update reuses each row (PPO: its epochs)
+    # Whether its experience can skip the reset steps of envs that reset a step late (native vector envs).
+    handles_late_resets: ClassVar[bool] = False
 
     def __init__(self, cfg: RunConfig, spaces: EnvSpaces) -> None:
         self.cfg = cfg
         self.spaces = spaces
+        self.vector_mode: VectorMode = choose_vector_mode(
+            cfg.vector_mode, spaces.env_id, cfg.capture_video, self.handles_late_resets
+        )
 
     @classmethod
     def check_spaces(cls, spaces: EnvSpaces) -> None:

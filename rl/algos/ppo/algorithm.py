@@ -22,7 +22,7 @@ from rl.seeds import ACTION_STREAM, env_seeds, seeded_generator
 ADAM_EPS = 1e-4
 
 
-def hyperparameters(cfg: PPOConfig) -> PPOHyperparameters:
+def hyperparameters(cfg: PPOConfig, skip_reset_steps: bool = False) -> PPOHyperparameters:
     return PPOHyperparameters(
         clip_coef=cfg.clip_coef,
         clip_vloss=cfg.clip_vloss,
@@ -32,6 +32,7 @@ def hyperparameters(cfg: PPOConfig) -> PPOHyperparameters:
         update_epochs=cfg.update_epochs,
         minibatch_size=cfg.per_rank_batch_size,
         normalize_advantages=cfg.normalize_advantages,
+        skip_reset_steps=skip_reset_steps,
     )
 
 
@@ -43,14 +44,22 @@ def annealed_lr(cfg: PPOConfig, update: int, num_updates: int) -> float:
 
 
 class PPOLearner(Learner):
-    def __init__(self, cfg: PPOConfig, agent: ActorCritic, runtime: Runtime, shard: DataShard, num_updates: int):
+    def __init__(
+        self,
+        cfg: PPOConfig,
+        agent: ActorCritic,
+        runtime: Runtime,
+        shard: DataShard,
+        num_updates: int,
+        skip_reset_steps: bool,
+    ) -> None:
         super().__init__(agent)
         self.cfg, self.num_updates = cfg, num_updates
         # The fused kernel is several times faster than the per-tensor loop on CPU for these small nets.
         optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=ADAM_EPS, fused=True)
         self.model, self.optimizer = runtime.setup(agent, optimizer)
         self.backward = runtime.backward
-        self.hp = hyperparameters(cfg)
+        self.hp = hyperparameters(cfg, skip_reset_steps)
         # Learners whose shards differ by a row take the same number of minibatches: DDP stays in step.
         minibatches = math.ceil(shard.largest_rows / cfg.per_rank_batch_size) if shard.largest_rows else None
         self.schedule = MinibatchSchedule(
@@ -84,6 +93,7 @@ class PPO(Algorithm):
         "explained_variance": "Loss/explained_variance",
         "learning_rate": "Info/learning_rate",
     }
+    handles_late_resets = True
     cfg: PPOConfig
 
     @property
@@ -102,7 +112,7 @@ class PPO(Algorithm):
     ) -> RolloutCollector:
         cfg, spaces = self.cfg, self.spaces
         return RolloutCollector(
-            make_vector_env(spaces.env_id, cfg.num_envs, video_dir),
+            make_vector_env(spaces.env_id, cfg.num_envs, video_dir, self.vector_mode),
             cfg.num_steps,
             spaces.obs_dim,
             device,
@@ -116,7 +126,8 @@ class PPO(Algorithm):
 
     def make_learner(self, policy: nn.Module, runtime: Runtime, shard: DataShard, env_ranks: int) -> PPOLearner:
         assert isinstance(policy, ActorCritic)
-        return PPOLearner(self.cfg, policy, runtime, shard, self.cfg.num_iterations(env_ranks))
+        skip_reset_steps = self.vector_mode == "native"
+        return PPOLearner(self.cfg, policy, runtime, shard, self.cfg.num_iterations(env_ranks), skip_reset_steps)
 
     def batch_rows(self, learners_fed: int) -> int:
         return self.cfg.rollout_steps_per_rank  # one rollout, whoever trains on it
@@ -124,4 +135,5 @@ class PPO(Algorithm):
     def batch_codec(self) -> RowCodec:
         action_shape, action_dtype = action_shape_and_dtype(self.spaces.action_space)
         columns = {"obs": Column((self.spaces.obs_dim,)), "actions": Column(action_shape, action_dtype)}
-        return RowCodec(Batch, columns | {name: Column(()) for name in ("logprobs", "values", "advantages", "returns")})
+        scalars = {name: Column(()) for name in ("logprobs", "values", "advantages", "returns")}
+        return RowCodec(Batch, columns | scalars | {"is_transition": Column((), torch.bool)})

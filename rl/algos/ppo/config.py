@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from rl.algos.ppo.presets import PPO_PRESETS
 from rl.config import RunConfig, check_signs
 from rl.errors import UsageError
 
@@ -12,6 +13,9 @@ from rl.errors import UsageError
 @dataclass
 class PPOConfig(RunConfig):
     """Proximal Policy Optimization trained across processes (the default algorithm; `sac --help` for SAC)."""
+
+    preset: Literal["cartpole", "acrobot", "lunarlander", "pendulum"] | None = None
+    """start from tuned settings for an env (flags given as well override them); tuned for 2 processes"""
 
     per_rank_batch_size: int = 64
     """the minibatch size on each rank"""
@@ -46,6 +50,7 @@ class PPOConfig(RunConfig):
     normalize_rewards: bool = False
     """scale rewards by the running std of the discounted return, synchronized across ranks"""
 
+    PRESETS = PPO_PRESETS
     IMMUTABLE = (*RunConfig.IMMUTABLE, "activation_function")
     ITERATION_NAME = "rollout"
 

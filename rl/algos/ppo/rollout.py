@@ -29,6 +29,7 @@ class Rollout:
     final_values: Tensor  # V(final observation) where an episode was truncated, else 0
     raw_obs: Tensor  # unnormalized, for the normalizer's statistics
     discounted_returns: Tensor  # for the reward scaler's statistics
+    is_transition: Tensor  # False on a NEXT_STEP env's reset step, which trains nothing
     next_obs: Tensor = field(default_factory=lambda: torch.empty(0))
     next_value: Tensor = field(default_factory=lambda: torch.empty(0))
 
@@ -53,6 +54,7 @@ class Rollout:
             final_values=zeros(*steps),
             raw_obs=zeros(*steps, obs_dim),
             discounted_returns=zeros(*steps),
+            is_transition=zeros(*steps, dtype=torch.bool),
         )
 
 
@@ -82,6 +84,7 @@ class RolloutCollector(ExperienceSource):
                 ("discounted_returns", np.float32),
                 ("terminated", np.bool_),
                 ("truncated", np.bool_),
+                ("is_transition", np.bool_),
             ]
         }
         super().__init__(envs, device, obs_normalizer, reward_scaler, env_seeds, generator)
@@ -93,18 +96,19 @@ class RolloutCollector(ExperienceSource):
         for step in range(self.num_steps):
             obs = self.obs_normalizer(self.raw_obs)
             action, logprob, value = policy.act(obs, self.generator)
-            raw_next, reward, terminated, truncated, info = self.envs.step(action.cpu().numpy())
+            raw_next, reward, terminated, truncated, info, is_transition = self.step_envs(action.cpu().numpy())
             env_side["rewards"][step], env_side["discounted_returns"][step] = self.reward_scaler(
                 reward, terminated | truncated
             )
             env_side["terminated"][step] = terminated
             env_side["truncated"][step] = truncated
+            env_side["is_transition"][step] = is_transition
             buf.raw_obs[step] = self.raw_obs
             buf.obs[step] = obs
             buf.actions[step] = action
             buf.logprobs[step] = logprob
             buf.values[step] = value
-            buf.final_values[step] = self._truncation_values(policy, truncated & ~terminated, info)
+            buf.final_values[step] = self._truncation_values(policy, truncated & ~terminated, raw_next, info)
             episodes.record(info)
             self.raw_obs = self.to_tensor(raw_next)
 
@@ -115,12 +119,14 @@ class RolloutCollector(ExperienceSource):
             buf.next_value = policy.value(buf.next_obs)
         return episodes
 
-    def _truncation_values(self, agent: ActorCritic, bootstrap: np.ndarray, info: dict) -> Tensor | float:
+    def _truncation_values(
+        self, agent: ActorCritic, bootstrap: np.ndarray, raw_next: np.ndarray, info: dict
+    ) -> Tensor | float:
         """V(final observation) for envs cut off by a time limit: their return continues."""
         if not bootstrap.any():
             return 0.0
         index = np.flatnonzero(bootstrap)
-        final_obs = np.stack([info["final_obs"][i] for i in index])
+        final_obs = self.final_observations(raw_next, info, index)
         values = torch.zeros(self.envs.num_envs, device=self.device)
         with torch.no_grad():
             values[index] = agent.value(self.obs_normalizer(self.to_tensor(final_obs)))
@@ -137,7 +143,10 @@ class RolloutCollector(ExperienceSource):
     def sync_normalizers(self, rollout: Rollout, all_reduce_sum: AllReduceSum) -> None:
         """Fold this rollout into the normalization statistics, pooled over all ranks."""
         self.obs_normalizer.sync_update(rollout.raw_obs.reshape(-1, rollout.raw_obs.shape[-1]), all_reduce_sum)
-        self.reward_scaler.sync_update(rollout.discounted_returns, all_reduce_sum)
+        returns = rollout.discounted_returns
+        if self.resets_next_step:
+            returns = returns[rollout.is_transition]  # a reset step's return is a placeholder 0, not a sample
+        self.reward_scaler.sync_update(returns, all_reduce_sum)
 
 
 def explained_variance(predictions: Tensor, targets: Tensor) -> float:
@@ -190,6 +199,7 @@ class Batch(TensorBatch):
     values: Tensor
     advantages: Tensor
     returns: Tensor
+    is_transition: Tensor  # False: a NEXT_STEP env's reset step, left out of every loss
 
     def minibatches(self, epoch: list[list[int]]) -> list[Batch]:
         """One `Batch` per list of row indices: one gather for the whole epoch, then views of it."""
@@ -218,4 +228,5 @@ def rollout_to_batch(rollout: Rollout, gamma: float, gae_lambda: float) -> Batch
         values=rollout.values.reshape(-1),
         advantages=advantages.reshape(-1),
         returns=returns.reshape(-1),
+        is_transition=rollout.is_transition.reshape(-1),
     )

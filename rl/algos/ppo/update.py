@@ -14,29 +14,51 @@ from rl.algos.ppo.rollout import Batch
 from rl.optim import clip_grad_norm
 
 
-def policy_loss(new_logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, clip_coef: float) -> Tensor:
+def mean(values: Tensor, mask: Tensor | None = None) -> Tensor:
+    """The mean over all rows, or over the rows where `mask` is True."""
+    if mask is None:
+        return values.mean()
+    return torch.where(mask, values, 0.0).sum() / mask.sum().clamp(min=1)
+
+
+def policy_loss(
+    new_logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, clip_coef: float, mask: Tensor | None = None
+) -> Tensor:
     """The clipped surrogate objective, negated for minimization."""
     ratio = (new_logprobs - old_logprobs).exp()
     unclipped = advantages * ratio
     clipped = advantages * ratio.clamp(1.0 - clip_coef, 1.0 + clip_coef)
-    return -torch.min(unclipped, clipped).mean()
+    return -mean(torch.min(unclipped, clipped), mask)
 
 
-def value_loss(new_values: Tensor, old_values: Tensor, returns: Tensor, clip_coef: float, clip_vloss: bool) -> Tensor:
+def value_loss(
+    new_values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    clip_coef: float,
+    clip_vloss: bool,
+    mask: Tensor | None = None,
+) -> Tensor:
     """Half the squared error; with `clip_vloss`, the worse of the clipped and unclipped errors."""
     unclipped = (new_values - returns).pow(2)
     if not clip_vloss:
-        return 0.5 * unclipped.mean()
+        return 0.5 * mean(unclipped, mask)
     clipped_values = old_values + (new_values - old_values).clamp(-clip_coef, clip_coef)
     clipped = (clipped_values - returns).pow(2)
-    return 0.5 * torch.max(unclipped, clipped).mean()
+    return 0.5 * mean(torch.max(unclipped, clipped), mask)
 
 
-def entropy_loss(entropy: Tensor) -> Tensor:
-    return -entropy.mean()
+def entropy_loss(entropy: Tensor, mask: Tensor | None = None) -> Tensor:
+    return -mean(entropy, mask)
 
 
-def normalize(advantages: Tensor) -> Tensor:
+def normalize(advantages: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Zero mean and unit (sample) std over the rows `mask` keeps (all rows without one)."""
+    if mask is not None:
+        kept = advantages[mask]
+        center = kept.mean() if kept.numel() else advantages.new_zeros(())
+        scale = kept.std() + 1e-8 if kept.numel() >= 2 else advantages.new_ones(())
+        return (advantages - center) / scale
     if advantages.numel() < 2:
         return advantages - advantages.mean()
     return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
@@ -52,6 +74,7 @@ class PPOHyperparameters:
     update_epochs: int
     minibatch_size: int
     normalize_advantages: bool
+    skip_reset_steps: bool = False  # NEXT_STEP envs: leave the reset steps out of every loss
 
 
 UPDATE_STATS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
@@ -108,10 +131,11 @@ def ppo_update(
     for _ in range(hp.update_epochs):
         for minibatch in batch.minibatches(schedule.next_epoch()):
             new_logprobs, entropy, new_values = model(minibatch.obs, minibatch.actions)
-            advantages = normalize(minibatch.advantages) if hp.normalize_advantages else minibatch.advantages
-            pg_loss = policy_loss(new_logprobs, minibatch.logprobs, advantages, hp.clip_coef)
-            v_loss = value_loss(new_values, minibatch.values, minibatch.returns, hp.clip_coef, hp.clip_vloss)
-            ent_loss = entropy_loss(entropy)
+            mask = minibatch.is_transition if hp.skip_reset_steps else None
+            advantages = normalize(minibatch.advantages, mask) if hp.normalize_advantages else minibatch.advantages
+            pg_loss = policy_loss(new_logprobs, minibatch.logprobs, advantages, hp.clip_coef, mask)
+            v_loss = value_loss(new_values, minibatch.values, minibatch.returns, hp.clip_coef, hp.clip_vloss, mask)
+            ent_loss = entropy_loss(entropy, mask)
             loss = pg_loss + hp.vf_coef * v_loss
             if hp.ent_coef != 0:  # at 0 (the example's default) the term adds only backward work, no gradient
                 loss = loss + hp.ent_coef * ent_loss

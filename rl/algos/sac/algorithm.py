@@ -317,7 +317,7 @@ class SAC(Algorithm):
         self, rank: int, device: torch.device, video_dir: str | None, env_ranks: int, batch_rows: int
     ) -> ReplayCollector:
         buffer = ReplayBuffer(self.capacity_per_rank(env_ranks), transition_columns(self.spaces), device)
-        envs = make_vector_env(self.spaces.env_id, self.cfg.num_envs, video_dir)
+        envs = make_vector_env(self.spaces.env_id, self.cfg.num_envs, video_dir, self.vector_mode)
         return ReplayCollector(self.cfg, envs, self.spaces.action_space, buffer, rank, env_ranks, batch_rows, device)
 
     def make_learner(self, policy: nn.Module, runtime: Runtime, shard: DataShard, env_ranks: int) -> SACLearner:

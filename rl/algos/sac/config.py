@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
+from rl.algos.sac.presets import SAC_PRESETS
 from rl.config import RunConfig, check_signs
 from rl.errors import UsageError
 
@@ -13,6 +15,9 @@ AUTO = "auto"
 @dataclass
 class SACConfig(RunConfig):
     """Soft Actor-Critic trained across processes (continuous actions)."""
+
+    preset: Literal["pendulum"] | None = None
+    """start from tuned settings for an env (flags given as well override them); tuned for 2 processes"""
 
     env_id: str = "Pendulum-v1"
     """the id of the gymnasium environment (its action space must be a bounded Box)"""
@@ -52,6 +57,7 @@ class SACConfig(RunConfig):
     log_every: int = 1000
     """env steps (across all ranks) between two logged points"""
 
+    PRESETS = SAC_PRESETS
     ITERATION_NAME = "learning phase"
 
     @property

@@ -1,0 +1,76 @@
+"""PPO's tuned presets (`--preset NAME`), per rank, tuned and measured with `fabric run --devices=2`.
+
+Each follows rl-baselines3-zoo's tuned hyperparameters for its env where rl-zoo has them, with
+half of rl-zoo's env count per rank, so that the two ranks together collect rl-zoo's rollout.
+`benchmarks/presets.py` trains each with 3 seeds; the README has the table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# PPO in the style SB3 and rl-zoo tune it: tanh, orthogonal init, normalized advantages.
+_SB3_STYLE_PPO: dict[str, Any] = {
+    "activation_function": "tanh",
+    "ortho_init": True,
+    "normalize_advantages": True,
+    "vf_coef": 0.5,
+    "max_grad_norm": 0.5,
+}
+
+PPO_PRESETS: dict[str, dict[str, Any]] = {
+    "cartpole": {
+        **_SB3_STYLE_PPO,
+        "env_id": "CartPole-v1",
+        "total_timesteps": 100_000,
+        "num_envs": 4,
+        "num_steps": 32,
+        "per_rank_batch_size": 128,
+        "update_epochs": 20,
+        "gamma": 0.98,
+        "gae_lambda": 0.8,
+        "learning_rate": 1e-3,
+        "anneal_lr": True,
+    },
+    "acrobot": {
+        **_SB3_STYLE_PPO,
+        "env_id": "Acrobot-v1",
+        "total_timesteps": 1_000_000,
+        "num_envs": 8,
+        "num_steps": 256,
+        "per_rank_batch_size": 32,
+        "update_epochs": 4,
+        "gamma": 0.99,
+        "gae_lambda": 0.94,
+        "learning_rate": 3e-4,
+        "normalize_observations": True,
+        "normalize_rewards": True,
+    },
+    "lunarlander": {
+        **_SB3_STYLE_PPO,
+        "env_id": "LunarLander-v3",
+        "total_timesteps": 1_000_000,
+        "num_envs": 8,
+        "num_steps": 1024,
+        "per_rank_batch_size": 32,
+        "update_epochs": 4,
+        "gamma": 0.999,
+        "gae_lambda": 0.98,
+        "learning_rate": 3e-4,
+        "ent_coef": 0.01,
+    },
+    "pendulum": {
+        **_SB3_STYLE_PPO,
+        "env_id": "Pendulum-v1",
+        "total_timesteps": 100_000,
+        "num_envs": 2,
+        "num_steps": 512,
+        "per_rank_batch_size": 32,
+        "update_epochs": 10,
+        "gamma": 0.9,
+        "gae_lambda": 0.95,
+        "learning_rate": 1e-3,
+        "normalize_observations": True,
+        "normalize_rewards": True,
+    },
+}
