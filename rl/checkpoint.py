@@ -93,7 +93,8 @@ def check_resumable(
         raise UsageError("--resume-from", f"this checkpoint was trained with {saved_algorithm(state)}, not {algorithm}")
     if state["mode"] != mode:
         raise UsageError("--resume-from", f"this checkpoint was written in {state['mode']} mode, not {mode} mode")
-    saved = state["config"] | {"env_id": state["env_id"]}
+    # a field newer than the checkpoint had its default then
+    saved = type(cfg)().to_dict() | state["config"] | {"env_id": state["env_id"]}
     current = cfg.to_dict() | {"env_id": env_id}
     for field in cfg.IMMUTABLE:
         if saved[field] != current[field]:

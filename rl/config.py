@@ -74,7 +74,7 @@ class RunConfig:
     # Tuned starting points by name (`--preset`), each a mapping of field names to values.
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
     # Fields a resumed run must share with its checkpoint: they shape the envs or the networks.
-    IMMUTABLE = ("env_id", "num_envs")
+    IMMUTABLE = ("env_id", "num_envs", "vector_mode")
     POSITIVE = ("num_envs", "total_timesteps", "keep_last", "collective_timeout")
     NON_NEGATIVE = ("eval_episodes", "torch_threads", "checkpoint_every")
 

@@ -117,6 +117,15 @@ class ExperienceSource(ABC):
             return raw_next[index]  # the reset comes on the next step; this one returned the last observation
         return np.stack([info["final_obs"][i] for i in index])
 
+    def led_to(self, raw_next: np.ndarray, ended: np.ndarray, info: dict) -> np.ndarray:
+        """The observation each env's transition led to: its true last one where its episode ended."""
+        if self.resets_next_step or not ended.any():
+            return raw_next
+        index = np.flatnonzero(ended)
+        observations = np.array(raw_next, copy=True)
+        observations[index] = self.final_observations(raw_next, info, index)
+        return observations
+
     def to_tensor(self, array: np.ndarray) -> Tensor:
         """Observations of shape [rows, ...] as float32 rows on this rank's device."""
         return torch.as_tensor(array, dtype=torch.float32).reshape(array.shape[0], -1).to(self.device)

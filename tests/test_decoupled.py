@@ -29,8 +29,12 @@ SHORT = ["--total-timesteps", "2048", "--update-epochs", "2", "--eval-episodes",
         (3, ["--pipeline"]),
         (3, ["--pipeline", "--share-data", "--env-id", "Pendulum-v1", "--normalize-observations"]),
         (4, []),  # 256 rows over 3 trainers: shards of 86, 85 and 85
+        (3, ["--vector-mode", "native", "--share-data"]),  # reset steps travel marked
     ],
-    ids=["2-scatter", "3-scatter", "2-share", "3-share", "3-pipeline-scatter", "3-pipeline-share-box", "4-uneven"],
+    ids=[
+        *("2-scatter", "3-scatter", "2-share", "3-share", "3-pipeline-scatter", "3-pipeline-share-box"),
+        *("4-uneven", "3-native-share"),
+    ],
 )
 def test_player_and_trainers_run_both_data_paths(tmp_path, nproc, args):
     finished = launch("fabric run", SCRIPTS["decoupled"], SHORT + args, tmp_path, nproc=nproc)

@@ -3,6 +3,7 @@
 import math
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 from torch.distributions import AffineTransform, Independent, Normal, TanhTransform, TransformedDistribution
@@ -12,7 +13,6 @@ from rl.algos.sac.algorithm import (
     SACLearner,
     StatMeans,
     Transitions,
-    final_observations,
     transition_columns,
 )
 from rl.algos.sac.config import SACConfig
@@ -145,8 +145,7 @@ def test_truncated_transitions_store_the_true_final_observation():
     assert torch.equal(storage["next_obs"][0:2], observed[0][1])  # mid-episode: the next observation
     assert not torch.equal(storage["next_obs"][4:6], observed[2][1])  # the last step: not the reset's
     assert torch.equal(storage["obs"][6:8], observed[2][1])  # the reset's observation opens the next episode
-    final = final_observations(observed[2][1].numpy(), torch.tensor([True, False]).numpy(),
-                               {"final_obs": [torch.ones(3).numpy(), None]})  # fmt: skip
+    final = source.led_to(observed[2][1].numpy(), np.array([True, False]), {"final_obs": [np.ones(3), None]})
     assert final[0].tolist() == [1.0, 1.0, 1.0] and final[1].tolist() == observed[2][1][1].tolist()
 
 

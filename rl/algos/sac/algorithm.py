@@ -80,12 +80,12 @@ class ReplayCollector(ExperienceSource):
                 )
             else:
                 actions, _ = policy.act(self.raw_obs, self.generator)
-            next_obs, rewards, terminated, truncated, info = self.envs.step(actions.cpu().numpy())
+            next_obs, rewards, terminated, truncated, info, _ = self.step_envs(actions.cpu().numpy())
             self.buffer.add(
                 obs=self.raw_obs,
                 actions=actions,
                 rewards=torch.as_tensor(rewards, dtype=torch.float32, device=self.device),
-                next_obs=self.to_tensor(final_observations(next_obs, terminated | truncated, info)),
+                next_obs=self.to_tensor(self.led_to(next_obs, terminated | truncated, info)),
                 terminated=torch.as_tensor(terminated, dtype=torch.float32, device=self.device),
             )
             episodes.record(info)
@@ -109,16 +109,6 @@ class ReplayCollector(ExperienceSource):
         if "buffer" in state:
             self.buffer.load_state_dict(state["buffer"])
         return super().restore_state(state, fresh_seeds)
-
-
-def final_observations(next_obs: np.ndarray, ended: np.ndarray, info: dict) -> np.ndarray:
-    """The observation each transition led to: with SAME_STEP autoreset, an ended env's is in `final_obs`."""
-    if not ended.any():
-        return next_obs
-    final = np.array(next_obs, copy=True)
-    for index in np.flatnonzero(ended):
-        final[index] = info["final_obs"][index]
-    return final
 
 
 class StatMeans:
