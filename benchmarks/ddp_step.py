@@ -13,6 +13,9 @@ average. Communication = step - floor. Rounds alternate the variants; medians ar
   and a local mean, which halves gloo's rounds of messages for two ranks.
 - `ddp gather-mean, bucket view`: the same with `gradient_as_bucket_view=True`, so the
   gradients live in the bucket and nothing is copied in and out.
+- `flat gather-mean, no DDP`: the gradients as views into one flat buffer (`rl.optim.FlatGradients`,
+  as SAC's learner keeps them), averaged after the backward by one blocking all-gather on the
+  calling thread: no reducer, no hook future, no hop to gloo's callback thread.
 """
 
 from __future__ import annotations
@@ -33,27 +36,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rl.algos.ppo.policy import ActorCritic
 from rl.algos.ppo.update import policy_loss, value_loss
 from rl.envs import inspect_env
-from rl.optim import clip_grad_norm
-from rl.runtime import gather_mean_hook
+from rl.optim import FlatGradients, clip_grad_norm
+from rl.runtime import gather_mean_hook, mean_of_gathered, start_all_gather
 
-VARIANTS = ["ddp all-reduce", "ddp gather-mean", "ddp gather-mean, bucket view"]
+VARIANTS = ["ddp all-reduce", "ddp gather-mean", "ddp gather-mean, bucket view", "flat gather-mean, no DDP"]
 ROWS, WARMUP = 64, 200
 
 
-def make_step(model: torch.nn.Module, parameters: list[torch.Tensor]):
+def make_step(model: torch.nn.Module, parameters: list[torch.Tensor], flat: FlatGradients | None = None):
     spaces = inspect_env("CartPole-v1")
     generator = torch.Generator().manual_seed(dist.get_rank() if dist.is_initialized() else 0)
     obs = torch.randn(ROWS, spaces.obs_dim, generator=generator)
     actions = torch.randint(0, 2, (ROWS,), generator=generator)
     old_logprobs, advantages, old_values, returns = torch.randn(4, ROWS, generator=generator)
     optimizer = torch.optim.Adam(parameters, lr=1e-3, eps=1e-4, fused=True)
+    gathered = None if flat is None else flat.buffer.new_empty(2 * flat.buffer.numel())
 
     def step() -> None:
         new_logprobs, _, new_values = model(obs, actions)
         loss = policy_loss(new_logprobs, old_logprobs, advantages, 0.2)
         loss = loss + value_loss(new_values, old_values, returns, 0.2, False)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        if flat is None:
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+        else:
+            flat.buffer.zero_()
+            loss.backward()
+            start_all_gather(flat.buffer, gathered, None).wait()
+            mean_of_gathered(gathered, 2, out=flat.buffer)
         clip_grad_norm(parameters, 0.5)
         optimizer.step()
 
@@ -91,8 +101,13 @@ def rank_main(rank: int, port: int, steps: int, variants: list[str], results) ->
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)
     for variant in variants:
-        model = wrapped(variant)
-        elapsed = seconds_per_step(make_step(model, list(model.parameters())), steps)
+        if variant.startswith("flat"):
+            model = agent()
+            step = make_step(model, list(model.parameters()), FlatGradients(list(model.parameters())))
+        else:
+            model = wrapped(variant)
+            step = make_step(model, list(model.parameters()))
+        elapsed = seconds_per_step(step, steps)
         if rank == 0:
             results[variant] = elapsed
     dist.destroy_process_group()

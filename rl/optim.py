@@ -19,8 +19,8 @@ def clip_grad_norm(parameters: list[Tensor], max_norm: float) -> Tensor:
 
     The same arithmetic as `torch.nn.utils.clip_grad_norm_`, without its per-call grouping of
     tensors by device and dtype, which costs as much as the clipping itself for these small nets.
-    The gradients are DDP's averages, identical on every rank, so a non-finite norm stops every
-    rank at the same step, before the optimizer spreads it into the weights.
+    The gradients are the learners' averages, identical on every rank, so a non-finite norm stops
+    every rank at the same step, before the optimizer spreads it into the weights.
     """
     grads = [parameter.grad for parameter in parameters if parameter.grad is not None]
     total_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import Tensor, nn
+from torch import Tensor
 
 from rl.config import RunConfig, local_world_size_from_env
 from rl.errors import UsageError
@@ -64,11 +64,14 @@ class Runtime(ABC):
         return self.rank == 0
 
     @abstractmethod
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
-        """Wrap the model for data-parallel training; all ranks end with rank 0's weights."""
-
-    @abstractmethod
     def backward(self, loss: Tensor) -> None: ...
+
+    def backward_and_average(self, loss: Tensor, gradients: Tensor) -> None:
+        """Write the gradient of `loss` into `gradients` (a `FlatGradients` span that the parameters'
+        `.grad` view) and average it over the learners, in one collective."""
+        gradients.zero_()
+        self.backward(loss)
+        self.start_mean(gradients)()
 
     @abstractmethod
     def all_reduce_sum(self, tensor: Tensor) -> Tensor: ...
@@ -95,7 +98,10 @@ class Runtime(ABC):
     def start_mean(self, tensor: Tensor) -> Callable[[], None]:
         """Average `tensor` in place over the ranks, in the background; call the result to wait for it.
 
-        For gradients outside DDP (SAC's flat gradient buffer), so work can overlap the collective.
+        Every learner's gradients are averaged this way, in one flat buffer: on gloo one all-gather
+        and a local mean cost about 1.3 ms per 2-rank PPO step here, against 1.5 ms for DDP with the
+        same all-gather in a communication hook and 2.2 ms for DDP's all-reduce
+        (`benchmarks/ddp_step.py`), and the step skips DDP's and Fabric's per-call wrappers.
         """
         if self.world_size == 1:
             return lambda: None
@@ -140,9 +146,9 @@ def start_all_gather(flat: Tensor, gathered: Tensor, group: dist.ProcessGroup | 
     """Gather every rank's `flat` into `gathered`, in rank order, in the background.
 
     Averaging by an all-gather and a local sum (`mean_of_gathered`) beats an all-reduce on gloo:
-    all-reduce costs about twice the latency of all-gather for the small gradient buffers of
-    these networks (measured here: 2.6 ms vs 1.6 ms per 2-rank DDP step), and latency is what
-    bounds an update. Every rank sums the rows in rank order, so all get identical averages.
+    for two ranks the all-reduce takes two rounds of messages where the all-gather takes one,
+    and for the small gradient buffers of these networks latency is what bounds an update
+    (`benchmarks/ddp_step.py`). Every rank sums the rows in rank order, so all get identical averages.
     """
     return dist.all_gather_single(gathered, flat, group=group, async_op=True)
 
@@ -151,58 +157,21 @@ def mean_of_gathered(gathered: Tensor, world_size: int, out: Tensor | None = Non
     return torch.sum(gathered.view(world_size, -1), 0, out=out).div_(world_size)
 
 
-def gather_mean_hook(process_group, bucket):
-    """DDP communication hook on gloo: a bucket's average by `start_all_gather` and `mean_of_gathered`.
-
-    (Unannotated because DDP checks the hook's annotations against the real classes, and this
-    module's annotations are strings.)
-    """
-    flat = bucket.buffer()
-    world_size = dist.get_world_size(process_group)
-    gathered = flat.new_empty(world_size * flat.numel())
-
-    def average(gather: torch.futures.Future) -> Tensor:
-        gather.value()  # re-raises a failed gather (a lost peer): its empty buffer must never become gradients
-        return mean_of_gathered(gathered, world_size)
-
-    return start_all_gather(flat, gathered, process_group).get_future().then(average)
-
-
-def keep_gradients_hook(process_group, bucket):
-    """DDP communication hook for a group of one: there is nothing to average, so skip the backend."""
-    done = torch.futures.Future()
-    done.set_result(bucket.buffer())
-    return done
-
-
-def register_gradient_hook(ddp: nn.parallel.DistributedDataParallel) -> None:
-    if dist.get_world_size(ddp.process_group) == 1:
-        ddp.register_comm_hook(ddp.process_group, keep_gradients_hook)
-    elif dist.get_backend(ddp.process_group) == dist.Backend.GLOO:
-        ddp.register_comm_hook(ddp.process_group, gather_mean_hook)
-
-
 def _device(cfg: RunConfig, local_rank: int) -> torch.device:
     return torch.device(f"cuda:{local_rank}") if cfg.cuda else torch.device("cpu")
 
 
 def _fabric_ddp_strategy(cfg: RunConfig, process_group: dist.ProcessGroup | None) -> Any:
+    """Fabric's DDP strategy, for its process group and collectives; no module is wrapped in DDP,
+    since the learners average their flat gradient buffers through `Runtime.start_mean`."""
     from lightning.fabric.strategies import DDPStrategy
-
-    class HookedDDPStrategy(DDPStrategy):
-        """Fabric's DDP with `gather_mean_hook` on gloo."""
-
-        def setup_module(self, module: nn.Module) -> nn.parallel.DistributedDataParallel:
-            ddp = super().setup_module(module)
-            register_gradient_hook(ddp)
-            return ddp
 
     # `fabric run --strategy=ddp` asks for exactly this strategy; Fabric would otherwise refuse
     # a strategy object that differs from the launcher's string.
     if os.environ.get("LT_STRATEGY") == "ddp":
         del os.environ["LT_STRATEGY"]
     ddp_kwargs = {"process_group": process_group} if process_group is not None else {}
-    return HookedDDPStrategy(timeout=collective_timeout(cfg), forward_sync_buffers=False, **ddp_kwargs)
+    return DDPStrategy(timeout=collective_timeout(cfg), **ddp_kwargs)
 
 
 def collective_timeout(cfg: RunConfig) -> timedelta:
@@ -210,7 +179,7 @@ def collective_timeout(cfg: RunConfig) -> timedelta:
 
 
 class FabricRuntime(Runtime):
-    """Lightning Fabric with DDP over all processes, or over `process_group` alone (the trainers)."""
+    """Lightning Fabric's DDP strategy over all processes, or over `process_group` alone (the trainers)."""
 
     log_subdir = "fabric_logs"
 
@@ -233,7 +202,7 @@ class FabricRuntime(Runtime):
 
         accelerator = "cuda" if cfg.cuda else "cpu"
         if process_group is not None and dist.get_world_size(process_group) == 1:
-            # A lone trainer has no one to average with: no DDP wrapper, as in a one-process run.
+            # A lone trainer has no one to average with: no process group of its own, as in a one-process run.
             from lightning.fabric.strategies import SingleDeviceStrategy
 
             device = _device(cfg, int(os.environ.get("LOCAL_RANK", "0")))
@@ -244,9 +213,6 @@ class FabricRuntime(Runtime):
             devices=local_world_size_from_env(),
             num_nodes=max(1, world_size // local_world_size_from_env()),
         )
-
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
-        return self.fabric.setup(model, optimizer)
 
     def backward(self, loss: Tensor) -> None:
         self.fabric.backward(loss)
@@ -298,15 +264,6 @@ class TorchRuntime(Runtime):
             with naming_a_taken_port():
                 dist.init_process_group(backend="nccl" if cfg.cuda else "gloo", timeout=collective_timeout(cfg))
         self.rank = dist.get_rank() if world_size > 1 else 0
-
-    def setup(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
-        model.to(self.device)
-        if self.world_size == 1:
-            return model, optimizer
-        device_ids = [self.device] if self.device.type == "cuda" else None
-        ddp = nn.parallel.DistributedDataParallel(model, device_ids=device_ids, forward_sync_buffers=False)
-        register_gradient_hook(ddp)
-        return ddp, optimizer
 
     def backward(self, loss: Tensor) -> None:
         loss.backward()

@@ -13,6 +13,7 @@ from conftest import SCRIPTS, child_env, free_port
 from torch import nn
 
 from rl.algos.sac.config import SACConfig
+from rl.optim import FlatGradients
 from rl.runtime import TorchRuntime
 
 
@@ -21,16 +22,15 @@ def _average_after_peer_exits(rank: int, port: int, folder: str, path: str) -> N
                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
     torch.set_num_threads(1)
     runtime = TorchRuntime(SACConfig(), 2)
-    model, _ = runtime.setup(nn.Linear(4, 1), torch.optim.SGD([torch.zeros(1)], lr=0.1))  # DDP, gloo hook
     torch.distributed.barrier()
     if rank == 1:
         os._exit(0)  # the peer is lost without a word
     time.sleep(1.0)
-    gradients = torch.ones(3)
+    model = nn.Linear(4, 1)
+    gradients = FlatGradients(list(model.parameters())).buffer
     try:
-        if path == "ddp":
-            model(torch.ones(2, 4)).sum().backward()
-            gradients = model.module.weight.grad
+        if path == "backward_and_average":
+            runtime.backward_and_average(model(torch.ones(2, 4)).sum(), gradients)
         else:
             runtime.start_mean(gradients)()
         outcome = f"returned {gradients.tolist()}"
@@ -41,7 +41,7 @@ def _average_after_peer_exits(rank: int, port: int, folder: str, path: str) -> N
     os._exit(0)  # the process group is broken: no teardown
 
 
-@pytest.mark.parametrize("path", ["ddp", "start_mean"])
+@pytest.mark.parametrize("path", ["backward_and_average", "start_mean"])
 def test_a_gradient_average_whose_peer_is_lost_raises_instead_of_returning_gradients(tmp_path, path):
     mp.spawn(_average_after_peer_exits, args=(free_port(), str(tmp_path), path), nprocs=2, join=True)
     outcome = (tmp_path / "outcome.txt").read_text()

@@ -16,6 +16,7 @@ from rl.algos.ppo.update import MinibatchSchedule, PPOHyperparameters, ppo_updat
 from rl.batch import Column, DataShard, RowCodec
 from rl.envs import make_vector_env
 from rl.normalization import ObservationNormalizer, RewardScaler
+from rl.optim import FlatGradients
 from rl.runtime import Runtime
 from rl.seeds import ACTION_STREAM, env_seeds, seeded_generator
 
@@ -56,11 +57,11 @@ class PPOLearner(Learner):
         super().__init__(agent)
         self.cfg, self.num_updates = cfg, num_updates
         # The fused kernel is several times faster than the per-tensor loop on CPU for these small nets.
-        optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=ADAM_EPS, fused=True)
-        self.model, self.optimizer = runtime.setup(agent, optimizer)
-        self.backward = runtime.backward
+        self.optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=ADAM_EPS, fused=True)
+        self.gradients = FlatGradients(list(agent.parameters()))
+        self.runtime = runtime
         self.hp = hyperparameters(cfg, skip_reset_steps)
-        # Learners whose shards differ by a row take the same number of minibatches: DDP stays in step.
+        # Learners whose shards differ by a row take the same number of minibatches: their averages stay in step.
         minibatches = math.ceil(shard.largest_rows / cfg.per_rank_batch_size) if shard.largest_rows else None
         self.schedule = MinibatchSchedule(
             shard.rows, cfg.per_rank_batch_size, shard.shards, shard.index, cfg.seed, minibatches
@@ -70,8 +71,11 @@ class PPOLearner(Learner):
         lr = annealed_lr(self.cfg, iteration, self.num_updates)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        stats = ppo_update(self.model, self.optimizer, batch, self.schedule, self.hp, self.backward)
+        stats = ppo_update(self.policy, self.optimizer, batch, self.schedule, self.hp, self.backward_and_average)
         return stats | {"learning_rate": torch.tensor(lr)}
+
+    def backward_and_average(self, loss: Tensor) -> None:
+        self.runtime.backward_and_average(loss, self.gradients.buffer)
 
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "epoch": self.schedule.epoch}

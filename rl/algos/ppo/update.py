@@ -100,7 +100,7 @@ class MinibatchSchedule:
         self.sampler = DistributedSampler(range(num_rows), num_replicas=num_shards, rank=shard, shuffle=True, seed=seed)
         self.batches = BatchSampler(self.sampler, minibatch_size, drop_last=False)
         # A fixed count splits the shuffled rows into that many near-equal minibatches instead:
-        # trainers whose shards differ in size still take the same number of DDP steps.
+        # trainers whose shards differ in size still take the same number of averaged steps.
         self.num_minibatches = num_minibatches
         self.epoch = 0
 
@@ -122,8 +122,8 @@ def ppo_update(
 ) -> dict[str, Tensor]:
     """`update_epochs` passes of minibatch gradient steps over `batch`.
 
-    `model` is the DDP-wrapped module, so `backward` averages gradients across ranks and the
-    clipping that follows acts on the averaged gradients. Returns the mean of each of
+    `backward(loss)` writes the gradient of `loss`, averaged over the learners, into the
+    parameters' `.grad`, so the clipping that follows acts on the averaged gradients. Returns the mean of each of
     `UPDATE_STATS` as tensors, so a GPU run syncs once per update.
     """
     parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
@@ -140,7 +140,6 @@ def ppo_update(
             if hp.ent_coef != 0:  # at 0 (the example's default) the term adds only backward work, no gradient
                 loss = loss + hp.ent_coef * ent_loss
 
-            optimizer.zero_grad(set_to_none=True)
             backward(loss)
             clip_grad_norm(parameters, hp.max_grad_norm)
             optimizer.step()

@@ -213,10 +213,7 @@ class SACLearner(Learner):
     def backward_and_average(self, loss: Tensor, first_group: int, last_group: int) -> None:
         """Write the gradients of `loss` into groups first..last (the others keep theirs), and
         average them over the learners in one collective."""
-        gradients = self.gradients.span(first_group, last_group)
-        gradients.zero_()
-        self.runtime.backward(loss)
-        self.runtime.start_mean(gradients)()
+        self.runtime.backward_and_average(loss, self.gradients.span(first_group, last_group))
 
     def step_actor(self, stats: StatMeans) -> None:
         self.actor_optimizer.step()
