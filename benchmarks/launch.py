@@ -7,6 +7,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
+from pathlib import Path
 
 SUMMARY = re.compile(r"training loop: (\d+) steps in ([\d.]+) s")
 
@@ -16,6 +18,17 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def run_in_folder(command: list[str], folder: Path) -> tuple[subprocess.CompletedProcess, float]:
+    """Run `command` in `folder`, keeping its stdout.txt and stderr.txt there; it and its wall time."""
+    folder.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=folder, capture_output=True, text=True, check=False)
+    wall_time = time.perf_counter() - started
+    (folder / "stdout.txt").write_text(done.stdout)
+    (folder / "stderr.txt").write_text(done.stderr)
+    return done, wall_time
 
 
 def run_in_scratch_folder(command: list[str]) -> str:

@@ -14,12 +14,11 @@ import argparse
 import json
 import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from launch import SUMMARY, free_port
+from launch import SUMMARY, free_port, run_in_folder
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -44,12 +43,7 @@ def command(preset: str, seed: int) -> list[str]:
 
 def train(preset: str, seed: int, folder: Path) -> dict:
     """One run's row: greedy return, wall time of the whole job, env steps and the loop's speed."""
-    folder.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    done = subprocess.run(command(preset, seed), cwd=folder, capture_output=True, text=True, check=False)
-    wall_time = time.perf_counter() - started
-    (folder / "stdout.txt").write_text(done.stdout)
-    (folder / "stderr.txt").write_text(done.stderr)
+    done, wall_time = run_in_folder(command(preset, seed), folder)
     evaluation, summary = EVALUATION.search(done.stdout), SUMMARY.search(done.stdout)
     if done.returncode != 0 or evaluation is None or summary is None:
         sys.exit(f"{preset} seed {seed} failed (exit {done.returncode}); see {folder}")

@@ -33,7 +33,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from launch import SUMMARY, free_port
+from launch import SUMMARY, free_port, run_in_folder
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -100,14 +100,7 @@ def command(args: argparse.Namespace, run: Run) -> list[str]:
 
 def launch(args: argparse.Namespace, run: Run, folder: Path) -> dict:
     """Run one job; its row (the curve comes from its TensorBoard logs)."""
-    import subprocess
-
-    folder.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    done = subprocess.run(command(args, run), cwd=folder, capture_output=True, text=True, check=False)
-    wall_time = time.perf_counter() - started
-    (folder / "stdout.txt").write_text(done.stdout)
-    (folder / "stderr.txt").write_text(done.stderr)
+    done, wall_time = run_in_folder(command(args, run), folder)
     if done.returncode != 0:
         raise RuntimeError(f"{run.key} failed (exit {done.returncode}); see {folder / 'stderr.txt'}")
     summary = SUMMARY.search(done.stdout)

@@ -45,7 +45,7 @@ def peer(name: str) -> Iterator[None]:
     """Turn the failure of a collective whose other side is gone into `PeerLost(name)`."""
     try:
         yield
-    except RuntimeError as error:  # gloo raises DistBackendError, or a plain RuntimeError from a DDP hook
+    except RuntimeError as error:  # gloo raises DistBackendError, or a plain RuntimeError from a waited Work
         if isinstance(error, dist.DistError) or any(sign in str(error) for sign in LOST_CONNECTION):
             raise PeerLost(name, str(error)) from None
         raise

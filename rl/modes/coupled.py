@@ -1,4 +1,4 @@
-"""Coupled mode: every rank collects its own experience and trains a DDP replica of the learner.
+"""Coupled mode: every rank collects its own experience and trains a replica of the learner, averaging gradients.
 
 The loop knows iterations (collect, then one learning phase), ranks, logging, checkpoints and
 Ctrl-C; the algorithm behind `Algorithm` knows what an iteration collects and learns.

@@ -1,4 +1,4 @@
-"""Decoupled mode: rank 0 is the Player (envs, acting, batches); ranks 1..N-1 are Trainers (DDP).
+"""Decoupled mode: rank 0 is the Player (envs, acting, batches); ranks 1..N-1 are Trainers.
 
 Every message between the roles is a tensor in a buffer allocated once, sent over the world
 group: a command header (`Command.BATCH`, `SAVE` or `STOP`), the batch rows (broadcast with

@@ -156,9 +156,8 @@ def _orthogonal_init(module: nn.Module, gain: float) -> None:
 class ActorCritic(nn.Module):
     """Separate actor and critic MLPs.
 
-    `forward` is the training call (log-prob, entropy and value of given actions): it is the
-    only method a DDP- or Fabric-wrapped module may be called with. Acting uses the plain
-    module, whose parameters are the same tensors.
+    `forward` is the training call (log-prob, entropy and value of given actions); `act`,
+    `value` and `greedy_action` are for acting and evaluation, without a graph.
     """
 
     def __init__(self, obs_dim: int, action_space: gym.Space, activation: str = "relu", ortho_init: bool = False):

@@ -33,8 +33,8 @@ def squash(pre_tanh: Tensor, noise_logprob: Tensor, scale: Tensor, bias: Tensor)
 class SquashedGaussianActor(nn.Module):
     """obs -> 256 -> 256 -> (mean, log-std) of a Gaussian whose sample is tanh-squashed into the action bounds.
 
-    `forward(obs, noise)` is the reparameterized training call (the only one a DDP wrapper sees);
-    acting and evaluation use `act` and `greedy_action` on the plain module.
+    `forward(obs, noise)` is the reparameterized training call; acting and evaluation use `act`
+    and `greedy_action`.
     """
 
     def __init__(self, obs_dim: int, action_space: gym.spaces.Box, hidden: int = HIDDEN_SIZE) -> None:
@@ -92,7 +92,7 @@ def _uniform(shape: tuple[int, ...], fan_in: int) -> nn.Parameter:
 class CriticEnsemble(nn.Module):
     """`members` Q-networks (obs, action) -> 256 -> 256 -> 1, stacked so each layer is one batched matmul.
 
-    Two critics as one module cost one kernel per layer instead of two, and one DDP bucket.
+    Two critics as one module cost one kernel per layer instead of two.
     """
 
     def __init__(self, obs_dim: int, action_dim: int, hidden: int = HIDDEN_SIZE, members: int = NUM_CRITICS):
@@ -109,8 +109,8 @@ class CriticEnsemble(nn.Module):
     def q_values_of_actions(self, obs: Tensor, action: Tensor) -> Tensor:
         """Q-values through weights cut from the graph: gradients reach `action`, never the critics.
 
-        The actor's loss uses this, so its backward neither touches the critics' gradients nor
-        fires their DDP hooks (no second critic all-reduce).
+        The actor's loss uses this, so its backward never touches the critics' gradients, and
+        one backward pass can serve the critics' and the actor's losses together.
         """
         weights = [p.detach() for p in (self.w1, self.b1, self.w2, self.b2, self.w3, self.b3)]
         return self.q_values(obs, action, *weights)
