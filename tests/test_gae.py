@@ -209,3 +209,18 @@ def test_native_envs_resume_mid_episode_including_a_pending_reset():
     again, _ = collect(collector, agent)
     assert torch.equal(again.obs, expected[0]) and torch.equal(again.is_transition, expected[1])
     assert not expected[1].all()  # the window held reset steps
+
+
+def test_async_envs_give_the_same_rollout_as_sync_envs():
+    from rl.envs import make_vector_env
+
+    rollouts = {}
+    for mode in ("sync", "async"):
+        agent, collector = make_collector(make_vector_env("CartPole-v1", 3, mode=mode), num_steps=40)
+        rollout, episodes = collect(collector, agent)
+        rollouts[mode] = (rollout.obs.clone(), rollout.rewards.clone(), rollout.terminated.clone(), episodes.lengths)
+        assert rollout.is_transition.all() and not collector.resets_next_step
+        collector.close()
+    sync, asynchronous = rollouts["sync"], rollouts["async"]
+    assert all(torch.equal(a, b) for a, b in zip(sync[:3], asynchronous[:3], strict=True))
+    assert sync[3] == asynchronous[3] and len(sync[3]) > 0
