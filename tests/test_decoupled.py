@@ -110,6 +110,7 @@ def test_codec_round_trips_every_action_space():
             obs=torch.randn(3, spaces.obs_dim),
             actions=actions,
             **{name: torch.randn(3) for name in ("logprobs", "values", "advantages", "returns")},
+            is_transition=torch.tensor([True, False, True]),
         )
         rows = torch.zeros(3, codec.width)
         codec.pack(batch, rows)
