@@ -10,7 +10,7 @@ from rl.modes.decoupled import train_decoupled
 
 
 def main(argv: list[str]) -> None:
-    algorithm, world_size, resume = prepare(argv, decoupled=True)
+    algorithm, world_size, resume = prepare(argv, mode="decoupled")
     train_decoupled(algorithm, world_size, resume)
 
 

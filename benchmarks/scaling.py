@@ -3,12 +3,13 @@
     python benchmarks/scaling.py [--algorithm ppo|sac] [--env-id ID] [--modes coupled ...]
         [--world-sizes 1 2 4] [--total-timesteps N] [--seeds 1 2] [--out DIR] [--scale-lr]
 
-Every configuration is a real launched job (`fabric run`, or torchrun for the baseline), in
-its own folder under DIR/runs. Runs stay comparable as in the DSAC study: the global batch is
-the same at every world size, because each process's share (PPO: envs and minibatch; SAC:
-batch, and coupled replay buffers as always) is divided by the number of processes that
-collect or learn; the learning rates stay as given (SAC's `--scale-lr`, the DSAC rule, only
-with --scale-lr here). A world size above this machine's cores is marked *oversubscribed*.
+Every configuration is a real launched job (`fabric run`, torchrun for the baseline, or
+`python train_hogwild.py --workers N`), in its own folder under DIR/runs. Runs stay comparable
+as in the DSAC study: the global batch is the same at every world size, because each process's
+share (PPO: envs and minibatch; SAC: batch, and coupled replay buffers as always) is divided by
+the number of processes that collect or learn; the learning rates stay as given (SAC's
+`--scale-lr`, the DSAC rule, only with --scale-lr here). A world size above this machine's
+cores is marked *oversubscribed*.
 
 A finished run leaves DIR/rows/KEY.json; a study started again skips those, so a crash costs
 one run. From the runs' TensorBoard logs it writes DIR/results.csv and DIR/results.json (one
@@ -43,6 +44,8 @@ MODES = {  # mode -> (entry script, extra flags)
     "decoupled": ("train_fabric_decoupled.py", []),
     "decoupled-pipeline": ("train_fabric_decoupled.py", ["--pipeline"]),
     "torchrun": ("train_torch.py", []),
+    "hogwild-shared": ("train_hogwild.py", ["--sync", "shared"]),
+    "hogwild-synced": ("train_hogwild.py", ["--sync", "synced"]),  # a merge after every update
 }
 DEFAULTS = {  # algorithm -> (env, total steps, base flags, global batch)
     "ppo": ("CartPole-v1", 98_304, ["--num-steps", "128", "--update-epochs", "4", "--learning-rate", "2.5e-3"], 384),
@@ -87,6 +90,8 @@ def command(args: argparse.Namespace, run: Run) -> list[str]:
     _, _, base_flags, global_batch = DEFAULTS[args.algorithm]
     if run.mode == "torchrun":
         launcher = [str(BIN / "torchrun"), f"--nproc_per_node={run.world_size}", "--standalone"]
+    elif run.mode.startswith("hogwild"):
+        launcher, mode_flags = [sys.executable], [*mode_flags, "--workers", str(run.world_size)]
     else:
         launcher = [str(BIN / "fabric"), "run", "--accelerator=cpu", f"--devices={run.world_size}",
                     f"--main-port={free_port()}"]  # fmt: skip
@@ -117,14 +122,17 @@ def launch(args: argparse.Namespace, run: Run, folder: Path) -> dict:
 
 
 def read_curve(folder: Path) -> dict:
-    """Episode return against global step and wall time, and the greedy evaluation, from TensorBoard."""
+    """Episode return against global step and wall time, and the greedy evaluation, from TensorBoard
+    (a Hogwild run has two event files: its worker 0's training scalars and its supervisor's evaluation)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    (events,) = glob.glob(str(folder / "logs" / "*" / "*" / "events.*"))
-    accumulator = EventAccumulator(events, size_guidance={"scalars": 0})
-    accumulator.Reload()
-    returns = accumulator.Scalars("Rewards/rew_avg")
-    evaluation = accumulator.Scalars("Test/return_mean") if "Test/return_mean" in accumulator.Tags()["scalars"] else []
+    returns, evaluation = [], []
+    for events in sorted(glob.glob(str(folder / "logs" / "*" / "*" / "events.*"))):
+        accumulator = EventAccumulator(events, size_guidance={"scalars": 0})
+        accumulator.Reload()
+        tags = accumulator.Tags()["scalars"]
+        returns += accumulator.Scalars("Rewards/rew_avg") if "Rewards/rew_avg" in tags else []
+        evaluation += accumulator.Scalars("Test/return_mean") if "Test/return_mean" in tags else []
     start = returns[0].wall_time if returns else 0.0
     return {
         "steps": [event.step for event in returns],
@@ -145,10 +153,21 @@ def plan(args: argparse.Namespace) -> list[Run]:
     return runs
 
 
+def check_same_study(args: argparse.Namespace) -> None:
+    """A folder's finished rows are reused only by a study with the same settings."""
+    settings = {name: getattr(args, name) for name in ("algorithm", "env_id", "total_timesteps", "scale_lr")}
+    stored = args.out / "study.json"
+    if stored.exists() and json.loads(stored.read_text()) != settings:
+        sys.exit(f"error: --out: {args.out} holds a study with other settings ({stored.read_text()}); "
+                 "choose another folder")  # fmt: skip
+    stored.write_text(json.dumps(settings))
+
+
 def run_study(args: argparse.Namespace, runs: list[Run]) -> list[dict]:
     """Every run not already finished, with a line of progress each; the finished rows."""
     rows_dir = args.out / "rows"
     rows_dir.mkdir(parents=True, exist_ok=True)
+    check_same_study(args)
     rows, started = [], time.perf_counter()
     pending = [run for run in runs if not (rows_dir / f"{run.key}.json").exists()]
     print(f"{len(runs)} runs, {len(runs) - len(pending)} already done; {CORES} cores", flush=True)

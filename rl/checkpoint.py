@@ -84,8 +84,9 @@ def saved_algorithm(state: dict[str, Any]) -> str:
 
 
 def check_resumable(
-    state: dict[str, Any], cfg: RunConfig, world_size: int, env_id: str, mode: str, algorithm: str
-) -> None:
+    state: dict[str, Any], cfg: RunConfig, world_size: int, env_id: str, mode: str, algorithm: str,
+    processes_flag: str = "--devices",
+) -> None:  # fmt: skip
     """A resumed run must keep what shapes its envs, networks and per-rank state."""
     if "rank_states" not in state:
         raise UsageError("--resume-from", "this file holds a saved agent, not a training checkpoint")
@@ -103,13 +104,17 @@ def check_resumable(
             )
     if state["world_size"] != world_size:
         raise UsageError(
-            "--devices", f"the checkpoint was written by {state['world_size']} processes, not {world_size}"
+            processes_flag, f"the checkpoint was written by {processes(state['world_size'])}, not {world_size}"
         )
     if state["counters"]["global_step"] >= cfg.total_timesteps:
         raise UsageError(
             "--total-timesteps",
             f"the checkpoint is already at step {state['counters']['global_step']}; ask for more to resume",
         )
+
+
+def processes(count: int) -> str:
+    return f"{count} process" if count == 1 else f"{count} processes"
 
 
 def prune_checkpoints(run_dir: str, keep_last: int) -> None:

@@ -6,6 +6,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 
@@ -25,6 +26,8 @@ from rl.optim import TrainingDiverged
 from rl.registry import ALGORITHMS, DEFAULT_ALGORITHM, algorithm_type
 from rl.runtime import configure_torch_threads
 
+Mode = Literal["coupled", "decoupled", "hogwild"]
+
 
 def parse_config(argv: list[str]) -> RunConfig:
     """`[ALGORITHM] [FLAGS]`: a leading algorithm name (`ppo`, `sac`) picks its config; PPO by default.
@@ -37,37 +40,58 @@ def parse_config(argv: list[str]) -> RunConfig:
     return parse_config_flags(ALGORITHMS[name].config_type, flags, prog=program)
 
 
-def prepare(argv: list[str], decoupled: bool = False) -> tuple[Algorithm, int, dict | None]:
+def prepare(argv: list[str], mode: Mode = "coupled") -> tuple[Algorithm, int, dict | None]:
     """The algorithm (config and env spaces), world size and checkpoint, all checked before any process group.
 
     Every rank runs this on the same input, so bad input stops every rank here, with the
     same one-line error, before a collective could leave one of them waiting.
     """
     cfg = parse_config(argv)
-    world_size = world_size_from_env()
+    world_size = cfg.workers if mode == "hogwild" else world_size_from_env()
     gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    decoupled = mode == "decoupled"
     if decoupled:
         validate_decoupled(cfg, world_size)
         validate(cfg, world_size, gpu_count, env_ranks=1)
     else:
         validate(cfg, world_size, gpu_count)
+    check_mode_flags(cfg, mode)
     if cfg.capture_video:
         check_video_support()
     spaces = inspect_env(cfg.env_id)
     kind = algorithm_type(cfg)
     kind.check_spaces(spaces)
     algorithm = kind(cfg, spaces)
-    env_ranks, env_processes_here = (1, 1) if decoupled else (world_size, local_world_size_from_env())
+    env_ranks = 1 if decoupled else world_size
+    env_processes_here = {"decoupled": 1, "hogwild": world_size}.get(mode, local_world_size_from_env())
     acting_on_gpu = cfg.cuda and (not decoupled or cfg.player_on_gpu)
     algorithm.check_memory(env_ranks, env_processes_here, acting_on_gpu)
     resume = None
     if cfg.resume_from is not None:  # read on every rank now, so a bad file stops all before any collective
         resume = load_checkpoint(cfg.resume_from)
-        mode = "decoupled" if decoupled else "coupled"
-        check_resumable(resume, cfg, world_size, spaces.env_id, mode, algorithm.name)
+        processes_flag = "--workers" if mode == "hogwild" else "--devices"
+        check_resumable(resume, cfg, world_size, spaces.env_id, mode, algorithm.name, processes_flag)
     configure_torch_threads(cfg.torch_threads)
     torch.backends.cudnn.deterministic = cfg.torch_deterministic
     return algorithm, world_size, resume
+
+
+def check_mode_flags(cfg: RunConfig, mode: Mode) -> None:
+    """Refuse a flag that the chosen mode would silently ignore."""
+    hogwild_flags = {"--workers": cfg.workers != 1, "--sync": cfg.sync != "shared", "--sync-every": cfg.sync_every != 1}
+    if cfg.evaluator and mode != "decoupled":
+        raise UsageError("--evaluator", "belongs to decoupled mode: fabric run ... train_fabric_decoupled.py ...")
+    if mode != "hogwild":
+        for flag, given in hogwild_flags.items():
+            if given:
+                raise UsageError(flag, "belongs to Hogwild mode: python train_hogwild.py ...")
+        return
+    if cfg.cuda:
+        raise UsageError("--cuda", "Hogwild workers share their networks in CPU memory; train without --cuda")
+    if cfg.share_data:
+        raise UsageError("--share-data", "Hogwild workers train on their own data; drop --share-data")
+    if cfg.pipeline:
+        raise UsageError("--pipeline", "belongs to decoupled mode; Hogwild workers never wait for a trainer")
 
 
 def check_video_support() -> None:

@@ -12,7 +12,7 @@ import os
 import re
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 import tyro
 
@@ -70,12 +70,22 @@ class RunConfig:
     """seconds a collective may wait for a peer before the job fails (instead of gloo's 30 minutes)"""
     pipeline: bool = False
     """decoupled mode: the player collects the next batch while the trainers train on this one"""
+    evaluator: bool = False
+    """decoupled mode: one more process evaluates the newest weights whenever it is free (never making
+    anyone wait), logs Eval/ scalars and keeps the best agent as best.ckpt"""
+    workers: int = 1
+    """Hogwild mode (train_hogwild.py): worker processes, each with its own envs, training one set of networks"""
+    sync: Literal["shared", "synced"] = "shared"
+    """Hogwild mode: shared (every worker steps the global networks lock-free) or synced (each trains a
+    copy and merges it with the global networks every --sync-every updates)"""
+    sync_every: int = 1
+    """Hogwild synced mode: a worker's updates between two merges with the global networks"""
 
     # Tuned starting points by name (`--preset`), each a mapping of field names to values.
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
     # Fields a resumed run must share with its checkpoint: they shape the envs or the networks.
     IMMUTABLE = ("env_id", "num_envs", "vector_mode")
-    POSITIVE = ("num_envs", "total_timesteps", "keep_last", "collective_timeout")
+    POSITIVE = ("num_envs", "total_timesteps", "keep_last", "collective_timeout", "workers", "sync_every")
     NON_NEGATIVE = ("eval_episodes", "torch_threads", "checkpoint_every")
 
     @property
@@ -148,7 +158,13 @@ def validate_decoupled(cfg: RunConfig, world_size: int) -> None:
         raise UsageError(
             "--devices", f"decoupled mode needs at least 2 processes (a player and a trainer), got {world_size}"
         )
-    cfg.validate_decoupled(world_size - 1)
+    if cfg.evaluator and world_size < 3:
+        raise UsageError(
+            "--evaluator", f"needs a third process (a player, a trainer and the evaluator), got {world_size}"
+        )
+    if cfg.evaluator and cfg.eval_episodes == 0:
+        raise UsageError("--evaluator", "evaluates --eval-episodes episodes each time; give at least 1")
+    cfg.validate_decoupled(world_size - 1 - int(cfg.evaluator))
 
 
 _RULE = re.compile(r"^[\s╭╮╰╯│─-]*$")

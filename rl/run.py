@@ -83,12 +83,17 @@ class InterruptFlag:
 
 def agent_state(algorithm: Algorithm, policy: nn.Module, source: ExperienceSource) -> dict[str, Any]:
     """What evaluation needs: the algorithm, the policy's weights, normalization statistics and the config."""
+    agent = saved_agent(algorithm, policy, source.obs_normalizer.state_dict())
+    return agent | {"reward_scaler": source.reward_scaler.state_dict()}
+
+
+def saved_agent(algorithm: Algorithm, policy: nn.Module, obs_normalizer_state: dict[str, Any]) -> dict[str, Any]:
+    """A saved agent, loadable by `python -m rl.evaluate`."""
     return {
         "format": FORMAT,
         "algorithm": algorithm.name,
         "agent": policy.state_dict(),
-        "obs_normalizer": source.obs_normalizer.state_dict(),
-        "reward_scaler": source.reward_scaler.state_dict(),
+        "obs_normalizer": obs_normalizer_state,
         "config": algorithm.cfg.to_dict(),
         "env_id": algorithm.spaces.env_id,
     }
@@ -105,7 +110,15 @@ def training_state(
     world_size: int,
 ) -> dict[str, Any]:
     """`rank_states` holds one entry per rank that runs envs: every rank when coupled, the player when decoupled."""
-    return agent_state(algorithm, policy, source) | {
+    return agent_state(algorithm, policy, source) | run_state(learner_state, counters, rank_states, mode, world_size)
+
+
+def run_state(
+    learner_state: dict[str, Any], counters: dict[str, int], rank_states: list[dict[str, Any]], mode: str,
+    world_size: int,
+) -> dict[str, Any]:  # fmt: skip
+    """What a training checkpoint holds beyond the saved agent."""
+    return {
         "learner": learner_state,
         "counters": counters,  # global_step, update (the last finished iteration)
         "mode": mode,

@@ -44,10 +44,13 @@ def naming_a_taken_port() -> Iterator[None]:
         ) from None  # fmt: skip
 
 
+def available_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def configure_torch_threads(requested: int = 0) -> int:
     """One share of the cores per local rank unless `requested`: launchers hand every rank all of them."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    threads = requested or max(1, cores // local_world_size_from_env())
+    threads = requested or max(1, available_cores() // local_world_size_from_env())
     torch.set_num_threads(threads)
     return threads
 
@@ -299,3 +302,34 @@ class TorchRuntime(Runtime):
 
     def shutdown(self) -> None:
         close_process_group()
+
+
+class LocalRuntime(Runtime):
+    """One process that averages with no one: a Hogwild worker, whose peers meet through shared
+    memory rather than collectives. `rank` names the worker (its seeds); only worker 0 logs."""
+
+    log_subdir = "hogwild_logs"
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.world_size, self.device = rank, 1, torch.device("cpu")
+
+    def backward(self, loss: Tensor) -> None:
+        loss.backward()
+
+    def all_reduce_sum(self, tensor: Tensor) -> Tensor:
+        return tensor
+
+    def all_gather_rows(self, tensor: Tensor) -> Tensor:
+        return tensor
+
+    def broadcast_object(self, obj: Any) -> Any:
+        return obj
+
+    def save(self, path: str, state: dict[str, Any]) -> None:
+        torch.save(state, path)
+
+    def make_sink(self, root_dir: str, run_name: str) -> MetricsSink:
+        return SummaryWriterSink(os.path.join(root_dir, run_name), self.is_main)
+
+    def shutdown(self) -> None:
+        return

@@ -19,8 +19,10 @@ SCRIPTS = {
     "fabric": REPO / "train_fabric.py",
     "torch": REPO / "train_torch.py",
     "decoupled": REPO / "train_fabric_decoupled.py",
+    "hogwild": REPO / "train_hogwild.py",
 }
-LOG_SUBDIRS = {"fabric": "fabric_logs", "torch": "torch_logs", "decoupled": "fabric_decoupled_logs"}
+LOG_SUBDIRS = {"fabric": "fabric_logs", "torch": "torch_logs", "decoupled": "fabric_decoupled_logs",
+               "hogwild": "hogwild_logs"}  # fmt: skip
 
 
 def free_port() -> int:

@@ -2,12 +2,25 @@
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from conftest import SCRIPTS, Finished, child_pids, launch, load_agent, rank_pid, read_scalars, run_dir, start
+from conftest import (
+    SCRIPTS,
+    Finished,
+    all_scalars,
+    child_pids,
+    launch,
+    load_agent,
+    rank_pid,
+    read_scalars,
+    run_dir,
+    start,
+)
 
 from rl.algos.ppo.algorithm import PPO
 from rl.algos.ppo.config import PPOConfig
@@ -71,12 +84,16 @@ def test_one_process_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("victim", "survivor_says"),
-    [(2, ["error: the player: ", "trainer 2"]), (0, ["error: trainer 1: ", "the player"])],
-    ids=["trainer-killed", "player-killed"],
+    ("victim", "survivor_says", "extra"),
+    [
+        (2, ["error: the player: ", "trainer 2"], []),
+        (0, ["error: trainer 1: ", "the player"], []),
+        (2, ["error: the player: ", "the evaluator"], ["--evaluator"]),
+    ],
+    ids=["trainer-killed", "player-killed", "evaluator-killed"],
 )
-def test_a_killed_role_ends_the_job_within_60_s(tmp_path, victim, survivor_says):
-    args = ["--total-timesteps", "10000000", "--no-progress-bar"]
+def test_a_killed_role_ends_the_job_within_60_s(tmp_path, victim, survivor_says, extra):
+    args = ["--total-timesteps", "10000000", "--no-progress-bar", *extra]
     job = start("fabric run", SCRIPTS["decoupled"], args, tmp_path, nproc=3)
     try:
         deadline = time.monotonic() + 60
@@ -97,6 +114,39 @@ def test_a_killed_role_ends_the_job_within_60_s(tmp_path, victim, survivor_says)
     assert job.returncode != 0
     said = [line for line in stderr.splitlines() if line.startswith(survivor_says[0])]
     assert said and survivor_says[1] in said[0], stderr[-3000:]
+
+
+def test_the_evaluator_keeps_the_best_agent_and_never_changes_training(tmp_path):
+    args = [*SHORT, "--total-timesteps", "4096", "--eval-episodes", "2", "--torch-threads", "1"]
+    (tmp_path / "alone").mkdir(), (tmp_path / "evaluated").mkdir()
+    alone = launch("fabric run", SCRIPTS["decoupled"], args, tmp_path / "alone", nproc=2)
+    evaluated = launch("fabric run", SCRIPTS["decoupled"], [*args, "--evaluator"], tmp_path / "evaluated", nproc=3)
+    assert alone.returncode == 0 and evaluated.returncode == 0, evaluated.stderr[-3000:]
+    alone_dir, evaluated_dir = run_dir(tmp_path / "alone", "decoupled"), run_dir(tmp_path / "evaluated", "decoupled")
+    trained, with_evaluator = load_agent(alone_dir)["agent"], load_agent(evaluated_dir)["agent"]
+    assert all(torch.equal(trained[name], with_evaluator[name]) for name in trained)  # nobody waited on it
+    evaluations = all_scalars(evaluated_dir, "Eval/return_mean")
+    assert len(evaluations) >= 2 and max(evaluations) == 4096  # the final weights are always evaluated
+    best = torch.load(evaluated_dir / "best.ckpt", weights_only=True)
+    assert best["eval_return"] == max(evaluations.values()) and evaluations[best["step"]] == best["eval_return"]
+    assert list(all_scalars(evaluated_dir, "Eval/best_return").values())[-1] == best["eval_return"]
+    scored = subprocess.run([sys.executable, "-m", "rl.evaluate", str(evaluated_dir / "best.ckpt"), "--episodes", "2"],
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert scored.returncode == 0, scored.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("launcher", "script", "nproc", "says"),
+    [
+        ("fabric run", "decoupled", 2, "error: --evaluator: needs a third process"),
+        ("python", "fabric", 1, "error: --evaluator: belongs to decoupled mode"),
+    ],
+    ids=["two-processes", "coupled"],
+)
+def test_the_evaluator_is_refused_where_it_cannot_run(tmp_path, launcher, script, nproc, says):
+    finished = launch(launcher, SCRIPTS[script], ["--evaluator"], tmp_path, nproc=nproc, timeout=60)
+    assert finished.returncode != 0
+    assert says in finished.stderr
 
 
 def test_codec_round_trips_every_action_space():

@@ -47,6 +47,14 @@ class Learner(ABC):
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
+    @abstractmethod
+    def weight_tensors(self) -> list[Tensor]:
+        """Every tensor an update writes besides optimizer state (parameters, target networks, a
+        temperature), in a fixed order: what Hogwild workers share or merge."""
+
+    @abstractmethod
+    def optimizers(self) -> list[torch.optim.Optimizer]: ...
+
     def policy_weights(self) -> Tensor:
         """The weights a player acts with, as one vector."""
         return flat_parameters(self.policy)

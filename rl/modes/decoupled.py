@@ -36,6 +36,7 @@ from rl.envs import video_folder
 from rl.errors import progress_line
 from rl.faults import gather_process_ids, peer, report_lost_peers
 from rl.logger import EPISODE_RETURN, FabricSink, ProgressBar, TrainingMetrics
+from rl.modes.evaluator import EvaluatorLink, run_evaluator, send_run_dir
 from rl.optim import load_flat_parameters, num_parameters
 from rl.run import (
     InterruptFlag,
@@ -57,10 +58,6 @@ LOG_SUBDIR = "fabric_decoupled_logs"
 MODE = "decoupled"
 
 
-def role_name(rank: int) -> str:
-    return "the player" if rank == PLAYER_RANK else f"trainer {rank}"
-
-
 class Command(IntEnum):
     BATCH = 1  # a batch follows; train on it and send the weights back
     SAVE = 2  # the player writes a checkpoint: the first trainer sends its learner state
@@ -69,15 +66,23 @@ class Command(IntEnum):
 
 @dataclass
 class Topology:
-    """Who is who, on which device, and the world group's buffer device."""
+    """Who is who, on which device, and the world group's buffer device.
+
+    Rank 0 is the player, ranks 1.. the trainers, and with --evaluator the last rank the evaluator.
+    """
 
     rank: int
     world_size: int
     device: torch.device  # this role's device
     comm_device: torch.device  # where world-group buffers live (CPU for gloo)
+    has_evaluator: bool = False
 
     @property
     def num_trainers(self) -> int:
+        return self.world_size - 1 - int(self.has_evaluator)
+
+    @property
+    def evaluator_rank(self) -> int:
         return self.world_size - 1
 
     @property
@@ -85,15 +90,27 @@ class Topology:
         return self.rank == PLAYER_RANK
 
     @property
+    def is_evaluator(self) -> bool:
+        return self.has_evaluator and self.rank == self.evaluator_rank
+
+    def role_name(self, rank: int) -> str:
+        if rank == PLAYER_RANK:
+            return "the player"
+        return "the evaluator" if self.has_evaluator and rank == self.evaluator_rank else f"trainer {rank}"
+
+    @property
     def trainer_index(self) -> int:
         return self.rank - FIRST_TRAINER_RANK
 
 
 class Channel:
-    """Player <-> trainer messages on the world group, in buffers allocated once."""
+    """Player <-> trainer messages on `group` (the world, or all but the evaluator), in buffers allocated once."""
 
-    def __init__(self, cfg: RunConfig, topology: Topology, rows: int, width: int, message_size: int) -> None:
-        self.topology = topology
+    def __init__(
+        self, cfg: RunConfig, topology: Topology, group: dist.ProcessGroup | None, rows: int, width: int,
+        message_size: int,
+    ) -> None:  # fmt: skip
+        self.topology, self.group = topology, group
         self.share_data = cfg.share_data
         device = topology.comm_device
         self.rows = rows
@@ -104,7 +121,7 @@ class Channel:
             self.batch = torch.zeros(rows, width, device=device)
         else:
             # The player fills one padded shard per rank (its own slot unused); a trainer needs its own only.
-            count = topology.world_size if topology.is_player else 1
+            count = topology.num_trainers + 1 if topology.is_player else 1
             self.scatter_buffers = [torch.zeros(max(self.shards), width, device=device) for _ in range(count)]
             self.shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, SCATTER_STREAM))
 
@@ -114,12 +131,12 @@ class Channel:
             self._send_header(Command.BATCH, iteration)
             if self.share_data:
                 self.batch.copy_(rows)
-                dist.broadcast(self.batch, PLAYER_RANK)
+                dist.broadcast(self.batch, PLAYER_RANK, group=self.group)
                 return
             order = torch.randperm(self.rows, generator=self.shuffle).to(rows.device)
             for buffer, shard in zip(self.scatter_buffers[1:], order.split(self.shards), strict=True):
                 buffer[: len(shard)] = rows[shard]
-            dist.scatter(self.scatter_buffers[PLAYER_RANK], self.scatter_buffers, src=PLAYER_RANK)
+            dist.scatter(self.scatter_buffers[PLAYER_RANK], self.scatter_buffers, src=PLAYER_RANK, group=self.group)
 
     def send_stop(self) -> None:
         with peer("a trainer"):
@@ -140,21 +157,21 @@ class Channel:
 
     def _send_header(self, command: Command, iteration: int) -> None:
         self.header[0], self.header[1] = int(command), iteration
-        dist.broadcast(self.header, PLAYER_RANK)
+        dist.broadcast(self.header, PLAYER_RANK, group=self.group)
 
     # A trainer's side.
     def receive_command(self) -> tuple[Command, int]:
         with peer("the player"):
-            dist.broadcast(self.header, PLAYER_RANK)
+            dist.broadcast(self.header, PLAYER_RANK, group=self.group)
         return Command(int(self.header[0])), int(self.header[1])
 
     def receive_batch(self) -> Tensor:
         with peer("the player"):
             if self.share_data:
-                dist.broadcast(self.batch, PLAYER_RANK)
+                dist.broadcast(self.batch, PLAYER_RANK, group=self.group)
                 return self.batch
             (own,) = self.scatter_buffers
-            dist.scatter(own, src=PLAYER_RANK)
+            dist.scatter(own, src=PLAYER_RANK, group=self.group)
             return own[: self.shards[self.topology.trainer_index]]
 
     def send_learner_state(self, state: dict) -> None:
@@ -193,6 +210,10 @@ def run_player(algorithm: Algorithm, topology: Topology, channel: Channel, resum
     run = open_run(cfg, FabricSink(root, name))
     device = topology.device
     policy = algorithm.build_policy(device)
+    evaluator = None
+    if topology.has_evaluator:
+        send_run_dir(run.dir, topology.evaluator_rank)
+        evaluator = EvaluatorLink(policy, algorithm.spaces.obs_dim, topology.evaluator_rank)
     codec = algorithm.batch_codec()
     stats_message = StatsMessage(list(algorithm.stat_tags))
     video_dir = video_folder(run.dir, "train") if cfg.capture_video else None
@@ -228,6 +249,8 @@ def run_player(algorithm: Algorithm, topology: Topology, channel: Channel, resum
         run.sink.log_scalars(scalars, step)
         progress.advance(step - reported_step, steps_per_second, scalars.get(EPISODE_RETURN))
         reported_step = step
+        if evaluator is not None:
+            evaluator.offer(step, policy, source.obs_normalizer)
 
     def receive_update() -> None:
         """The trainers' update of the iteration in flight: load its weights, record its statistics."""
@@ -294,6 +317,8 @@ def run_player(algorithm: Algorithm, topology: Topology, channel: Channel, resum
     progress.close()
     source.close()
     global_step = iteration * steps_per_iteration
+    if evaluator is not None:
+        evaluator.finish(global_step, policy, source.obs_normalizer)
     if interrupt.requested:
         print(f"interrupted at step {global_step}: checkpoint written to {run.dir}", flush=True)
         run.sink.close()
@@ -356,7 +381,7 @@ def role_devices(cfg: RunConfig, rank: int) -> tuple[torch.device, torch.device,
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     on_gpu = cfg.cuda and (rank != PLAYER_RANK or cfg.player_on_gpu)
     device = torch.device(f"cuda:{local_rank}") if on_gpu else torch.device("cpu")
-    world_backend = "nccl" if cfg.cuda and cfg.player_on_gpu else "gloo"
+    world_backend = "nccl" if cfg.cuda and cfg.player_on_gpu and not cfg.evaluator else "gloo"  # the evaluator: CPU
     comm_device = device if world_backend == "nccl" else torch.device("cpu")
     return device, comm_device, world_backend, "nccl" if cfg.cuda else "gloo"
 
@@ -372,16 +397,21 @@ def train_decoupled(algorithm: Algorithm, world_size: int, resume: dict | None =
     timeout = collective_timeout(cfg)
     with naming_a_taken_port():
         world = TorchCollective().setup(backend=world_backend, timeout=timeout)
-    trainers = TorchCollective().create_group(
-        ranks=list(range(FIRST_TRAINER_RANK, world_size)), backend=trainer_backend, timeout=timeout
-    )
-    topology = Topology(world.rank, world_size, device, comm_device)
+    topology = Topology(world.rank, world_size, device, comm_device, cfg.evaluator)
+    trainer_ranks = list(range(FIRST_TRAINER_RANK, FIRST_TRAINER_RANK + topology.num_trainers))
+    trainers = TorchCollective().create_group(ranks=trainer_ranks, backend=trainer_backend, timeout=timeout)
+    # The evaluator stays out of the player's and trainers' collectives: it only ever receives weights.
+    acting = TorchCollective().create_group(ranks=[PLAYER_RANK, *trainer_ranks], backend=world_backend,
+                                            timeout=timeout) if cfg.evaluator else None  # fmt: skip
     learners_fed = 1 if cfg.share_data else topology.num_trainers
     message_size = len(algorithm.stat_tags) + num_parameters(algorithm.build_policy(torch.device("cpu")))
-    channel = Channel(cfg, topology, algorithm.batch_rows(learners_fed), algorithm.batch_codec().width, message_size)
-    with report_lost_peers(topology.rank, role_name, gather_process_ids(comm_device)):
+    channel = Channel(cfg, topology, acting.group if acting else None, algorithm.batch_rows(learners_fed),
+                      algorithm.batch_codec().width, message_size)  # fmt: skip
+    with report_lost_peers(topology.rank, topology.role_name, gather_process_ids(comm_device)):
         if topology.is_player:
             run_player(algorithm, topology, channel, resume)
+        elif topology.is_evaluator:
+            run_evaluator(algorithm, PLAYER_RANK)
         else:
             run_trainer(algorithm, topology, channel, trainers.group, resume)
         close_process_group()

@@ -77,6 +77,12 @@ class PPOLearner(Learner):
     def backward_and_average(self, loss: Tensor) -> None:
         self.runtime.backward_and_average(loss, self.gradients.buffer)
 
+    def weight_tensors(self) -> list[Tensor]:
+        return list(self.policy.parameters())
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.optimizer]
+
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "epoch": self.schedule.epoch}
 

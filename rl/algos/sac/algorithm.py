@@ -149,7 +149,7 @@ class SACLearner(Learner):
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         self.target_entropy = -float(actor.action_dim) if cfg.target_entropy == AUTO else float(cfg.target_entropy)
         self.log_alpha = torch.zeros(1, device=device, requires_grad=cfg.autotune)
-        self.alpha = torch.tensor([1.0 if cfg.autotune else float(cfg.ent_coef)], device=device)
+        self.fixed_alpha = torch.tensor([1.0 if cfg.autotune else float(cfg.ent_coef)], device=device)
         temperature = [self.log_alpha] if cfg.autotune else []
         self.gradients = FlatGradients(list(self.critic.parameters()), [*actor.parameters(), *temperature])
         self.critic_optimizer = adam(self.critic.parameters(), cfg.q_lr * lr_scale)
@@ -210,6 +210,11 @@ class SACLearner(Learner):
         stats.add(alpha_loss=alpha_loss)
         return loss + alpha_loss
 
+    @property
+    def alpha(self) -> Tensor:
+        """The temperature, read from `log_alpha` when tuned: other processes may have changed it (Hogwild)."""
+        return self.log_alpha.detach().exp() if self.cfg.autotune else self.fixed_alpha
+
     def backward_and_average(self, loss: Tensor, first_group: int, last_group: int) -> None:
         """Write the gradients of `loss` into groups first..last (the others keep theirs), and
         average them over the learners in one collective."""
@@ -219,8 +224,14 @@ class SACLearner(Learner):
         self.actor_optimizer.step()
         if self.alpha_optimizer is not None:
             self.alpha_optimizer.step()
-            self.alpha = self.log_alpha.detach().exp()
         stats.add(alpha=self.alpha)
+
+    def weight_tensors(self) -> list[Tensor]:
+        targets = [*self.critic.parameters(), *self.critic_target.parameters()]
+        return [*self.policy.parameters(), *targets, *([self.log_alpha] if self.cfg.autotune else [])]
+
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.critic_optimizer, self.actor_optimizer, *([self.alpha_optimizer] if self.alpha_optimizer else [])]
 
     def state_dict(self) -> dict[str, Any]:
         state = {
@@ -246,7 +257,6 @@ class SACLearner(Learner):
             with torch.no_grad():
                 self.log_alpha.copy_(state["log_alpha"])
             self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
-        self.alpha = state["alpha"].to(self.alpha.device)
 
 
 def adam(parameters: Any, lr: float) -> torch.optim.Optimizer:

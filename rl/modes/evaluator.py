@@ -1,0 +1,149 @@
+"""The evaluator role: one process that takes the newest weights whenever it is free, runs greedy
+episodes, logs them and keeps the best agent as `best.ckpt`. Nobody waits for it.
+
+The evaluator asks for weights by adding 1 to a counter in the job's rendezvous store, then
+waits in a receive. The side that holds the weights (the decoupled player) reads the counter at
+each report, a store round-trip that never blocks, and sends only when a request is open, into
+a receive already posted, so the send returns at once. (A gloo `isend` cannot be polled
+instead: its work reports completion only once waited on.)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from datetime import timedelta
+from enum import IntEnum
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from rl.algos.base import Algorithm
+from rl.checkpoint import save_file_atomically
+from rl.evaluation import evaluate_greedy
+from rl.faults import peer
+from rl.logger import SummaryWriterSink
+from rl.normalization import ObservationNormalizer
+from rl.optim import flat_parameters, load_flat_parameters, num_parameters
+from rl.run import saved_agent
+
+BEST_FILENAME = "best.ckpt"
+REQUESTS_KEY = "rl/evaluator/requests"
+POLL_SECONDS = 0.05
+
+
+class Command(IntEnum):
+    EVALUATE = 1  # weights follow; evaluate them, then ask again
+    FINAL = 2  # the last weights of the run; evaluate them and stop
+
+
+class WeightsMessage:
+    """[command, env step, seconds since training began, the policy's weights, observation mean, variance, count]."""
+
+    HEAD = 3
+
+    def __init__(self, policy: nn.Module, obs_dim: int) -> None:
+        self.num_weights, self.obs_dim = num_parameters(policy), obs_dim
+        self.buffer = torch.zeros(self.HEAD + self.num_weights + 2 * obs_dim + 1)
+
+    def pack(self, command: Command, step: int, seconds: float, policy: nn.Module, normalizer: dict) -> Tensor:
+        head = torch.tensor([float(command), float(step), seconds])
+        stats = [torch.as_tensor(normalizer["mean"]).float(), torch.as_tensor(normalizer["var"]).float(),
+                 torch.tensor([float(normalizer["count"])])]  # fmt: skip
+        torch.cat([head, flat_parameters(policy).cpu(), *stats], out=self.buffer)
+        return self.buffer
+
+    def unpack(self, policy: nn.Module) -> tuple[Command, int, float, dict]:
+        """Load the weights into `policy`; the command, step, seconds and normalizer state."""
+        buffer, weights_end = self.buffer, self.HEAD + self.num_weights
+        load_flat_parameters(policy, buffer[self.HEAD : weights_end])
+        mean, var = buffer[weights_end : weights_end + self.obs_dim], buffer[weights_end + self.obs_dim : -1]
+        normalizer = {"mean": mean.double(), "var": var.double(), "count": float(buffer[-1])}
+        return Command(int(buffer[0])), int(buffer[1]), float(buffer[2]), normalizer
+
+
+def store_client() -> dist.TCPStore:
+    """A client of the job's rendezvous store, on a connection of its own."""
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                         timeout=timedelta(seconds=30))  # fmt: skip
+
+
+class EvaluatorLink:
+    """The weight holder's side: offer the newest weights, sent only if the evaluator has asked."""
+
+    def __init__(self, policy: nn.Module, obs_dim: int, evaluator_rank: int) -> None:
+        self.message = WeightsMessage(policy, obs_dim)
+        self.evaluator_rank = evaluator_rank
+        self.store = store_client()
+        self.served = 0
+        self.started = time.monotonic()
+
+    def offer(self, step: int, policy: nn.Module, normalizer: ObservationNormalizer) -> None:
+        if self.store.add(REQUESTS_KEY, 0) > self.served:
+            self._send(Command.EVALUATE, step, policy, normalizer)
+
+    def finish(self, step: int, policy: nn.Module, normalizer: ObservationNormalizer) -> None:
+        """The final weights, once the evaluator is free; the evaluator then stops."""
+        while self.store.add(REQUESTS_KEY, 0) <= self.served:
+            time.sleep(POLL_SECONDS)
+        self._send(Command.FINAL, step, policy, normalizer)
+
+    def _send(self, command: Command, step: int, policy: nn.Module, normalizer: ObservationNormalizer) -> None:
+        seconds = time.monotonic() - self.started
+        message = self.message.pack(command, step, seconds, policy, normalizer.state_dict())
+        with peer("the evaluator"):
+            dist.send(message, dst=self.evaluator_rank)
+        self.served += 1
+
+
+def receive_run_dir(source_rank: int) -> str:
+    holder: list = [None]
+    dist.recv_object_list(holder, src=source_rank)  # once, at start-up
+    return holder[0]
+
+
+def send_run_dir(run_dir: str, evaluator_rank: int) -> None:
+    dist.send_object_list([run_dir], dst=evaluator_rank)
+
+
+def best_return_so_far(run_dir: str) -> float:
+    """The best evaluation of a resumed run, so that its best.ckpt is only replaced by a better agent."""
+    path = os.path.join(run_dir, BEST_FILENAME)
+    if not os.path.isfile(path):
+        return -math.inf
+    return float(torch.load(path, map_location="cpu", weights_only=True)["eval_return"])
+
+
+def run_evaluator(algorithm: Algorithm, weights_rank: int) -> None:
+    """Evaluate whatever `weights_rank` sends until its final weights; keep the best agent."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the player's: it sends the final weights
+    cfg, spaces = algorithm.cfg, algorithm.spaces
+    run_dir = receive_run_dir(weights_rank)
+    store = store_client()
+    policy = algorithm.build_policy(torch.device("cpu"))
+    message = WeightsMessage(policy, spaces.obs_dim)
+    normalizer = ObservationNormalizer(spaces.obs_dim, getattr(cfg, "normalize_observations", False),
+                                       torch.device("cpu"))  # fmt: skip
+    sink = SummaryWriterSink(run_dir, True)
+    best = best_return_so_far(run_dir)
+    command = Command.EVALUATE
+    while command is Command.EVALUATE:
+        store.add(REQUESTS_KEY, 1)
+        with peer("the player"):
+            dist.recv(message.buffer, src=weights_rank)
+        command, step, seconds, normalizer_state = message.unpack(policy)
+        normalizer.load_state_dict(normalizer_state)
+        returns, _ = evaluate_greedy(policy, spaces.env_id, cfg.eval_episodes, cfg.seed, normalizer,
+                                     torch.device("cpu"))  # fmt: skip
+        mean = float(np.mean(returns))
+        if mean > best:
+            best = mean
+            state = saved_agent(algorithm, policy, normalizer.state_dict()) | {"eval_return": mean, "step": step}
+            save_file_atomically(os.path.join(run_dir, BEST_FILENAME), state)
+        sink.log_scalars({"Eval/return_mean": mean, "Eval/return_std": float(np.std(returns)),
+                          "Eval/best_return": best, "Eval/seconds": seconds}, step)  # fmt: skip
+    sink.close()

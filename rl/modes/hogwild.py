@@ -1,0 +1,488 @@
+"""Hogwild! mode: worker processes on one machine train one set of networks kept in shared memory.
+
+- shared: every worker applies its own gradients to the global networks and their optimizer
+  state, without locks (Recht et al.'s Hogwild!).
+- synced: every worker trains a copy with its own optimizer and, every `--sync-every` updates,
+  adds its change since its last merge to the global networks and takes the result back,
+  under a lock. The copies stay close to one policy, which on-policy PPO needs.
+
+The launching process supervises: it holds the global tensors, writes the checkpoints the
+workers hand it, names a worker that dies and stops the others, and evaluates the result.
+Workers checkpoint together, at the same iteration (or at their next report after Ctrl-C):
+each waits for the others, so that nobody writes the global tensors while they are captured.
+The processes are torch.multiprocessing's (spawn). Tensors cross between them as shared
+memory; only checkpoint parts, which are rare, travel pickled through a queue.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import os
+import queue
+import resource
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.context import SpawnContext, SpawnProcess
+from threading import BrokenBarrierError
+from typing import Any, Protocol
+
+import torch
+import torch.multiprocessing as mp
+from torch import Tensor
+
+from rl.algos.base import Algorithm, Learner
+from rl.batch import DataShard
+from rl.checkpoint import agent_path, checkpoint_path, prune_checkpoints, run_dir_of, save_file_atomically
+from rl.config import RunConfig
+from rl.envs import video_folder
+from rl.errors import print_error
+from rl.evaluation import restore_agent
+from rl.experience import ExperienceSource
+from rl.logger import EPISODE_RETURN, ProgressBar, SummaryWriterSink, TrainingMetrics
+from rl.optim import TrainingDiverged
+from rl.run import (
+    Run,
+    agent_state,
+    checkpoint_due,
+    report_due,
+    report_evaluation,
+    restore_run_state,
+    run_state,
+    start_run,
+)
+from rl.runtime import LocalRuntime, available_cores, configure_torch_threads
+
+MODE = "hogwild"
+POLL_SECONDS = 0.1
+
+
+def worker_name(index: int) -> str:
+    return f"hogwild worker {index}"
+
+
+def worker_threads(cfg: RunConfig) -> int:
+    """One torch thread per worker unless asked for more, and never more than the cores hold for all workers."""
+    return min(cfg.torch_threads or 1, max(1, available_cores() // cfg.workers))
+
+
+# --- What the workers share -------------------------------------------------------------------
+
+
+@dataclass
+class SharedState:
+    """The global weights (`Learner.weight_tensors` order), in shared mode the optimizers' state
+    too (per optimizer, per parameter), and each worker's env-step count, written by it alone."""
+
+    weights: list[Tensor]
+    optimizer_states: list[list[dict[str, Tensor]]]
+    frames: Tensor
+
+
+def adam_state(optimizer: torch.optim.Optimizer) -> list[dict[str, Tensor]]:
+    """Adam's per-parameter state, created now as Adam creates it at its first step, so that it can be shared."""
+    if not isinstance(optimizer, torch.optim.Adam) or any(group["amsgrad"] for group in optimizer.param_groups):
+        raise TypeError("Hogwild's shared mode shares Adam's state (without amsgrad) only")
+    states = []
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            state = optimizer.state[parameter]
+            if not state:
+                state["step"] = torch.zeros((), dtype=torch.float32, device=parameter.device)
+                state["exp_avg"] = torch.zeros_like(parameter, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(parameter, memory_format=torch.preserve_format)
+            states.append(state)
+    return states
+
+
+def share_learner(learner: Learner, sync: str, frames: Tensor) -> SharedState:
+    """Copies of the learner's weights (and, in shared mode, its optimizers' state) in shared memory."""
+
+    def shared_copy(tensor: Tensor) -> Tensor:
+        return tensor.detach().clone().share_memory_()
+
+    weights = [shared_copy(tensor) for tensor in learner.weight_tensors()]
+    optimizer_states = []
+    if sync == "shared":
+        for optimizer in learner.optimizers():
+            optimizer_states.append([{k: shared_copy(v) for k, v in s.items()} for s in adam_state(optimizer)])
+    return SharedState(weights, optimizer_states, frames.share_memory_())
+
+
+class Weights(Protocol):
+    """How a worker's learner meets the global weights."""
+
+    def after_update(self) -> None: ...
+    def publish(self) -> None: ...
+    def take_published(self) -> None: ...
+
+
+class SharedWeights:
+    """Shared mode: the learner's tensors and optimizer state *are* the global ones; nothing to merge."""
+
+    def __init__(self, learner: Learner, shared: SharedState) -> None:
+        for local, global_ in zip(learner.weight_tensors(), shared.weights, strict=True):
+            local.data = (
+                global_  # the same Parameter objects, now on shared storage: optimizers and gradients keep them
+            )
+        for optimizer, states in zip(learner.optimizers(), shared.optimizer_states, strict=True):
+            parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
+            for parameter, state in zip(parameters, states, strict=True):
+                optimizer.state[parameter] = state
+
+    def after_update(self) -> None:
+        return
+
+    def publish(self) -> None:
+        return
+
+    def take_published(self) -> None:
+        return
+
+
+class MergedWeights:
+    """Synced mode: this worker trains its own copy and merges it with the global weights every `every` updates.
+
+    A merge adds the other workers' changes since this worker's last merge (global - base) to
+    its copy, then publishes the copy as the new global weights. With one worker the others'
+    change is exactly zero, so training equals a one-process run bit for bit.
+    """
+
+    def __init__(self, learner: Learner, shared: SharedState, lock: Any, every: int) -> None:
+        self.local = [tensor.detach() for tensor in learner.weight_tensors()]
+        self.global_, self.lock, self.every = shared.weights, lock, every
+        self.base = [tensor.clone() for tensor in self.global_]
+        self.updates = 0
+        self.take_published()
+
+    def after_update(self) -> None:
+        self.updates += 1
+        if self.updates % self.every == 0:
+            self.publish()
+
+    @torch.no_grad()
+    def publish(self) -> None:
+        with self.lock:
+            torch._foreach_add_(self.local, torch._foreach_sub(self.global_, self.base))
+            torch._foreach_copy_(self.global_, self.local)
+        torch._foreach_copy_(self.base, self.local)
+
+    @torch.no_grad()
+    def take_published(self) -> None:
+        with self.lock:
+            torch._foreach_copy_(self.local, self.global_)
+        torch._foreach_copy_(self.base, self.local)
+
+
+# --- The channel between the supervisor and the workers ---------------------------------------
+
+
+class Channel:
+    """The supervisor's and workers' meeting points: a barrier for checkpoints, Ctrl-C, the
+    decision to stop, the synced merges' lock, and the queue that carries checkpoint parts."""
+
+    def __init__(self, context: SpawnContext, workers: int) -> None:
+        self.barrier = context.Barrier(workers)
+        self.stop_requested = context.Event()
+        self.stopping = context.Value("b", 0)
+        self.merge_lock = context.Lock()
+        self.parts = context.Queue()
+        self.supervisor = os.getpid()
+
+
+# --- A worker ---------------------------------------------------------------------------------
+
+
+def run_worker(
+    index: int, algorithm: Algorithm, shared: SharedState, channel: Channel, run_dir: str, resume: dict | None
+) -> None:
+    """A worker process's body: one line and exit code 1 if training diverges."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to turn into a checkpoint and a stop
+    try:
+        WorkerLoop(index, algorithm, shared, channel, run_dir, resume).run()
+    except TrainingDiverged as error:
+        print_error(f"error: {worker_name(index)}: training stopped: {error}")
+        os._exit(1)
+    except BrokenBarrierError:  # the supervisor stopped the job: another worker was lost, and it says so
+        os._exit(1)
+
+
+class WorkerLoop:
+    """One worker: its envs and learner on the global weights, its training loop, its checkpoint parts."""
+
+    def __init__(
+        self, index: int, algorithm: Algorithm, shared: SharedState, channel: Channel, run_dir: str,
+        resume: dict | None,
+    ) -> None:  # fmt: skip
+        cfg = self.cfg = algorithm.cfg
+        configure_torch_threads(worker_threads(cfg))
+        self.index, self.algorithm, self.shared, self.channel, self.run_dir = index, algorithm, shared, channel, run_dir
+        runtime = self.runtime = LocalRuntime(index)
+        self.policy = algorithm.build_policy(runtime.device)
+        batch_rows = algorithm.batch_rows(1)
+        self.learner = algorithm.make_learner(self.policy, runtime, DataShard(batch_rows), env_ranks=cfg.workers)
+        video_dir = video_folder(run_dir, "train") if cfg.capture_video and index == 0 else None
+        self.source: ExperienceSource = algorithm.make_source(
+            index, runtime.device, video_dir, env_ranks=cfg.workers, batch_rows=batch_rows
+        )
+        self.first_iteration = 1
+        if resume is not None:
+            restore_run_state(resume, index, self.policy, self.learner, self.source)
+            self.first_iteration = resume["counters"]["update"] + 1
+        if cfg.sync == "shared":
+            self.weights: Weights = SharedWeights(self.learner, shared)
+        else:
+            self.weights = MergedWeights(self.learner, shared, channel.merge_lock, cfg.sync_every)
+        self.checkpoints = 0
+
+    def run(self) -> None:
+        cfg, algorithm, index, frames = self.cfg, self.algorithm, self.index, self.shared.frames
+        num_iterations = cfg.num_iterations(cfg.workers)
+        # As in coupled mode, the step an iteration is at counts every worker's envs: SAC's
+        # warm-up and a checkpoint's timing fall at the same iteration on every worker.
+        steps_per_iteration = cfg.steps_per_iteration * cfg.workers
+        report_every = algorithm.iterations_per_report(cfg.workers)
+        sink = SummaryWriterSink(self.run_dir, index == 0)
+        metrics = TrainingMetrics(self.runtime.device, self.runtime.all_reduce_sum, algorithm.stat_tags)
+        progress = ProgressBar(num_iterations * steps_per_iteration, index == 0 and cfg.progress_bar,
+                               initial=int(frames.sum()), drawn_by_job=cfg.progress_bar)  # fmt: skip
+        step = (self.first_iteration - 1) * steps_per_iteration
+        reported_step, reported_frames = step, int(frames.sum())
+        start, start_frames = time.perf_counter(), reported_frames
+        for iteration in range(self.first_iteration, num_iterations + 1):
+            episodes = self.source.collect(self.policy, step)
+            step += steps_per_iteration
+            batch = self.source.next_batch(step, self.runtime.all_reduce_sum)
+            if batch is not None:
+                metrics.record(self.source.batch_stats(batch))
+                metrics.record(self.learner.update(batch, iteration))
+                self.weights.after_update()
+            frames[index] += cfg.steps_per_iteration
+            metrics.record_episodes(episodes.returns, episodes.lengths)
+            if not report_due(iteration, report_every, num_iterations):
+                continue
+            all_frames = int(frames.sum())
+            steps_per_second = (all_frames - start_frames) / (time.perf_counter() - start)
+            scalars = metrics.compute() | {"Time/steps_per_second": steps_per_second} | self.frame_counts()
+            sink.log_scalars(scalars, all_frames)
+            progress.advance(all_frames - reported_frames, steps_per_second, scalars.get(EPISODE_RETURN))
+            reported_frames = all_frames
+            self.check_supervisor()
+            due = checkpoint_due(cfg.checkpoint_every, step, step - reported_step)
+            reported_step = step
+            if due or self.channel.stop_requested.is_set() or iteration == num_iterations:
+                loop_seconds = time.perf_counter() - start
+                if self.checkpoint_together(iteration, iteration == num_iterations, loop_seconds):
+                    break
+        progress.close()
+        self.source.close()
+        sink.close()
+
+    def frame_counts(self) -> dict[str, float]:
+        """Env steps per worker and in all, logged by worker 0 (the x-axis is the global count)."""
+        counts = self.shared.frames.tolist()
+        return {"Frames/global": float(sum(counts))} | {f"Frames/worker_{k}": float(n) for k, n in enumerate(counts)}
+
+    def check_supervisor(self) -> None:
+        """A worker whose supervisor is gone (killed) stops: nobody would save or stop it."""
+        if os.getppid() != self.channel.supervisor:
+            print_error(f"error: {worker_name(self.index)}: the supervising process was lost; stopping")
+            os._exit(1)
+
+    def checkpoint_together(self, iteration: int, last: bool, loop_seconds: float) -> bool:
+        """Hand the supervisor this worker's part of a checkpoint, all workers at once; return whether to stop."""
+        channel = self.channel
+        channel.barrier.wait()  # every worker's update is done: the global weights hold still
+        if self.index == 0:  # one worker decides, so that all stop after the same checkpoint
+            channel.stopping.value = int(channel.stop_requested.is_set() or last)
+        self.weights.publish()
+        channel.barrier.wait()
+        self.weights.take_published()  # synced: every copy restarts from the merged weights
+        self.checkpoints += 1
+        channel.parts.put((self.checkpoints, self.index, serialized(self.checkpoint_part(iteration, loop_seconds))))
+        stopping = bool(channel.stopping.value)
+        channel.barrier.wait()  # all parts are captured before anyone writes the global weights again
+        return stopping
+
+    def checkpoint_part(self, iteration: int, loop_seconds: float) -> dict[str, Any]:
+        part = {
+            "learner": self.learner.state_dict(),
+            "source": self.source.capture_state(),
+            "iteration": iteration,
+            "frames": int(self.shared.frames[self.index]),
+            "loop_seconds": loop_seconds,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
+        if self.index == 0:
+            part["agent"] = agent_state(self.algorithm, self.policy, self.source)
+        return part
+
+
+def serialized(state: dict[str, Any]) -> bytes:
+    """A snapshot as bytes: shared tensors sent as they are would arrive as the live shared memory."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+def deserialized(data: bytes) -> dict[str, Any]:
+    return torch.load(io.BytesIO(data), weights_only=True)
+
+
+# --- The supervisor ---------------------------------------------------------------------------
+
+
+class WorkerLost(Exception):
+    def __init__(self, index: int, exitcode: int) -> None:
+        how = f"was killed by {signal.Signals(-exitcode).name}" if exitcode < 0 else f"ended with exit code {exitcode}"
+        super().__init__(f"{worker_name(index)} {how}")
+
+
+def worker_resume(resume: dict | None, index: int) -> dict | None:
+    """A worker's view of a Hogwild checkpoint: its own learner state and iteration count."""
+    if resume is None:
+        return None
+    worker = resume["workers"][index]
+    counters = resume["counters"] | {"update": worker["iteration"]}
+    return resume | {"learner": worker["learner"], "counters": counters}
+
+
+def train_hogwild(algorithm: Algorithm, resume: dict | None = None) -> None:
+    cfg, env_id = algorithm.cfg, algorithm.spaces.env_id
+    configure_torch_threads(1)  # the supervisor waits; the cores are the workers'
+    runtime = LocalRuntime(0)
+    run = start_run(cfg, runtime, env_id, run_dir_of(cfg.resume_from) if resume else None)
+    policy = algorithm.build_policy(runtime.device)
+    learner = algorithm.make_learner(policy, runtime, DataShard(algorithm.batch_rows(1)), env_ranks=cfg.workers)
+    frames = torch.zeros(cfg.workers, dtype=torch.int64)
+    if resume is not None:
+        restore_run_state(worker_resume(resume, 0), 0, policy, learner, None)
+        frames = torch.tensor([worker["frames"] for worker in resume["workers"]], dtype=torch.int64)
+    shared = share_learner(learner, cfg.sync, frames)
+
+    context = mp.get_context("spawn")
+    channel = Channel(context, cfg.workers)
+    processes = [
+        context.Process(target=run_worker, name=worker_name(index),
+                        args=(index, algorithm, shared, channel, run.dir, worker_resume(resume, index)))
+        for index in range(cfg.workers)
+    ]  # fmt: skip
+    signal.signal(signal.SIGINT, lambda *_: channel.stop_requested.set())
+    for process in processes:
+        process.start()
+    pids = ", ".join(str(process.pid) for process in processes)
+    print(f"hogwild: {cfg.workers} workers ({cfg.sync}), process ids {pids}; run folder {run.dir}", flush=True)
+    writer = CheckpointWriter(algorithm, run.dir)
+    try:
+        supervise(processes, channel, writer.add)
+    except WorkerLost as lost:
+        print_error(f"error: {lost}; the others were stopped, and the checkpoints written so far are in {run.dir}")
+        os._exit(1)
+    interrupted = channel.stop_requested.is_set()
+    release(processes, channel)
+    final = writer.last
+    if final is None:  # every worker ended without a checkpoint: cannot happen, each ends with one
+        raise RuntimeError("the workers ended without handing in their final checkpoint")
+    if interrupted:
+        print(f"interrupted at step {final['counters']['global_step']}: checkpoint written to {run.dir}", flush=True)
+    else:
+        finish(algorithm, writer.agent, final, writer.loop_report, run)
+    run.sink.close()
+
+
+def supervise(processes: list[SpawnProcess], channel: Channel, on_part: Callable[[int, int, bytes], None]) -> None:
+    """Receive checkpoint parts until every worker has ended; a worker that fails stops all of them."""
+    while True:
+        try:
+            on_part(*channel.parts.get(timeout=POLL_SECONDS))
+            continue
+        except queue.Empty:
+            pass
+        exitcodes = [process.exitcode for process in processes]
+        failed = [index for index, code in enumerate(exitcodes) if code not in (None, 0)]
+        if failed:
+            stop_workers(processes, channel)
+            raise WorkerLost(failed[0], exitcodes[failed[0]])  # type: ignore[arg-type]
+        if all(code == 0 for code in exitcodes):
+            drain(channel, on_part)
+            return
+
+
+def drain(channel: Channel, on_part: Callable[[int, int, bytes], None]) -> None:
+    while True:
+        try:
+            on_part(*channel.parts.get(timeout=POLL_SECONDS))
+        except queue.Empty:
+            return
+
+
+def stop_workers(processes: list[SpawnProcess], channel: Channel) -> None:
+    """Release workers waiting at a barrier and end them all, so that none is left waiting for a lost peer."""
+    channel.barrier.abort()
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join(timeout=5)
+        if process.is_alive():
+            process.kill()
+
+
+def release(processes: list[SpawnProcess], channel: Channel) -> None:
+    """Free the ended workers and the channel's semaphores now: the run ends with `os._exit`, which
+    would leave them for multiprocessing's resource tracker to report as leaked."""
+    for process in processes:
+        process.join()
+        process.close()
+    processes.clear()
+    channel.parts.close()
+    channel.parts.join_thread()
+    del channel.barrier, channel.stop_requested, channel.stopping, channel.merge_lock, channel.parts
+    gc.collect()
+
+
+class CheckpointWriter:
+    """Assembles the workers' parts of each checkpoint and writes it, in the layout of the other modes."""
+
+    def __init__(self, algorithm: Algorithm, run_dir: str) -> None:
+        self.algorithm, self.run_dir = algorithm, run_dir
+        self.workers = algorithm.cfg.workers
+        self.pending: dict[int, dict[int, dict[str, Any]]] = {}
+        self.last: dict[str, Any] | None = None  # the newest checkpoint written
+        self.agent: dict[str, Any] = {}  # its saved-agent part
+        self.loop_report = ""
+
+    def add(self, number: int, index: int, data: bytes) -> None:
+        parts = self.pending.setdefault(number, {})
+        parts[index] = deserialized(data)
+        if len(parts) == self.workers:
+            self.write([parts[index] for index in range(self.workers)])
+            del self.pending[number]
+
+    def write(self, parts: list[dict[str, Any]]) -> None:
+        global_step = sum(part["frames"] for part in parts)
+        counters = {"global_step": global_step, "update": parts[0]["iteration"]}
+        rank_states = [part["source"] for part in parts]
+        workers = [{key: part[key] for key in ("learner", "iteration", "frames")} for part in parts]
+        self.agent = parts[0]["agent"]
+        state = self.agent | run_state(parts[0]["learner"], counters, rank_states, MODE, self.workers)
+        state["workers"] = workers
+        save_file_atomically(checkpoint_path(self.run_dir, global_step), state)
+        prune_checkpoints(self.run_dir, self.algorithm.cfg.keep_last)
+        self.last = state
+        loop_seconds = max(part["loop_seconds"] for part in parts)
+        rss = ", ".join(f"{part['peak_rss_mb']:.0f}" for part in parts)
+        self.loop_report = (
+            f"training loop: {global_step} steps in {loop_seconds:.2f} s ({global_step / loop_seconds:,.0f} steps/s); "
+            f"peak RSS per rank (MB): {rss};"
+        )
+
+
+def finish(algorithm: Algorithm, agent: dict[str, Any], final: dict[str, Any], loop_report: str, run: Run) -> None:
+    """The saved agent and the closing greedy evaluation, from the final global weights."""
+    save_file_atomically(agent_path(run.dir), agent)
+    print(loop_report, flush=True)
+    policy, normalizer = restore_agent(agent, algorithm.spaces.env_id)
+    report_evaluation(algorithm.cfg, algorithm.spaces.env_id, policy, normalizer, run, final["counters"]["global_step"])

@@ -1,0 +1,188 @@
+"""Hogwild! mode: worker processes that share one set of networks, shared (lock-free) or synced."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import SCRIPTS, all_scalars, launch, load_agent, run_dir, start
+
+from rl.modes.hogwild import MergedWeights, SharedState
+
+PPO_SHORT = ["--total-timesteps", "4096", "--no-progress-bar", "--eval-episodes", "0"]
+SAC_SHORT = ["sac", "--env-id", "Pendulum-v1", "--total-timesteps", "600", "--learning-starts", "300",
+             "--no-progress-bar", "--eval-episodes", "0"]  # fmt: skip
+
+
+def agent_weights(folder) -> dict[str, torch.Tensor]:
+    return load_agent(folder)["agent"]
+
+
+@pytest.mark.parametrize("args", [PPO_SHORT, SAC_SHORT], ids=["ppo", "sac"])
+def test_synced_with_one_worker_equals_a_one_process_run(tmp_path, args):
+    (tmp_path / "hogwild").mkdir(), (tmp_path / "coupled").mkdir()
+    hogwild = launch("python", SCRIPTS["hogwild"], [*args, "--workers", "1", "--sync", "synced", "--sync-every", "3"],
+                     tmp_path / "hogwild")  # fmt: skip
+    coupled = launch("python", SCRIPTS["fabric"], args, tmp_path / "coupled")
+    assert hogwild.returncode == 0, hogwild.stderr[-3000:]
+    assert coupled.returncode == 0, coupled.stderr[-3000:]
+    merged, alone = (
+        agent_weights(run_dir(tmp_path / "hogwild", "hogwild")),
+        agent_weights(run_dir(tmp_path / "coupled", "fabric")),
+    )
+    assert merged.keys() == alone.keys()
+    assert all(torch.equal(merged[name], alone[name]) for name in merged)
+
+
+def test_shared_workers_step_one_optimizer_and_count_their_frames(tmp_path):
+    finished = launch("python", SCRIPTS["hogwild"], [*PPO_SHORT, "--workers", "2", "--sync", "shared"], tmp_path)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    folder = run_dir(tmp_path, "hogwild")
+    (checkpoint,) = (folder / "checkpoints").glob("step_*.ckpt")
+    state = torch.load(checkpoint, weights_only=True)
+    assert [worker["frames"] for worker in state["workers"]] == [2048, 2048]
+    assert state["counters"]["global_step"] == 4096 and state["world_size"] == 2
+    # 2 workers x 8 rollouts of 2 envs x 128 steps x 10 epochs x 4 minibatches of 64, all on one
+    # shared Adam state. Lock-free increments of its step counter may (rarely) collide: allow a few lost.
+    steps = float(state["learner"]["optimizer"]["state"][0]["step"])
+    assert 2 * 8 * 10 * 4 - 8 <= steps <= 2 * 8 * 10 * 4
+    frames = all_scalars(folder, "Frames/global")
+    assert max(frames) == 4096 and all(step == value for step, value in frames.items())
+    per_worker = [all_scalars(folder, f"Frames/worker_{k}") for k in (0, 1)]
+    assert all(max(counts.values()) == 2048 for counts in per_worker)
+
+
+def test_synced_merges_add_every_workers_change():
+    class Copy:  # a learner's weights, as the mode sees them
+        def __init__(self, value: float) -> None:
+            self.weight = torch.full((3,), value)
+
+        def weight_tensors(self) -> list[torch.Tensor]:
+            return [self.weight]
+
+    shared = SharedState([torch.zeros(3)], [], torch.zeros(2, dtype=torch.int64))
+    lock = threading.Lock()
+    first, second = Copy(5.0), Copy(5.0)
+    a, b = MergedWeights(first, shared, lock, every=1), MergedWeights(second, shared, lock, every=2)
+    assert first.weight.tolist() == second.weight.tolist() == [0.0] * 3  # both start from the global weights
+    first.weight += 1.0
+    second.weight += 2.0
+    a.after_update()  # every=1: publishes
+    assert shared.weights[0].tolist() == [1.0] * 3
+    b.after_update()  # every=2: not yet
+    assert shared.weights[0].tolist() == [1.0] * 3
+    b.after_update()
+    assert shared.weights[0].tolist() == second.weight.tolist() == [3.0] * 3
+    a.take_published()
+    assert first.weight.tolist() == [3.0] * 3
+
+
+def test_resume_continues_exactly_with_one_synced_worker_and_keeps_the_worker_count(tmp_path):
+    args = [*PPO_SHORT, "--total-timesteps", "8192", "--workers", "1", "--sync", "synced", "--checkpoint-every", "4096"]
+    whole = launch("python", SCRIPTS["hogwild"], args, tmp_path)
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    folder = run_dir(tmp_path, "hogwild")
+    halfway = folder / "checkpoints" / "step_000000004096.ckpt"
+    whole_weights = agent_weights(folder)
+    (folder / "agent.ckpt").unlink()
+    resumed = launch("python", SCRIPTS["hogwild"], [*args, "--resume-from", str(halfway)], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert all(torch.equal(whole_weights[name], value) for name, value in agent_weights(folder).items())
+    other_count = [*args, "--workers", "2", "--resume-from", str(halfway)]
+    refused = launch("python", SCRIPTS["hogwild"], other_count, tmp_path)
+    assert refused.returncode == 2
+    assert "error: --workers: the checkpoint was written by 1 process, not 2" in refused.stderr
+
+
+def worker_pids(job: subprocess.Popen) -> list[int]:
+    """The workers' process ids, from the supervisor's first line."""
+    line = job.stdout.readline()
+    match = re.search(r"process ids ([\d, ]+);", line)
+    assert match, line
+    return [int(pid) for pid in match.group(1).split(",")]
+
+
+def running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def long_run(tmp_path, sync: str = "shared") -> subprocess.Popen:
+    args = ["--total-timesteps", "10000000", "--workers", "2", "--sync", sync, "--no-progress-bar",
+            "--checkpoint-every", "4096"]  # fmt: skip
+    return start("python", SCRIPTS["hogwild"], args, tmp_path, nproc=1)
+
+
+def wait_for_checkpoint(tmp_path, job: subprocess.Popen, seconds: float = 90) -> None:
+    deadline = time.monotonic() + seconds
+    while not list((tmp_path / "logs").glob("*/*/checkpoints/step_*.ckpt")):
+        assert job.poll() is None and time.monotonic() < deadline, job.stderr.read()[-3000:]
+        time.sleep(0.2)
+
+
+def test_a_killed_worker_ends_the_job_with_a_line_naming_it(tmp_path):
+    job = long_run(tmp_path)
+    try:
+        pids = worker_pids(job)
+        wait_for_checkpoint(tmp_path, job)
+        os.kill(pids[1], signal.SIGKILL)
+        killed_at = time.monotonic()
+        _, stderr = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert time.monotonic() - killed_at < 15
+    assert job.returncode == 1
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert errors and errors[0].startswith("error: hogwild worker 1 was killed by SIGKILL; the others were stopped")
+    assert not any(running(pid) for pid in pids)
+    checkpoints = list((run_dir(tmp_path, "hogwild") / "checkpoints").glob("step_*.ckpt"))
+    assert checkpoints and all(torch.load(path, weights_only=True)["workers"] for path in checkpoints)
+
+
+@pytest.mark.parametrize("sync", ["shared", "synced"])
+def test_ctrl_c_checkpoints_every_worker_and_stops(tmp_path, sync):
+    job = long_run(tmp_path, sync)
+    try:
+        worker_pids(job)
+        wait_for_checkpoint(tmp_path, job)
+        os.killpg(job.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
+        stdout, stderr = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 0, stderr[-3000:]
+    match = re.search(r"interrupted at step (\d+): checkpoint written", stdout)
+    assert match, stdout
+    folder = run_dir(tmp_path, "hogwild")
+    state = torch.load(folder / "checkpoints" / f"step_{int(match.group(1)):012d}.ckpt", weights_only=True)
+    assert len(state["workers"]) == 2 and sum(worker["frames"] for worker in state["workers"]) == int(match.group(1))
+    assert not (folder / "agent.ckpt").exists()
+
+
+BAD_HOGWILD_INPUTS = [(["--workers", "0"], "--workers"), (["--sync-every", "0"], "--sync-every"),
+                      (["--sync", "sometimes"], "--sync"), (["--share-data"], "--share-data")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "flag"), BAD_HOGWILD_INPUTS, ids=[flag for _, flag in BAD_HOGWILD_INPUTS])
+def test_bad_input_ends_with_one_line_naming_the_flag(tmp_path, args, flag):
+    finished = launch("python", SCRIPTS["hogwild"], args, tmp_path, timeout=60)
+    assert finished.returncode == 2
+    (line,) = [line for line in finished.stderr.splitlines() if line.startswith("error: ")]
+    assert line.startswith(f"error: {flag}: ") and "Traceback" not in finished.stderr
+    assert not (tmp_path / "logs").exists()
+
+
+def test_hogwild_flags_are_refused_in_the_other_modes(tmp_path):
+    finished = launch("python", SCRIPTS["fabric"], ["--workers", "2"], tmp_path, timeout=60)
+    assert finished.returncode == 2
+    assert "error: --workers: belongs to Hogwild mode: python train_hogwild.py ..." in finished.stderr

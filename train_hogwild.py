@@ -1,0 +1,17 @@
+"""Hogwild! training: worker processes on one machine train one set of networks in shared memory.
+
+python train_hogwild.py --workers 2 --sync synced --sync-every 4            # PPO on CartPole-v1
+python train_hogwild.py sac --env-id Pendulum-v1 --workers 2 --sync shared
+"""
+
+from rl.cli import prepare, run_main
+from rl.modes.hogwild import train_hogwild
+
+
+def main(argv: list[str]) -> None:
+    algorithm, _, resume = prepare(argv, mode="hogwild")
+    train_hogwild(algorithm, resume)
+
+
+if __name__ == "__main__":
+    run_main(main)
