@@ -16,11 +16,15 @@ from pathlib import Path
 import numpy as np
 import torch
 import tyro
+from torch import nn
 
-from rl.checkpoint import CHECKPOINT_DIR, load_checkpoint
+from rl.checkpoint import CHECKPOINT_DIR, load_checkpoint, saved_algorithm
 from rl.cli import check_video_support
+from rl.envs import inspect_env
 from rl.errors import UsageError, exit_on_usage_error
-from rl.evaluation import evaluate_greedy, restore_agent
+from rl.evaluation import evaluate_greedy
+from rl.normalization import ObservationNormalizer
+from rl.registry import ALGORITHMS
 
 
 @dataclass
@@ -50,6 +54,26 @@ def run_folder(checkpoint: str) -> Path:
     """The run folder: where agent.ckpt lies, or the parent of a checkpoints/ folder."""
     folder = Path(checkpoint).resolve().parent
     return folder.parent if folder.name == CHECKPOINT_DIR else folder
+
+
+def restore_agent(state: dict, env_id: str) -> tuple[nn.Module, ObservationNormalizer]:
+    """The trained policy, rebuilt by the algorithm that trained it, and its observation normalizer."""
+    kind = ALGORITHMS[saved_algorithm(state)]
+    fields = kind.config_type.__dataclass_fields__
+    saved = {key: value for key, value in state["config"].items() if key in fields}
+    # Evaluation makes its own envs; the training envs' vector mode need not exist for `env_id`.
+    trained = kind.config_type(**saved | {"vector_mode": "sync"})
+    spaces = inspect_env(env_id)
+    kind.check_spaces(spaces)
+    algorithm = kind(trained, spaces)
+    policy = algorithm.build_policy(torch.device("cpu"))
+    try:
+        policy.load_state_dict(state["agent"])
+    except RuntimeError as error:
+        raise UsageError("--env-id", f"{env_id} does not fit this agent: {str(error).splitlines()[0]}") from None
+    normalizer = algorithm.obs_normalizer(torch.device("cpu"))
+    normalizer.load_state_dict(state["obs_normalizer"])
+    return policy, normalizer
 
 
 def log_to_tensorboard(folder: Path, returns: np.ndarray, lengths: np.ndarray, video_dir: str | None) -> None:

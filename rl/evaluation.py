@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import nn
 
-from rl.checkpoint import saved_algorithm
-from rl.envs import inspect_env, make_vector_env
-from rl.errors import UsageError
+from rl.envs import make_vector_env
 from rl.experience import Policy
 from rl.normalization import ObservationNormalizer
-from rl.registry import ALGORITHMS
 from rl.seeds import EVAL_STREAM, derive_seed
 
 
@@ -51,21 +47,3 @@ def evaluate_greedy(
     finally:
         envs.close()
     return returns, lengths
-
-
-def restore_agent(state: dict, env_id: str) -> tuple[nn.Module, ObservationNormalizer]:
-    """The trained policy, rebuilt by the algorithm that trained it, and its observation normalizer."""
-    kind = ALGORITHMS[saved_algorithm(state)]
-    fields = kind.config_type.__dataclass_fields__
-    trained = kind.config_type(**{key: value for key, value in state["config"].items() if key in fields})
-    spaces = inspect_env(env_id)
-    kind.check_spaces(spaces)
-    policy = kind(trained, spaces).build_policy(torch.device("cpu"))
-    try:
-        policy.load_state_dict(state["agent"])
-    except RuntimeError as error:
-        raise UsageError("--env-id", f"{env_id} does not fit this agent: {str(error).splitlines()[0]}") from None
-    normalizer = ObservationNormalizer(spaces.obs_dim, state["config"].get("normalize_observations", False),
-                                      torch.device("cpu"))  # fmt: skip
-    normalizer.load_state_dict(state["obs_normalizer"])
-    return policy, normalizer

@@ -99,6 +99,15 @@ def saved_agent(algorithm: Algorithm, policy: nn.Module, obs_normalizer_state: d
     }
 
 
+def restored_agent(algorithm: Algorithm, agent: dict[str, Any]) -> tuple[nn.Module, ObservationNormalizer]:
+    """The policy and observation normalizer of a saved agent of this algorithm, on the CPU."""
+    policy = algorithm.build_policy(torch.device("cpu"))
+    policy.load_state_dict(agent["agent"])
+    normalizer = algorithm.obs_normalizer(torch.device("cpu"))
+    normalizer.load_state_dict(agent["obs_normalizer"])
+    return policy, normalizer
+
+
 def training_state(
     algorithm: Algorithm,
     policy: nn.Module,

@@ -22,6 +22,7 @@ from rl.batch import DataShard, RowCodec, TensorBatch
 from rl.config import RunConfig
 from rl.envs import EnvSpaces, VectorMode, choose_vector_mode
 from rl.experience import ExperienceSource
+from rl.normalization import ObservationNormalizer
 from rl.optim import flat_parameters
 from rl.runtime import Runtime
 
@@ -88,6 +89,10 @@ class Algorithm(ABC):
         `processes_here` ranks on this machine run envs; `on_gpu`: their storage is on their GPUs.
         """
         return  # nothing large is allocated, by default
+
+    def obs_normalizer(self, device: torch.device) -> ObservationNormalizer:
+        """The observation normalizer the policy acts through (its statistics come from the experience source)."""
+        return ObservationNormalizer(self.spaces.obs_dim, False, device)
 
     @abstractmethod
     def build_policy(self, device: torch.device) -> nn.Module:

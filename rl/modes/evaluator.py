@@ -126,8 +126,7 @@ def run_evaluator(algorithm: Algorithm, weights_rank: int) -> None:
     store = store_client()
     policy = algorithm.build_policy(torch.device("cpu"))
     message = WeightsMessage(policy, spaces.obs_dim)
-    normalizer = ObservationNormalizer(spaces.obs_dim, getattr(cfg, "normalize_observations", False),
-                                       torch.device("cpu"))  # fmt: skip
+    normalizer = algorithm.obs_normalizer(torch.device("cpu"))
     sink = SummaryWriterSink(run_dir, True)
     best = best_return_so_far(run_dir)
     command = Command.EVALUATE

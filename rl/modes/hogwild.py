@@ -39,7 +39,6 @@ from rl.checkpoint import agent_path, checkpoint_path, prune_checkpoints, run_di
 from rl.config import RunConfig
 from rl.envs import video_folder
 from rl.errors import print_error
-from rl.evaluation import restore_agent
 from rl.experience import ExperienceSource
 from rl.logger import EPISODE_RETURN, ProgressBar, SummaryWriterSink, TrainingMetrics
 from rl.optim import TrainingDiverged
@@ -50,6 +49,7 @@ from rl.run import (
     report_due,
     report_evaluation,
     restore_run_state,
+    restored_agent,
     run_state,
     start_run,
 )
@@ -484,5 +484,5 @@ def finish(algorithm: Algorithm, agent: dict[str, Any], final: dict[str, Any], l
     """The saved agent and the closing greedy evaluation, from the final global weights."""
     save_file_atomically(agent_path(run.dir), agent)
     print(loop_report, flush=True)
-    policy, normalizer = restore_agent(agent, algorithm.spaces.env_id)
+    policy, normalizer = restored_agent(algorithm, agent)
     report_evaluation(algorithm.cfg, algorithm.spaces.env_id, policy, normalizer, run, final["counters"]["global_step"])

@@ -117,6 +117,9 @@ class PPO(Algorithm):
         )
         return agent.to(device)
 
+    def obs_normalizer(self, device: torch.device) -> ObservationNormalizer:
+        return ObservationNormalizer(self.spaces.obs_dim, self.cfg.normalize_observations, device)
+
     def make_source(
         self, rank: int, device: torch.device, video_dir: str | None, env_ranks: int, batch_rows: int
     ) -> RolloutCollector:
@@ -126,7 +129,7 @@ class PPO(Algorithm):
             cfg.num_steps,
             spaces.obs_dim,
             device,
-            ObservationNormalizer(spaces.obs_dim, cfg.normalize_observations, device),
+            self.obs_normalizer(device),
             RewardScaler(cfg.num_envs, cfg.gamma, cfg.normalize_rewards),
             env_seeds(cfg.seed, rank, cfg.num_envs),
             seeded_generator(device, cfg.seed, ACTION_STREAM, rank),
