@@ -101,6 +101,25 @@ def test_resume_continues_exactly_with_one_synced_worker_and_keeps_the_worker_co
     assert "error: --workers: the checkpoint was written by 1 process, not 2" in refused.stderr
 
 
+def test_workers_resumed_at_different_iterations_finish_together(tmp_path):
+    """After Ctrl-C the workers may have stopped at different iterations; a resumed worker that
+    finishes first keeps taking part in the others' checkpoints instead of leaving them waiting."""
+    args = [*PPO_SHORT, "--workers", "2", "--checkpoint-every", "512"]
+    first = launch("python", SCRIPTS["hogwild"], args, tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    folder = run_dir(tmp_path, "hogwild")
+    state = torch.load(folder / "checkpoints" / "step_000000003072.ckpt", weights_only=True)
+    assert [worker["iteration"] for worker in state["workers"]] == [6, 6]
+    state["workers"][1] |= {"iteration": 7, "frames": 7 * 256}  # worker 1 one iteration ahead
+    uneven = tmp_path / "uneven.ckpt"
+    torch.save(state, uneven)
+    resumed = launch("python", SCRIPTS["hogwild"], [*args, "--resume-from", str(uneven)], tmp_path, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    final = torch.load(folder / "checkpoints" / "step_000000004096.ckpt", weights_only=True)
+    assert [worker["iteration"] for worker in final["workers"]] == [8, 8]
+    assert [worker["frames"] for worker in final["workers"]] == [2048, 2048]
+
+
 def worker_pids(job: subprocess.Popen) -> list[int]:
     """The workers' process ids, from the supervisor's first line."""
     line = job.stdout.readline()

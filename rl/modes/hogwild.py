@@ -181,12 +181,14 @@ class MergedWeights:
 
 class Channel:
     """The supervisor's and workers' meeting points: a barrier for checkpoints, Ctrl-C, the
-    decision to stop, the synced merges' lock, and the queue that carries checkpoint parts."""
+    decision to stop and the count of finished workers it rests on, the synced merges' lock, and
+    the queue that carries checkpoint parts."""
 
     def __init__(self, context: SpawnContext, workers: int) -> None:
         self.barrier = context.Barrier(workers)
         self.stop_requested = context.Event()
         self.stopping = context.Value("b", 0)
+        self.finished = context.Value("i", 0)  # workers that have run all their iterations
         self.merge_lock = context.Lock()
         self.parts = context.Queue()
         self.supervisor = os.getpid()
@@ -236,6 +238,7 @@ class WorkerLoop:
         else:
             self.weights = MergedWeights(self.learner, shared, channel.merge_lock, cfg.sync_every)
         self.checkpoints = 0
+        self.finished = False  # counted among the workers that have run all their iterations
 
     def run(self) -> None:
         cfg, algorithm, index, frames = self.cfg, self.algorithm, self.index, self.shared.frames
@@ -244,7 +247,7 @@ class WorkerLoop:
         # warm-up and a checkpoint's timing fall at the same iteration on every worker.
         steps_per_iteration = cfg.steps_per_iteration * cfg.workers
         report_every = algorithm.iterations_per_report(cfg.workers)
-        sink = SummaryWriterSink(self.run_dir, index == 0)
+        sink = self.sink = SummaryWriterSink(self.run_dir, index == 0)
         metrics = TrainingMetrics(self.runtime.device, self.runtime.all_reduce_sum, algorithm.stat_tags)
         progress = ProgressBar(num_iterations * steps_per_iteration, index == 0 and cfg.progress_bar,
                                initial=int(frames.sum()), drawn_by_job=cfg.progress_bar)  # fmt: skip
@@ -272,10 +275,13 @@ class WorkerLoop:
             self.check_supervisor()
             due = checkpoint_due(cfg.checkpoint_every, step, step - reported_step)
             reported_step = step
-            if due or self.channel.stop_requested.is_set() or iteration == num_iterations:
-                loop_seconds = time.perf_counter() - start
-                if self.checkpoint_together(iteration, iteration == num_iterations, loop_seconds):
-                    break
+            last = iteration == num_iterations
+            meets_the_others = due or last or self.channel.stop_requested.is_set()
+            if meets_the_others and self.checkpoint_together(iteration, last, time.perf_counter() - start):
+                break
+        else:  # done before the others: a resumed run whose workers had stopped at different iterations
+            while not self.checkpoint_together(num_iterations, True, time.perf_counter() - start):
+                pass  # take part in the others' checkpoints until theirs is the last
         progress.close()
         self.source.close()
         sink.close()
@@ -294,9 +300,16 @@ class WorkerLoop:
     def checkpoint_together(self, iteration: int, last: bool, loop_seconds: float) -> bool:
         """Hand the supervisor this worker's part of a checkpoint, all workers at once; return whether to stop."""
         channel = self.channel
+        if last and not self.finished:
+            self.finished = True
+            with channel.finished.get_lock():
+                channel.finished.value += 1
         channel.barrier.wait()  # every worker's update is done: the global weights hold still
         if self.index == 0:  # one worker decides, so that all stop after the same checkpoint
-            channel.stopping.value = int(channel.stop_requested.is_set() or last)
+            all_done = channel.finished.value == self.cfg.workers
+            channel.stopping.value = int(channel.stop_requested.is_set() or all_done)
+            counts = self.frame_counts()  # exact now: every worker is here
+            self.sink.log_scalars(counts, int(counts["Frames/global"]))
         self.weights.publish()
         channel.barrier.wait()
         self.weights.take_published()  # synced: every copy restarts from the merged weights
@@ -439,7 +452,7 @@ def release(processes: list[SpawnProcess], channel: Channel) -> None:
     processes.clear()
     channel.parts.close()
     channel.parts.join_thread()
-    del channel.barrier, channel.stop_requested, channel.stopping, channel.merge_lock, channel.parts
+    del channel.barrier, channel.stop_requested, channel.stopping, channel.finished, channel.merge_lock, channel.parts
     gc.collect()
 
 
