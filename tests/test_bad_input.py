@@ -33,7 +33,13 @@ def test_single_process_exits_2_with_one_line(tmp_path, args, flag):
     assert not (tmp_path / "logs").exists()
 
 
-@pytest.mark.parametrize(("args", "flag"), BAD_INPUTS, ids=[flag for _, flag in BAD_INPUTS])
+# Under a launcher, one input of each kind (an env, the parser, a config check, a preset): how every
+# rank stops does not depend on which flag was bad, and each message is checked above.
+ONE_OF_EACH_KIND = ("NoSuchEnv-v0", "--no-such-flag", "200", "hopper")
+LAUNCHED_BAD_INPUTS = [case for case in BAD_INPUTS if case[0][-1] in ONE_OF_EACH_KIND]
+
+
+@pytest.mark.parametrize(("args", "flag"), LAUNCHED_BAD_INPUTS, ids=[flag for _, flag in LAUNCHED_BAD_INPUTS])
 def test_every_fabric_rank_exits_2_with_one_line(tmp_path, args, flag):
     finished = launch("fabric run", SCRIPTS["fabric"], args, tmp_path, timeout=60)
     assert finished.returncode != 0
