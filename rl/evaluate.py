@@ -25,6 +25,7 @@ from rl.errors import UsageError, exit_on_usage_error
 from rl.evaluation import evaluate_greedy
 from rl.normalization import ObservationNormalizer
 from rl.registry import ALGORITHMS
+from rl.run import restored_agent
 
 
 @dataclass
@@ -65,15 +66,10 @@ def restore_agent(state: dict, env_id: str) -> tuple[nn.Module, ObservationNorma
     trained = kind.config_type(**saved | {"vector_mode": "sync"})
     spaces = inspect_env(env_id)
     kind.check_spaces(spaces)
-    algorithm = kind(trained, spaces)
-    policy = algorithm.build_policy(torch.device("cpu"))
     try:
-        policy.load_state_dict(state["agent"])
+        return restored_agent(kind(trained, spaces), state)
     except RuntimeError as error:
         raise UsageError("--env-id", f"{env_id} does not fit this agent: {str(error).splitlines()[0]}") from None
-    normalizer = algorithm.obs_normalizer(torch.device("cpu"))
-    normalizer.load_state_dict(state["obs_normalizer"])
-    return policy, normalizer
 
 
 def log_to_tensorboard(folder: Path, returns: np.ndarray, lengths: np.ndarray, video_dir: str | None) -> None:

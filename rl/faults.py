@@ -59,6 +59,12 @@ def _node_id() -> int:
     return zlib.crc32(f"{socket.gethostname()}/{os.environ.get('GROUP_RANK', '0')}".encode())
 
 
+def job_store_client(timeout_seconds: float) -> dist.TCPStore:
+    """A client of the job's rendezvous store (`MASTER_ADDR:MASTER_PORT`) on a connection of its own."""
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                         timeout=timedelta(seconds=timeout_seconds))  # fmt: skip
+
+
 class Heartbeat:
     """Each rank adds 1 to its key in the job's store every `HEARTBEAT_SECONDS`, from a daemon thread.
 
@@ -68,8 +74,7 @@ class Heartbeat:
 
     def __init__(self, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
-        self.store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                                   timeout=timedelta(seconds=10))  # fmt: skip
+        self.store = job_store_client(timeout_seconds=10)
         self.stopped = threading.Event()
         threading.Thread(target=self._beat, name="heartbeat", daemon=True).start()
 

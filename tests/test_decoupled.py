@@ -130,6 +130,9 @@ def test_the_evaluator_keeps_the_best_agent_and_never_changes_training(tmp_path)
     best = torch.load(evaluated_dir / "best.ckpt", weights_only=True)
     assert best["eval_return"] == max(evaluations.values()) and evaluations[best["step"]] == best["eval_return"]
     assert list(all_scalars(evaluated_dir, "Eval/best_return").values())[-1] == best["eval_return"]
+    assert all_scalars(evaluated_dir, "Eval/return_std").keys() == evaluations.keys()
+    seconds = [value for _, value in sorted(all_scalars(evaluated_dir, "Eval/seconds").items())]
+    assert seconds == sorted(seconds) and seconds[0] > 0
     scored = subprocess.run([sys.executable, "-m", "rl.evaluate", str(evaluated_dir / "best.ckpt"), "--episodes", "2"],
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert scored.returncode == 0, scored.stderr[-2000:]
@@ -140,11 +143,13 @@ def test_the_evaluator_keeps_the_best_agent_and_never_changes_training(tmp_path)
     [
         ("fabric run", "decoupled", 2, "error: --evaluator: needs a third process"),
         ("python", "fabric", 1, "error: --evaluator: belongs to decoupled mode"),
+        ("fabric run", "decoupled", 3, "error: --evaluator: evaluates --eval-episodes episodes each time"),
     ],
-    ids=["two-processes", "coupled"],
+    ids=["two-processes", "coupled", "no-episodes"],
 )
 def test_the_evaluator_is_refused_where_it_cannot_run(tmp_path, launcher, script, nproc, says):
-    finished = launch(launcher, SCRIPTS[script], ["--evaluator"], tmp_path, nproc=nproc, timeout=60)
+    args = ["--evaluator", *(["--eval-episodes", "0"] if nproc == 3 else [])]
+    finished = launch(launcher, SCRIPTS[script], args, tmp_path, nproc=nproc, timeout=60)
     assert finished.returncode != 0
     assert says in finished.stderr
 

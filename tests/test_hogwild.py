@@ -94,6 +94,7 @@ def test_resume_continues_exactly_with_one_synced_worker_and_keeps_the_worker_co
     (folder / "agent.ckpt").unlink()
     resumed = launch("python", SCRIPTS["hogwild"], [*args, "--resume-from", str(halfway)], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "training loop: 4096 steps in" in resumed.stdout  # this run's steps, not the checkpoint's too
     assert all(torch.equal(whole_weights[name], value) for name, value in agent_weights(folder).items())
     other_count = [*args, "--workers", "2", "--resume-from", str(halfway)]
     refused = launch("python", SCRIPTS["hogwild"], other_count, tmp_path)
@@ -188,7 +189,7 @@ def test_ctrl_c_checkpoints_every_worker_and_stops(tmp_path):
 
 
 BAD_HOGWILD_INPUTS = [(["--workers", "0"], "--workers"), (["--sync", "sometimes"], "--sync"),
-                      (["--share-data"], "--share-data")]  # fmt: skip
+                      (["--share-data"], "--share-data"), (["--pipeline"], "--pipeline")]  # fmt: skip
 
 
 @pytest.mark.parametrize(("args", "flag"), BAD_HOGWILD_INPUTS, ids=[flag for _, flag in BAD_HOGWILD_INPUTS])

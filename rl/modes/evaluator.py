@@ -14,7 +14,6 @@ import math
 import os
 import signal
 import time
-from datetime import timedelta
 from enum import IntEnum
 
 import numpy as np
@@ -25,7 +24,7 @@ from torch import Tensor, nn
 from rl.algos.base import Algorithm
 from rl.checkpoint import save_file_atomically
 from rl.evaluation import evaluate_greedy
-from rl.faults import peer
+from rl.faults import job_store_client, peer
 from rl.logger import SummaryWriterSink
 from rl.normalization import ObservationNormalizer
 from rl.optim import flat_parameters, load_flat_parameters, num_parameters
@@ -34,6 +33,7 @@ from rl.run import saved_agent
 BEST_FILENAME = "best.ckpt"
 REQUESTS_KEY = "rl/evaluator/requests"
 POLL_SECONDS = 0.05
+STORE_TIMEOUT_SECONDS = 30
 
 
 class Command(IntEnum):
@@ -66,19 +66,13 @@ class WeightsMessage:
         return Command(int(buffer[0])), int(buffer[1]), float(buffer[2]), normalizer
 
 
-def store_client() -> dist.TCPStore:
-    """A client of the job's rendezvous store, on a connection of its own."""
-    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                         timeout=timedelta(seconds=30))  # fmt: skip
-
-
 class EvaluatorLink:
     """The weight holder's side: offer the newest weights, sent only if the evaluator has asked."""
 
     def __init__(self, policy: nn.Module, obs_dim: int, evaluator_rank: int) -> None:
         self.message = WeightsMessage(policy, obs_dim)
         self.evaluator_rank = evaluator_rank
-        self.store = store_client()
+        self.store = job_store_client(STORE_TIMEOUT_SECONDS)
         self.served = 0
         self.started = time.monotonic()
 
@@ -123,7 +117,7 @@ def run_evaluator(algorithm: Algorithm, weights_rank: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the player's: it sends the final weights
     cfg, spaces = algorithm.cfg, algorithm.spaces
     run_dir = receive_run_dir(weights_rank)
-    store = store_client()
+    store = job_store_client(STORE_TIMEOUT_SECONDS)
     policy = algorithm.build_policy(torch.device("cpu"))
     message = WeightsMessage(policy, spaces.obs_dim)
     normalizer = algorithm.obs_normalizer(torch.device("cpu"))

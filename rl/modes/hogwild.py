@@ -124,9 +124,8 @@ class SharedWeights:
 
     def __init__(self, learner: Learner, shared: SharedState) -> None:
         for local, global_ in zip(learner.weight_tensors(), shared.weights, strict=True):
-            local.data = (
-                global_  # the same Parameter objects, now on shared storage: optimizers and gradients keep them
-            )
+            # The same Parameter objects, now on shared storage: optimizers and gradients keep them.
+            local.data = global_
         for optimizer, states in zip(learner.optimizers(), shared.optimizer_states, strict=True):
             parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
             for parameter, state in zip(parameters, states, strict=True):
@@ -238,6 +237,7 @@ class WorkerLoop:
         else:
             self.weights = MergedWeights(self.learner, shared, channel.merge_lock, cfg.sync_every)
         self.checkpoints = 0
+        self.frames_at_start = int(shared.frames[index])  # a resumed run's earlier steps are not this run's
         self.finished = False  # counted among the workers that have run all their iterations
 
     def run(self) -> None:
@@ -326,6 +326,7 @@ class WorkerLoop:
             "iteration": iteration,
             "frames": int(self.shared.frames[self.index]),
             "loop_seconds": loop_seconds,
+            "frames_this_run": int(self.shared.frames[self.index]) - self.frames_at_start,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
         if self.index == 0:
@@ -486,9 +487,10 @@ class CheckpointWriter:
         prune_checkpoints(self.run_dir, self.algorithm.cfg.keep_last)
         self.last = state
         loop_seconds = max(part["loop_seconds"] for part in parts)
+        steps = sum(part["frames_this_run"] for part in parts)
         rss = ", ".join(f"{part['peak_rss_mb']:.0f}" for part in parts)
         self.loop_report = (
-            f"training loop: {global_step} steps in {loop_seconds:.2f} s ({global_step / loop_seconds:,.0f} steps/s); "
+            f"training loop: {steps} steps in {loop_seconds:.2f} s ({steps / loop_seconds:,.0f} steps/s); "
             f"peak RSS per rank (MB): {rss};"
         )
 
