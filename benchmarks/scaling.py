@@ -18,7 +18,7 @@ parallel efficiency, final greedy evaluation) and, with matplotlib (`pip install
 ".[plots]"`), four figures: return against steps per process, against total steps and against
 wall time (mean and min-max band over seeds), and the speedup of each world size beside the
 ideal line. Speedup is against the same mode at world size 1, or, for the decoupled modes
-(which need 2 processes), against coupled at world size 1.
+(which need a trainer beside their players), against coupled at world size 1.
 """
 
 from __future__ import annotations
@@ -43,6 +43,12 @@ MODES = {  # mode -> (entry script, extra flags)
     "coupled-share": ("train_fabric.py", ["--share-data"]),
     "decoupled": ("train_fabric_decoupled.py", []),
     "decoupled-pipeline": ("train_fabric_decoupled.py", ["--pipeline"]),
+    "decoupled-2players": ("train_fabric_decoupled.py", ["--num-players", "2"]),
+    "decoupled-async": ("train_fabric_decoupled.py", ["--async", "--max-policy-lag", "2"]),
+    "decoupled-2players-async": (
+        "train_fabric_decoupled.py",
+        ["--num-players", "2", "--async", "--max-policy-lag", "2"],
+    ),
     "torchrun": ("train_torch.py", []),
     "hogwild-shared": ("train_hogwild.py", ["--sync", "shared"]),
     "hogwild-synced": ("train_hogwild.py", ["--sync", "synced"]),  # a merge after every update
@@ -73,11 +79,17 @@ class Run:
     def decoupled(self) -> bool:
         return self.mode.startswith("decoupled")
 
+    @property
+    def players(self) -> int:
+        """Decoupled processes that collect (the rest train)."""
+        flags = MODES[self.mode][1]
+        return int(flags[flags.index("--num-players") + 1]) if "--num-players" in flags else 1
+
 
 def share_flags(algorithm: str, run: Run, global_batch: int) -> list[str]:
     """Each process's share, so the global batch is the same at every world size."""
-    collectors = 1 if run.decoupled else run.world_size  # the decoupled player collects alone
-    learners = run.world_size - 1 if run.decoupled else run.world_size
+    collectors = run.players if run.decoupled else run.world_size  # decoupled: the players collect
+    learners = run.world_size - run.players if run.decoupled else run.world_size
     shared = run.mode.endswith("share")
     if algorithm == "ppo":
         return ["--num-envs", str(PPO_ENVS // collectors), "--per-rank-batch-size", str(global_batch // learners)]
@@ -147,9 +159,10 @@ def plan(args: argparse.Namespace) -> list[Run]:
     for seed in args.seeds:
         for world_size in args.world_sizes:
             for mode in args.modes:
-                if mode.startswith("decoupled") and world_size < 2:
-                    continue  # a player and at least one trainer
-                runs.append(Run(mode, world_size, seed))
+                run = Run(mode, world_size, seed)
+                if run.decoupled and world_size <= run.players:
+                    continue  # its players and at least one trainer
+                runs.append(run)
     return runs
 
 

@@ -52,7 +52,7 @@ def prepare(argv: list[str], mode: Mode = "coupled") -> tuple[Algorithm, int, di
     decoupled = mode == "decoupled"
     if decoupled:
         validate_decoupled(cfg, world_size)
-        validate(cfg, world_size, gpu_count, env_ranks=1)
+        validate(cfg, world_size, gpu_count, env_ranks=cfg.num_players)
     else:
         validate(cfg, world_size, gpu_count)
     check_mode_flags(cfg, mode)
@@ -62,8 +62,8 @@ def prepare(argv: list[str], mode: Mode = "coupled") -> tuple[Algorithm, int, di
     kind = algorithm_type(cfg)
     kind.check_spaces(spaces)
     algorithm = kind(cfg, spaces)
-    env_ranks = 1 if decoupled else world_size
-    env_processes_here = {"decoupled": 1, "hogwild": world_size}.get(mode, local_world_size_from_env())
+    env_ranks = cfg.num_players if decoupled else world_size
+    env_processes_here = {"decoupled": cfg.num_players, "hogwild": world_size}.get(mode, local_world_size_from_env())
     acting_on_gpu = cfg.cuda and (not decoupled or cfg.player_on_gpu)
     algorithm.check_memory(env_ranks, env_processes_here, acting_on_gpu)
     resume = None
@@ -79,8 +79,12 @@ def prepare(argv: list[str], mode: Mode = "coupled") -> tuple[Algorithm, int, di
 def check_mode_flags(cfg: RunConfig, mode: Mode) -> None:
     """Refuse a flag that the chosen mode would silently ignore."""
     hogwild_flags = {"--workers": cfg.workers != 1, "--sync": cfg.sync != "shared", "--sync-every": cfg.sync_every != 1}
-    if cfg.evaluator and mode != "decoupled":
-        raise UsageError("--evaluator", "belongs to decoupled mode: fabric run ... train_fabric_decoupled.py ...")
+    decoupled_flags = {"--evaluator": cfg.evaluator, "--num-players": cfg.num_players != 1,
+                       "--async": cfg.asynchronous, "--max-policy-lag": cfg.max_policy_lag != 1}  # fmt: skip
+    if mode != "decoupled":
+        for flag, given in decoupled_flags.items():
+            if given:
+                raise UsageError(flag, "belongs to decoupled mode: fabric run ... train_fabric_decoupled.py ...")
     if mode != "hogwild":
         for flag, given in hogwild_flags.items():
             if given:

@@ -12,7 +12,7 @@ import os
 import re
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import tyro
 
@@ -69,7 +69,17 @@ class RunConfig:
     collective_timeout: float = 300.0
     """seconds a collective may wait for a peer before the job fails (instead of gloo's 30 minutes)"""
     pipeline: bool = False
-    """decoupled mode: the player collects the next batch while the trainers train on this one"""
+    """decoupled mode: the players collect the next batch while the trainers train on this one
+    (they act with weights exactly one update old)"""
+    num_players: int = 1
+    """decoupled mode: processes that run envs and act (ranks 0..K-1); the trainers learn from the union of
+    their batches"""
+    asynchronous: Annotated[bool, tyro.conf.arg(name="async")] = False
+    """decoupled mode: the players never wait for the trainers beyond --max-policy-lag updates, and act
+    with the newest weights they have been sent"""
+    max_policy_lag: int = 1
+    """decoupled mode with --async: how many updates the weights a batch was collected with may trail
+    the weights it is trained on (logged as Info/policy_lag)"""
     evaluator: bool = False
     """decoupled mode: one more process evaluates the newest weights whenever it is free (never making
     anyone wait), logs Eval/ scalars and keeps the best agent as best.ckpt"""
@@ -84,9 +94,11 @@ class RunConfig:
     # Tuned starting points by name (`--preset`), each a mapping of field names to values.
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
     # Fields a resumed run must share with its checkpoint: they shape the envs or the networks.
-    IMMUTABLE = ("env_id", "num_envs", "vector_mode")
-    POSITIVE = ("num_envs", "total_timesteps", "keep_last", "collective_timeout", "workers", "sync_every")
-    NON_NEGATIVE = ("eval_episodes", "torch_threads", "checkpoint_every")
+    IMMUTABLE = ("env_id", "num_envs", "vector_mode", "num_players")
+    POSITIVE = (
+        "num_envs", "total_timesteps", "keep_last", "collective_timeout", "workers", "sync_every", "num_players"
+    )  # fmt: skip
+    NON_NEGATIVE = ("eval_episodes", "torch_threads", "checkpoint_every", "max_policy_lag")
 
     @property
     def steps_per_iteration(self) -> int:
@@ -106,9 +118,12 @@ class RunConfig:
         return asdict(self)
 
 
+RENAMED_FLAGS = {"asynchronous": "--async"}  # fields whose flag is a Python keyword
+
+
 def flag(field_name: str) -> str:
     """The command-line spelling of a config field."""
-    return "--" + field_name.replace("_", "-")
+    return RENAMED_FLAGS.get(field_name, "--" + field_name.replace("_", "-"))
 
 
 def check_signs(cfg: RunConfig, positive: tuple[str, ...], non_negative: tuple[str, ...] = ()) -> None:
@@ -164,7 +179,17 @@ def validate_decoupled(cfg: RunConfig, world_size: int) -> None:
         )
     if cfg.evaluator and cfg.eval_episodes == 0:
         raise UsageError("--evaluator", "evaluates --eval-episodes episodes each time; give at least 1")
-    cfg.validate_decoupled(world_size - 1 - int(cfg.evaluator))
+    num_trainers = world_size - cfg.num_players - int(cfg.evaluator)
+    if num_trainers < 1:
+        raise UsageError(
+            "--num-players", f"{cfg.num_players} players leave no trainer among {world_size} processes"
+            f"{' (one is the evaluator)' if cfg.evaluator else ''}; launch more processes (--devices)",
+        )  # fmt: skip
+    if cfg.asynchronous and cfg.pipeline:
+        raise UsageError("--pipeline", "is --async with a lag of exactly 1 update; give one of them")
+    if cfg.max_policy_lag != 1 and not cfg.asynchronous:
+        raise UsageError("--max-policy-lag", "bounds the policy lag of --async; add --async (or drop the flag)")
+    cfg.validate_decoupled(num_trainers)
 
 
 _RULE = re.compile(r"^[\s╭╮╰╯│─-]*$")

@@ -256,8 +256,10 @@ def test_a_checkpoint_resumes_only_in_its_own_mode(runs, tmp_path):
     assert all("written in coupled mode, not decoupled mode" in line for line in lines)
 
 
-def test_ctrl_c_on_a_pipelined_decoupled_launcher_checkpoints_and_stops(tmp_path):
-    args = [*QUICK, "--total-timesteps", "100000000", "--pipeline"]
+def test_ctrl_c_on_asynchronous_decoupled_players_checkpoints_and_stops(tmp_path):
+    """Two players that run ahead of the trainers agree on where to stop, and the run resumes."""
+    players = ["--num-players", "2"]
+    args = [*QUICK, "--total-timesteps", "100000000", *players, "--async", "--max-policy-lag", "2"]
     job = start("fabric run", SCRIPTS["decoupled"], args, tmp_path, nproc=3)
     stdout, stderr, ranks = ctrl_c_once_training(job, tmp_path)
     assert "interrupted at step" in stdout, stderr[-3000:]
@@ -265,7 +267,8 @@ def test_ctrl_c_on_a_pipelined_decoupled_launcher_checkpoints_and_stops(tmp_path
     assert all(not Path(f"/proc/{pid}").exists() for pid in ranks)
     (saved,) = checkpoints(tmp_path, "decoupled")
     step = torch.load(saved, weights_only=True)["counters"]["global_step"]
-    resumed = launch("fabric run", SCRIPTS["decoupled"], [*QUICK, "--total-timesteps", str(step + 512),
+    assert len(torch.load(saved, weights_only=True)["rank_states"]) == 2  # each player's envs and streams
+    resumed = launch("fabric run", SCRIPTS["decoupled"], [*QUICK, *players, "--total-timesteps", str(step + 1024),
                                                            "--resume-from", str(saved)], tmp_path, nproc=3)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 

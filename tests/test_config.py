@@ -1,6 +1,7 @@
 """Config parsing and validation: each bad input names its flag."""
 
 import dataclasses
+import re
 import typing
 
 import gymnasium as gym
@@ -9,7 +10,7 @@ import pytest
 
 from rl.algos.ppo.config import PPOConfig
 from rl.cli import parse_config
-from rl.config import validate, validate_decoupled
+from rl.config import flag, validate, validate_decoupled
 from rl.envs import inspect_env
 from rl.errors import UsageError
 from rl.seeds import derive_seed
@@ -98,7 +99,7 @@ def test_help_lists_every_field_with_its_docstring(capsys):
     assert exit_.value.code == 0
     help_text = " ".join(capsys.readouterr().out.split())
     for field in dataclasses.fields(PPOConfig):
-        assert "--" + field.name.replace("_", "-") in help_text
+        assert flag(field.name) in help_text
     assert "the number of parallel environments per rank" in help_text
 
 
@@ -157,6 +158,34 @@ def test_decoupled_needs_a_trainer_and_a_row_per_trainer():
     validate_decoupled(PPOConfig(), world_size=3)
 
 
+@pytest.mark.parametrize(
+    ("fields", "world_size", "flag", "says"),
+    [
+        ({"num_players": 3}, 3, "--num-players", "3 players leave no trainer among 3 processes"),
+        ({"num_players": 2, "evaluator": True}, 3, "--num-players", "(one is the evaluator)"),
+        ({"asynchronous": True, "pipeline": True}, 3, "--pipeline", "is --async with a lag of exactly 1"),
+        ({"max_policy_lag": 4}, 3, "--max-policy-lag", "add --async"),
+    ],
+    ids=["no-trainer-left", "no-trainer-beside-the-evaluator", "async-and-pipeline", "lag-without-async"],
+)
+def test_decoupled_topology_flags_are_checked(fields, world_size, flag, says):
+    with pytest.raises(UsageError, match=re.escape(says)) as error:
+        validate_decoupled(PPOConfig(**fields), world_size=world_size)
+    assert error.value.flag == flag
+    validate_decoupled(PPOConfig(num_players=2, asynchronous=True, max_policy_lag=0), world_size=3)
+
+
+def test_decoupled_topology_flags_are_refused_in_other_modes():
+    from rl.cli import check_mode_flags
+
+    for argv, refused in [(["--num-players", "2"], "--num-players"), (["--async"], "--async"),
+                       (["--max-policy-lag", "0"], "--max-policy-lag")]:  # fmt: skip
+        for mode in ("coupled", "hogwild"):
+            with pytest.raises(UsageError, match="belongs to decoupled mode") as error:
+                check_mode_flags(parse_config(argv), mode)
+            assert error.value.flag == refused
+
+
 def test_a_leading_algorithm_name_picks_its_config_and_ppo_is_the_default():
     from rl.algos.sac.config import SACConfig
 
@@ -179,7 +208,7 @@ def test_help_at_each_level_shows_that_levels_flags(capsys):
         assert exit_.value.code == 0
         help_text = " ".join(capsys.readouterr().out.split())
         for field in dataclasses.fields(config_type):
-            assert "--" + field.name.replace("_", "-") in help_text, (argv, field.name)
+            assert flag(field.name) in help_text, (argv, field.name)
         other = SACConfig if config_type is PPOConfig else PPOConfig
         assert ("--buffer-size" in help_text) == (config_type is SACConfig)
         assert ("--per-rank-batch-size" in help_text) == (other is SACConfig)

@@ -9,11 +9,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from conftest import (
     SCRIPTS,
     Finished,
     all_scalars,
     child_pids,
+    free_port,
     launch,
     load_agent,
     rank_pid,
@@ -27,7 +30,9 @@ from rl.algos.ppo.config import PPOConfig
 from rl.algos.ppo.rollout import Batch
 from rl.algos.ppo.update import MinibatchSchedule
 from rl.batch import shard_sizes
+from rl.config import RunConfig
 from rl.envs import inspect_env
+from rl.modes.decoupled_links import LagBound, PlayerOutbox, Topology, TrainerInbox
 
 SHORT = ["--total-timesteps", "2048", "--update-epochs", "2", "--eval-episodes", "2", "--no-progress-bar"]
 
@@ -36,16 +41,14 @@ SHORT = ["--total-timesteps", "2048", "--update-epochs", "2", "--eval-episodes",
     ("nproc", "args"),
     [
         (2, []),
-        (3, []),
-        (2, ["--share-data"]),
         (3, ["--share-data"]),
         (3, ["--pipeline"]),
         (3, ["--pipeline", "--share-data", "--env-id", "Pendulum-v1", "--normalize-observations"]),
         (4, []),  # 256 rows over 3 trainers: shards of 86, 85 and 85
         (3, ["--vector-mode", "native", "--share-data"]),  # reset steps travel marked
     ],
-    ids=[
-        *("2-scatter", "3-scatter", "2-share", "3-share", "3-pipeline-scatter", "3-pipeline-share-box"),
+    ids=[  # three trainers' scatter, and two's, are in 4-uneven and 3-pipeline-scatter
+        *("2-scatter", "3-share", "3-pipeline-scatter", "3-pipeline-share-box"),
         *("4-uneven", "3-native-share"),
     ],
 )
@@ -77,6 +80,77 @@ def test_one_trainer_sharing_data_equals_a_single_process_coupled_run(tmp_path):
         assert read_scalars(coupled_dir)[tag] == read_scalars(decoupled_dir)[tag], tag
 
 
+def test_two_players_feed_every_update_with_both_rollouts_as_coupled_ranks_do(tmp_path):
+    """Two players and two trainers sharing data train exactly as two coupled ranks sharing data:
+    each update holds both players' rollouts of the same weights, each once."""
+    args = [*SHORT, "--share-data", "--torch-threads", "1", "--eval-episodes", "0"]
+    (tmp_path / "coupled").mkdir()
+    (tmp_path / "decoupled").mkdir()
+    coupled = launch("fabric run", SCRIPTS["fabric"], args, tmp_path / "coupled", nproc=2)
+    decoupled = launch("fabric run", SCRIPTS["decoupled"], [*args, "--num-players", "2"], tmp_path / "decoupled",
+                       nproc=4)  # fmt: skip
+    assert coupled.returncode == 0 and decoupled.returncode == 0, decoupled.stderr[-3000:]
+    coupled_dir, decoupled_dir = run_dir(tmp_path / "coupled", "fabric"), run_dir(tmp_path / "decoupled", "decoupled")
+    coupled_agent, decoupled_agent = load_agent(coupled_dir)["agent"], load_agent(decoupled_dir)["agent"]
+    assert all(torch.equal(coupled_agent[name], decoupled_agent[name]) for name in coupled_agent)
+    for tag in ("Loss/policy_loss", "Loss/value_loss", "Loss/entropy"):
+        assert read_scalars(coupled_dir)[tag] == read_scalars(decoupled_dir)[tag], tag
+
+
+ROWS, WIDTH, UPDATES = 7, 3, 3
+
+
+def _exchange(rank: int, port: int, folder: str) -> None:
+    """Two players scatter rows that name their player, update and row; two trainers record what they get."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4)
+    topology = Topology(rank, 4, torch.device("cpu"), torch.device("cpu"), num_players=2)
+    lag = LagBound(0, take_newest=False)
+    if topology.is_player:
+        outbox = PlayerOutbox(RunConfig(), topology, ROWS, WIDTH, lag)
+        for update in range(UPDATES):
+            rows = torch.stack([torch.full((WIDTH,), 1000.0 * rank + 100.0 * update + row) for row in range(ROWS)])
+            outbox.send_batch(update + 1, acted_with=update, rows=rows)
+        outbox.drain()
+    else:
+        inbox = TrainerInbox(topology, [ROWS, ROWS], WIDTH, share_data=False)
+        received = []
+        for update in range(UPDATES):
+            command, iteration, lag_seen = inbox.receive(updates_done=update)
+            assert (int(command), iteration, lag_seen) == (1, update + 1, 0)
+            received.append(inbox.rows[:, 0].clone())
+        torch.save(received, os.path.join(folder, f"trainer_{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_each_update_holds_every_players_rows_exactly_once(tmp_path):
+    mp.spawn(_exchange, args=(free_port(), str(tmp_path)), nprocs=4, join=True)
+    first, second = torch.load(tmp_path / "trainer_2.pt"), torch.load(tmp_path / "trainer_3.pt")
+    for update in range(UPDATES):
+        union = sorted(torch.cat([first[update], second[update]]).tolist())
+        expected = sorted(1000.0 * player + 100.0 * update + row for player in range(2) for row in range(ROWS))
+        assert union == expected  # every row of both players once, none of another update
+        assert [len(first[update]), len(second[update])] == [4 + 4, 3 + 3]  # 7 rows split 4/3 by each player
+
+
+@pytest.mark.parametrize(
+    ("args", "bound"),
+    [
+        ([*SHORT, "--num-players", "2", "--async", "--max-policy-lag", "0"], 0),
+        (["sac", "--env-id", "Pendulum-v1", "--total-timesteps", "800", "--learning-starts", "200", "--log-every",
+          "100", "--batch-size", "64", "--eval-episodes", "0", "--no-progress-bar", "--async", "--max-policy-lag",
+          "3"], 3),
+    ],
+    ids=["ppo-two-players-lag-0", "sac-lag-3"],
+)  # fmt: skip
+def test_async_players_never_exceed_the_policy_lag_bound(tmp_path, args, bound):
+    finished = launch("fabric run", SCRIPTS["decoupled"], args, tmp_path, nproc=3)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    lags = [lag for _, lag in read_scalars(run_dir(tmp_path, "decoupled"))["Info/policy_lag_max"]]
+    assert lags and max(lags) <= bound
+    if bound:  # Pendulum's player steps far faster than a SAC update: it runs ahead as far as allowed
+        assert max(lags) > 0
+
+
 def test_one_process_is_refused(tmp_path):
     finished = launch("python", SCRIPTS["decoupled"], [], tmp_path)
     assert finished.returncode == 2
@@ -89,8 +163,9 @@ def test_one_process_is_refused(tmp_path):
         (2, ["error: the player: ", "trainer 2"], []),
         (0, ["error: trainer 1: ", "the player"], []),
         (2, ["error: the player: ", "the evaluator"], ["--evaluator"]),
+        (1, ["error: trainer 2: ", "player 1"], ["--num-players", "2"]),
     ],
-    ids=["trainer-killed", "player-killed", "evaluator-killed"],
+    ids=["trainer-killed", "player-killed", "evaluator-killed", "second-player-killed"],
 )
 def test_a_killed_role_ends_the_job_within_60_s(tmp_path, victim, survivor_says, extra):
     args = ["--total-timesteps", "10000000", "--no-progress-bar", *extra]

@@ -112,6 +112,13 @@ class Algorithm(ABC):
     def batch_rows(self, learners_fed: int) -> int:
         """Rows of one batch that feeds `learners_fed` learners each their own data."""
 
+    def rows_per_source(self, learners_fed: int, num_sources: int) -> list[int]:
+        """The rows each of `num_sources` experience sources adds to one update's batch.
+
+        By default each adds a whole batch of its own (on-policy: every collected step is trained on).
+        """
+        return [self.batch_rows(learners_fed)] * num_sources
+
     @abstractmethod
     def batch_codec(self) -> RowCodec:
         """How a batch travels between processes."""

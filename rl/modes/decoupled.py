@@ -1,10 +1,11 @@
-"""Decoupled mode: rank 0 is the Player (envs, acting, batches); ranks 1..N-1 are Trainers.
+"""Decoupled mode: ranks 0..K-1 are Players (envs, acting, batches), the next ranks Trainers.
 
-Every message between the roles is a tensor in a buffer allocated once, sent over the world
-group: a command header (`Command.BATCH`, `SAVE` or `STOP`), the batch rows (broadcast with
---share-data, else scattered in disjoint shards), and the first trainer's policy weights and
-statistics back to the player. With --pipeline the player collects the next batch while the
-trainers train on the last one, so it acts with weights one update old.
+The players feed every update with the union of their batches; the first trainer sends each
+update's weights and statistics back to every player (`rl.modes.decoupled_links`). How far the
+weights a player acts with may trail the learners' is the lag bound: 0 by default (the players
+wait for each update), exactly 1 with --pipeline, at most --max-policy-lag with --async (the
+players take the newest weights sent so far). The trainers measure the lag of every batch they
+train on, and the lead player (rank 0) logs it with the update's statistics.
 """
 
 from __future__ import annotations
@@ -13,15 +14,13 @@ import math
 import os
 import signal
 import time
-from dataclasses import dataclass
-from enum import IntEnum
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from rl.algos.base import Algorithm
-from rl.batch import DataShard, shard_sizes
+from rl.batch import shard_sizes
 from rl.checkpoint import (
     agent_path,
     assert_finite,
@@ -29,14 +28,28 @@ from rl.checkpoint import (
     prune_checkpoints,
     run_dir_of,
     save_file_atomically,
-    to_cpu,
 )
 from rl.config import RunConfig
 from rl.envs import video_folder
 from rl.errors import progress_line
 from rl.faults import gather_process_ids, peer, report_lost_peers
 from rl.logger import EPISODE_RETURN, FabricSink, ProgressBar, TrainingMetrics
+from rl.modes.decoupled_links import (
+    LEAD_PLAYER,
+    Command,
+    LagBound,
+    PlayerOutbox,
+    StopAgreement,
+    Topology,
+    TrainerInbox,
+    WeightsInbox,
+    WeightsOutbox,
+    receive_state,
+    send_state,
+    trainer_shard,
+)
 from rl.modes.evaluator import EvaluatorLink, run_evaluator, send_run_dir
+from rl.normalization import AllReduceSum
 from rl.optim import load_flat_parameters, num_parameters
 from rl.run import (
     InterruptFlag,
@@ -50,138 +63,10 @@ from rl.run import (
     training_state,
 )
 from rl.runtime import FabricRuntime, close_process_group, collective_timeout, naming_a_taken_port
-from rl.seeds import SCATTER_STREAM, derive_seed
 
-PLAYER_RANK = 0
-FIRST_TRAINER_RANK = 1
 LOG_SUBDIR = "fabric_decoupled_logs"
 MODE = "decoupled"
-
-
-class Command(IntEnum):
-    BATCH = 1  # a batch follows; train on it and send the weights back
-    SAVE = 2  # the player writes a checkpoint: the first trainer sends its learner state
-    STOP = 3  # training is over; leave the loop
-
-
-@dataclass
-class Topology:
-    """Who is who, on which device, and the world group's buffer device.
-
-    Rank 0 is the player, ranks 1.. the trainers, and with --evaluator the last rank the evaluator.
-    """
-
-    rank: int
-    world_size: int
-    device: torch.device  # this role's device
-    comm_device: torch.device  # where world-group buffers live (CPU for gloo)
-    has_evaluator: bool = False
-
-    @property
-    def num_trainers(self) -> int:
-        return self.world_size - 1 - int(self.has_evaluator)
-
-    @property
-    def evaluator_rank(self) -> int:
-        return self.world_size - 1
-
-    @property
-    def is_player(self) -> bool:
-        return self.rank == PLAYER_RANK
-
-    @property
-    def is_evaluator(self) -> bool:
-        return self.has_evaluator and self.rank == self.evaluator_rank
-
-    def role_name(self, rank: int) -> str:
-        if rank == PLAYER_RANK:
-            return "the player"
-        return "the evaluator" if self.has_evaluator and rank == self.evaluator_rank else f"trainer {rank}"
-
-    @property
-    def trainer_index(self) -> int:
-        return self.rank - FIRST_TRAINER_RANK
-
-
-class Channel:
-    """Player <-> trainer messages on `group` (the world, or all but the evaluator), in buffers allocated once."""
-
-    def __init__(
-        self, cfg: RunConfig, topology: Topology, group: dist.ProcessGroup | None, rows: int, width: int,
-        message_size: int,
-    ) -> None:  # fmt: skip
-        self.topology, self.group = topology, group
-        self.share_data = cfg.share_data
-        device = topology.comm_device
-        self.rows = rows
-        self.shards = shard_sizes(rows, topology.num_trainers)
-        self.header = torch.zeros(2, dtype=torch.long, device=device)  # (command, iteration)
-        self.message = torch.zeros(message_size, device=device)  # statistics, then the policy's weights
-        if self.share_data:
-            self.batch = torch.zeros(rows, width, device=device)
-        else:
-            # The player fills one padded shard per rank (its own slot unused); a trainer needs its own only.
-            count = topology.num_trainers + 1 if topology.is_player else 1
-            self.scatter_buffers = [torch.zeros(max(self.shards), width, device=device) for _ in range(count)]
-            self.shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, SCATTER_STREAM))
-
-    # The player's side.
-    def send_batch(self, iteration: int, rows: Tensor) -> None:
-        with peer("a trainer"):
-            self._send_header(Command.BATCH, iteration)
-            if self.share_data:
-                self.batch.copy_(rows)
-                dist.broadcast(self.batch, PLAYER_RANK, group=self.group)
-                return
-            order = torch.randperm(self.rows, generator=self.shuffle).to(rows.device)
-            for buffer, shard in zip(self.scatter_buffers[1:], order.split(self.shards), strict=True):
-                buffer[: len(shard)] = rows[shard]
-            dist.scatter(self.scatter_buffers[PLAYER_RANK], self.scatter_buffers, src=PLAYER_RANK, group=self.group)
-
-    def send_stop(self) -> None:
-        with peer("a trainer"):
-            self._send_header(Command.STOP, 0)
-
-    def request_learner_state(self, iteration: int) -> dict:
-        """The trainers' learner state (optimizers, targets), which only they hold (a rare message: pickled)."""
-        received: list = [None]
-        with peer("a trainer"):
-            self._send_header(Command.SAVE, iteration)
-            dist.recv_object_list(received, src=FIRST_TRAINER_RANK)
-        return received[0]
-
-    def receive_message(self) -> Tensor:
-        with peer("a trainer"):
-            dist.recv(self.message, src=FIRST_TRAINER_RANK)
-        return self.message
-
-    def _send_header(self, command: Command, iteration: int) -> None:
-        self.header[0], self.header[1] = int(command), iteration
-        dist.broadcast(self.header, PLAYER_RANK, group=self.group)
-
-    # A trainer's side.
-    def receive_command(self) -> tuple[Command, int]:
-        with peer("the player"):
-            dist.broadcast(self.header, PLAYER_RANK, group=self.group)
-        return Command(int(self.header[0])), int(self.header[1])
-
-    def receive_batch(self) -> Tensor:
-        with peer("the player"):
-            if self.share_data:
-                dist.broadcast(self.batch, PLAYER_RANK, group=self.group)
-                return self.batch
-            (own,) = self.scatter_buffers
-            dist.scatter(own, src=PLAYER_RANK, group=self.group)
-            return own[: self.shards[self.topology.trainer_index]]
-
-    def send_learner_state(self, state: dict) -> None:
-        with peer("the player"):
-            dist.send_object_list([to_cpu(state)], dst=PLAYER_RANK)
-
-    def send_message(self, message: Tensor) -> None:
-        self.message.copy_(message)
-        with peer("the player"):
-            dist.send(self.message, dst=PLAYER_RANK)
+LAG_TAGS = {"policy_lag": "Info/policy_lag"}  # measured by the trainers, logged with the algorithm's statistics
 
 
 class StatsMessage:
@@ -201,125 +86,162 @@ class StatsMessage:
         return {name: value for name, value in zip(self.names, values, strict=True) if not value.isnan()}
 
 
-def run_player(algorithm: Algorithm, topology: Topology, channel: Channel, resume: dict | None) -> None:
-    cfg, env_id = algorithm.cfg, algorithm.spaces.env_id
-    if resume:
-        root, name = os.path.split(run_dir_of(cfg.resume_from))
-    else:
-        root, name = os.path.join(cfg.log_dir, LOG_SUBDIR), run_name(cfg, env_id)
-    run = open_run(cfg, FabricSink(root, name))
+def stat_tags(algorithm: Algorithm) -> dict[str, str]:
+    return dict(algorithm.stat_tags) | LAG_TAGS
+
+
+def rows_per_player(algorithm: Algorithm, topology: Topology) -> list[int]:
+    learners_fed = 1 if algorithm.cfg.share_data else topology.num_trainers
+    return algorithm.rows_per_source(learners_fed, topology.num_players)
+
+
+def message_size(algorithm: Algorithm) -> int:
+    return len(stat_tags(algorithm)) + num_parameters(algorithm.build_policy(torch.device("cpu")))
+
+
+def run_player(algorithm: Algorithm, topology: Topology, players_sum: AllReduceSum, resume: dict | None) -> None:
+    cfg, env_id, player = algorithm.cfg, algorithm.spaces.env_id, topology.rank
+    is_lead = player == LEAD_PLAYER
+    lag, timeout = LagBound.of(cfg), cfg.collective_timeout
     device = topology.device
     policy = algorithm.build_policy(device)
+    run = None
+    if is_lead:
+        if resume:
+            root, name = os.path.split(run_dir_of(cfg.resume_from))
+        else:
+            root, name = os.path.join(cfg.log_dir, LOG_SUBDIR), run_name(cfg, env_id)
+        run = open_run(cfg, FabricSink(root, name))
     evaluator = None
-    if topology.has_evaluator:
+    if is_lead and topology.has_evaluator:
         send_run_dir(run.dir, topology.evaluator_rank)
         evaluator = EvaluatorLink(policy, algorithm.spaces.obs_dim, topology.evaluator_rank)
     codec = algorithm.batch_codec()
-    stats_message = StatsMessage(list(algorithm.stat_tags))
-    video_dir = video_folder(run.dir, "train") if cfg.capture_video else None
-    learners_fed = 1 if cfg.share_data else topology.num_trainers
-    source = algorithm.make_source(PLAYER_RANK, device, video_dir, env_ranks=1, batch_rows=channel.rows)
+    tags = stat_tags(algorithm)
+    stats_message = StatsMessage(list(tags))
+    video_dir = video_folder(run.dir, "train") if cfg.capture_video and run else None
+    num_rows = rows_per_player(algorithm, topology)[player]
+    num_players = topology.num_players
+    source = algorithm.make_source(player, device, video_dir, env_ranks=num_players, batch_rows=num_rows)
+    outbox = PlayerOutbox(cfg, topology, num_rows, codec.width, lag)
+    inbox = WeightsInbox(topology, message_size(algorithm), lag, timeout)
+    stop = StopAgreement(topology, lag, timeout)
     first_iteration = 1
     if resume:
-        restore_run_state(resume, PLAYER_RANK, policy, None, source)
+        restore_run_state(resume, player, policy, None, source)
         first_iteration = resume["counters"]["update"] + 1
-        if not cfg.share_data:
-            channel.shuffle.set_state(resume["rank_states"][PLAYER_RANK]["shuffle"])
-    rows = torch.zeros(channel.rows, codec.width, device=device)
-    metrics = TrainingMetrics(device, lambda tensor: tensor, algorithm.stat_tags)  # the player alone holds them
-    num_iterations = cfg.num_iterations(1)
-    steps_per_iteration = cfg.steps_per_iteration
-    report_every = algorithm.iterations_per_report(1)
-    replay_ratio = algorithm.passes_per_batch * algorithm.batch_rows(learners_fed) / steps_per_iteration
+        if "shuffle" in resume["rank_states"][player]:
+            outbox.shuffle.set_state(resume["rank_states"][player]["shuffle"])
+    rows = torch.zeros(num_rows, codec.width, device=device)
+    metrics = TrainingMetrics(device, lambda tensor: tensor, tags)  # the lead player alone logs them
+    num_iterations = cfg.num_iterations(num_players)
+    steps_per_iteration = cfg.steps_per_iteration * num_players  # every player's steps
+    report_every = algorithm.iterations_per_report(num_players)
+    replay_ratio = algorithm.passes_per_batch * sum(rows_per_player(algorithm, topology)) / steps_per_iteration
     start_step = (first_iteration - 1) * steps_per_iteration
-    progress = ProgressBar(num_iterations * steps_per_iteration, cfg.progress_bar, initial=start_step)
+    progress = ProgressBar(num_iterations * steps_per_iteration, cfg.progress_bar and is_lead, initial=start_step,
+                           drawn_by_job=cfg.progress_bar)  # fmt: skip
     interrupt = InterruptFlag()
-    in_flight: int | None = None  # the iteration whose update the trainers are computing
-    weights_version = 0  # updates held by the player's weights
-    policy_lags: dict[int, int] = {}  # per iteration: how many updates older the acting weights were
+    batches_sent = 0
+    lag_window: list[float] = []  # the policy lags of the updates since the last report
+    reports_waiting: dict[int, int] = {}  # update number -> the report iteration whose last batch it trains
     start, reported_step = time.perf_counter(), start_step
 
     def report(iteration: int) -> None:
         nonlocal reported_step
+        assert run is not None
         step = iteration * steps_per_iteration
         steps_per_second = (step - start_step) / (time.perf_counter() - start)
         scalars = metrics.compute() | {"Time/steps_per_second": steps_per_second, "Info/replay_ratio": replay_ratio}
-        if iteration in policy_lags:
-            scalars["Info/policy_lag"] = float(policy_lags.pop(iteration))
+        if lag_window:  # the mean hides a bound's breach: the largest lag since the last report too
+            scalars["Info/policy_lag_max"] = max(lag_window)
+            lag_window.clear()
         run.sink.log_scalars(scalars, step)
         progress.advance(step - reported_step, steps_per_second, scalars.get(EPISODE_RETURN))
         reported_step = step
         if evaluator is not None:
             evaluator.offer(step, policy, source.obs_normalizer)
 
-    def receive_update() -> None:
-        """The trainers' update of the iteration in flight: load its weights, record its statistics."""
-        nonlocal in_flight, weights_version
-        message = channel.receive_message()
+    def on_update(version: int, message: Tensor) -> None:
+        """An update's weights (acted with from now on) and, on the lead player, its statistics."""
         head = len(stats_message.names)
         load_flat_parameters(policy, message[head:])
-        weights_version += 1
-        metrics.record(stats_message.unpack(message[:head]))
-        finished, in_flight = in_flight, None
-        if report_due(finished, report_every, num_iterations):
-            report(finished)
+        if is_lead:
+            stats = stats_message.unpack(message[:head])
+            metrics.record(stats)
+            lag_window.append(float(stats["policy_lag"]))
+            if version in reports_waiting:
+                report(reports_waiting.pop(version))
+
+    def schedule_report(iteration: int) -> None:
+        if inbox.version == batches_sent:
+            report(iteration)
+        else:  # logged once the update of this iteration's batch has arrived
+            reports_waiting[batches_sent] = iteration
 
     saved_at = -1
 
     def save_checkpoint(iteration: int) -> None:
+        """Every player at once: the checkpoint holds the weights of every batch sent, and every player's state."""
         nonlocal saved_at
         saved_at = iteration
+        outbox.send_command(Command.SAVE, iteration)
+        inbox.catch_up(batches_sent, on_update, everything=True)
+        player_state = source.capture_state() | {"shuffle": outbox.shuffle.get_state()}
+        if not is_lead:
+            send_state(player_state, LEAD_PLAYER, topology.role_name(LEAD_PLAYER))
+            return
+        assert run is not None
         assert_finite(policy)
-        learner_state = channel.request_learner_state(iteration)
-        player_state = source.capture_state()
-        if not cfg.share_data:
-            player_state["shuffle"] = channel.shuffle.get_state()
+        learner_state = receive_state(topology.first_trainer, topology.role_name(topology.first_trainer))
+        others = [receive_state(other, topology.role_name(other)) for other in topology.players[1:]]
         counters = {"global_step": iteration * steps_per_iteration, "update": iteration}
-        state = training_state(algorithm, policy, source, learner_state, counters, [player_state], MODE,
+        state = training_state(algorithm, policy, source, learner_state, counters, [player_state, *others], MODE,
                                topology.world_size)  # fmt: skip
         save_file_atomically(checkpoint_path(run.dir, iteration * steps_per_iteration), state)
         prune_checkpoints(run.dir, cfg.keep_last)
 
+    def next_report(iteration: int) -> int:
+        return min(math.ceil(iteration / report_every) * report_every, num_iterations)
+
     iteration = first_iteration - 1
+    checked_step = start_step
     for iteration in range(first_iteration, num_iterations + 1):
-        acted_with = weights_version
+        acted_with = inbox.version
         episodes = source.collect(policy, (iteration - 1) * steps_per_iteration)
-        batch = source.next_batch(iteration * steps_per_iteration, lambda tensor: tensor)
+        batch = source.next_batch(iteration * steps_per_iteration, players_sum)
         if batch is not None:
             codec.pack(batch, rows)
-            if in_flight is not None:  # pipelined: the trainers are done with the previous batch
-                receive_update()
-            policy_lags[iteration] = weights_version - acted_with
-            channel.send_batch(iteration, rows)
-            in_flight = iteration
-            # Off the trainers' critical path: they are training meanwhile.
-            metrics.record(source.batch_stats(batch))
-        metrics.record_episodes(episodes.returns, episodes.lengths)
-        reporting = report_due(iteration, report_every, num_iterations)
-        # A checkpoint waits for this iteration's update, even when pipelined, so none is in flight.
-        save = reporting and (
-            interrupt.requested or checkpoint_due(cfg.checkpoint_every, iteration * steps_per_iteration,
-                                                  iteration * steps_per_iteration - reported_step)
-        )  # fmt: skip
-        if in_flight is not None and (not cfg.pipeline or save):
-            receive_update()
-        elif in_flight is None and reporting:
-            report(iteration)
-        if save:
+            outbox.send_batch(iteration, acted_with, rows)
+            batches_sent += 1
+            if is_lead:  # off the trainers' critical path: they are training meanwhile
+                metrics.record(source.batch_stats(batch))
+        if is_lead:
+            metrics.record_episodes(episodes.returns, episodes.lengths)
+        inbox.catch_up(batches_sent, on_update)  # the weights the next iteration may act with
+        if not report_due(iteration, report_every, num_iterations):
+            continue
+        if is_lead:
+            schedule_report(iteration)
+        step = iteration * steps_per_iteration
+        stopping = stop.check(iteration, interrupt.requested, next_report)
+        if stopping or checkpoint_due(cfg.checkpoint_every, step, step - checked_step):
             save_checkpoint(iteration)
-        if interrupt.requested and reporting:
+        checked_step = step
+        if stopping:
             break
-    if in_flight is not None:
-        receive_update()
     if saved_at != iteration:
         save_checkpoint(iteration)
-    channel.send_stop()
+    outbox.send_command(Command.STOP, iteration)
+    outbox.drain()
     progress.close()
     source.close()
+    if run is None:
+        return
     global_step = iteration * steps_per_iteration
     if evaluator is not None:
         evaluator.finish(global_step, policy, source.obs_normalizer)
-    if interrupt.requested:
+    if stop.stop_at is not None:
         print(f"interrupted at step {global_step}: checkpoint written to {run.dir}", flush=True)
         run.sink.close()
         return
@@ -333,57 +255,72 @@ def run_player(algorithm: Algorithm, topology: Topology, channel: Channel, resum
     run.sink.close()
 
 
-def trainer_shard(cfg: RunConfig, channel: Channel, trainer_index: int, num_trainers: int) -> DataShard:
-    if cfg.share_data:  # every trainer holds the whole batch and trains on its shard of it
-        return DataShard(channel.rows, num_trainers, trainer_index)
-    # Scattered shards may differ by a row; the largest sets every trainer's number of steps.
-    return DataShard(channel.shards[trainer_index], largest_rows=max(channel.shards))
-
-
 def run_trainer(
-    algorithm: Algorithm, topology: Topology, channel: Channel, trainer_group: dist.ProcessGroup, resume: dict | None
+    algorithm: Algorithm, topology: Topology, trainer_group: dist.ProcessGroup, resume: dict | None
 ) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the player's to handle: it checkpoints and stops us
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the players' to handle: they checkpoint and stop us
     cfg = algorithm.cfg
     runtime = FabricRuntime(cfg, topology.world_size, process_group=trainer_group)
     policy = algorithm.build_policy(runtime.device)
-    shard = trainer_shard(cfg, channel, runtime.rank, runtime.world_size)
-    learner = algorithm.make_learner(policy, runtime, shard, env_ranks=1)
+    codec = algorithm.batch_codec()
+    from_players = rows_per_player(algorithm, topology)
+    inbox = TrainerInbox(topology, from_players, codec.width, cfg.share_data)
+    every_trainer = [[shard_sizes(rows, topology.num_trainers)[index] for rows in from_players]
+                     for index in range(topology.num_trainers)]  # fmt: skip
+    shard = trainer_shard(cfg.share_data, inbox, every_trainer, topology)
+    learner = algorithm.make_learner(policy, runtime, shard, env_ranks=topology.num_players)
     if resume:
         restore_run_state(resume, topology.rank, policy, learner, None)
-    codec = algorithm.batch_codec()
-    stats_message = StatsMessage(list(algorithm.stat_tags))
-    is_first = topology.rank == FIRST_TRAINER_RANK
-    progress_line(cfg.progress_bar)  # the player's bar shares our stderr: error lines start on their own
-
+    stats_message = StatsMessage(list(stat_tags(algorithm)))
+    is_first = topology.rank == topology.first_trainer
+    lag = LagBound.of(cfg)
+    outbox = WeightsOutbox(topology, message_size(algorithm), lag, cfg.collective_timeout) if is_first else None
+    progress_line(cfg.progress_bar)  # the lead player's bar shares our stderr: error lines start on their own
+    updates_done = 0
     while True:
-        command, iteration = channel.receive_command()
+        command, iteration, policy_lag = inbox.receive(updates_done)
         if command is Command.STOP:
             break
         if command is Command.SAVE:
             if is_first:
-                channel.send_learner_state(learner.state_dict())
+                send_state(learner.state_dict(), LEAD_PLAYER, topology.role_name(LEAD_PLAYER))
             continue
-        batch = codec.unpack(channel.receive_batch().to(runtime.device))
+        batch = codec.unpack(inbox.rows.to(runtime.device))  # the players' rows, one player after another
         with peer("another trainer"):
-            stats = stats_message.pack(learner.update(batch, iteration), runtime.device)
+            stats = learner.update(batch, iteration) | {"policy_lag": torch.tensor(float(policy_lag))}
             # Statistics not computed by every trainer stay NaN in the mean, and the player drops them.
-            mean_stats = runtime.all_reduce_sum(stats) / runtime.world_size
-        if is_first:
-            channel.send_message(torch.cat([mean_stats, learner.policy_weights()]).to(topology.comm_device))
+            mean_stats = runtime.all_reduce_sum(stats_message.pack(stats, runtime.device)) / runtime.world_size
+        updates_done += 1
+        if outbox is not None:
+            outbox.send(torch.cat([mean_stats, learner.policy_weights()]).to(topology.comm_device))
+    if outbox is not None:
+        outbox.drain()
 
 
 def role_devices(cfg: RunConfig, rank: int) -> tuple[torch.device, torch.device, str, str]:
-    """(this role's device, world-buffer device, world backend, trainer-group backend).
+    """(this role's device, message-buffer device, world backend, trainer-group backend).
 
     NCCL only where every rank of a group is on a GPU; gloo wherever a CPU rank takes part.
     """
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    on_gpu = cfg.cuda and (rank != PLAYER_RANK or cfg.player_on_gpu)
+    on_gpu = cfg.cuda and (rank >= cfg.num_players or cfg.player_on_gpu)
     device = torch.device(f"cuda:{local_rank}") if on_gpu else torch.device("cpu")
     world_backend = "nccl" if cfg.cuda and cfg.player_on_gpu and not cfg.evaluator else "gloo"  # the evaluator: CPU
     comm_device = device if world_backend == "nccl" else torch.device("cpu")
     return device, comm_device, world_backend, "nccl" if cfg.cuda else "gloo"
+
+
+def sum_over(group: dist.ProcessGroup | None) -> AllReduceSum:
+    """Pool the players' normalization statistics (nothing to pool for one player)."""
+    if group is None:
+        return lambda tensor: tensor
+
+    def all_reduce_sum(tensor: Tensor) -> Tensor:
+        with peer("another player"):
+            dist.all_reduce(tensor, group=group)
+        return tensor
+
+    return all_reduce_sum
 
 
 def train_decoupled(algorithm: Algorithm, world_size: int, resume: dict | None = None) -> None:
@@ -397,21 +334,16 @@ def train_decoupled(algorithm: Algorithm, world_size: int, resume: dict | None =
     timeout = collective_timeout(cfg)
     with naming_a_taken_port():
         world = TorchCollective().setup(backend=world_backend, timeout=timeout)
-    topology = Topology(world.rank, world_size, device, comm_device, cfg.evaluator)
-    trainer_ranks = list(range(FIRST_TRAINER_RANK, FIRST_TRAINER_RANK + topology.num_trainers))
-    trainers = TorchCollective().create_group(ranks=trainer_ranks, backend=trainer_backend, timeout=timeout)
-    # The evaluator stays out of the player's and trainers' collectives: it only ever receives weights.
-    acting = TorchCollective().create_group(ranks=[PLAYER_RANK, *trainer_ranks], backend=world_backend,
-                                            timeout=timeout) if cfg.evaluator else None  # fmt: skip
-    learners_fed = 1 if cfg.share_data else topology.num_trainers
-    message_size = len(algorithm.stat_tags) + num_parameters(algorithm.build_policy(torch.device("cpu")))
-    channel = Channel(cfg, topology, acting.group if acting else None, algorithm.batch_rows(learners_fed),
-                      algorithm.batch_codec().width, message_size)  # fmt: skip
+    topology = Topology(world.rank, world_size, device, comm_device, cfg.num_players, cfg.evaluator)
+    # Every rank creates every group, in the same order.
+    trainers = TorchCollective().create_group(ranks=list(topology.trainers), backend=trainer_backend, timeout=timeout)
+    players = TorchCollective().create_group(ranks=list(topology.players), backend=world_backend,
+                                             timeout=timeout) if topology.num_players > 1 else None  # fmt: skip
     with report_lost_peers(topology.rank, topology.role_name, gather_process_ids(comm_device)):
         if topology.is_player:
-            run_player(algorithm, topology, channel, resume)
+            run_player(algorithm, topology, sum_over(players.group if players else None), resume)
         elif topology.is_evaluator:
-            run_evaluator(algorithm, PLAYER_RANK)
+            run_evaluator(algorithm, LEAD_PLAYER)
         else:
-            run_trainer(algorithm, topology, channel, trainers.group, resume)
+            run_trainer(algorithm, topology, trainers.group, resume)
         close_process_group()

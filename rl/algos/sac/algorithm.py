@@ -17,7 +17,7 @@ from rl.algos.sac.config import AUTO, SACConfig
 from rl.algos.sac.losses import actor_loss, critic_loss, soft_target, temperature_loss
 from rl.algos.sac.networks import CriticEnsemble, SquashedGaussianActor
 from rl.algos.sac.replay import ReplayBuffer, check_buffer_fits
-from rl.batch import Column, DataShard, RowCodec, TensorBatch, shard_slice
+from rl.batch import Column, DataShard, RowCodec, TensorBatch, shard_sizes, shard_slice
 from rl.envs import EnvSpaces, make_vector_env
 from rl.errors import UsageError
 from rl.experience import EpisodeLog, ExperienceSource
@@ -163,11 +163,12 @@ class SACLearner(Learner):
         # Reseeded per update from (seed, learner, iteration): exact on resume with nothing to save.
         self.noise.manual_seed(derive_seed(self.cfg.seed, LEARNER_STREAM, self.runtime.rank, iteration))
         stats = StatMeans()
-        step_rows = len(batch) // self.cfg.gradient_steps
-        own = shard_slice(step_rows, self.shard.shards, self.shard.index)
-        for step in range(self.cfg.gradient_steps):
-            offset = step * step_rows
-            self.gradient_step(batch.map(lambda t, a=offset + own.start, b=offset + own.stop: t[a:b]), stats)
+        steps = self.cfg.gradient_steps
+        own = shard_slice(len(batch) // steps, self.shard.shards, self.shard.index)
+        for step in range(steps):
+            # Strided: the rows are independent draws, and a batch may join several sources' draws
+            # one after another (decoupled players); every gradient step takes its share of each.
+            self.gradient_step(batch.map(lambda t, s=step: t[s::steps][own]), stats)
         # Once per update, on the averaged gradients (the same on every learner, so all stop together).
         clip_grad_norm(list(self.critic.parameters()), max_norm=0.0)
         elapsed_ms = 1000.0 * (time.perf_counter() - start) / self.cfg.gradient_steps
@@ -323,6 +324,10 @@ class SAC(Algorithm):
 
     def batch_rows(self, learners_fed: int) -> int:
         return self.cfg.gradient_steps * self.cfg.batch_size * learners_fed
+
+    def rows_per_source(self, learners_fed: int, num_sources: int) -> list[int]:
+        """The learners' batch, sampled in near-equal parts from each source's replay buffer."""
+        return shard_sizes(self.batch_rows(learners_fed), num_sources)
 
     def batch_codec(self) -> RowCodec:
         return RowCodec(Transitions, transition_columns(self.spaces))

@@ -1,0 +1,319 @@
+"""Who is who in decoupled mode, and the messages between players and trainers.
+
+Ranks 0..K-1 are players, the next ranks trainers, and with --evaluator the last rank the
+evaluator. Every message is a tensor in a buffer allocated once, sent point to point:
+
+- player -> every trainer, per iteration: a header (command, iteration, weights version acted
+  with), then, for `Command.BATCH`, the trainer's shard of the player's rows (or all of them
+  with --share-data);
+- first trainer -> every player, per update: the update's statistics and the policy's weights.
+
+A gloo send completes only once its receiver has posted the matching receive, so both sides
+post sends (`isend`) into a ring of buffers and wait on a slot only before refilling it. The
+ring is as deep as the policy lag allows messages to be in flight: nobody waits on a peer that
+is allowed to be behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from rl.batch import DataShard, shard_sizes
+from rl.checkpoint import to_cpu
+from rl.config import RunConfig
+from rl.faults import job_store_client, peer
+from rl.seeds import SCATTER_STREAM, derive_seed
+
+LEAD_PLAYER = 0  # the player that logs, checkpoints and feeds the evaluator
+PUBLISHED_KEY = "rl/decoupled/weights_published"  # updates whose weights the first trainer has sent
+STOP_KEY = "rl/decoupled/stop_at"  # the iteration at which an interrupted run stops, once agreed
+
+
+class Command(IntEnum):
+    BATCH = 1  # rows follow; train on them and send the weights back
+    SAVE = 2  # the lead player writes a checkpoint: the first trainer sends its learner state
+    STOP = 3  # training is over; leave the loop
+
+
+@dataclass
+class Topology:
+    """Ranks 0..K-1 play, the next ones train, and with --evaluator the last rank evaluates."""
+
+    rank: int
+    world_size: int
+    device: torch.device  # this role's device
+    comm_device: torch.device  # where message buffers live (CPU for gloo)
+    num_players: int = 1
+    has_evaluator: bool = False
+
+    @property
+    def num_trainers(self) -> int:
+        return self.world_size - self.num_players - int(self.has_evaluator)
+
+    @property
+    def first_trainer(self) -> int:
+        return self.num_players
+
+    @property
+    def players(self) -> range:
+        return range(self.num_players)
+
+    @property
+    def trainers(self) -> range:
+        return range(self.first_trainer, self.first_trainer + self.num_trainers)
+
+    @property
+    def evaluator_rank(self) -> int:
+        return self.world_size - 1
+
+    @property
+    def is_player(self) -> bool:
+        return self.rank < self.num_players
+
+    @property
+    def is_evaluator(self) -> bool:
+        return self.has_evaluator and self.rank == self.evaluator_rank
+
+    @property
+    def trainer_index(self) -> int:
+        return self.rank - self.first_trainer
+
+    def role_name(self, rank: int) -> str:
+        if rank < self.num_players:
+            return "the player" if self.num_players == 1 else f"player {rank}"
+        return "the evaluator" if self.has_evaluator and rank == self.evaluator_rank else f"trainer {rank}"
+
+
+@dataclass(frozen=True)
+class LagBound:
+    """How many updates the weights a player acts with may trail the learners' when they train on its data.
+
+    Synchronous: 0. --pipeline: exactly 1 (the player always takes the update one behind).
+    --async: at most --max-policy-lag, and the player takes the newest weights it has been sent.
+    """
+
+    updates: int
+    take_newest: bool
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> LagBound:
+        if cfg.asynchronous:
+            return cls(cfg.max_policy_lag, take_newest=True)
+        return cls(1 if cfg.pipeline else 0, take_newest=False)
+
+    def required_version(self, batches_sent: int) -> int:
+        """The oldest weights a player may act with, having sent `batches_sent` batches."""
+        return max(0, batches_sent - self.updates)
+
+    @property
+    def ring_depth(self) -> int:
+        """Messages one side may have in flight to one peer, plus the one being filled."""
+        return self.updates + 2
+
+
+class Ring:
+    """`depth` slots of buffers, each refilled only after the sends posted from it have completed."""
+
+    def __init__(self, depth: int, make_slot: Callable[[], list[Tensor]]) -> None:
+        self.slots = [make_slot() for _ in range(depth)]
+        self.pending: list[list[dist.Work]] = [[] for _ in range(depth)]
+        self.next = 0
+
+    def take(self, peer_name: str) -> tuple[list[Tensor], list[dist.Work]]:
+        """The next slot's buffers, free to fill, and the list its new sends go to."""
+        index = self.next
+        self.next = (index + 1) % len(self.slots)
+        with peer(peer_name):
+            for work in self.pending[index]:
+                work.wait()
+        self.pending[index] = []
+        return self.slots[index], self.pending[index]
+
+    def drain(self, peer_name: str) -> None:
+        with peer(peer_name):
+            for works in self.pending:
+                for work in works:
+                    work.wait()
+                works.clear()
+
+
+def header_buffer(device: torch.device) -> Tensor:
+    return torch.zeros(3, dtype=torch.long, device=device)  # (command, iteration, weights version acted with)
+
+
+class PlayerOutbox:
+    """A player's batches to the trainers: each trainer's shard (or, with --share-data, all rows)."""
+
+    def __init__(self, cfg: RunConfig, topology: Topology, rows: int, width: int, lag: LagBound) -> None:
+        self.topology, self.rows, self.share_data = topology, rows, cfg.share_data
+        device = topology.comm_device
+        self.shards = [rows] * topology.num_trainers if cfg.share_data else shard_sizes(rows, topology.num_trainers)
+        self.shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, SCATTER_STREAM, topology.rank))
+
+        def slot() -> list[Tensor]:
+            return [header_buffer(device), *(torch.zeros(size, width, device=device) for size in self.shards)]
+
+        self.ring = Ring(lag.ring_depth, slot)
+        self._pending: list[dist.Work] = []
+
+    def send_batch(self, iteration: int, acted_with: int, rows: Tensor) -> None:
+        _, *buffers = self._send_header(Command.BATCH, iteration, acted_with)
+        if self.share_data:
+            parts = [rows] * len(buffers)
+        else:  # each trainer a random, disjoint shard
+            parts = rows[torch.randperm(self.rows, generator=self.shuffle).to(rows.device)].split(self.shards)
+        for buffer, part, trainer in zip(buffers, parts, self.topology.trainers, strict=True):
+            buffer.copy_(part)
+            self._pending.append(dist.isend(buffer, trainer))
+
+    def send_command(self, command: Command, iteration: int) -> None:
+        self._send_header(command, iteration, 0)
+
+    def _send_header(self, command: Command, iteration: int, acted_with: int) -> list[Tensor]:
+        buffers, self._pending = self.ring.take("a trainer")
+        header = buffers[0]
+        header[0], header[1], header[2] = int(command), iteration, acted_with
+        self._pending.extend(dist.isend(header, trainer) for trainer in self.topology.trainers)
+        return buffers
+
+    def drain(self) -> None:
+        self.ring.drain("a trainer")
+
+
+class TrainerInbox:
+    """A trainer's side of the players' messages: one header from each player per slot, then the rows.
+
+    The rows of all players land in one buffer (the union of their batches), in player order.
+    """
+
+    def __init__(self, topology: Topology, rows_per_player: list[int], width: int, share_data: bool) -> None:
+        self.topology = topology
+        index, trainers = topology.trainer_index, topology.num_trainers
+        self.from_player = [rows if share_data else shard_sizes(rows, trainers)[index] for rows in rows_per_player]
+        self.rows = torch.zeros(sum(self.from_player), width, device=topology.comm_device)
+        self.parts = self.rows.split(self.from_player)
+        self.headers = [header_buffer(topology.comm_device) for _ in topology.players]
+
+    def receive(self, updates_done: int) -> tuple[Command, int, int]:
+        """The next slot: (command, iteration, policy lag: the most any player's weights trail `updates_done`)."""
+        names = self.topology.role_name
+        for player, header in zip(self.topology.players, self.headers, strict=True):
+            with peer(names(player)):
+                dist.recv(header, player)
+        commands = {(int(header[0]), int(header[1])) for header in self.headers}
+        if len(commands) != 1:
+            raise RuntimeError(f"the players sent different commands in one slot: {sorted(commands)}")
+        ((command, iteration),) = commands
+        if command == Command.BATCH:
+            for player, part in zip(self.topology.players, self.parts, strict=True):
+                with peer(names(player)):
+                    dist.recv(part, player)
+        lag = max(updates_done - int(header[2]) for header in self.headers)
+        return Command(command), iteration, lag
+
+
+def trainer_shard(share_data: bool, inbox: TrainerInbox, all_rows: list[list[int]], topology: Topology) -> DataShard:
+    """What a trainer trains on: its part of the shared union, or the shards it was sent.
+
+    `all_rows[t]`: the rows trainer t receives from each player (shards may differ by a row).
+    """
+    if share_data:  # every trainer holds the whole union and trains on its part of it
+        return DataShard(len(inbox.rows), topology.num_trainers, topology.trainer_index)
+    return DataShard(len(inbox.rows), largest_rows=max(sum(rows) for rows in all_rows))
+
+
+class WeightsOutbox:
+    """The first trainer's side: each update's statistics and weights to every player."""
+
+    def __init__(self, topology: Topology, message_size: int, lag: LagBound, timeout_seconds: float) -> None:
+        self.topology = topology
+        self.ring = Ring(lag.ring_depth, lambda: [torch.zeros(message_size, device=topology.comm_device)])
+        self.store = job_store_client(timeout_seconds) if lag.take_newest else None
+        self.published = 0
+
+    def send(self, message: Tensor) -> None:
+        (buffer,), pending = self.ring.take("a player")
+        buffer.copy_(message)
+        pending.extend(dist.isend(buffer, player) for player in self.topology.players)
+        self.published += 1
+        if self.store is not None:  # players that take the newest weights read how many are on their way
+            self.store.set(PUBLISHED_KEY, str(self.published))
+
+    def drain(self) -> None:
+        self.ring.drain("a player")
+
+
+class WeightsInbox:
+    """A player's side: receive updates in order, at least up to the version its lag bound requires."""
+
+    def __init__(self, topology: Topology, message_size: int, lag: LagBound, timeout_seconds: float) -> None:
+        self.topology, self.lag = topology, lag
+        self.message = torch.zeros(message_size, device=topology.comm_device)
+        self.store = job_store_client(timeout_seconds) if lag.take_newest else None
+        self.version = 0  # updates received
+
+    def catch_up(self, batches_sent: int, on_update: Callable[[int, Tensor], None], everything: bool = False) -> bool:
+        """Receive the updates this player must (or, taking the newest, may) act with; call
+        `on_update(version, message)` for each. `everything`: every batch sent so far. Returns
+        whether a new update arrived."""
+        target = batches_sent if everything else self.lag.required_version(batches_sent)
+        if self.store is not None and not everything and self.version < batches_sent:
+            target = max(target, min(batches_sent, int(self.store.get(PUBLISHED_KEY)) if self._published() else 0))
+        arrived = self.version < target
+        while self.version < target:
+            with peer(self.topology.role_name(self.topology.first_trainer)):
+                dist.recv(self.message, self.topology.first_trainer)
+            self.version += 1
+            on_update(self.version, self.message)
+        return arrived
+
+    def _published(self) -> bool:
+        assert self.store is not None
+        return self.store.check([PUBLISHED_KEY])
+
+
+class StopAgreement:
+    """The iteration at which every player stops after Ctrl-C, agreed through the job's store.
+
+    The first player to see the interrupt proposes an iteration no player can have passed yet:
+    a player runs at most `lag + 1` iterations ahead of the slowest, whose batches it needs.
+    """
+
+    def __init__(self, topology: Topology, lag: LagBound, timeout_seconds: float) -> None:
+        self.alone = topology.num_players == 1
+        self.margin = lag.updates + 2
+        self.store = None if self.alone else job_store_client(timeout_seconds)
+        self.stop_at: int | None = None
+
+    def check(self, iteration: int, interrupted: bool, next_report: Callable[[int], int]) -> bool:
+        """At a report iteration: whether to stop here."""
+        if self.stop_at is None:
+            if self.alone:
+                self.stop_at = iteration if interrupted else None
+            else:
+                assert self.store is not None
+                if interrupted:
+                    proposal = str(next_report(iteration + self.margin))
+                    self.stop_at = int(self.store.compare_set(STOP_KEY, "", proposal))
+                elif self.store.check([STOP_KEY]):
+                    self.stop_at = int(self.store.get(STOP_KEY))
+        return self.stop_at is not None and iteration >= self.stop_at
+
+
+def send_state(state: dict, destination: int, peer_name: str) -> None:
+    """A rare, irregular message (a learner's or a player's checkpoint state): pickled."""
+    with peer(peer_name):
+        dist.send_object_list([to_cpu(state)], dst=destination)
+
+
+def receive_state(source: int, peer_name: str) -> dict:
+    received: list = [None]
+    with peer(peer_name):
+        dist.recv_object_list(received, src=source)
+    return received[0]
