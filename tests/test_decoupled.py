@@ -93,7 +93,7 @@ def test_two_players_feed_every_update_with_both_rollouts_as_coupled_ranks_do(tm
     coupled_dir, decoupled_dir = run_dir(tmp_path / "coupled", "fabric"), run_dir(tmp_path / "decoupled", "decoupled")
     coupled_agent, decoupled_agent = load_agent(coupled_dir)["agent"], load_agent(decoupled_dir)["agent"]
     assert all(torch.equal(coupled_agent[name], decoupled_agent[name]) for name in coupled_agent)
-    for tag in ("Loss/policy_loss", "Loss/value_loss", "Loss/entropy"):
+    for tag in ("Loss/policy_loss", "Loss/value_loss", "Loss/entropy", "Rewards/rew_avg"):  # episodes: all players'
         assert read_scalars(coupled_dir)[tag] == read_scalars(decoupled_dir)[tag], tag
 
 
@@ -137,10 +137,10 @@ def test_each_update_holds_every_players_rows_exactly_once(tmp_path):
     [
         ([*SHORT, "--num-players", "2", "--async", "--max-policy-lag", "0"], 0),
         (["sac", "--env-id", "Pendulum-v1", "--total-timesteps", "800", "--learning-starts", "200", "--log-every",
-          "100", "--batch-size", "64", "--eval-episodes", "0", "--no-progress-bar", "--async", "--max-policy-lag",
-          "3"], 3),
+          "100", "--batch-size", "64", "--eval-episodes", "0", "--no-progress-bar", "--num-players", "2",
+          "--async", "--max-policy-lag", "3"], 3),
     ],
-    ids=["ppo-two-players-lag-0", "sac-lag-3"],
+    ids=["ppo-two-players-lag-0", "sac-two-players-lag-3"],
 )  # fmt: skip
 def test_async_players_never_exceed_the_policy_lag_bound(tmp_path, args, bound):
     finished = launch("fabric run", SCRIPTS["decoupled"], args, tmp_path, nproc=3)

@@ -1,7 +1,7 @@
 """Decoupled mode: ranks 0..K-1 are Players (envs, acting, batches), the next ranks Trainers.
 
-The players feed every update with the union of their batches; the first trainer sends each
-update's weights and statistics back to every player (`rl.modes.decoupled_links`). How far the
+The players feed every update with the union of their batches; the trainers send each update's
+weights and statistics back, each to its share of the players (`rl.modes.decoupled_links`). How far the
 weights a player acts with may trail the learners' is the lag bound: 0 by default (the players
 wait for each update), exactly 1 with --pipeline, at most --max-policy-lag with --async (the
 players take the newest weights sent so far). The trainers measure the lag of every batch they
@@ -33,7 +33,7 @@ from rl.config import RunConfig
 from rl.envs import video_folder
 from rl.errors import progress_line
 from rl.faults import gather_process_ids, peer, report_lost_peers
-from rl.logger import EPISODE_RETURN, FabricSink, ProgressBar, TrainingMetrics
+from rl.logger import EPISODE_LENGTH, EPISODE_RETURN, FabricSink, MeanOverRanks, ProgressBar, TrainingMetrics
 from rl.modes.decoupled_links import (
     LEAD_PLAYER,
     Command,
@@ -53,6 +53,7 @@ from rl.normalization import AllReduceSum
 from rl.optim import load_flat_parameters, num_parameters
 from rl.run import (
     InterruptFlag,
+    Run,
     agent_state,
     checkpoint_due,
     open_run,
@@ -99,160 +100,190 @@ def message_size(algorithm: Algorithm) -> int:
     return len(stat_tags(algorithm)) + num_parameters(algorithm.build_policy(torch.device("cpu")))
 
 
-def run_player(algorithm: Algorithm, topology: Topology, players_sum: AllReduceSum, resume: dict | None) -> None:
-    cfg, env_id, player = algorithm.cfg, algorithm.spaces.env_id, topology.rank
-    is_lead = player == LEAD_PLAYER
-    lag, timeout = LagBound.of(cfg), cfg.collective_timeout
-    device = topology.device
-    policy = algorithm.build_policy(device)
-    run = None
-    if is_lead:
+class Player:
+    """One player: collect, send the batch, take the weights its lag bound allows, repeat.
+
+    The lead player (rank 0) also logs, checkpoints and feeds the evaluator. Every player
+    reaches the same report iterations, where they pool their episode statistics and decide
+    together whether to checkpoint or stop.
+    """
+
+    def __init__(self, algorithm: Algorithm, topology: Topology, players_sum: AllReduceSum, resume: dict | None):
+        cfg = self.cfg = algorithm.cfg
+        self.algorithm, self.topology, self.players_sum = algorithm, topology, players_sum
+        self.is_lead = topology.rank == LEAD_PLAYER
+        lag = LagBound.of(cfg)
+        self.policy = algorithm.build_policy(topology.device)
+        self.run = self._open_run(resume) if self.is_lead else None
+        self.evaluator = self._link_evaluator() if self.is_lead and topology.has_evaluator else None
+        self.codec = algorithm.batch_codec()
+        tags = stat_tags(algorithm)
+        self.stats_message = StatsMessage(list(tags))
+        num_rows = rows_per_player(algorithm, topology)[topology.rank]
+        video_dir = video_folder(self.run.dir, "train") if cfg.capture_video and self.run else None
+        self.source = algorithm.make_source(topology.rank, topology.device, video_dir, env_ranks=topology.num_players,
+                                            batch_rows=num_rows)  # fmt: skip
+        self.outbox = PlayerOutbox(cfg, topology, num_rows, self.codec.width, lag)
+        self.inbox = WeightsInbox(topology, message_size(algorithm), lag, cfg.collective_timeout)
+        self.stop = StopAgreement(topology, lag, cfg.collective_timeout)
+        self.first_iteration = 1
+        if resume:
+            self._restore(resume)
+        self.rows = torch.zeros(num_rows, self.codec.width, device=topology.device)
+        self.metrics = TrainingMetrics(topology.device, lambda tensor: tensor, tags)  # the lead's updates
+        self.episodes = MeanOverRanks([EPISODE_RETURN, EPISODE_LENGTH], topology.device, players_sum)
+        self.num_iterations = cfg.num_iterations(topology.num_players)
+        self.steps_per_iteration = cfg.steps_per_iteration * topology.num_players  # every player's steps
+        self.report_every = algorithm.iterations_per_report(topology.num_players)
+        rows_per_update = sum(rows_per_player(algorithm, topology))
+        self.replay_ratio = algorithm.passes_per_batch * rows_per_update / self.steps_per_iteration
+        self.start_step = self.reported_step = self.checked_step = (self.first_iteration - 1) * self.steps_per_iteration
+        self.progress = ProgressBar(self.num_iterations * self.steps_per_iteration, cfg.progress_bar and self.is_lead,
+                                    initial=self.start_step, drawn_by_job=cfg.progress_bar)  # fmt: skip
+        self.interrupt = InterruptFlag()
+        self.batches_sent = 0
+        self.lag_window: list[float] = []  # the policy lags of the updates since the last report
+        self.reports_waiting: dict[int, tuple[int, dict[str, float]]] = {}  # update -> (iteration, episode means)
+        self.saved_at = -1
+        self.start = time.perf_counter()
+
+    def _open_run(self, resume: dict | None) -> Run:
+        cfg = self.cfg
         if resume:
             root, name = os.path.split(run_dir_of(cfg.resume_from))
         else:
-            root, name = os.path.join(cfg.log_dir, LOG_SUBDIR), run_name(cfg, env_id)
-        run = open_run(cfg, FabricSink(root, name))
-    evaluator = None
-    if is_lead and topology.has_evaluator:
-        send_run_dir(run.dir, topology.evaluator_rank)
-        evaluator = EvaluatorLink(policy, algorithm.spaces.obs_dim, topology.evaluator_rank)
-    codec = algorithm.batch_codec()
-    tags = stat_tags(algorithm)
-    stats_message = StatsMessage(list(tags))
-    video_dir = video_folder(run.dir, "train") if cfg.capture_video and run else None
-    num_rows = rows_per_player(algorithm, topology)[player]
-    num_players = topology.num_players
-    source = algorithm.make_source(player, device, video_dir, env_ranks=num_players, batch_rows=num_rows)
-    outbox = PlayerOutbox(cfg, topology, num_rows, codec.width, lag)
-    inbox = WeightsInbox(topology, message_size(algorithm), lag, timeout)
-    stop = StopAgreement(topology, lag, timeout)
-    first_iteration = 1
-    if resume:
-        restore_run_state(resume, player, policy, None, source)
-        first_iteration = resume["counters"]["update"] + 1
-        if "shuffle" in resume["rank_states"][player]:
-            outbox.shuffle.set_state(resume["rank_states"][player]["shuffle"])
-    rows = torch.zeros(num_rows, codec.width, device=device)
-    metrics = TrainingMetrics(device, lambda tensor: tensor, tags)  # the lead player alone logs them
-    num_iterations = cfg.num_iterations(num_players)
-    steps_per_iteration = cfg.steps_per_iteration * num_players  # every player's steps
-    report_every = algorithm.iterations_per_report(num_players)
-    replay_ratio = algorithm.passes_per_batch * sum(rows_per_player(algorithm, topology)) / steps_per_iteration
-    start_step = (first_iteration - 1) * steps_per_iteration
-    progress = ProgressBar(num_iterations * steps_per_iteration, cfg.progress_bar and is_lead, initial=start_step,
-                           drawn_by_job=cfg.progress_bar)  # fmt: skip
-    interrupt = InterruptFlag()
-    batches_sent = 0
-    lag_window: list[float] = []  # the policy lags of the updates since the last report
-    reports_waiting: dict[int, int] = {}  # update number -> the report iteration whose last batch it trains
-    start, reported_step = time.perf_counter(), start_step
+            root, name = os.path.join(cfg.log_dir, LOG_SUBDIR), run_name(cfg, self.algorithm.spaces.env_id)
+        return open_run(cfg, FabricSink(root, name))
 
-    def report(iteration: int) -> None:
-        nonlocal reported_step
-        assert run is not None
-        step = iteration * steps_per_iteration
-        steps_per_second = (step - start_step) / (time.perf_counter() - start)
-        scalars = metrics.compute() | {"Time/steps_per_second": steps_per_second, "Info/replay_ratio": replay_ratio}
-        if lag_window:  # the mean hides a bound's breach: the largest lag since the last report too
-            scalars["Info/policy_lag_max"] = max(lag_window)
-            lag_window.clear()
-        run.sink.log_scalars(scalars, step)
-        progress.advance(step - reported_step, steps_per_second, scalars.get(EPISODE_RETURN))
-        reported_step = step
-        if evaluator is not None:
-            evaluator.offer(step, policy, source.obs_normalizer)
+    def _link_evaluator(self) -> EvaluatorLink:
+        assert self.run is not None
+        send_run_dir(self.run.dir, self.topology.evaluator_rank)
+        return EvaluatorLink(self.policy, self.algorithm.spaces.obs_dim, self.topology.evaluator_rank)
 
-    def on_update(version: int, message: Tensor) -> None:
-        """An update's weights (acted with from now on) and, on the lead player, its statistics."""
-        head = len(stats_message.names)
-        load_flat_parameters(policy, message[head:])
-        if is_lead:
-            stats = stats_message.unpack(message[:head])
-            metrics.record(stats)
-            lag_window.append(float(stats["policy_lag"]))
-            if version in reports_waiting:
-                report(reports_waiting.pop(version))
+    def _restore(self, resume: dict) -> None:
+        restore_run_state(resume, self.topology.rank, self.policy, None, self.source)
+        self.first_iteration = resume["counters"]["update"] + 1
+        own = resume["rank_states"][self.topology.rank]
+        if "shuffle" in own:
+            self.outbox.shuffle.set_state(own["shuffle"])
 
-    def schedule_report(iteration: int) -> None:
-        if inbox.version == batches_sent:
-            report(iteration)
+    def train(self) -> None:
+        iteration = self.first_iteration - 1
+        for iteration in range(self.first_iteration, self.num_iterations + 1):
+            self.collect_and_send(iteration)
+            self.inbox.catch_up(self.batches_sent, self.on_update)  # the weights the next iteration may act with
+            if report_due(iteration, self.report_every, self.num_iterations) and self.at_report(iteration):
+                break
+        if self.saved_at != iteration:
+            self.save_checkpoint(iteration)
+        self.outbox.send_command(Command.STOP, iteration)
+        self.outbox.drain()
+        self.progress.close()
+        self.source.close()
+        if self.run is not None:
+            self.finish(iteration)
+
+    def collect_and_send(self, iteration: int) -> None:
+        acted_with = self.inbox.version
+        episodes = self.source.collect(self.policy, (iteration - 1) * self.steps_per_iteration)
+        self.episodes.update(EPISODE_RETURN, episodes.returns)
+        self.episodes.update(EPISODE_LENGTH, episodes.lengths)
+        batch = self.source.next_batch(iteration * self.steps_per_iteration, self.players_sum)
+        if batch is None:
+            return
+        self.codec.pack(batch, self.rows)
+        self.outbox.send_batch(iteration, acted_with, self.rows)
+        self.batches_sent += 1
+        if self.is_lead:  # off the trainers' critical path: they are training meanwhile
+            self.metrics.record(self.source.batch_stats(batch))
+
+    def at_report(self, iteration: int) -> bool:
+        """Log (or schedule the log), checkpoint if due; whether the run stops here."""
+        episode_means = self.episodes.compute()  # pooled over the players, who all report here
+        if self.is_lead:
+            self.schedule_report(iteration, episode_means)
+        step = iteration * self.steps_per_iteration
+        stopping = self.stop.check(iteration, self.interrupt.requested, self.next_report)
+        if stopping or checkpoint_due(self.cfg.checkpoint_every, step, step - self.checked_step):
+            self.save_checkpoint(iteration)
+        self.checked_step = step
+        return stopping
+
+    def next_report(self, iteration: int) -> int:
+        return min(math.ceil(iteration / self.report_every) * self.report_every, self.num_iterations)
+
+    def schedule_report(self, iteration: int, episode_means: dict[str, float]) -> None:
+        if self.inbox.version == self.batches_sent:
+            self.report(iteration, episode_means)
         else:  # logged once the update of this iteration's batch has arrived
-            reports_waiting[batches_sent] = iteration
+            self.reports_waiting[self.batches_sent] = (iteration, episode_means)
 
-    saved_at = -1
+    def report(self, iteration: int, episode_means: dict[str, float]) -> None:
+        assert self.run is not None
+        step = iteration * self.steps_per_iteration
+        steps_per_second = (step - self.start_step) / (time.perf_counter() - self.start)
+        scalars = self.metrics.compute() | episode_means
+        scalars |= {"Time/steps_per_second": steps_per_second, "Info/replay_ratio": self.replay_ratio}
+        if self.lag_window:  # the mean hides a bound's breach: the largest lag since the last report too
+            scalars["Info/policy_lag_max"] = max(self.lag_window)
+            self.lag_window.clear()
+        self.run.sink.log_scalars(scalars, step)
+        self.progress.advance(step - self.reported_step, steps_per_second, scalars.get(EPISODE_RETURN))
+        self.reported_step = step
+        if self.evaluator is not None:
+            self.evaluator.offer(step, self.policy, self.source.obs_normalizer)
 
-    def save_checkpoint(iteration: int) -> None:
+    def on_update(self, version: int, message: Tensor) -> None:
+        """An update's weights (acted with from now on) and, on the lead player, its statistics."""
+        head = len(self.stats_message.names)
+        load_flat_parameters(self.policy, message[head:])
+        if not self.is_lead:
+            return
+        stats = self.stats_message.unpack(message[:head])
+        self.metrics.record(stats)
+        self.lag_window.append(float(stats["policy_lag"]))
+        if version in self.reports_waiting:
+            self.report(*self.reports_waiting.pop(version))
+
+    def save_checkpoint(self, iteration: int) -> None:
         """Every player at once: the checkpoint holds the weights of every batch sent, and every player's state."""
-        nonlocal saved_at
-        saved_at = iteration
-        outbox.send_command(Command.SAVE, iteration)
-        inbox.catch_up(batches_sent, on_update, everything=True)
-        player_state = source.capture_state() | {"shuffle": outbox.shuffle.get_state()}
-        if not is_lead:
+        self.saved_at = iteration
+        self.outbox.send_command(Command.SAVE, iteration)
+        self.inbox.catch_up(self.batches_sent, self.on_update, everything=True)
+        player_state = self.source.capture_state() | {"shuffle": self.outbox.shuffle.get_state()}
+        topology = self.topology
+        if not self.is_lead:
             send_state(player_state, LEAD_PLAYER, topology.role_name(LEAD_PLAYER))
             return
-        assert run is not None
-        assert_finite(policy)
+        assert self.run is not None
+        assert_finite(self.policy)
         learner_state = receive_state(topology.first_trainer, topology.role_name(topology.first_trainer))
         others = [receive_state(other, topology.role_name(other)) for other in topology.players[1:]]
-        counters = {"global_step": iteration * steps_per_iteration, "update": iteration}
-        state = training_state(algorithm, policy, source, learner_state, counters, [player_state, *others], MODE,
+        step = iteration * self.steps_per_iteration
+        state = training_state(self.algorithm, self.policy, self.source, learner_state,
+                               {"global_step": step, "update": iteration}, [player_state, *others], MODE,
                                topology.world_size)  # fmt: skip
-        save_file_atomically(checkpoint_path(run.dir, iteration * steps_per_iteration), state)
-        prune_checkpoints(run.dir, cfg.keep_last)
+        save_file_atomically(checkpoint_path(self.run.dir, step), state)
+        prune_checkpoints(self.run.dir, self.cfg.keep_last)
 
-    def next_report(iteration: int) -> int:
-        return min(math.ceil(iteration / report_every) * report_every, num_iterations)
-
-    iteration = first_iteration - 1
-    checked_step = start_step
-    for iteration in range(first_iteration, num_iterations + 1):
-        acted_with = inbox.version
-        episodes = source.collect(policy, (iteration - 1) * steps_per_iteration)
-        batch = source.next_batch(iteration * steps_per_iteration, players_sum)
-        if batch is not None:
-            codec.pack(batch, rows)
-            outbox.send_batch(iteration, acted_with, rows)
-            batches_sent += 1
-            if is_lead:  # off the trainers' critical path: they are training meanwhile
-                metrics.record(source.batch_stats(batch))
-        if is_lead:
-            metrics.record_episodes(episodes.returns, episodes.lengths)
-        inbox.catch_up(batches_sent, on_update)  # the weights the next iteration may act with
-        if not report_due(iteration, report_every, num_iterations):
-            continue
-        if is_lead:
-            schedule_report(iteration)
-        step = iteration * steps_per_iteration
-        stopping = stop.check(iteration, interrupt.requested, next_report)
-        if stopping or checkpoint_due(cfg.checkpoint_every, step, step - checked_step):
-            save_checkpoint(iteration)
-        checked_step = step
-        if stopping:
-            break
-    if saved_at != iteration:
-        save_checkpoint(iteration)
-    outbox.send_command(Command.STOP, iteration)
-    outbox.drain()
-    progress.close()
-    source.close()
-    if run is None:
-        return
-    global_step = iteration * steps_per_iteration
-    if evaluator is not None:
-        evaluator.finish(global_step, policy, source.obs_normalizer)
-    if stop.stop_at is not None:
-        print(f"interrupted at step {global_step}: checkpoint written to {run.dir}", flush=True)
+    def finish(self, iteration: int) -> None:
+        """The lead player's end of the run: the evaluator's last weights, then the saved agent and its evaluation."""
+        run, policy, source = self.run, self.policy, self.source
+        assert run is not None
+        global_step = iteration * self.steps_per_iteration
+        if self.evaluator is not None:
+            self.evaluator.finish(global_step, policy, source.obs_normalizer)
+        if self.stop.stop_at is not None:
+            print(f"interrupted at step {global_step}: checkpoint written to {run.dir}", flush=True)
+            run.sink.close()
+            return
+        loop_seconds = time.perf_counter() - self.start
+        steps = global_step - self.start_step
+        print(f"training loop: {steps} steps in {loop_seconds:.2f} s ({steps / loop_seconds:,.0f} steps/s)", flush=True)
+        assert_finite(policy)
+        save_file_atomically(agent_path(run.dir), agent_state(self.algorithm, policy, source))
+        report_evaluation(self.cfg, self.algorithm.spaces.env_id, policy, source.obs_normalizer, run, global_step)
         run.sink.close()
-        return
-
-    loop_seconds = time.perf_counter() - start
-    steps = global_step - start_step
-    print(f"training loop: {steps} steps in {loop_seconds:.2f} s ({steps / loop_seconds:,.0f} steps/s)", flush=True)
-    assert_finite(policy)
-    save_file_atomically(agent_path(run.dir), agent_state(algorithm, policy, source))
-    report_evaluation(cfg, env_id, policy, source.obs_normalizer, run, global_step)
-    run.sink.close()
 
 
 def run_trainer(
@@ -273,8 +304,7 @@ def run_trainer(
         restore_run_state(resume, topology.rank, policy, learner, None)
     stats_message = StatsMessage(list(stat_tags(algorithm)))
     is_first = topology.rank == topology.first_trainer
-    lag = LagBound.of(cfg)
-    outbox = WeightsOutbox(topology, message_size(algorithm), lag, cfg.collective_timeout) if is_first else None
+    outbox = WeightsOutbox(topology, message_size(algorithm), LagBound.of(cfg), cfg.collective_timeout)
     progress_line(cfg.progress_bar)  # the lead player's bar shares our stderr: error lines start on their own
     updates_done = 0
     while True:
@@ -291,10 +321,9 @@ def run_trainer(
             # Statistics not computed by every trainer stay NaN in the mean, and the player drops them.
             mean_stats = runtime.all_reduce_sum(stats_message.pack(stats, runtime.device)) / runtime.world_size
         updates_done += 1
-        if outbox is not None:
+        if outbox.receivers:  # every trainer holds the new weights; each sends them to its share of the players
             outbox.send(torch.cat([mean_stats, learner.policy_weights()]).to(topology.comm_device))
-    if outbox is not None:
-        outbox.drain()
+    outbox.drain()
 
 
 def role_devices(cfg: RunConfig, rank: int) -> tuple[torch.device, torch.device, str, str]:
@@ -341,7 +370,7 @@ def train_decoupled(algorithm: Algorithm, world_size: int, resume: dict | None =
                                              timeout=timeout) if topology.num_players > 1 else None  # fmt: skip
     with report_lost_peers(topology.rank, topology.role_name, gather_process_ids(comm_device)):
         if topology.is_player:
-            run_player(algorithm, topology, sum_over(players.group if players else None), resume)
+            Player(algorithm, topology, sum_over(players.group if players else None), resume).train()
         elif topology.is_evaluator:
             run_evaluator(algorithm, LEAD_PLAYER)
         else:

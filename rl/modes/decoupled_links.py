@@ -6,7 +6,8 @@ evaluator. Every message is a tensor in a buffer allocated once, sent point to p
 - player -> every trainer, per iteration: a header (command, iteration, weights version acted
   with), then, for `Command.BATCH`, the trainer's shard of the player's rows (or all of them
   with --share-data);
-- first trainer -> every player, per update: the update's statistics and the policy's weights.
+- trainer -> its players (the trainers split the players between them), per update: the
+  update's statistics and the policy's weights, which every trainer holds.
 
 A gloo send completes only once its receiver has posted the matching receive, so both sides
 post sends (`isend`) into a ring of buffers and wait on a slot only before refilling it. The
@@ -31,7 +32,7 @@ from rl.faults import job_store_client, peer
 from rl.seeds import SCATTER_STREAM, derive_seed
 
 LEAD_PLAYER = 0  # the player that logs, checkpoints and feeds the evaluator
-PUBLISHED_KEY = "rl/decoupled/weights_published"  # updates whose weights the first trainer has sent
+PUBLISHED_KEY = "rl/decoupled/weights_published/{}"  # per trainer: updates whose weights it has sent
 STOP_KEY = "rl/decoupled/stop_at"  # the iteration at which an interrupted run stops, once agreed
 
 
@@ -83,6 +84,14 @@ class Topology:
     @property
     def trainer_index(self) -> int:
         return self.rank - self.first_trainer
+
+    def weights_sender(self, player: int) -> int:
+        """The trainer that sends `player` each update's weights: every trainer holds them, so
+        the fan-out to K players is split over the trainers."""
+        return self.first_trainer + player % self.num_trainers
+
+    def weights_receivers(self, trainer: int) -> list[int]:
+        return [player for player in self.players if self.weights_sender(player) == trainer]
 
     def role_name(self, rank: int) -> str:
         if rank < self.num_players:
@@ -229,21 +238,20 @@ def trainer_shard(share_data: bool, inbox: TrainerInbox, all_rows: list[list[int
 
 
 class WeightsOutbox:
-    """The first trainer's side: each update's statistics and weights to every player."""
+    """A trainer's side: each update's statistics and weights to the players it serves."""
 
     def __init__(self, topology: Topology, message_size: int, lag: LagBound, timeout_seconds: float) -> None:
-        self.topology = topology
+        self.receivers = topology.weights_receivers(topology.rank)
         self.ring = Ring(lag.ring_depth, lambda: [torch.zeros(message_size, device=topology.comm_device)])
-        self.store = job_store_client(timeout_seconds) if lag.take_newest else None
-        self.published = 0
+        self.store = job_store_client(timeout_seconds) if lag.take_newest and self.receivers else None
+        self.published_key = PUBLISHED_KEY.format(topology.rank)
 
     def send(self, message: Tensor) -> None:
         (buffer,), pending = self.ring.take("a player")
         buffer.copy_(message)
-        pending.extend(dist.isend(buffer, player) for player in self.topology.players)
-        self.published += 1
+        pending.extend(dist.isend(buffer, player) for player in self.receivers)
         if self.store is not None:  # players that take the newest weights read how many are on their way
-            self.store.set(PUBLISHED_KEY, str(self.published))
+            self.store.add(self.published_key, 1)
 
     def drain(self) -> None:
         self.ring.drain("a player")
@@ -253,29 +261,25 @@ class WeightsInbox:
     """A player's side: receive updates in order, at least up to the version its lag bound requires."""
 
     def __init__(self, topology: Topology, message_size: int, lag: LagBound, timeout_seconds: float) -> None:
-        self.topology, self.lag = topology, lag
+        self.lag = lag
+        self.sender = topology.weights_sender(topology.rank)
+        self.sender_name = topology.role_name(self.sender)
         self.message = torch.zeros(message_size, device=topology.comm_device)
         self.store = job_store_client(timeout_seconds) if lag.take_newest else None
+        self.published_key = PUBLISHED_KEY.format(self.sender)
         self.version = 0  # updates received
 
-    def catch_up(self, batches_sent: int, on_update: Callable[[int, Tensor], None], everything: bool = False) -> bool:
-        """Receive the updates this player must (or, taking the newest, may) act with; call
-        `on_update(version, message)` for each. `everything`: every batch sent so far. Returns
-        whether a new update arrived."""
+    def catch_up(self, batches_sent: int, on_update: Callable[[int, Tensor], None], everything: bool = False) -> None:
+        """Receive the updates this player must (or, taking the newest, may) act with, calling
+        `on_update(version, message)` for each; `everything`: the updates of every batch sent."""
         target = batches_sent if everything else self.lag.required_version(batches_sent)
-        if self.store is not None and not everything and self.version < batches_sent:
-            target = max(target, min(batches_sent, int(self.store.get(PUBLISHED_KEY)) if self._published() else 0))
-        arrived = self.version < target
+        if self.store is not None and target < batches_sent:  # a store round trip, never a wait
+            target = max(target, min(batches_sent, self.store.add(self.published_key, 0)))
         while self.version < target:
-            with peer(self.topology.role_name(self.topology.first_trainer)):
-                dist.recv(self.message, self.topology.first_trainer)
+            with peer(self.sender_name):
+                dist.recv(self.message, self.sender)
             self.version += 1
             on_update(self.version, self.message)
-        return arrived
-
-    def _published(self) -> bool:
-        assert self.store is not None
-        return self.store.check([PUBLISHED_KEY])
 
 
 class StopAgreement:
