@@ -129,8 +129,8 @@ def test_sac_runs_log_every_expected_scalar(fabric_and_torch_sac_runs):
 
 @pytest.mark.parametrize(
     ("nproc", "args"),
-    [(3, []), (3, ["--share-data"]), (3, ["--pipeline"])],
-    ids=["scatter", "share", "pipeline"],
+    [(3, []), (3, ["--pipeline"])],  # the shared batch: one trainer against one coupled process, below
+    ids=["scatter", "pipeline"],
 )
 def test_decoupled_sac_runs_every_data_path(tmp_path, nproc, args):
     decoupled_short = [*SHORT, "--total-timesteps", "800", "--learning-starts", "200", "--log-every", "200"]

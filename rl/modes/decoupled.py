@@ -20,7 +20,6 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rl.algos.base import Algorithm
-from rl.batch import shard_sizes
 from rl.checkpoint import (
     agent_path,
     assert_finite,
@@ -296,9 +295,7 @@ def run_trainer(
     codec = algorithm.batch_codec()
     from_players = rows_per_player(algorithm, topology)
     inbox = TrainerInbox(topology, from_players, codec.width, cfg.share_data)
-    every_trainer = [[shard_sizes(rows, topology.num_trainers)[index] for rows in from_players]
-                     for index in range(topology.num_trainers)]  # fmt: skip
-    shard = trainer_shard(cfg.share_data, inbox, every_trainer, topology)
+    shard = trainer_shard(topology, from_players, cfg.share_data)
     learner = algorithm.make_learner(policy, runtime, shard, env_ranks=topology.num_players)
     if resume:
         restore_run_state(resume, topology.rank, policy, learner, None)

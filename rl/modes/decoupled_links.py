@@ -227,14 +227,14 @@ class TrainerInbox:
         return Command(command), iteration, lag
 
 
-def trainer_shard(share_data: bool, inbox: TrainerInbox, all_rows: list[list[int]], topology: Topology) -> DataShard:
-    """What a trainer trains on: its part of the shared union, or the shards it was sent.
-
-    `all_rows[t]`: the rows trainer t receives from each player (shards may differ by a row).
-    """
+def trainer_shard(topology: Topology, rows_per_player: list[int], share_data: bool) -> DataShard:
+    """What a trainer trains on: its part of the shared union, or the shards it is sent (which may
+    differ by a row between trainers; the largest sets every trainer's number of steps)."""
+    trainers, index = topology.num_trainers, topology.trainer_index
     if share_data:  # every trainer holds the whole union and trains on its part of it
-        return DataShard(len(inbox.rows), topology.num_trainers, topology.trainer_index)
-    return DataShard(len(inbox.rows), largest_rows=max(sum(rows) for rows in all_rows))
+        return DataShard(sum(rows_per_player), trainers, index)
+    received = [sum(shard_sizes(rows, trainers)[trainer] for rows in rows_per_player) for trainer in range(trainers)]
+    return DataShard(received[index], largest_rows=max(received))
 
 
 class WeightsOutbox:
