@@ -42,13 +42,12 @@ SHORT = ["--total-timesteps", "2048", "--update-epochs", "2", "--eval-episodes",
     [
         (2, []),
         (3, ["--share-data"]),
-        (3, ["--pipeline"]),
         (3, ["--pipeline", "--share-data", "--env-id", "Pendulum-v1", "--normalize-observations"]),
         (4, []),  # 256 rows over 3 trainers: shards of 86, 85 and 85
         (3, ["--vector-mode", "native", "--share-data"]),  # reset steps travel marked
     ],
-    ids=[  # three trainers' scatter, and two's, are in 4-uneven and 3-pipeline-scatter
-        *("2-scatter", "3-share", "3-pipeline-scatter", "3-pipeline-share-box"),
+    ids=[  # several trainers' scatter is in 4-uneven; the lag bound's scatter path in SAC's pipeline test
+        *("2-scatter", "3-share", "3-pipeline-share-box"),
         *("4-uneven", "3-native-share"),
     ],
 )
@@ -269,7 +268,7 @@ def test_normal_exits_are_clean_in_20_of_20_runs(tmp_path):
         args = ["--total-timesteps", "1024", "--eval-episodes", "0", "--no-progress-bar", *flags]
         return launch("fabric run", SCRIPTS["decoupled"], args, cwd, nproc=nproc, timeout=180)
 
-    with ThreadPoolExecutor(max_workers=2) as pool:  # two jobs at once: half the time, and more contention
+    with ThreadPoolExecutor(max_workers=3) as pool:  # three jobs at once: less time, and more contention
         runs = list(pool.map(run, range(20)))
     unclean = [
         (attempt, finished.returncode, finished.stderr[-500:])
