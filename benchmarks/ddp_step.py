@@ -33,7 +33,7 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from rl.algos.ppo.policy import ActorCritic
+from rl.algos.ppo.policy import MLPActorCritic
 from rl.algos.ppo.update import policy_loss, value_loss
 from rl.envs import inspect_env
 from rl.optim import FlatGradients, clip_grad_norm
@@ -70,10 +70,10 @@ def make_step(model: torch.nn.Module, parameters: list[torch.Tensor], flat: Flat
     return step
 
 
-def agent() -> ActorCritic:
+def agent() -> MLPActorCritic:
     torch.manual_seed(0)
     spaces = inspect_env("CartPole-v1")
-    return ActorCritic(spaces.obs_dim, spaces.action_space)
+    return MLPActorCritic(spaces.obs_dim, spaces.action_space)
 
 
 def wrapped(variant: str) -> torch.nn.Module:

@@ -1,8 +1,9 @@
 """Batches of transitions as named tensors, their wire format, and how learners split them.
 
 Every algorithm's batch is a dataclass of tensors with one row per transition. A mode moves it
-between processes as one float32 matrix (`RowCodec`), so it travels in a single collective into
-a buffer allocated once, and never as a pickled object.
+between processes as one byte matrix (`RowCodec`), so it travels in a single collective into a
+buffer allocated once, never as a pickled object, and each column keeps its dtype on the way
+(uint8 images stay one byte a pixel).
 """
 
 from __future__ import annotations
@@ -40,11 +41,15 @@ class Column:
     def width(self) -> int:
         return math.prod(self.shape)
 
+    @property
+    def bytes(self) -> int:
+        return self.width * torch.empty((), dtype=self.dtype).element_size()
+
 
 class RowCodec(Generic[Batch]):
-    """A batch as one float32 matrix, a row per transition, so it moves in one collective.
+    """A batch as one uint8 matrix, a row per transition, so it moves in one collective.
 
-    Integer actions travel as floats: exact for any index below 2**24.
+    Each column's values travel as their own bytes: exact, whatever the dtype.
     """
 
     def __init__(self, batch_type: type[Batch], columns: dict[str, Column]) -> None:
@@ -55,19 +60,22 @@ class RowCodec(Generic[Batch]):
         self.slices = {}
         start = 0
         for name, column in columns.items():
-            self.slices[name] = slice(start, start + column.width)
-            start += column.width
-        self.width = start
+            self.slices[name] = slice(start, start + column.bytes)
+            start += column.bytes
+        self.width = start  # bytes per row
+
+    def empty_rows(self, rows: int, device: torch.device | str = "cpu") -> Tensor:
+        return torch.zeros(rows, self.width, dtype=torch.uint8, device=device)
 
     def pack(self, batch: Batch, out: Tensor) -> None:
-        for name in self.columns:
-            out[:, self.slices[name]] = getattr(batch, name).reshape(len(batch), -1)
+        for name, column in self.columns.items():
+            values = getattr(batch, name).to(column.dtype).reshape(len(batch), -1).contiguous()
+            out[:, self.slices[name]] = values.view(torch.uint8)
 
     def unpack(self, rows: Tensor) -> Batch:
-        # contiguous copies: strided views would take other kernel paths and round differently
         return self.batch_type(
             **{
-                name: rows[:, self.slices[name]].contiguous().reshape(len(rows), *column.shape).to(column.dtype)
+                name: rows[:, self.slices[name]].contiguous().view(column.dtype).reshape(len(rows), *column.shape)
                 for name, column in self.columns.items()
             }
         )

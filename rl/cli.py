@@ -58,7 +58,7 @@ def prepare(argv: list[str], mode: Mode = "coupled") -> tuple[Algorithm, int, di
     check_mode_flags(cfg, mode)
     if cfg.capture_video:
         check_video_support()
-    spaces = inspect_env(cfg.env_id)
+    spaces = inspect_env(cfg.env_id, cfg.preprocessing())
     kind = algorithm_type(cfg)
     kind.check_spaces(spaces)
     algorithm = kind(cfg, spaces)

@@ -16,7 +16,8 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import tyro
 
-from rl.envs import VectorMode
+from rl.encoders import EncoderKind
+from rl.envs import Preprocessing, VectorMode
 from rl.errors import UsageError
 
 
@@ -39,12 +40,31 @@ class RunConfig:
     """the number of parallel environments per rank"""
     vector_mode: VectorMode = "sync"
     """how a rank steps its envs: sync (in its process), async (a process per env), native (the env's own
-    vectorized implementation, many times faster where gymnasium has one: CartPole), auto (native where it exists)"""
+    vectorized implementation, many times faster where one exists: CartPole, ale-py's Atari), envpool (envpool's
+    C++ pool: Atari, classic control), auto (native where it exists)"""
     share_data: bool = False
     """coupled: all-gather each batch so every rank trains on a shard of everyone's data;
     decoupled: broadcast one batch that the trainers split, instead of one batch per trainer"""
     env_id: str = "CartPole-v1"
-    """the id of the gymnasium environment"""
+    """the id of the gymnasium environment (ALE/Pong-v5 and the other Atari games with the atari extra)"""
+    encoder: EncoderKind = "auto"
+    """how observations become features: cnn (the Nature-DQN CNN, for image observations), mlp, or
+    auto (cnn for images, mlp for vectors)"""
+    grayscale: bool = True
+    """image observations: convert colour frames to grayscale"""
+    resize: int = 84
+    """image observations: resize frames to this square side in pixels (0 keeps their size)"""
+    frame_stack: int = 4
+    """image observations: stack this many consecutive frames into one observation (1: none)"""
+    noop_max: int = 30
+    """Atari: start each game with up to this many no-op actions"""
+    frame_skip: int = 4
+    """Atari: repeat each action this many frames"""
+    episodic_life: bool = True
+    """Atari, training only: a lost life ends the episode for the learner (the game goes on; the logged
+    return is the whole game's score)"""
+    clip_rewards: bool = True
+    """Atari, training only: the learner sees the sign of each reward (the logged return is the game's score)"""
     capture_video: bool = False
     """record videos of rank 0's first environment into the run folder"""
     total_timesteps: int = 2**16
@@ -94,16 +114,22 @@ class RunConfig:
     # Tuned starting points by name (`--preset`), each a mapping of field names to values.
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
     # Fields a resumed run must share with its checkpoint: they shape the envs or the networks.
-    IMMUTABLE = ("env_id", "num_envs", "vector_mode", "num_players")
+    IMMUTABLE = ("env_id", "num_envs", "vector_mode", "num_players", "encoder", "grayscale", "resize", "frame_stack",
+                 "frame_skip")  # fmt: skip
     POSITIVE = (
-        "num_envs", "total_timesteps", "keep_last", "collective_timeout", "workers", "sync_every", "num_players"
+        "num_envs", "total_timesteps", "keep_last", "collective_timeout", "workers", "sync_every", "num_players",
+        "frame_stack", "frame_skip",
     )  # fmt: skip
-    NON_NEGATIVE = ("eval_episodes", "torch_threads", "checkpoint_every", "max_policy_lag")
+    NON_NEGATIVE = ("eval_episodes", "torch_threads", "checkpoint_every", "max_policy_lag", "resize", "noop_max")
 
     @property
     def steps_per_iteration(self) -> int:
         """Env steps one rank collects between two learning phases."""
         raise NotImplementedError
+
+    def preprocessing(self) -> Preprocessing:
+        """How the envs prepare image observations (vector observations pass unchanged)."""
+        return Preprocessing(self.grayscale, self.resize, self.frame_stack, self.noop_max, self.frame_skip)
 
     def num_iterations(self, env_ranks: int) -> int:
         return self.total_timesteps // (self.steps_per_iteration * env_ranks)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from dataclasses import dataclass
@@ -9,7 +10,9 @@ from typing import Literal
 
 import gymnasium as gym
 import numpy as np
+import torch
 
+from rl import pixel_cartpole  # noqa: F401  (registers rl/PixelCartPole-v1)
 from rl.errors import UsageError
 
 # Rendering is to arrays only; pygame's SDL must not look for a display or a sound device.
@@ -25,19 +28,74 @@ RENAMED_ENV_IDS = {
     "CarRacing-v1": "CarRacing-v3",
 }
 
-VectorMode = Literal["auto", "sync", "async", "native"]
+VectorMode = Literal["auto", "sync", "async", "native", "envpool"]
 
 SUPPORTED_ACTION_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Box)
 
 
 @dataclass(frozen=True)
+class Preprocessing:
+    """How image observations are prepared, through gymnasium's wrappers; vector observations pass unchanged.
+
+    The defaults are Atari's (Mnih et al. 2015, as CleanRL and SB3 use them). The last two steps
+    apply to ALE envs only. What training alone sees (episodic life, clipped rewards) is not
+    here: the envs keep the game's own episodes and score, which is what gets logged.
+    """
+
+    grayscale: bool = True
+    resize: int = 84  # square side in pixels; 0 keeps the env's size
+    frame_stack: int = 4  # 1: no stacking
+    noop_max: int = 30  # ALE: up to this many no-op actions after a reset
+    frame_skip: int = 4  # ALE: each action repeats this many frames (the last two max-pooled)
+
+
+ATARI_PREPROCESSING = Preprocessing()
+
+
+@dataclass(frozen=True)
 class EnvSpaces:
-    """What the agent needs to know about an environment."""
+    """What the agent needs to know about an environment (its observations as preprocessed)."""
 
     env_id: str
     obs_dim: int
     action_space: gym.Space
     observation_space: gym.Space
+    preprocessing: Preprocessing = ATARI_PREPROCESSING
+    atari: bool = False  # an ALE game: it has lives, and its rewards may be clipped for training
+
+    @property
+    def pixels(self) -> bool:
+        """Whether observations are images, stored and sent as uint8 in their own shape."""
+        return is_image_space(self.observation_space)
+
+    @property
+    def obs_shape(self) -> tuple[int, ...]:
+        """One observation as the experience stores it: its image shape, or a flat vector."""
+        return tuple(self.observation_space.shape) if self.pixels else (self.obs_dim,)
+
+    @property
+    def obs_dtype(self) -> torch.dtype:
+        return torch.uint8 if self.pixels else torch.float32
+
+
+def is_image_space(space: gym.Space) -> bool:
+    """A uint8 Box of 2 to 4 dimensions: H x W, with channels first or last, possibly stacked frames."""
+    return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and 2 <= len(space.shape) <= 4
+
+
+def is_atari(env_id: str) -> bool:
+    return env_id.startswith("ALE/")
+
+
+def register_optional_envs(env_id: str) -> None:
+    """Import the package that registers `env_id`'s namespace (ale-py registers ALE/ ids on import)."""
+    if not is_atari(env_id):
+        return
+    try:
+        import ale_py
+    except ImportError:
+        raise UsageError("--env-id", f"{env_id} needs ale-py: pip install -e '.[atari]'") from None
+    gym.register_envs(ale_py)
 
 
 def resolve_env_id(env_id: str) -> str:
@@ -49,18 +107,20 @@ def resolve_env_id(env_id: str) -> str:
     return env_id
 
 
-def inspect_env(env_id: str) -> EnvSpaces:
-    """Resolve the id, build one env and check its spaces; raise `UsageError` on bad input."""
+def inspect_env(env_id: str, preprocessing: Preprocessing = ATARI_PREPROCESSING) -> EnvSpaces:
+    """Resolve the id, build one env as training will and check its spaces; raise `UsageError` on bad input."""
     env_id = resolve_env_id(env_id)
+    register_optional_envs(env_id)
     try:
-        env = gym.make(env_id)
+        env = make_env(env_id, None, preprocessing, clip_actions=False)  # the env's own action bounds
     except gym.error.Error as error:
         raise UsageError("--env-id", f"cannot make {env_id!r}: {error}") from None
     except ImportError as error:
         raise UsageError("--env-id", f"{env_id!r} needs a missing package: {error}") from None
     try:
         obs_space = env.observation_space
-        return EnvSpaces(env_id, _obs_dim(obs_space), _checked_action_space(env.action_space), obs_space)
+        action_space = _checked_action_space(env.action_space)
+        return EnvSpaces(env_id, _obs_dim(obs_space), action_space, obs_space, preprocessing, is_atari(env_id))
     finally:
         env.close()
 
@@ -83,23 +143,47 @@ def _checked_action_space(space: gym.Space) -> gym.Space:
     return space
 
 
-def _make_env_thunk(env_id: str, video_dir: str | None):
-    def thunk() -> gym.Env:
-        env = gym.make(env_id, render_mode="rgb_array" if video_dir else None)
-        if len(env.observation_space.shape) != 1:
-            env = gym.wrappers.FlattenObservation(env)
-        if isinstance(env.action_space, gym.spaces.Box):
-            # The policy's log-prob is that of the unclipped sample; only the env sees the clip.
-            env = gym.wrappers.ClipAction(env)
-        if video_dir:
-            env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)
-        return env
+def make_env(env_id: str, video_dir: str | None, preprocessing: Preprocessing, clip_actions: bool = True) -> gym.Env:
+    """One env as training steps it: observations preprocessed, Box actions clipped to the bounds."""
+    render_mode = "rgb_array" if video_dir else None
+    # ALE envs skip frames in AtariPreprocessing, which max-pools the last two of each skip.
+    env = gym.make(env_id, render_mode=render_mode, **({"frameskip": 1} if is_atari(env_id) else {}))
+    if video_dir:  # innermost: the video shows the env's own frames, every one, not the agent's input
+        env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)
+    if is_image_space(env.observation_space):
+        env = _preprocess_images(env, preprocessing, is_atari(env_id))
+    elif isinstance(env.observation_space, gym.spaces.Box) and len(env.observation_space.shape) != 1:
+        env = gym.wrappers.FlattenObservation(env)
+    if clip_actions and isinstance(env.action_space, gym.spaces.Box):
+        # The policy's log-prob is that of the unclipped sample; only the env sees the clip.
+        env = gym.wrappers.ClipAction(env)
+    return env
 
-    return thunk
+
+def _preprocess_images(env: gym.Env, steps: Preprocessing, atari: bool) -> gym.Env:
+    """Grayscale, resize and stack frames with gymnasium's wrappers (Atari's with its own preprocessing)."""
+    if atari:
+        env = gym.wrappers.AtariPreprocessing(
+            env, noop_max=steps.noop_max, frame_skip=steps.frame_skip,
+            screen_size=steps.resize or env.observation_space.shape[:2], grayscale_obs=steps.grayscale,
+        )  # fmt: skip
+    else:
+        if steps.grayscale and env.observation_space.shape[-1] == 3:
+            env = gym.wrappers.GrayscaleObservation(env)
+        if steps.resize and env.observation_space.shape[:2] != (steps.resize, steps.resize):
+            env = gym.wrappers.ResizeObservation(env, (steps.resize, steps.resize))
+    if steps.frame_stack > 1:
+        env = gym.wrappers.FrameStackObservation(env, steps.frame_stack)
+    return env
 
 
 def make_vector_env(
-    env_id: str, num_envs: int, video_dir: str | None = None, mode: VectorMode = "sync"
+    env_id: str,
+    num_envs: int,
+    video_dir: str | None = None,
+    mode: VectorMode = "sync",
+    preprocessing: Preprocessing = ATARI_PREPROCESSING,
+    seed: int = 0,
 ) -> gym.vector.VectorEnv:
     """`num_envs` envs stepped as one, with episode statistics.
 
@@ -108,16 +192,57 @@ def make_vector_env(
       the step returns the next episode's first observation, and the true last one is in
       `info["final_obs"]`, so a rollout never stores a step that is not a transition.
     - `native`: the env's own vectorized implementation (`gym.make_vec`, gymnasium's
-      `vector_entry_point`), far faster where one exists. It resets an env one step after it
-      ends (NEXT_STEP): that step ignores the action and only returns the first observation.
+      `vector_entry_point`), far faster where one exists (CartPole, ale-py's Atari). It resets
+      an env one step after it ends (NEXT_STEP): that step ignores the action and only returns
+      the first observation.
+    - `envpool`: envpool's C++ pool of the same env, NEXT_STEP as well; `seed` seeds it (its
+      reset takes no seeds).
     """
     if mode == "native":
-        envs = gym.make_vec(env_id, num_envs, vectorization_mode="vector_entry_point")
-        return gym.wrappers.vector.RecordEpisodeStatistics(envs)
-    thunks = [_make_env_thunk(env_id, video_dir if index == 0 else None) for index in range(num_envs)]
-    vector_type = gym.vector.AsyncVectorEnv if mode == "async" else gym.vector.SyncVectorEnv
-    envs = vector_type(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+        envs = gym.make_vec(env_id, num_envs, vectorization_mode="vector_entry_point", **_ale_vector_options(
+            env_id, preprocessing))  # fmt: skip
+    elif mode == "envpool":
+        envs = make_envpool(env_id, num_envs, preprocessing, seed)
+    else:
+        videos = [video_dir] + [None] * (num_envs - 1)
+        thunks = [functools.partial(make_env, env_id, video, preprocessing) for video in videos]
+        vector_type = gym.vector.AsyncVectorEnv if mode == "async" else gym.vector.SyncVectorEnv
+        envs = vector_type(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)
+
+
+def _ale_vector_options(env_id: str, steps: Preprocessing) -> dict[str, object]:
+    """ale-py's vector env set to the game and preprocessing the single-env wrappers give: the game's own
+    episodes and score (no episodic life, no clipping, no automatic FIRE), v5's sticky actions."""
+    if not is_atari(env_id):
+        return {}
+    return {"img_height": steps.resize or 210, "img_width": steps.resize or 160, "grayscale": steps.grayscale,
+            "stack_num": steps.frame_stack, "frameskip": steps.frame_skip, "noop_max": steps.noop_max,
+            "reward_clipping": False, "episodic_life": False, "use_fire_reset": False,
+            "repeat_action_probability": gym.spec(env_id).kwargs.get("repeat_action_probability", 0.25)}  # fmt: skip
+
+
+ENVPOOL_OPTION_NAMES = {"grayscale": "gray_scale", "frameskip": "frame_skip", "reward_clipping": "reward_clip"}
+
+
+def envpool_task(env_id: str) -> str:
+    return env_id.removeprefix("ALE/")
+
+
+def make_envpool(env_id: str, num_envs: int, steps: Preprocessing, seed: int) -> gym.vector.VectorEnv:
+    """envpool's pool of `env_id` (a gymnasium VectorEnv), set as ale-py's vector env is."""
+    import envpool
+
+    options = {
+        ENVPOOL_OPTION_NAMES.get(name, name): value for name, value in _ale_vector_options(env_id, steps).items()
+    }
+    seed = c_int_seed(seed, num_envs)
+    return envpool.make(envpool_task(env_id), env_type="gymnasium", num_envs=num_envs, seed=seed, **options)
+
+
+def c_int_seed(seed: int, num_envs: int) -> int:
+    """A seed that ale-py's and envpool's vector envs take: they seed their envs seed, seed + 1, ... as C ints."""
+    return seed % (2**31 - num_envs)
 
 
 def resets_next_step(envs: gym.vector.VectorEnv) -> bool:
@@ -125,11 +250,19 @@ def resets_next_step(envs: gym.vector.VectorEnv) -> bool:
     return envs.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP) == gym.vector.AutoresetMode.NEXT_STEP
 
 
-def reset_vector_env(envs: gym.vector.VectorEnv, seeds: list[int]) -> np.ndarray:
-    """Reset every env: one seed each where the envs are separate, the first seed for a native vector env."""
+def reset_vector_env(envs: gym.vector.VectorEnv, seeds: list[int]) -> tuple[np.ndarray, dict]:
+    """Reset every env: one seed each where the envs are separate, the first seed for a native vector
+    env; envpool was seeded when it was made. Returns the first observations and the info."""
     separate = isinstance(envs.unwrapped, gym.vector.SyncVectorEnv | gym.vector.AsyncVectorEnv)
-    first_obs, _ = envs.reset(seed=seeds if separate else seeds[0])
-    return first_obs
+    if is_envpool(envs):
+        return envs.reset()
+    if type(envs.unwrapped).__name__ == "AtariVectorEnv":
+        return envs.reset(seed=c_int_seed(seeds[0], envs.num_envs))
+    return envs.reset(seed=seeds if separate else seeds[0])
+
+
+def is_envpool(envs: gym.vector.VectorEnv) -> bool:
+    return type(envs.unwrapped).__module__.startswith("envpool") or "EnvPool" in type(envs.unwrapped).__name__
 
 
 def has_native_vector_env(env_id: str) -> bool:
@@ -145,19 +278,31 @@ def has_native_vector_env(env_id: str) -> bool:
     return True
 
 
+def has_envpool(env_id: str) -> bool:
+    """Whether envpool is installed and has this env."""
+    try:
+        import envpool
+    except ImportError:
+        return False
+    return envpool_task(env_id) in envpool.list_all_envs()
+
+
 def choose_vector_mode(mode: VectorMode, env_id: str, capture_video: bool, algorithm_allows_native: bool) -> VectorMode:
     """The mode to build: `auto` is `native` where the env has it (and video and the algorithm allow), else `sync`.
 
-    Raises `UsageError` when `native` was asked for and cannot be had.
+    Raises `UsageError` when `native` or `envpool` was asked for and cannot be had.
     """
     native_ok = has_native_vector_env(env_id)
     if mode == "auto":
         return "native" if native_ok and not capture_video and algorithm_allows_native else "sync"
-    if mode == "native":
-        if not native_ok:
-            raise UsageError("--vector-mode", f"{env_id} has no native vector env here; use sync or async")
+    if mode == "native" and not native_ok:
+        raise UsageError("--vector-mode", f"{env_id} has no native vector env here; use sync or async")
+    if mode == "envpool" and not has_envpool(env_id):
+        raise UsageError("--vector-mode", f"envpool has no {envpool_task(env_id)} here (pip install -e '.[envpool]'); "
+                         "use sync or async")  # fmt: skip
+    if mode in ("native", "envpool"):
         if capture_video:
-            raise UsageError("--vector-mode", "native envs do not record video; use sync with --capture-video")
+            raise UsageError("--vector-mode", f"{mode} envs do not record video; use sync with --capture-video")
         if not algorithm_allows_native:
             raise UsageError("--vector-mode", "this algorithm needs envs that reset as they end; use sync or async")
     return mode

@@ -20,7 +20,7 @@ from torch import nn
 
 from rl.checkpoint import CHECKPOINT_DIR, load_checkpoint, saved_algorithm
 from rl.cli import check_video_support
-from rl.envs import inspect_env
+from rl.envs import Preprocessing, inspect_env
 from rl.errors import UsageError, exit_on_usage_error
 from rl.evaluation import evaluate_greedy
 from rl.normalization import ObservationNormalizer
@@ -57,17 +57,18 @@ def run_folder(checkpoint: str) -> Path:
     return folder.parent if folder.name == CHECKPOINT_DIR else folder
 
 
-def restore_agent(state: dict, env_id: str) -> tuple[nn.Module, ObservationNormalizer]:
-    """The trained policy, rebuilt by the algorithm that trained it, and its observation normalizer."""
+def restore_agent(state: dict, env_id: str) -> tuple[nn.Module, ObservationNormalizer, Preprocessing]:
+    """The trained policy, rebuilt by the algorithm that trained it, its observation normalizer and
+    the preprocessing of its observations."""
     kind = ALGORITHMS[saved_algorithm(state)]
     fields = kind.config_type.__dataclass_fields__
     saved = {key: value for key, value in state["config"].items() if key in fields}
     # Evaluation makes its own envs; the training envs' vector mode need not exist for `env_id`.
     trained = kind.config_type(**saved | {"vector_mode": "sync"})
-    spaces = inspect_env(env_id)
+    spaces = inspect_env(env_id, trained.preprocessing())
     kind.check_spaces(spaces)
     try:
-        return restored_agent(kind(trained, spaces), state)
+        return *restored_agent(kind(trained, spaces), state), spaces.preprocessing
     except RuntimeError as error:
         raise UsageError("--env-id", f"{env_id} does not fit this agent: {str(error).splitlines()[0]}") from None
 
@@ -112,12 +113,13 @@ def main(argv: list[str]) -> None:
         check_video_support()
     state = load_checkpoint(cfg.checkpoint, flag="CHECKPOINT")
     env_id = cfg.env_id or state["env_id"]
-    agent, normalizer = restore_agent(state, env_id)
+    agent, normalizer, preprocessing = restore_agent(state, env_id)
     folder = run_folder(cfg.checkpoint)
     video_dir = str(folder / "eval_videos") if cfg.capture_video else None
     returns, lengths = evaluate_greedy(
-        agent, env_id, cfg.episodes, cfg.seed, normalizer, torch.device("cpu"), video_dir, cfg.deterministic
-    )
+        agent, env_id, cfg.episodes, cfg.seed, normalizer, torch.device("cpu"), video_dir, cfg.deterministic,
+        preprocessing,
+    )  # fmt: skip
     mode = "deterministic" if cfg.deterministic else "stochastic"
     print(
         f"{env_id}, {cfg.episodes} {mode} episodes: return {returns.mean():.2f} ± {returns.std():.2f}, "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rl.envs import make_vector_env
+from rl.envs import ATARI_PREPROCESSING, Preprocessing, is_image_space, make_vector_env
 from rl.experience import Policy
 from rl.normalization import ObservationNormalizer
 from rl.seeds import EVAL_STREAM, derive_seed
@@ -21,20 +21,23 @@ def evaluate_greedy(
     device: torch.device,
     video_dir: str | None = None,
     deterministic: bool = True,
+    preprocessing: Preprocessing = ATARI_PREPROCESSING,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Returns and lengths of `episodes` episodes, one per env, all run side by side.
 
     Greedy (the distribution's mode) unless `deterministic` is False; then actions are sampled
-    from a generator seeded by `seed`. With `video_dir`, the first env's episode is recorded.
+    from a generator seeded by `seed`. With `video_dir`, the first env's episode is recorded (the
+    env's own frames). The envs are the game as it is: no episodic life, no clipped rewards.
     """
     generator = torch.Generator(device=device).manual_seed(derive_seed(seed, EVAL_STREAM, episodes))
-    envs = make_vector_env(env_id, episodes, video_dir)
+    envs = make_vector_env(env_id, episodes, video_dir, preprocessing=preprocessing)
+    pixels = is_image_space(envs.single_observation_space)
     returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
     finished = np.zeros(episodes, dtype=bool)
     try:
         obs, _ = envs.reset(seed=[derive_seed(seed, EVAL_STREAM, i) for i in range(episodes)])
         while not finished.all():
-            obs_t = torch.as_tensor(obs, dtype=torch.float32, device=device).reshape(episodes, -1)
+            obs_t = observations_tensor(obs, pixels, device)
             obs_t = obs_normalizer(obs_t)
             action = agent.greedy_action(obs_t) if deterministic else agent.act(obs_t, generator)[0]
             action = action.cpu().numpy()
@@ -47,3 +50,10 @@ def evaluate_greedy(
     finally:
         envs.close()
     return returns, lengths
+
+
+def observations_tensor(obs: np.ndarray, pixels: bool, device: torch.device) -> torch.Tensor:
+    """Observations as the policy takes them: uint8 images as they are, anything else as float32 rows."""
+    if pixels:
+        return torch.as_tensor(obs, device=device)
+    return torch.as_tensor(obs, dtype=torch.float32, device=device).reshape(obs.shape[0], -1)

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from rl.batch import TensorBatch
-from rl.envs import reset_vector_env, resets_next_step
+from rl.envs import is_image_space, reset_vector_env, resets_next_step
 from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
 
 
@@ -35,11 +35,34 @@ class Policy(Protocol):
 
 class EnvStep(NamedTuple):
     next_obs: np.ndarray
-    reward: np.ndarray
-    terminated: np.ndarray
+    reward: np.ndarray  # as the learner sees it (clipped, with --clip-rewards on Atari)
+    terminated: np.ndarray  # as the learner sees it (a lost life too, with --episodic-life on Atari)
     truncated: np.ndarray
     info: dict
     is_transition: np.ndarray  # False where a NEXT_STEP env only reset (its action was ignored)
+    ended: np.ndarray  # the env's episode really ended: it resets
+
+
+@dataclass(frozen=True)
+class TrainingSignal:
+    """What the learner sees differently from the game, as Atari agents are trained (Mnih et al. 2015).
+
+    The envs keep the game's own episodes and score, so episode statistics, evaluation and
+    videos show the real game; only the stored experience changes.
+    """
+
+    episodic_life: bool = False  # a lost life is terminal for the learner; the game goes on
+    clip_rewards: bool = False  # the learner sees each reward's sign
+
+    def apply(self, reward: np.ndarray, terminated: np.ndarray, life_lost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.clip_rewards:
+            reward = np.sign(reward)
+        if self.episodic_life:
+            terminated = terminated | life_lost
+        return reward, terminated
+
+
+GAME_SIGNAL = TrainingSignal()  # the learner sees the game as it is
 
 
 @dataclass
@@ -75,8 +98,11 @@ class ExperienceSource(ABC):
         reward_scaler: RewardScaler,
         env_seeds: list[int],
         generator: torch.Generator,
+        signal: TrainingSignal = GAME_SIGNAL,
     ) -> None:
         self.envs = envs
+        self.signal = signal
+        self.pixels = is_image_space(envs.single_observation_space)
         self.device = device
         self.obs_normalizer = obs_normalizer
         self.reward_scaler = reward_scaler
@@ -101,15 +127,27 @@ class ExperienceSource(ABC):
         return {}
 
     def reset_envs(self, seeds: list[int]) -> None:
-        self.raw_obs = self.to_tensor(reset_vector_env(self.envs, seeds))
+        first_obs, info = reset_vector_env(self.envs, seeds)
+        self.raw_obs = self.to_tensor(first_obs)
         self.ended = np.zeros(self.envs.num_envs, dtype=np.bool_)  # which envs' last step ended an episode
+        self.lives = self._lives(info)
+
+    @staticmethod
+    def _lives(info: dict) -> np.ndarray | None:
+        """Each env's lives left (Atari games report them), or None for envs without lives."""
+        return np.array(info["lives"], copy=True) if "lives" in info else None
 
     def step_envs(self, actions: np.ndarray) -> EnvStep:
         """One vector step, and which of its rows are transitions (not a NEXT_STEP env's reset step)."""
         is_transition = ~self.ended if self.resets_next_step else np.ones(self.envs.num_envs, dtype=np.bool_)
         raw_next, reward, terminated, truncated, info = self.envs.step(actions)
         self.ended = terminated | truncated
-        return EnvStep(raw_next, reward, terminated, truncated, info, is_transition)
+        lives = self._lives(info)
+        # A reset restores the lives; only a drop within an episode is a lost life.
+        life_lost = lives < self.lives if lives is not None and self.lives is not None else np.zeros_like(self.ended)
+        self.lives = lives
+        reward, learner_terminated = self.signal.apply(reward, terminated, life_lost & is_transition)
+        return EnvStep(raw_next, reward, learner_terminated, truncated, info, is_transition, self.ended)
 
     def final_observations(self, raw_next: np.ndarray, info: dict, index: np.ndarray) -> np.ndarray:
         """The true last observations of the envs in `index`, which ended in this step."""
@@ -127,7 +165,10 @@ class ExperienceSource(ABC):
         return observations
 
     def to_tensor(self, array: np.ndarray) -> Tensor:
-        """Observations of shape [rows, ...] as float32 rows on this rank's device."""
+        """Observations of shape [rows, ...] on this rank's device: uint8 images as they are, anything
+        else as float32 vectors."""
+        if self.pixels:
+            return torch.as_tensor(array).to(self.device)
         return torch.as_tensor(array, dtype=torch.float32).reshape(array.shape[0], -1).to(self.device)
 
     def close(self) -> None:
@@ -144,6 +185,7 @@ class ExperienceSource(ABC):
             "envs": envs,
             "raw_obs": self.raw_obs.cpu(),
             "ended": torch.from_numpy(self.ended.copy()),
+            "lives": None if self.lives is None else torch.from_numpy(self.lives.copy()),
             "discounted_returns": torch.from_numpy(self.reward_scaler.discounted_returns.copy()),
             "action_generator": self.generator.get_state(),
             "torch_rng": torch.get_rng_state(),
@@ -161,6 +203,7 @@ class ExperienceSource(ABC):
         self.envs = pickle.loads(state["envs"].numpy().tobytes())  # the user's own checkpoint
         self.raw_obs = state["raw_obs"].to(self.device)
         self.ended = state["ended"].numpy().copy() if "ended" in state else np.zeros_like(self.ended)
+        self.lives = None if state.get("lives") is None else state["lives"].numpy().copy()
         return True
 
     def _restorable_from_pickle(self) -> bool:

@@ -36,7 +36,8 @@ class Run:
 
 
 def run_name(cfg: RunConfig, env_id: str) -> str:
-    return f"{cfg.exp_name}_{env_id}_{cfg.seed}_{datetime.now():%Y%m%d_%H%M%S}"
+    """One folder name: namespaced ids (ALE/Pong-v5) lose their slash."""
+    return f"{cfg.exp_name}_{env_id.replace('/', '-')}_{cfg.seed}_{datetime.now():%Y%m%d_%H%M%S}"
 
 
 def open_run(cfg: RunConfig, sink: MetricsSink) -> Run:
@@ -183,7 +184,10 @@ def report_evaluation(
         return
     video_dir = video_folder(run.dir, "test") if cfg.capture_video else None
     device = next(policy.parameters()).device
-    returns, lengths = evaluate_greedy(policy, env_id, cfg.eval_episodes, cfg.seed, obs_normalizer, device, video_dir)
+    returns, lengths = evaluate_greedy(
+        policy, env_id, cfg.eval_episodes, cfg.seed, obs_normalizer, device, video_dir,
+        preprocessing=cfg.preprocessing(),
+    )  # fmt: skip
     summary = {
         "Test/return_mean": float(np.mean(returns)),
         "Test/return_std": float(np.std(returns)),

@@ -19,3 +19,24 @@ class UnboundedActions(gym.Env):
 
 
 gym.register("UnboundedActions-v0", entry_point=UnboundedActions, max_episode_steps=10)
+
+
+class LivesGame(gym.Env):
+    """A game of 3 lives that pays 5 points every step and loses a life every 3 steps: 9 steps, 45 points."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), dtype=np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps, self.lives = 0, 3
+        return np.zeros(2, dtype=np.float32), {"lives": self.lives}
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps % 3 == 0:
+            self.lives -= 1
+        return np.zeros(2, dtype=np.float32), 5.0, self.lives == 0, False, {"lives": self.lives}
+
+
+gym.register("LivesGame-v0", entry_point=LivesGame)

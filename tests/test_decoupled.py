@@ -98,7 +98,7 @@ def test_two_players_feed_every_update_with_both_rollouts_as_coupled_ranks_do(tm
     assert {lag for _, lag in read_scalars(decoupled_dir)["Info/policy_lag_max"]} == {0.0}
 
 
-ROWS, WIDTH, UPDATES = 7, 3, 3
+ROWS, WIDTH, UPDATES = 7, 4, 3  # a row: one float32, as its 4 bytes
 
 
 def _exchange(rank: int, port: int, folder: str) -> None:
@@ -109,7 +109,8 @@ def _exchange(rank: int, port: int, folder: str) -> None:
     if topology.is_player:
         outbox = PlayerOutbox(RunConfig(), topology, ROWS, WIDTH, lag)
         for update in range(UPDATES):
-            rows = torch.stack([torch.full((WIDTH,), 1000.0 * rank + 100.0 * update + row) for row in range(ROWS)])
+            values = torch.tensor([[1000.0 * rank + 100.0 * update + row] for row in range(ROWS)])
+            rows = values.view(torch.uint8)
             outbox.send_batch(update + 1, acted_with=update, rows=rows)
         outbox.drain()
     else:
@@ -118,7 +119,7 @@ def _exchange(rank: int, port: int, folder: str) -> None:
         for update in range(UPDATES):
             command, iteration, lag_seen = inbox.receive(updates_done=update)
             assert (int(command), iteration, lag_seen) == (1, update + 1, 0)
-            received.append(inbox.rows[:, 0].clone())
+            received.append(inbox.rows.view(torch.float32)[:, 0].clone())
         torch.save(received, os.path.join(folder, f"trainer_{rank}.pt"))
     dist.destroy_process_group()
 
@@ -236,7 +237,7 @@ def test_codec_round_trips_every_action_space():
             **{name: torch.randn(3) for name in ("logprobs", "values", "advantages", "returns")},
             is_transition=torch.tensor([True, False, True]),
         )
-        rows = torch.zeros(3, codec.width)
+        rows = codec.empty_rows(3)
         codec.pack(batch, rows)
         unpacked = codec.unpack(rows)
         for name in codec.columns:

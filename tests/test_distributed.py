@@ -12,6 +12,7 @@ VARIANTS = {
         "--normalize-advantages", "--anneal-lr", "--clip-vloss", "--ortho-init", "--activation-function", "tanh",
         "--ent-coef", "0.01", "--per-rank-batch-size", "32",
     ],
+    "pixels-shared": ["--env-id", "rl/PixelCartPole-v1", "--resize", "0", "--frame-stack", "2", "--share-data"],
 }  # fmt: skip
 EXPECTED_SCALARS = {
     "Rewards/rew_avg",

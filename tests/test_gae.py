@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from rl.algos.ppo.policy import ActorCritic
+from rl.algos.ppo.policy import MLPActorCritic
 from rl.algos.ppo.rollout import RolloutCollector, compute_gae
+from rl.envs import EnvSpaces
 from rl.normalization import ObservationNormalizer, RewardScaler
 
 
@@ -75,12 +76,12 @@ def test_truncation_bootstraps_but_termination_does_not():
 def make_collector(envs, num_steps=64, seed=0):
     obs_dim = int(np.prod(envs.single_observation_space.shape))
     torch.manual_seed(seed)
-    agent = ActorCritic(obs_dim, envs.single_action_space)
+    agent = MLPActorCritic(obs_dim, envs.single_action_space)
     generator = torch.Generator().manual_seed(seed)
     collector = RolloutCollector(
         envs,
         num_steps,
-        obs_dim,
+        EnvSpaces("test", obs_dim, envs.single_action_space, envs.single_observation_space),
         torch.device("cpu"),
         ObservationNormalizer(obs_dim, enabled=False, device=torch.device("cpu")),
         RewardScaler(envs.num_envs, 0.99, enabled=False),

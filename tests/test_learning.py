@@ -20,6 +20,17 @@ def test_cartpole_reaches_475_within_65536_steps(tmp_path):
     assert greedy_evaluation(tmp_path) >= 475
 
 
+def test_a_cnn_learns_cartpole_from_pixels_alone_within_30000_steps(tmp_path):
+    # 40 x 40 drawings of the cart and pole, two stacked frames; a random policy scores about 22.
+    args = (
+        "--env-id rl/PixelCartPole-v1 --resize 0 --frame-stack 2 --total-timesteps 30000 --num-envs 4 "
+        "--num-steps 128 --update-epochs 4 --per-rank-batch-size 128 --learning-rate 1e-3 --seed 1"
+    ).split()
+    finished = launch("python", SCRIPTS["fabric"], args, tmp_path)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert greedy_evaluation(tmp_path) >= 100
+
+
 def random_policy_return(episodes: int = 10) -> float:
     env = gym.make("Pendulum-v1")
     env.action_space.seed(0)

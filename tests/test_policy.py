@@ -6,14 +6,14 @@ import pytest
 import torch
 from torch.distributions import Categorical, Normal
 
-from rl.algos.ppo.policy import ActorCritic
+from rl.algos.ppo.policy import MLPActorCritic
 
 OBS_DIM, BATCH = 5, 7
 
 
 def agent_for(space, seed=0):
     torch.manual_seed(seed)
-    return ActorCritic(OBS_DIM, space)
+    return MLPActorCritic(OBS_DIM, space)
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ def test_sampled_frequencies_match_the_probabilities():
 def test_orthogonal_init_changes_the_weights():
     plain = agent_for(gym.spaces.Discrete(2))
     torch.manual_seed(0)
-    ortho = ActorCritic(OBS_DIM, gym.spaces.Discrete(2), ortho_init=True)
+    ortho = MLPActorCritic(OBS_DIM, gym.spaces.Discrete(2), ortho_init=True)
     weight = ortho.actor_body.hidden1.weight
     # a tall orthogonal matrix with gain sqrt(2): its columns are orthogonal with squared norm 2
     torch.testing.assert_close(weight.T @ weight, 2.0 * torch.eye(OBS_DIM), atol=1e-4, rtol=0)

@@ -86,7 +86,7 @@ def test_losses():
 
 def test_the_critic_ensemble_equals_separate_critics_and_detaches_on_request():
     torch.manual_seed(0)
-    critics = CriticEnsemble(obs_dim=3, action_dim=2, hidden=8)
+    critics = CriticEnsemble(feature_dim=3, action_dim=2, hidden=8)
     obs, action = torch.randn(4, 3), torch.randn(4, 2, requires_grad=True)
     q_values = critics(obs, action)
     x = torch.cat([obs, action], -1)
@@ -173,7 +173,9 @@ def test_one_backward_gives_each_network_the_gradient_of_its_own_loss_alone():
         learner.gradients.buffer.zero_()
         learner.noise.manual_seed(0)
         stats = StatMeans()
-        critic, actor = learner.critic_loss(batch, stats), learner.actor_and_temperature_loss(batch, stats)
+        features = learner.policy.encode(batch.obs)
+        critic = learner.critic_loss(batch, features, stats)
+        actor = learner.actor_and_temperature_loss(features.detach(), stats)
         pick(critic, actor).backward()
         return learner.gradients.buffer.clone()
 
@@ -233,18 +235,11 @@ def test_bad_sac_values_name_their_flag(changes, flag):
     assert error.value.flag == flag
 
 
-@pytest.mark.parametrize(
-    ("env_id", "message"),
-    [
-        ("CartPole-v1", "SAC needs continuous .Box. actions"),
-        ("CarRacing-v3", "image observations"),
-    ],
-)
-def test_envs_sac_cannot_train_on_are_refused_with_what_to_do(env_id, message):
-    with pytest.raises(UsageError, match=message) as error:
-        SAC.check_spaces(inspect_env(env_id))
+def test_envs_sac_cannot_train_on_are_refused_with_what_to_do():
+    with pytest.raises(UsageError, match=r"SAC needs continuous \(Box\) actions") as error:
+        SAC.check_spaces(inspect_env("CartPole-v1"))
     assert error.value.flag == "--env-id"
-    assert "PPO" in str(error.value) or "state" in str(error.value)
+    assert "PPO" in str(error.value)
 
 
 def test_unbounded_actions_are_refused():

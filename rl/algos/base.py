@@ -15,13 +15,16 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
+import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
-from rl.batch import DataShard, RowCodec, TensorBatch
+from rl.batch import Column, DataShard, RowCodec, TensorBatch
 from rl.config import RunConfig
-from rl.envs import EnvSpaces, VectorMode, choose_vector_mode
-from rl.experience import ExperienceSource
+from rl.encoders import uses_cnn
+from rl.envs import EnvSpaces, VectorMode, choose_vector_mode, make_vector_env
+from rl.errors import UsageError
+from rl.experience import ExperienceSource, TrainingSignal
 from rl.normalization import ObservationNormalizer
 from rl.optim import flat_parameters
 from rl.runtime import Runtime
@@ -77,6 +80,27 @@ class Algorithm(ABC):
         self.vector_mode: VectorMode = choose_vector_mode(
             cfg.vector_mode, spaces.env_id, cfg.capture_video, self.handles_late_resets
         )
+        self.cnn = uses_cnn(cfg.encoder, spaces.observation_space)  # else an MLP
+
+    def make_envs(self, video_dir: str | None, seed: int) -> gym.vector.VectorEnv:
+        """A rank's vector env (`seed` seeds envpool, which takes no seeds at reset)."""
+        cfg, spaces = self.cfg, self.spaces
+        envs = make_vector_env(spaces.env_id, cfg.num_envs, video_dir, self.vector_mode, spaces.preprocessing, seed)
+        if tuple(envs.single_observation_space.shape) != tuple(spaces.observation_space.shape):
+            raise UsageError(
+                "--vector-mode", f"{self.vector_mode} envs give observations of shape "
+                f"{envs.single_observation_space.shape}, gymnasium's {spaces.observation_space.shape}; use sync",
+            )  # fmt: skip
+        return envs
+
+    def training_signal(self) -> TrainingSignal:
+        """What the learner sees differently from the game: Atari's episodic life and clipped rewards."""
+        atari = self.spaces.atari
+        return TrainingSignal(atari and self.cfg.episodic_life, atari and self.cfg.clip_rewards)
+
+    def obs_column(self) -> Column:
+        """How one observation is stored and sent: uint8 images in their shape, or a float32 vector."""
+        return Column(self.spaces.obs_shape, self.spaces.obs_dtype)
 
     @classmethod
     def check_spaces(cls, spaces: EnvSpaces) -> None:

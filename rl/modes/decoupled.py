@@ -128,7 +128,7 @@ class Player:
         self.first_iteration = 1
         if resume:
             self._restore(resume)
-        self.rows = torch.zeros(num_rows, self.codec.width, device=topology.device)
+        self.rows = self.codec.empty_rows(num_rows, topology.device)
         self.metrics = TrainingMetrics(topology.device, lambda tensor: tensor, tags)  # the lead's updates
         self.episodes = MeanOverRanks([EPISODE_RETURN, EPISODE_LENGTH], topology.device, players_sum)
         self.num_iterations = cfg.num_iterations(topology.num_players)

@@ -166,7 +166,10 @@ class PlayerOutbox:
         self.shuffle = torch.Generator().manual_seed(derive_seed(cfg.seed, SCATTER_STREAM, topology.rank))
 
         def slot() -> list[Tensor]:
-            return [header_buffer(device), *(torch.zeros(size, width, device=device) for size in self.shards)]
+            return [
+                header_buffer(device),
+                *(torch.zeros(size, width, dtype=torch.uint8, device=device) for size in self.shards),
+            ]
 
         self.ring = Ring(lag.ring_depth, slot)
         self._pending: list[dist.Work] = []
@@ -205,7 +208,7 @@ class TrainerInbox:
         self.topology = topology
         index, trainers = topology.trainer_index, topology.num_trainers
         self.from_player = [rows if share_data else shard_sizes(rows, trainers)[index] for rows in rows_per_player]
-        self.rows = torch.zeros(sum(self.from_player), width, device=topology.comm_device)
+        self.rows = torch.zeros(sum(self.from_player), width, dtype=torch.uint8, device=topology.comm_device)
         self.parts = self.rows.split(self.from_player)
         self.headers = [header_buffer(topology.comm_device) for _ in topology.players]
 

@@ -131,7 +131,7 @@ def run_evaluator(algorithm: Algorithm, weights_rank: int) -> None:
         command, step, seconds, normalizer_state = message.unpack(policy)
         normalizer.load_state_dict(normalizer_state)
         returns, _ = evaluate_greedy(policy, spaces.env_id, cfg.eval_episodes, cfg.seed, normalizer,
-                                     torch.device("cpu"))  # fmt: skip
+                                     torch.device("cpu"), preprocessing=spaces.preprocessing)  # fmt: skip
         mean = float(np.mean(returns))
         if mean > best:
             best = mean

@@ -10,11 +10,12 @@ from torch import Tensor, nn
 
 from rl.algos.base import Algorithm, Learner
 from rl.algos.ppo.config import PPOConfig
-from rl.algos.ppo.policy import ActorCritic, action_shape_and_dtype
+from rl.algos.ppo.policy import ActorCritic, CNNActorCritic, MLPActorCritic, action_shape_and_dtype
 from rl.algos.ppo.rollout import Batch, RolloutCollector
 from rl.algos.ppo.update import MinibatchSchedule, PPOHyperparameters, ppo_update
 from rl.batch import Column, DataShard, RowCodec
-from rl.envs import make_vector_env
+from rl.envs import EnvSpaces
+from rl.errors import UsageError
 from rl.normalization import ObservationNormalizer, RewardScaler
 from rl.optim import FlatGradients
 from rl.runtime import Runtime
@@ -110,11 +111,22 @@ class PPO(Algorithm):
     def passes_per_batch(self) -> int:  # type: ignore[override]
         return self.cfg.update_epochs
 
+    def __init__(self, cfg: PPOConfig, spaces: EnvSpaces) -> None:
+        super().__init__(cfg, spaces)
+        if cfg.normalize_observations and spaces.pixels:
+            raise UsageError(
+                "--normalize-observations", "image observations are scaled to [0, 1] by the encoder; drop the flag"
+            )
+
     def build_policy(self, device: torch.device) -> nn.Module:
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every rank and in every mode
-        agent = ActorCritic(
-            self.spaces.obs_dim, self.spaces.action_space, self.cfg.activation_function, self.cfg.ortho_init
-        )
+        cfg, spaces = self.cfg, self.spaces
+        if self.cnn:
+            agent: ActorCritic = CNNActorCritic(spaces.obs_shape, spaces.action_space, cfg.ortho_init)
+        else:
+            agent = MLPActorCritic(
+                spaces.obs_dim, spaces.action_space, cfg.activation_function, cfg.ortho_init, spaces.pixels
+            )
         return agent.to(device)
 
     def obs_normalizer(self, device: torch.device) -> ObservationNormalizer:
@@ -124,22 +136,24 @@ class PPO(Algorithm):
         self, rank: int, device: torch.device, video_dir: str | None, env_ranks: int, batch_rows: int
     ) -> RolloutCollector:
         cfg, spaces = self.cfg, self.spaces
+        seeds = env_seeds(cfg.seed, rank, cfg.num_envs)
         return RolloutCollector(
-            make_vector_env(spaces.env_id, cfg.num_envs, video_dir, self.vector_mode),
+            self.make_envs(video_dir, seeds[0]),
             cfg.num_steps,
-            spaces.obs_dim,
+            spaces,
             device,
             self.obs_normalizer(device),
             RewardScaler(cfg.num_envs, cfg.gamma, cfg.normalize_rewards),
-            env_seeds(cfg.seed, rank, cfg.num_envs),
+            seeds,
             seeded_generator(device, cfg.seed, ACTION_STREAM, rank),
             cfg.gamma,
             cfg.gae_lambda,
+            self.training_signal(),
         )
 
     def make_learner(self, policy: nn.Module, runtime: Runtime, shard: DataShard, env_ranks: int) -> PPOLearner:
         assert isinstance(policy, ActorCritic)
-        skip_reset_steps = self.vector_mode == "native"
+        skip_reset_steps = self.vector_mode in ("native", "envpool")
         return PPOLearner(self.cfg, policy, runtime, shard, self.cfg.num_iterations(env_ranks), skip_reset_steps)
 
     def batch_rows(self, learners_fed: int) -> int:
@@ -147,6 +161,6 @@ class PPO(Algorithm):
 
     def batch_codec(self) -> RowCodec:
         action_shape, action_dtype = action_shape_and_dtype(self.spaces.action_space)
-        columns = {"obs": Column((self.spaces.obs_dim,)), "actions": Column(action_shape, action_dtype)}
+        columns = {"obs": self.obs_column(), "actions": Column(action_shape, action_dtype)}
         scalars = {name: Column(()) for name in ("logprobs", "values", "advantages", "returns")}
         return RowCodec(Batch, columns | scalars | {"is_transition": Column((), torch.bool)})

@@ -14,8 +14,9 @@ from rl.errors import UsageError
 class PPOConfig(RunConfig):
     """Proximal Policy Optimization trained across processes (the default algorithm; `sac --help` for SAC)."""
 
-    preset: Literal["cartpole", "acrobot", "lunarlander", "pendulum"] | None = None
-    """start from tuned settings for an env (flags given as well override them); tuned for 2 processes"""
+    preset: Literal["cartpole", "acrobot", "lunarlander", "pendulum", "atari-ppo"] | None = None
+    """start from tuned settings for an env (flags given as well override them); tuned for 2 processes;
+    atari-ppo: CleanRL's Atari settings per rank (ALE/Breakout-v5; give --env-id for another game)"""
 
     per_rank_batch_size: int = 64
     """the minibatch size on each rank"""

@@ -15,6 +15,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from rl.encoders import FlatPixels, NatureCNN, orthogonal_init
+
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": torch.relu, "tanh": torch.tanh}
 HIDDEN_SIZE = 64
 
@@ -146,45 +148,97 @@ class MLP(nn.Module):
         return self.activation(_linear(self.hidden2, self.activation(_linear(self.hidden1, x))))
 
 
-def _orthogonal_init(module: nn.Module, gain: float) -> None:
-    for layer in module.modules():
-        if isinstance(layer, nn.Linear):
-            nn.init.orthogonal_(layer.weight, gain)
-            nn.init.zeros_(layer.bias)
-
-
 class ActorCritic(nn.Module):
-    """Separate actor and critic MLPs.
+    """An actor and a critic over observations.
 
     `forward` is the training call (log-prob, entropy and value of given actions); `act`,
-    `value` and `greedy_action` are for acting and evaluation, without a graph.
+    `value` and `greedy_action` are for acting and evaluation, without a graph. Subclasses say
+    how observations become the actor's and the critic's features.
     """
 
-    def __init__(self, obs_dim: int, action_space: gym.Space, activation: str = "relu", ortho_init: bool = False):
+    action_head: ActionHead
+    critic_head: nn.Linear
+
+    def features(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        """The actor's and the critic's features of `obs`."""
+        raise NotImplementedError
+
+    def critic_features(self, obs: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def value(self, obs: Tensor) -> Tensor:
+        return self._value(self.critic_features(obs))
+
+    def _value(self, features: Tensor) -> Tensor:
+        return _linear(self.critic_head, features).squeeze(-1)
+
+    def forward(self, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        actor_features, critic_features = self.features(obs)
+        logprob, entropy = self.action_head.log_prob_entropy(actor_features, action)
+        return logprob, entropy, self._value(critic_features)
+
+    @torch.no_grad()
+    def act(self, obs: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
+        """Sample actions; returns (action, log-prob, value)."""
+        actor_features, critic_features = self.features(obs)
+        action, logprob = self.action_head.sample(actor_features, generator)
+        return action, logprob, self._value(critic_features)
+
+    @torch.no_grad()
+    def greedy_action(self, obs: Tensor) -> Tensor:
+        return self.action_head.mode(self.features(obs)[0])
+
+
+class MLPActorCritic(ActorCritic):
+    """Separate actor and critic MLPs (Lightning's example and SB3's default for vector observations).
+
+    `pixels`: the observations are uint8 images, flattened and scaled to [0, 1] first.
+    """
+
+    def __init__(
+        self, obs_dim: int, action_space: gym.Space, activation: str = "relu", ortho_init: bool = False,
+        pixels: bool = False,
+    ) -> None:  # fmt: skip
         super().__init__()
         self.actor_body = MLP(obs_dim, activation)
         self.critic_body = MLP(obs_dim, activation)
         self.critic_head = nn.Linear(HIDDEN_SIZE, 1)
         self.action_head = make_action_head(action_space, HIDDEN_SIZE)
+        self.flat_pixels = FlatPixels() if pixels else None
         if ortho_init:
-            _orthogonal_init(self.actor_body, math.sqrt(2))
-            _orthogonal_init(self.critic_body, math.sqrt(2))
-            _orthogonal_init(self.critic_head, 1.0)
-            _orthogonal_init(self.action_head, 0.01)
+            orthogonal_init(self.actor_body, math.sqrt(2))
+            orthogonal_init(self.critic_body, math.sqrt(2))
+            orthogonal_init(self.critic_head, 1.0)
+            orthogonal_init(self.action_head, 0.01)
 
-    def value(self, obs: Tensor) -> Tensor:
-        return _linear(self.critic_head, self.critic_body.forward(obs)).squeeze(-1)
+    def _inputs(self, obs: Tensor) -> Tensor:
+        return obs if self.flat_pixels is None else self.flat_pixels(obs)
 
-    def forward(self, obs: Tensor, action: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        logprob, entropy = self.action_head.log_prob_entropy(self.actor_body.forward(obs), action)
-        return logprob, entropy, self.value(obs)
+    def features(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        obs = self._inputs(obs)
+        return self.actor_body.forward(obs), self.critic_body.forward(obs)
 
-    @torch.no_grad()
-    def act(self, obs: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
-        """Sample actions; returns (action, log-prob, value)."""
-        action, logprob = self.action_head.sample(self.actor_body.forward(obs), generator)
-        return action, logprob, self.value(obs)
+    def critic_features(self, obs: Tensor) -> Tensor:
+        return self.critic_body.forward(self._inputs(obs))
 
-    @torch.no_grad()
-    def greedy_action(self, obs: Tensor) -> Tensor:
-        return self.action_head.mode(self.actor_body.forward(obs))
+
+class CNNActorCritic(ActorCritic):
+    """One Nature-DQN CNN that the actor and the critic share, each a linear head on its 512 features
+    (Mnih et al. 2016, as CleanRL's and SB3's Atari PPO): both losses train the encoder."""
+
+    def __init__(self, obs_shape: tuple[int, ...], action_space: gym.Space, ortho_init: bool = False) -> None:
+        super().__init__()
+        self.encoder = NatureCNN(obs_shape)
+        self.critic_head = nn.Linear(self.encoder.features, 1)
+        self.action_head = make_action_head(action_space, self.encoder.features)
+        if ortho_init:
+            orthogonal_init(self.encoder, math.sqrt(2))
+            orthogonal_init(self.critic_head, 1.0)
+            orthogonal_init(self.action_head, 0.01)
+
+    def features(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        shared = self.encoder(obs)
+        return shared, shared
+
+    def critic_features(self, obs: Tensor) -> Tensor:
+        return self.encoder(obs)

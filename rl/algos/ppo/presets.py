@@ -74,4 +74,25 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "normalize_observations": True,
         "normalize_rewards": True,
     },
+    # CleanRL's ppo_atari.py (Huang et al. 2022, "The 37 implementation details of PPO"), per rank.
+    "atari-ppo": {
+        "env_id": "ALE/Breakout-v5",
+        "total_timesteps": 10_000_000,
+        "num_envs": 8,
+        "num_steps": 128,
+        "per_rank_batch_size": 256,  # 4 minibatches of the 1,024-step rollout
+        "update_epochs": 4,
+        "learning_rate": 2.5e-4,
+        "anneal_lr": True,
+        "gamma": 0.99,
+        "gae_lambda": 0.95,
+        "clip_coef": 0.1,
+        "clip_vloss": True,
+        "ent_coef": 0.01,
+        "vf_coef": 0.5,
+        "max_grad_norm": 0.5,
+        "normalize_advantages": True,
+        "ortho_init": True,
+        "encoder": "cnn",
+    },
 }

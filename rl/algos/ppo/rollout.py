@@ -11,7 +11,8 @@ from torch import Tensor
 
 from rl.algos.ppo.policy import ActorCritic, action_shape_and_dtype
 from rl.batch import TensorBatch
-from rl.experience import EpisodeLog, ExperienceSource
+from rl.envs import EnvSpaces
+from rl.experience import GAME_SIGNAL, EpisodeLog, ExperienceSource, TrainingSignal
 from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
 
 
@@ -35,16 +36,17 @@ class Rollout:
 
     @classmethod
     def allocate(
-        cls, num_steps: int, num_envs: int, obs_dim: int, action_space: gym.Space, device: torch.device
+        cls, num_steps: int, num_envs: int, spaces: EnvSpaces, device: torch.device, normalizes_obs: bool
     ) -> Rollout:
-        action_shape, action_dtype = action_shape_and_dtype(action_space)
+        action_shape, action_dtype = action_shape_and_dtype(spaces.action_space)
         steps = (num_steps, num_envs)
 
         def zeros(*shape: int, dtype: torch.dtype = torch.float32) -> Tensor:
             return torch.zeros(shape, dtype=dtype, device=device)
 
+        obs = zeros(*steps, *spaces.obs_shape, dtype=spaces.obs_dtype)
         return cls(
-            obs=zeros(*steps, obs_dim),
+            obs=obs,
             actions=zeros(*steps, *action_shape, dtype=action_dtype),
             logprobs=zeros(*steps),
             values=zeros(*steps),
@@ -52,7 +54,7 @@ class Rollout:
             terminated=zeros(*steps, dtype=torch.bool),
             truncated=zeros(*steps, dtype=torch.bool),
             final_values=zeros(*steps),
-            raw_obs=zeros(*steps, obs_dim),
+            raw_obs=zeros(*steps, *spaces.obs_shape) if normalizes_obs else obs,  # the same without normalization
             discounted_returns=zeros(*steps),
             is_transition=zeros(*steps, dtype=torch.bool),
         )
@@ -65,7 +67,7 @@ class RolloutCollector(ExperienceSource):
         self,
         envs: gym.vector.VectorEnv,
         num_steps: int,
-        obs_dim: int,
+        spaces: EnvSpaces,
         device: torch.device,
         obs_normalizer: ObservationNormalizer,
         reward_scaler: RewardScaler,
@@ -73,10 +75,11 @@ class RolloutCollector(ExperienceSource):
         generator: torch.Generator,
         gamma: float,
         gae_lambda: float,
+        signal: TrainingSignal = GAME_SIGNAL,
     ) -> None:
         self.num_steps = num_steps
         self.gamma, self.gae_lambda = gamma, gae_lambda
-        self.buffer = Rollout.allocate(num_steps, envs.num_envs, obs_dim, envs.single_action_space, device)
+        self.buffer = Rollout.allocate(num_steps, envs.num_envs, spaces, device, obs_normalizer.enabled)
         self._env_side = {
             name: np.zeros(tuple(getattr(self.buffer, name).shape), dtype=dtype)
             for name, dtype in [
@@ -87,7 +90,7 @@ class RolloutCollector(ExperienceSource):
                 ("is_transition", np.bool_),
             ]
         }
-        super().__init__(envs, device, obs_normalizer, reward_scaler, env_seeds, generator)
+        super().__init__(envs, device, obs_normalizer, reward_scaler, env_seeds, generator, signal)
 
     def collect(self, policy: ActorCritic, global_step: int = 0) -> EpisodeLog:
         """Run `num_steps` vector steps; the observation normalizer is frozen meanwhile."""
@@ -96,7 +99,7 @@ class RolloutCollector(ExperienceSource):
         for step in range(self.num_steps):
             obs = self.obs_normalizer(self.raw_obs)
             action, logprob, value = policy.act(obs, self.generator)
-            raw_next, reward, terminated, truncated, info, is_transition = self.step_envs(action.cpu().numpy())
+            raw_next, reward, terminated, truncated, info, is_transition, _ = self.step_envs(action.cpu().numpy())
             env_side["rewards"][step], env_side["discounted_returns"][step] = self.reward_scaler(
                 reward, terminated | truncated
             )
@@ -142,7 +145,7 @@ class RolloutCollector(ExperienceSource):
 
     def sync_normalizers(self, rollout: Rollout, all_reduce_sum: AllReduceSum) -> None:
         """Fold this rollout into the normalization statistics, pooled over all ranks."""
-        self.obs_normalizer.sync_update(rollout.raw_obs.reshape(-1, rollout.raw_obs.shape[-1]), all_reduce_sum)
+        self.obs_normalizer.sync_update(rollout.raw_obs.flatten(0, 1), all_reduce_sum)
         returns = rollout.discounted_returns
         if self.resets_next_step:
             returns = returns[rollout.is_transition]  # a reset step's return is a placeholder 0, not a sample
@@ -222,7 +225,7 @@ def rollout_to_batch(rollout: Rollout, gamma: float, gae_lambda: float) -> Batch
     )
     num_rows = rollout.rewards.numel()
     return Batch(
-        obs=rollout.obs.reshape(num_rows, -1),
+        obs=rollout.obs.reshape(num_rows, *rollout.obs.shape[2:]),
         actions=rollout.actions.reshape(num_rows, *rollout.actions.shape[2:]),
         logprobs=rollout.logprobs.reshape(-1),
         values=rollout.values.reshape(-1),

@@ -18,9 +18,10 @@ from rl.algos.sac.losses import actor_loss, critic_loss, soft_target, temperatur
 from rl.algos.sac.networks import CriticEnsemble, SquashedGaussianActor
 from rl.algos.sac.replay import ReplayBuffer, check_buffer_fits
 from rl.batch import Column, DataShard, RowCodec, TensorBatch, shard_sizes, shard_slice
-from rl.envs import EnvSpaces, make_vector_env
+from rl.encoders import FlatPixels, NatureCNN
+from rl.envs import EnvSpaces
 from rl.errors import UsageError
-from rl.experience import EpisodeLog, ExperienceSource
+from rl.experience import EpisodeLog, ExperienceSource, TrainingSignal
 from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
 from rl.optim import FlatGradients, clip_grad_norm
 from rl.runtime import Runtime
@@ -48,7 +49,7 @@ class Transitions(TensorBatch):
 
 def transition_columns(spaces: EnvSpaces) -> dict[str, Column]:
     action_dim = int(spaces.action_space.shape[0])
-    obs = Column((spaces.obs_dim,))
+    obs = Column(spaces.obs_shape, spaces.obs_dtype)  # images stay uint8 in the buffer
     return {"obs": obs, "actions": Column((action_dim,)), "rewards": Column(()), "next_obs": obs,
             "terminated": Column(())}  # fmt: skip
 
@@ -58,7 +59,7 @@ class ReplayCollector(ExperienceSource):
 
     def __init__(
         self, cfg: SACConfig, envs: gym.vector.VectorEnv, action_space: gym.spaces.Box, buffer: ReplayBuffer,
-        rank: int, env_ranks: int, batch_rows: int, device: torch.device,
+        rank: int, env_ranks: int, batch_rows: int, device: torch.device, signal: TrainingSignal,
     ) -> None:  # fmt: skip
         self.cfg, self.buffer, self.batch_rows = cfg, buffer, batch_rows
         self.steps_per_vector_step = cfg.num_envs * env_ranks  # global env steps per step of this rank's envs
@@ -69,7 +70,7 @@ class ReplayCollector(ExperienceSource):
         disabled_normalizer = ObservationNormalizer(buffer.columns["obs"].width, False, device)
         super().__init__(envs, device, disabled_normalizer, RewardScaler(cfg.num_envs, cfg.gamma, False),
                          env_seeds(cfg.seed, rank, cfg.num_envs), seeded_generator(device, cfg.seed, ACTION_STREAM,
-                                                                                   rank))  # fmt: skip
+                                                                                   rank), signal)  # fmt: skip
 
     def collect(self, policy: SquashedGaussianActor, global_step: int) -> EpisodeLog:
         episodes = EpisodeLog()
@@ -80,12 +81,12 @@ class ReplayCollector(ExperienceSource):
                 )
             else:
                 actions, _ = policy.act(self.raw_obs, self.generator)
-            next_obs, rewards, terminated, truncated, info, _ = self.step_envs(actions.cpu().numpy())
+            next_obs, rewards, terminated, _, info, _, ended = self.step_envs(actions.cpu().numpy())
             self.buffer.add(
                 obs=self.raw_obs,
                 actions=actions,
                 rewards=torch.as_tensor(rewards, dtype=torch.float32, device=self.device),
-                next_obs=self.to_tensor(self.led_to(next_obs, terminated | truncated, info)),
+                next_obs=self.to_tensor(self.led_to(next_obs, ended, info)),
                 terminated=torch.as_tensor(terminated, dtype=torch.float32, device=self.device),
             )
             episodes.record(info)
@@ -145,15 +146,19 @@ class SACLearner(Learner):
         device = runtime.device
         lr_scale = runtime.world_size if cfg.scale_lr else 1
         torch.manual_seed(derive_seed(cfg.seed, CRITIC_STREAM))  # the same critics on every learner
-        self.critic = CriticEnsemble(actor.hidden1.in_features, actor.action_dim).to(device)
+        self.critic = CriticEnsemble(actor.feature_dim, actor.action_dim).to(device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
+        # An image encoder belongs to the critics' side: their loss trains it, their target has a copy.
+        self.encoder_parameters = [] if actor.encoder is None else list(actor.encoder.parameters())
+        self.target_encoder = copy.deepcopy(actor.encoder).requires_grad_(False) if self.encoder_parameters else None
+        critic_side = [*self.critic.parameters(), *self.encoder_parameters]
         self.target_entropy = -float(actor.action_dim) if cfg.target_entropy == AUTO else float(cfg.target_entropy)
         self.log_alpha = torch.zeros(1, device=device, requires_grad=cfg.autotune)
         self.fixed_alpha = torch.tensor([1.0 if cfg.autotune else float(cfg.ent_coef)], device=device)
         temperature = [self.log_alpha] if cfg.autotune else []
-        self.gradients = FlatGradients(list(self.critic.parameters()), [*actor.parameters(), *temperature])
-        self.critic_optimizer = adam(self.critic.parameters(), cfg.q_lr * lr_scale)
-        self.actor_optimizer = adam(actor.parameters(), cfg.policy_lr * lr_scale)
+        self.gradients = FlatGradients(critic_side, [*actor.head_parameters(), *temperature])
+        self.critic_optimizer = adam(critic_side, cfg.q_lr * lr_scale)
+        self.actor_optimizer = adam(actor.head_parameters(), cfg.policy_lr * lr_scale)
         self.alpha_optimizer = adam(temperature, cfg.q_lr * lr_scale) if cfg.autotune else None
         self.noise = torch.Generator(device=device)
         self.gradient_steps = 0
@@ -178,32 +183,36 @@ class SACLearner(Learner):
         cfg = self.cfg
         self.gradient_steps += 1
         trains_actor = self.gradient_steps % cfg.policy_frequency == 0
-        loss = self.critic_loss(batch, stats)
+        features = self.policy.encode(batch.obs)  # through the encoder, which the critics' loss trains
+        loss = self.critic_loss(batch, features, stats)
         if trains_actor:
-            loss = loss + self.actor_and_temperature_loss(batch, stats)
+            loss = loss + self.actor_and_temperature_loss(features.detach(), stats)
         self.backward_and_average(loss, self.CRITIC, self.ACTOR if trains_actor else self.CRITIC)
         self.critic_optimizer.step()
         if trains_actor:
             self.step_actor(stats)
             for _ in range(cfg.policy_frequency - 1):  # a delayed actor catches up (TD3's rule, as CleanRL)
-                self.backward_and_average(self.actor_and_temperature_loss(batch, stats), self.ACTOR, self.ACTOR)
+                loss = self.actor_and_temperature_loss(features.detach(), stats)
+                self.backward_and_average(loss, self.ACTOR, self.ACTOR)
                 self.step_actor(stats)
         if self.gradient_steps % cfg.target_network_frequency == 0:
-            torch._foreach_lerp_(list(self.critic_target.parameters()), list(self.critic.parameters()), cfg.tau)
+            torch._foreach_lerp_(self.target_tensors(), self.online_tensors(), cfg.tau)
 
-    def critic_loss(self, batch: Transitions, stats: StatMeans) -> Tensor:
+    def critic_loss(self, batch: Transitions, features: Tensor, stats: StatMeans) -> Tensor:
         with torch.no_grad():
             next_actions, next_logprob = self.policy(batch.next_obs, self.policy.noise(len(batch), self.noise))
-            next_q = self.critic_target(batch.next_obs, next_actions)
+            next_features = batch.next_obs if self.target_encoder is None else self.target_encoder(batch.next_obs)
+            next_q = self.critic_target(next_features, next_actions)
             target = soft_target(batch.rewards, batch.terminated, next_q, next_logprob, self.alpha, self.cfg.gamma)
-        q_values = self.critic(batch.obs, batch.actions)
+        q_values = self.critic(features, batch.actions)
         loss = critic_loss(q_values, target)
         stats.add(critic_loss=loss, q_values=q_values.mean())
         return loss
 
-    def actor_and_temperature_loss(self, batch: Transitions, stats: StatMeans) -> Tensor:
-        actions, logprob = self.policy(batch.obs, self.policy.noise(len(batch), self.noise))
-        loss = actor_loss(logprob, self.critic.q_values_of_actions(batch.obs, actions), self.alpha)
+    def actor_and_temperature_loss(self, features: Tensor, stats: StatMeans) -> Tensor:
+        """From detached features: the actor's loss trains the actor's head alone, never the encoder."""
+        actions, logprob = self.policy.from_features(features, self.policy.noise(len(features), self.noise))
+        loss = actor_loss(logprob, self.critic.q_values_of_actions(features, actions), self.alpha)
         stats.add(actor_loss=loss, entropy=-logprob.mean())
         if not self.cfg.autotune:
             return loss
@@ -227,8 +236,16 @@ class SACLearner(Learner):
             self.alpha_optimizer.step()
         stats.add(alpha=self.alpha)
 
+    def online_tensors(self) -> list[Tensor]:
+        """What the target networks follow: the critics, and the encoder where there is one."""
+        return [*self.critic.parameters(), *self.encoder_parameters]
+
+    def target_tensors(self) -> list[Tensor]:
+        target_encoder = [] if self.target_encoder is None else list(self.target_encoder.parameters())
+        return [*self.critic_target.parameters(), *target_encoder]
+
     def weight_tensors(self) -> list[Tensor]:
-        targets = [*self.critic.parameters(), *self.critic_target.parameters()]
+        targets = [*self.critic.parameters(), *self.target_tensors()]
         return [*self.policy.parameters(), *targets, *([self.log_alpha] if self.cfg.autotune else [])]
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
@@ -238,6 +255,7 @@ class SACLearner(Learner):
         state = {
             "critic": self.critic.state_dict(),
             "critic_target": self.critic_target.state_dict(),
+            "target_encoder": None if self.target_encoder is None else self.target_encoder.state_dict(),
             "actor_optimizer": self.actor_optimizer.state_dict(),
             "critic_optimizer": self.critic_optimizer.state_dict(),
             "alpha": self.alpha.cpu(),
@@ -251,6 +269,8 @@ class SACLearner(Learner):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.critic.load_state_dict(state["critic"])
         self.critic_target.load_state_dict(state["critic_target"])
+        if self.target_encoder is not None:
+            self.target_encoder.load_state_dict(state["target_encoder"])
         self.actor_optimizer.load_state_dict(state["actor_optimizer"])
         self.critic_optimizer.load_state_dict(state["critic_optimizer"])
         self.gradient_steps = state["gradient_steps"]
@@ -291,11 +311,6 @@ class SAC(Algorithm):
                 "--env-id", f"SAC squashes actions into the action bounds, but {env_id}'s are not finite "
                 f"({action_space}); wrap the env with finite bounds (gymnasium's RescaleAction), or use PPO",
             )  # fmt: skip
-        if len(spaces.observation_space.shape) > 1:
-            raise UsageError(
-                "--env-id", f"{env_id} has image observations {spaces.observation_space.shape}; SAC here takes "
-                "state vectors (no CNN encoder yet): use the env's state-based version, or PPO",
-            )  # fmt: skip
 
     def check_memory(self, env_ranks: int, processes_here: int, on_gpu: bool) -> None:
         check_buffer_fits(self.capacity_per_rank(env_ranks), transition_columns(self.spaces), processes_here, on_gpu)
@@ -309,14 +324,17 @@ class SAC(Algorithm):
 
     def build_policy(self, device: torch.device) -> nn.Module:
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every rank and in every mode
-        return SquashedGaussianActor(self.spaces.obs_dim, self.spaces.action_space).to(device)
+        spaces = self.spaces
+        encoder = NatureCNN(spaces.obs_shape) if self.cnn else FlatPixels() if spaces.pixels else None
+        return SquashedGaussianActor(spaces.obs_dim, spaces.action_space, encoder=encoder).to(device)
 
     def make_source(
         self, rank: int, device: torch.device, video_dir: str | None, env_ranks: int, batch_rows: int
     ) -> ReplayCollector:
         buffer = ReplayBuffer(self.capacity_per_rank(env_ranks), transition_columns(self.spaces), device)
-        envs = make_vector_env(self.spaces.env_id, self.cfg.num_envs, video_dir, self.vector_mode)
-        return ReplayCollector(self.cfg, envs, self.spaces.action_space, buffer, rank, env_ranks, batch_rows, device)
+        envs = self.make_envs(video_dir, env_seeds(self.cfg.seed, rank, self.cfg.num_envs)[0])
+        return ReplayCollector(self.cfg, envs, self.spaces.action_space, buffer, rank, env_ranks, batch_rows, device,
+                               self.training_signal())  # fmt: skip
 
     def make_learner(self, policy: nn.Module, runtime: Runtime, shard: DataShard, env_ranks: int) -> SACLearner:
         assert isinstance(policy, SquashedGaussianActor)

@@ -34,13 +34,18 @@ class SquashedGaussianActor(nn.Module):
     """obs -> 256 -> 256 -> (mean, log-std) of a Gaussian whose sample is tanh-squashed into the action bounds.
 
     `forward(obs, noise)` is the reparameterized training call; acting and evaluation use `act`
-    and `greedy_action`.
+    and `greedy_action`. With an `encoder` (images), obs -> encoder -> features -> 256 ...;
+    the encoder is the critics' too, and trained by their loss alone: the actor's loss starts
+    from detached features (`from_features`), as SAC-AE and DrQ train pixel SAC.
     """
 
-    def __init__(self, obs_dim: int, action_space: gym.spaces.Box, hidden: int = HIDDEN_SIZE) -> None:
+    def __init__(
+        self, obs_dim: int, action_space: gym.spaces.Box, hidden: int = HIDDEN_SIZE, encoder: nn.Module | None = None
+    ) -> None:
         super().__init__()
         action_dim = int(action_space.shape[0])
-        self.hidden1 = nn.Linear(obs_dim, hidden)
+        self.encoder = encoder
+        self.hidden1 = nn.Linear(getattr(encoder, "features", obs_dim), hidden)
         self.hidden2 = nn.Linear(hidden, hidden)
         self.mean = nn.Linear(hidden, action_dim)
         self.log_std = nn.Linear(hidden, action_dim)
@@ -54,15 +59,31 @@ class SquashedGaussianActor(nn.Module):
     def action_dim(self) -> int:
         return self.mean.out_features
 
-    def distribution(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+    @property
+    def feature_dim(self) -> int:
+        """What the critics see of an observation: the encoder's features, or the observation itself."""
+        return self.hidden1.in_features
+
+    def encode(self, obs: Tensor) -> Tensor:
+        return obs if self.encoder is None else self.encoder(obs)
+
+    def head_parameters(self) -> list[nn.Parameter]:
+        """The actor's own parameters: all but the encoder's, which the critics' loss trains."""
+        encoder = set() if self.encoder is None else set(self.encoder.parameters())
+        return [parameter for parameter in self.parameters() if parameter not in encoder]
+
+    def distribution(self, features: Tensor) -> tuple[Tensor, Tensor]:
         """Mean and log-std of the Gaussian before the squash."""
-        features = torch.relu(_linear(self.hidden2, torch.relu(_linear(self.hidden1, obs))))
-        log_std = _linear(self.log_std, features).clamp(LOG_STD_MIN, LOG_STD_MAX)
-        return _linear(self.mean, features), log_std
+        hidden = torch.relu(_linear(self.hidden2, torch.relu(_linear(self.hidden1, features))))
+        log_std = _linear(self.log_std, hidden).clamp(LOG_STD_MIN, LOG_STD_MAX)
+        return _linear(self.mean, hidden), log_std
 
     def forward(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
         """A reparameterized action for standard-normal `noise`, and its log-prob."""
-        mean, log_std = self.distribution(obs)
+        return self.from_features(self.encode(obs), noise)
+
+    def from_features(self, features: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        mean, log_std = self.distribution(features)
         pre_tanh = mean + log_std.exp() * noise
         noise_logprob = (-0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
         return squash(pre_tanh, noise_logprob, self.action_scale, self.action_bias)
@@ -79,7 +100,7 @@ class SquashedGaussianActor(nn.Module):
 
     @torch.no_grad()
     def greedy_action(self, obs: Tensor) -> Tensor:
-        mean, _ = self.distribution(obs)
+        mean, _ = self.distribution(self.encode(obs))
         return torch.tanh(mean) * self.action_scale + self.action_bias
 
 
@@ -95,15 +116,15 @@ class CriticEnsemble(nn.Module):
     Two critics as one module cost one kernel per layer instead of two.
     """
 
-    def __init__(self, obs_dim: int, action_dim: int, hidden: int = HIDDEN_SIZE, members: int = NUM_CRITICS):
+    def __init__(self, feature_dim: int, action_dim: int, hidden: int = HIDDEN_SIZE, members: int = NUM_CRITICS):
         super().__init__()
-        inputs = obs_dim + action_dim
+        inputs = feature_dim + action_dim
         self.w1, self.b1 = _uniform((members, inputs, hidden), inputs), _uniform((members, 1, hidden), inputs)
         self.w2, self.b2 = _uniform((members, hidden, hidden), hidden), _uniform((members, 1, hidden), hidden)
         self.w3, self.b3 = _uniform((members, hidden, 1), hidden), _uniform((members, 1, 1), hidden)
 
     def forward(self, obs: Tensor, action: Tensor) -> Tensor:
-        """Q-values of every member, shape [members, rows]."""
+        """Q-values of every member, shape [members, rows]; `obs` are the actor's features of the observations."""
         return self.q_values(obs, action, self.w1, self.b1, self.w2, self.b2, self.w3, self.b3)
 
     def q_values_of_actions(self, obs: Tensor, action: Tensor) -> Tensor:
