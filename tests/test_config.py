@@ -45,6 +45,10 @@ def check(cfg, world_size=1, gpu_count=0):
         ({"total_timesteps": 255}, "--total-timesteps"),
         ({"cuda": True}, "--cuda"),
         ({"player_on_gpu": True}, "--player-on-gpu"),
+        ({"frame_stack": 0}, "--frame-stack"),
+        ({"frame_skip": 0}, "--frame-skip"),
+        ({"resize": -1}, "--resize"),
+        ({"noop_max": -1}, "--noop-max"),
     ],
 )
 def test_bad_values_name_their_flag(changes, flag):

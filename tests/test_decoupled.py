@@ -65,20 +65,6 @@ def test_player_and_trainers_run_both_data_paths(tmp_path, nproc, args):
     assert "agent" in load_agent(directory)
 
 
-def test_one_trainer_sharing_data_equals_a_single_process_coupled_run(tmp_path):
-    args = [*SHORT, "--share-data", "--torch-threads", "1", "--eval-episodes", "0"]
-    (tmp_path / "coupled").mkdir()
-    (tmp_path / "decoupled").mkdir()
-    coupled = launch("python", SCRIPTS["fabric"], args, tmp_path / "coupled")
-    decoupled = launch("fabric run", SCRIPTS["decoupled"], args, tmp_path / "decoupled", nproc=2)
-    assert coupled.returncode == 0 and decoupled.returncode == 0, decoupled.stderr[-3000:]
-    coupled_dir, decoupled_dir = run_dir(tmp_path / "coupled", "fabric"), run_dir(tmp_path / "decoupled", "decoupled")
-    coupled_agent, decoupled_agent = load_agent(coupled_dir)["agent"], load_agent(decoupled_dir)["agent"]
-    assert all(torch.equal(coupled_agent[name], decoupled_agent[name]) for name in coupled_agent)
-    for tag in ("Loss/policy_loss", "Loss/value_loss", "Loss/entropy", "Rewards/rew_avg"):
-        assert read_scalars(coupled_dir)[tag] == read_scalars(decoupled_dir)[tag], tag
-
-
 def test_two_players_feed_every_update_with_both_rollouts_as_coupled_ranks_do(tmp_path):
     """Two players and two trainers sharing data train exactly as two coupled ranks sharing data:
     each update holds both players' rollouts of the same weights, each once. Asynchronous with a

@@ -96,6 +96,26 @@ def test_pixel_rollouts_stay_uint8_and_travel_as_one_byte_a_pixel():
     assert isinstance(mlp.build_policy(CPU), MLPActorCritic)
 
 
+@pytest.mark.parametrize(
+    ("changes", "flag", "says"),
+    [
+        (
+            {"env_id": "rl/PixelCartPole-v1", "vector_mode": "envpool"},
+            "--vector-mode",
+            "envpool has no rl/PixelCartPole",
+        ),
+        ({"env_id": "CarRacing-v3", "vector_mode": "native"}, "--vector-mode", "no native vector env"),
+        ({"env_id": "CartPole-v1", "encoder": "cnn"}, "--encoder", "cnn needs image observations"),
+        ({"env_id": "rl/PixelCartPole-v1", "resize": 32}, "--resize", "at least 36x36"),
+    ],
+)
+def test_pixel_flags_that_cannot_work_are_refused_naming_the_flag(changes, flag, says):
+    cfg = PPOConfig(**changes)
+    with pytest.raises(UsageError, match=says) as error:
+        PPO(cfg, inspect_env(cfg.env_id, cfg.preprocessing()))
+    assert error.value.flag == flag
+
+
 def test_image_observations_cannot_be_normalized_with_running_statistics():
     cfg = PPOConfig(env_id="rl/PixelCartPole-v1", normalize_observations=True)
     with pytest.raises(UsageError) as error:
@@ -190,10 +210,24 @@ def test_videos_show_the_envs_own_frames_not_the_agents_input(tmp_path):
         assert tuple(clip.size) == (600, 400)  # CartPole's own rendering, not the 40 x 40 observation
 
 
-def test_decoupled_ppo_on_pixels_equals_one_coupled_process(tmp_path):
-    """The uint8 frames travel from the player to the trainer bit for bit."""
-    args = [*PIXEL_CARTPOLE, "--total-timesteps", "1024", "--update-epochs", "2", "--torch-threads", "1",
-            "--share-data", "--eval-episodes", "2"]  # fmt: skip
+PPO_ON_PIXELS = [*PIXEL_CARTPOLE, "--total-timesteps", "1024", "--update-epochs", "2", "--eval-episodes", "2"]
+SAC_ON_PIXELS = ["sac", "--env-id", "CarRacing-v3", "--resize", "36", "--frame-stack", "2", "--total-timesteps", "300",
+                 "--learning-starts", "200", "--batch-size", "16", "--buffer-size", "1000", "--log-every", "100",
+                 "--eval-episodes", "0"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "tags"),
+    [
+        (PPO_ON_PIXELS, ["Loss/policy_loss", "Loss/value_loss", "Rewards/rew_avg"]),
+        (SAC_ON_PIXELS, ["Loss/critic_loss"]),
+    ],
+    ids=["ppo", "sac"],
+)
+def test_one_decoupled_trainer_sharing_data_equals_one_coupled_process_on_pixels(tmp_path, args, tags):
+    """A player and one trainer train exactly as one coupled process: the uint8 frames travel bit for bit
+    (SAC's through its replay buffer too, its encoder trained by the critics)."""
+    args = [*args, "--torch-threads", "1", "--share-data"]
     (tmp_path / "coupled").mkdir()
     (tmp_path / "decoupled").mkdir()
     coupled = launch("python", SCRIPTS["fabric"], args, tmp_path / "coupled")
@@ -203,22 +237,5 @@ def test_decoupled_ppo_on_pixels_equals_one_coupled_process(tmp_path):
     coupled_agent, decoupled_agent = load_agent(coupled_dir)["agent"], load_agent(decoupled_dir)["agent"]
     assert any(name.startswith("encoder.convs") for name in coupled_agent)
     assert all(torch.equal(coupled_agent[name], decoupled_agent[name]) for name in coupled_agent)
-    for tag in ("Loss/policy_loss", "Loss/value_loss", "Rewards/rew_avg"):
+    for tag in tags:
         assert read_scalars(coupled_dir)[tag] == read_scalars(decoupled_dir)[tag], tag
-
-
-def test_decoupled_sac_on_pixels_equals_one_coupled_process(tmp_path):
-    """Pixel SAC: uint8 frames in the replay buffer and on the wire, the encoder trained by the critics."""
-    args = ["sac", "--env-id", "CarRacing-v3", "--resize", "36", "--frame-stack", "2", "--total-timesteps", "300",
-            "--learning-starts", "200", "--batch-size", "16", "--buffer-size", "1000", "--log-every", "100",
-            "--torch-threads", "1", "--eval-episodes", "0", "--share-data"]  # fmt: skip
-    (tmp_path / "coupled").mkdir()
-    (tmp_path / "decoupled").mkdir()
-    coupled = launch("python", SCRIPTS["fabric"], args, tmp_path / "coupled")
-    decoupled = launch("fabric run", SCRIPTS["decoupled"], args, tmp_path / "decoupled", nproc=2)
-    assert coupled.returncode == 0 and decoupled.returncode == 0, (coupled.stderr + decoupled.stderr)[-3000:]
-    coupled_dir, decoupled_dir = run_dir(tmp_path / "coupled", "fabric"), run_dir(tmp_path / "decoupled", "decoupled")
-    coupled_agent, decoupled_agent = load_agent(coupled_dir)["agent"], load_agent(decoupled_dir)["agent"]
-    assert any(name.startswith("encoder.convs") for name in coupled_agent)
-    assert all(torch.equal(coupled_agent[name], decoupled_agent[name]) for name in coupled_agent)
-    assert read_scalars(coupled_dir)["Loss/critic_loss"] == read_scalars(decoupled_dir)["Loss/critic_loss"]
