@@ -145,9 +145,10 @@ def _checked_action_space(space: gym.Space) -> gym.Space:
 
 def make_env(env_id: str, video_dir: str | None, preprocessing: Preprocessing, clip_actions: bool = True) -> gym.Env:
     """One env as training steps it: observations preprocessed, Box actions clipped to the bounds."""
-    render_mode = "rgb_array" if video_dir else None
-    # ALE envs skip frames in AtariPreprocessing, which max-pools the last two of each skip.
-    env = gym.make(env_id, render_mode=render_mode, **({"frameskip": 1} if is_atari(env_id) else {}))
+    options = {"render_mode": "rgb_array"} if video_dir else {}
+    if is_atari(env_id):
+        options["frameskip"] = 1  # AtariPreprocessing skips frames, max-pooling the last two of each skip
+    env = gym.make(env_id, **options)
     if video_dir:  # innermost: the video shows the env's own frames, every one, not the agent's input
         env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)
     if is_image_space(env.observation_space):

@@ -146,21 +146,6 @@ def test_decoupled_sac_runs_every_data_path(tmp_path, nproc, args):
     assert "evaluation over 2 greedy episodes" in finished.stdout
 
 
-def test_one_sac_trainer_equals_a_single_process_coupled_run(tmp_path):
-    args = [*SHORT, "--total-timesteps", "600", "--learning-starts", "300", "--torch-threads", "1",
-            "--eval-episodes", "0"]  # fmt: skip
-    (tmp_path / "coupled").mkdir()
-    (tmp_path / "decoupled").mkdir()
-    coupled = launch("python", SCRIPTS["fabric"], args, tmp_path / "coupled")
-    decoupled = launch("fabric run", SCRIPTS["decoupled"], [*args, "--share-data"], tmp_path / "decoupled", nproc=2)
-    assert coupled.returncode == 0 and decoupled.returncode == 0, (coupled.stderr + decoupled.stderr)[-3000:]
-    coupled_dir, decoupled_dir = run_dir(tmp_path / "coupled", "fabric"), run_dir(tmp_path / "decoupled", "decoupled")
-    coupled_agent, decoupled_agent = load_agent(coupled_dir)["agent"], load_agent(decoupled_dir)["agent"]
-    assert all(torch.equal(coupled_agent[name], decoupled_agent[name]) for name in coupled_agent)
-    for tag in ("Loss/critic_loss", "Loss/actor_loss", "Info/alpha", "Rewards/rew_avg"):
-        assert read_scalars(coupled_dir)[tag] == read_scalars(decoupled_dir)[tag], tag
-
-
 def test_resuming_with_the_buffer_equals_an_uninterrupted_run(tmp_path):
     base = [*SHORT, "--eval-episodes", "0", "--save-buffer", "--checkpoint-every", "400"]
     (tmp_path / "full").mkdir()
@@ -194,7 +179,7 @@ def test_evaluation_cli_on_a_sac_checkpoint_with_video(fabric_and_torch_sac_runs
 
 SAC_BAD_INPUTS = [
     (["sac", "--env-id", "CartPole-v1"], "--env-id", "SAC needs continuous (Box) actions"),
-    (["sac", "--env-id", "CarRacing-v3"], "--env-id", "image observations"),
+    (["sac", "--env-id", "CarRacing-v3"], "--buffer-size", "lower --buffer-size"),  # 1M pixel transitions: 53 GiB
     (["sac", "--env-id", "envs_for_tests:UnboundedActions-v0"], "--env-id", "not finite"),
     (["sac", "--tau", "2"], "--tau", "must be in (0, 1]"),
     (["sac", "--buffer-size", "100000000000"], "--buffer-size", "lower --buffer-size"),
