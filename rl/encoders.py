@@ -18,6 +18,7 @@ from rl.errors import UsageError
 
 EncoderKind = Literal["auto", "mlp", "cnn"]
 NATURE_FEATURES = 512
+NATURE_CONVS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))  # (channels out, kernel, stride) of each convolution
 NATURE_MIN_SIDE = 36  # the smallest image its three convolutions reduce to one pixel
 
 
@@ -61,13 +62,12 @@ class NatureCNN(nn.Module):
         super().__init__()
         self.layout = ImageLayout(obs_shape)
         channels, height, width = self.layout.chw
-        self.convs = nn.Sequential(
-            nn.Conv2d(channels, 32, 8, stride=4), nn.ReLU(),
-            nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-            nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(),
-            nn.Flatten(),
-        )  # fmt: skip
-        self.linear = nn.Linear(64 * _conv_side(height) * _conv_side(width), features)
+        layers: list[nn.Module] = []
+        for out_channels, kernel, stride in NATURE_CONVS:
+            layers += [nn.Conv2d(channels, out_channels, kernel, stride=stride), nn.ReLU()]
+            channels = out_channels
+        self.convs = nn.Sequential(*layers, nn.Flatten())
+        self.linear = nn.Linear(channels * _conv_side(height) * _conv_side(width), features)
         self.features = features
 
     def forward(self, obs: Tensor) -> Tensor:
@@ -77,8 +77,9 @@ class NatureCNN(nn.Module):
         return torch.relu(self.linear(self.convs(images)))
 
 
-def _conv_side(side: int) -> int:
-    for kernel, stride in ((8, 4), (4, 2), (3, 1)):
+def _conv_side(side: int, layers: int = len(NATURE_CONVS)) -> int:
+    """An image side after the first `layers` convolutions."""
+    for _, kernel, stride in NATURE_CONVS[:layers]:
         side = (side - kernel) // stride + 1
     return side
 
@@ -117,9 +118,8 @@ def orthogonal_init(module: nn.Module, gain: float) -> None:
 def nature_flops_per_sample(obs_shape: tuple[int, ...]) -> int:
     """Multiply-adds x 2 of one forward pass through `NatureCNN` (the compute floor's unit)."""
     channels, height, width = ImageLayout(obs_shape).chw
-    flops, side_h, side_w = 0, height, width
-    for out_channels, kernel, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
-        side_h, side_w = (side_h - kernel) // stride + 1, (side_w - kernel) // stride + 1
-        flops += 2 * side_h * side_w * out_channels * kernel * kernel * channels
+    flops = 0
+    for layer, (out_channels, kernel, _) in enumerate(NATURE_CONVS, start=1):
+        flops += 2 * _conv_side(height, layer) * _conv_side(width, layer) * out_channels * kernel * kernel * channels
         channels = out_channels
-    return flops + 2 * side_h * side_w * channels * NATURE_FEATURES
+    return flops + 2 * _conv_side(height) * _conv_side(width) * channels * NATURE_FEATURES

@@ -83,6 +83,13 @@ def is_image_space(space: gym.Space) -> bool:
     return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and 2 <= len(space.shape) <= 4
 
 
+def observations_tensor(obs: np.ndarray, pixels: bool, device: torch.device) -> torch.Tensor:
+    """Observations [rows, ...] as the policy takes them: uint8 images as they are, anything else as float32 rows."""
+    if pixels:
+        return torch.as_tensor(obs).to(device)
+    return torch.as_tensor(obs, dtype=torch.float32).reshape(obs.shape[0], -1).to(device)
+
+
 def is_atari(env_id: str) -> bool:
     return env_id.startswith("ALE/")
 
@@ -242,7 +249,8 @@ def make_envpool(env_id: str, num_envs: int, steps: Preprocessing, seed: int) ->
 
 
 def c_int_seed(seed: int, num_envs: int) -> int:
-    """A seed that ale-py's and envpool's vector envs take: they seed their envs seed, seed + 1, ... as C ints."""
+    """A seed that every vector env of its own takes (ale-py's and envpool's seed their envs seed,
+    seed + 1, ... as C ints)."""
     return seed % (2**31 - num_envs)
 
 
@@ -254,12 +262,11 @@ def resets_next_step(envs: gym.vector.VectorEnv) -> bool:
 def reset_vector_env(envs: gym.vector.VectorEnv, seeds: list[int]) -> tuple[np.ndarray, dict]:
     """Reset every env: one seed each where the envs are separate, the first seed for a native vector
     env; envpool was seeded when it was made. Returns the first observations and the info."""
-    separate = isinstance(envs.unwrapped, gym.vector.SyncVectorEnv | gym.vector.AsyncVectorEnv)
     if is_envpool(envs):
         return envs.reset()
-    if type(envs.unwrapped).__name__ == "AtariVectorEnv":
-        return envs.reset(seed=c_int_seed(seeds[0], envs.num_envs))
-    return envs.reset(seed=seeds if separate else seeds[0])
+    if isinstance(envs.unwrapped, gym.vector.SyncVectorEnv | gym.vector.AsyncVectorEnv):
+        return envs.reset(seed=seeds)
+    return envs.reset(seed=c_int_seed(seeds[0], envs.num_envs))
 
 
 def is_envpool(envs: gym.vector.VectorEnv) -> bool:

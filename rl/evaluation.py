@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from rl.envs import ATARI_PREPROCESSING, Preprocessing, is_image_space, make_vector_env
+from rl.envs import ATARI_PREPROCESSING, Preprocessing, is_image_space, make_vector_env, observations_tensor
 from rl.experience import Policy
 from rl.normalization import ObservationNormalizer
 from rl.seeds import EVAL_STREAM, derive_seed
@@ -50,10 +50,3 @@ def evaluate_greedy(
     finally:
         envs.close()
     return returns, lengths
-
-
-def observations_tensor(obs: np.ndarray, pixels: bool, device: torch.device) -> torch.Tensor:
-    """Observations as the policy takes them: uint8 images as they are, anything else as float32 rows."""
-    if pixels:
-        return torch.as_tensor(obs, device=device)
-    return torch.as_tensor(obs, dtype=torch.float32, device=device).reshape(obs.shape[0], -1)

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from rl.batch import TensorBatch
-from rl.envs import is_image_space, reset_vector_env, resets_next_step
+from rl.envs import is_image_space, observations_tensor, reset_vector_env, resets_next_step
 from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
 
 
@@ -167,9 +167,7 @@ class ExperienceSource(ABC):
     def to_tensor(self, array: np.ndarray) -> Tensor:
         """Observations of shape [rows, ...] on this rank's device: uint8 images as they are, anything
         else as float32 vectors."""
-        if self.pixels:
-            return torch.as_tensor(array).to(self.device)
-        return torch.as_tensor(array, dtype=torch.float32).reshape(array.shape[0], -1).to(self.device)
+        return observations_tensor(array, self.pixels, self.device)
 
     def close(self) -> None:
         self.envs.close()

@@ -9,8 +9,6 @@ CartPole's own frames. Registered as `rl/PixelCartPole-v1`.
 
 from __future__ import annotations
 
-from typing import Any
-
 import gymnasium as gym
 import numpy as np
 
@@ -38,9 +36,6 @@ class PixelCartPole(gym.ObservationWrapper):
         inside = (xs >= 0) & (xs < size) & (ys >= 0) & (ys < size)
         image[ys[inside], xs[inside]] = 255
         return image
-
-    def render(self) -> Any:
-        return self.env.render()
 
 
 gym.register("rl/PixelCartPole-v1", entry_point="rl.pixel_cartpole:PixelCartPole")  # CartPole-v1 ends it at 500 steps

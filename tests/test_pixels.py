@@ -2,6 +2,7 @@
 signal beside the game's own score, raw-frame videos, and real runs on a pixel env."""
 
 import glob
+import sys
 
 import envs_for_tests  # noqa: F401  (registers LivesGame-v0)
 import gymnasium as gym
@@ -116,6 +117,35 @@ def test_pixel_flags_that_cannot_work_are_refused_naming_the_flag(changes, flag,
     assert error.value.flag == flag
 
 
+def test_a_backend_whose_frames_differ_from_gymnasiums_is_refused_naming_the_flag():
+    cfg = PPOConfig(env_id="CarRacing-v3", vector_mode="envpool")  # envpool's CarRacing: raw 96 x 96 colour
+    algorithm = PPO(cfg, inspect_env(cfg.env_id, cfg.preprocessing()))
+    with pytest.raises(UsageError, match=r"observations of shape \(96, 96, 3\)") as error:
+        algorithm.make_source(0, CPU, None, env_ranks=1, batch_rows=256)
+    assert error.value.flag == "--vector-mode"
+
+
+def test_an_atari_id_without_ale_py_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ale_py", None)  # as if ale-py were not installed
+    with pytest.raises(UsageError, match=r"ALE/Pong-v5 needs ale-py: pip install -e '\.\[atari\]'") as error:
+        inspect_env("ALE/Pong-v5")
+    assert error.value.flag == "--env-id"
+
+
+@pytest.mark.parametrize(
+    ("env_id", "flags", "signal"),
+    [
+        ("ALE/Breakout-v5", {}, TrainingSignal(episodic_life=True, clip_rewards=True)),
+        ("ALE/Breakout-v5", {"episodic_life": False, "clip_rewards": False}, TrainingSignal()),
+        ("ALE/Breakout-v5", {"clip_rewards": False}, TrainingSignal(episodic_life=True)),
+        ("CarRacing-v3", {}, TrainingSignal()),  # never outside Atari, whatever the flags say
+    ],
+)
+def test_episodic_life_and_clipped_rewards_follow_their_flags_on_atari_only(env_id, flags, signal):
+    cfg = PPOConfig(env_id=env_id, **flags)
+    assert PPO(cfg, inspect_env(env_id, cfg.preprocessing())).training_signal() == signal
+
+
 def test_image_observations_cannot_be_normalized_with_running_statistics():
     cfg = PPOConfig(env_id="rl/PixelCartPole-v1", normalize_observations=True)
     with pytest.raises(UsageError) as error:
@@ -197,8 +227,7 @@ def test_atari_runs_in_every_vector_mode_with_lives_for_the_learner(mode):
 
 
 def test_videos_show_the_envs_own_frames_not_the_agents_input(tmp_path):
-    pytest.importorskip("moviepy", reason="the video extra")  # installed by the dev extra the tests run with
-    from moviepy import VideoFileClip
+    from moviepy import VideoFileClip  # the video extra, in the dev extra the tests run with
 
     spaces = inspect_env("rl/PixelCartPole-v1", SMALL_FRAMES)
     cfg = PPOConfig(env_id="rl/PixelCartPole-v1", resize=0, frame_stack=2, encoder="mlp")

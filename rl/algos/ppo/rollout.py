@@ -106,7 +106,8 @@ class RolloutCollector(ExperienceSource):
             env_side["terminated"][step] = terminated
             env_side["truncated"][step] = truncated
             env_side["is_transition"][step] = is_transition
-            buf.raw_obs[step] = self.raw_obs
+            if buf.raw_obs is not buf.obs:  # one buffer without observation normalization
+                buf.raw_obs[step] = self.raw_obs
             buf.obs[step] = obs
             buf.actions[step] = action
             buf.logprobs[step] = logprob
