@@ -11,7 +11,7 @@ from rl.runtime import FabricRuntime
 
 
 def main(argv: list[str]) -> None:
-    algorithm, world_size, resume = prepare(argv)
+    algorithm, world_size, resume = prepare(argv, FabricRuntime.log_subdir)
     train_coupled(algorithm, FabricRuntime(algorithm.cfg, world_size), resume)
 
 

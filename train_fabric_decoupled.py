@@ -6,11 +6,11 @@ fabric run --devices=3 train_fabric_decoupled.py --cuda [--player-on-gpu]
 """
 
 from rl.cli import prepare, run_main
-from rl.modes.decoupled import train_decoupled
+from rl.modes.decoupled import LOG_SUBDIR, train_decoupled
 
 
 def main(argv: list[str]) -> None:
-    algorithm, world_size, resume = prepare(argv, mode="decoupled")
+    algorithm, world_size, resume = prepare(argv, LOG_SUBDIR, mode="decoupled")
     train_decoupled(algorithm, world_size, resume)
 
 

@@ -6,10 +6,11 @@ python train_hogwild.py sac --env-id Pendulum-v1 --workers 2 --sync shared
 
 from rl.cli import prepare, run_main
 from rl.modes.hogwild import train_hogwild
+from rl.runtime import LocalRuntime
 
 
 def main(argv: list[str]) -> None:
-    algorithm, _, resume = prepare(argv, mode="hogwild")
+    algorithm, _, resume = prepare(argv, LocalRuntime.log_subdir, mode="hogwild")
     train_hogwild(algorithm, resume)
 
 

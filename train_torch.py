@@ -10,7 +10,7 @@ from rl.runtime import TorchRuntime
 
 
 def main(argv: list[str]) -> None:
-    algorithm, world_size, resume = prepare(argv)
+    algorithm, world_size, resume = prepare(argv, TorchRuntime.log_subdir)
     train_coupled(algorithm, TorchRuntime(algorithm.cfg, world_size), resume)
 
 

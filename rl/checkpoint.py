@@ -84,10 +84,17 @@ def saved_algorithm(state: dict[str, Any]) -> str:
 
 
 def check_resumable(
-    state: dict[str, Any], cfg: RunConfig, world_size: int, env_id: str, mode: str, algorithm: str,
-    processes_flag: str = "--devices",
+    state: dict[str, Any], cfg: RunConfig, world_size: int | None, env_id: str, mode: str, algorithm: str,
+    processes_flag: str = "--devices", finished_ok: bool = False,
 ) -> None:  # fmt: skip
-    """A resumed run must keep what shapes its envs, networks and per-rank state."""
+    """A resumed run must keep what shapes its envs, networks and per-rank state.
+
+    `finished_ok`: a checkpoint at the last step may be resumed (a restart after it was written
+    only has the saved agent and the evaluation left to do).
+
+    `world_size` None: any number of processes may resume it (torchrun's changing membership),
+    each with its share of the per-rank fields, which are then checked as the shares they are.
+    """
     if "rank_states" not in state:
         raise UsageError("--resume-from", "this file holds a saved agent, not a training checkpoint")
     if saved_algorithm(state) != algorithm:
@@ -98,15 +105,17 @@ def check_resumable(
     saved = type(cfg)().to_dict() | state["config"] | {"env_id": state["env_id"]}
     current = cfg.to_dict() | {"env_id": env_id}
     for field in cfg.IMMUTABLE:
+        if world_size is None and field in cfg.PER_RANK:
+            continue
         if saved[field] != current[field]:
             raise UsageError(
                 flag(field), f"the checkpoint was trained with {saved[field]!r}; it cannot change on resume"
             )
-    if state["world_size"] != world_size:
+    if world_size is not None and state["world_size"] != world_size:
         raise UsageError(
             processes_flag, f"the checkpoint was written by {processes(state['world_size'])}, not {world_size}"
         )
-    if state["counters"]["global_step"] >= cfg.total_timesteps:
+    if state["counters"]["global_step"] >= cfg.total_timesteps and not finished_ok:
         raise UsageError(
             "--total-timesteps",
             f"the checkpoint is already at step {state['counters']['global_step']}; ask for more to resume",

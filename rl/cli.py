@@ -11,19 +11,30 @@ from typing import Literal
 import torch
 
 from rl.algos.base import Algorithm
-from rl.checkpoint import check_resumable, load_checkpoint
+from rl.checkpoint import CHECKPOINT_DIR, check_resumable, load_checkpoint
 from rl.config import (
     RunConfig,
+    flag,
     local_world_size_from_env,
     parse_config_flags,
     validate,
     validate_decoupled,
     world_size_from_env,
 )
+from rl.elastic import (
+    RepeatedFailure,
+    begin_round,
+    check_writable,
+    newest_checkpoint,
+    record_fault,
+    restart_count,
+    under_torchelastic,
+)
 from rl.envs import inspect_env
 from rl.errors import UsageError, exit_on_usage_error, print_error
 from rl.optim import TrainingDiverged
 from rl.registry import ALGORITHMS, DEFAULT_ALGORITHM, algorithm_type
+from rl.run import fixed_run_dir
 from rl.runtime import configure_torch_threads
 
 Mode = Literal["coupled", "decoupled", "hogwild"]
@@ -40,14 +51,18 @@ def parse_config(argv: list[str]) -> RunConfig:
     return parse_config_flags(ALGORITHMS[name].config_type, flags, prog=program)
 
 
-def prepare(argv: list[str], mode: Mode = "coupled") -> tuple[Algorithm, int, dict | None]:
+def prepare(argv: list[str], log_subdir: str, mode: Mode = "coupled") -> tuple[Algorithm, int, dict | None]:
     """The algorithm (config and env spaces), world size and checkpoint, all checked before any process group.
 
     Every rank runs this on the same input, so bad input stops every rank here, with the
-    same one-line error, before a collective could leave one of them waiting.
+    same one-line error, before a collective could leave one of them waiting. `log_subdir`
+    is the mode's folder under --log-dir.
     """
     cfg = parse_config(argv)
     world_size = cfg.workers if mode == "hogwild" else world_size_from_env()
+    resume, automatic = find_resume(cfg, log_subdir)
+    if resume is not None and under_torchelastic() and mode == "coupled":
+        keep_global_batch(cfg, resume, world_size)
     gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     decoupled = mode == "decoupled"
     if decoupled:
@@ -66,14 +81,50 @@ def prepare(argv: list[str], mode: Mode = "coupled") -> tuple[Algorithm, int, di
     env_processes_here = {"decoupled": cfg.num_players, "hogwild": world_size}.get(mode, local_world_size_from_env())
     acting_on_gpu = cfg.cuda and (not decoupled or cfg.player_on_gpu)
     algorithm.check_memory(env_ranks, env_processes_here, acting_on_gpu)
-    resume = None
-    if cfg.resume_from is not None:  # read on every rank now, so a bad file stops all before any collective
-        resume = load_checkpoint(cfg.resume_from)
+    if resume is not None:
         processes_flag = "--workers" if mode == "hogwild" else "--devices"
-        check_resumable(resume, cfg, world_size, spaces.env_id, mode, algorithm.name, processes_flag)
+        new_world_allowed = under_torchelastic() and mode == "coupled"
+        check_resumable(resume, cfg, None if new_world_allowed else world_size, spaces.env_id, mode, algorithm.name,
+                        processes_flag, finished_ok=automatic)  # fmt: skip
+    run_dir = fixed_run_dir(cfg, log_subdir)
+    check_writable(os.path.join(run_dir or os.path.join(cfg.log_dir, log_subdir), CHECKPOINT_DIR), "--log-dir")
+    if run_dir is not None:
+        resume_step = resume["counters"]["global_step"] if resume else 0
+        begin_round(run_dir, resume_step, cfg.resume_from, int(os.environ.get("RANK", "0")))
     configure_torch_threads(cfg.torch_threads)
     torch.backends.cudnn.deterministic = cfg.torch_deterministic
     return algorithm, world_size, resume
+
+
+def find_resume(cfg: RunConfig, log_subdir: str) -> tuple[dict | None, bool]:
+    """The checkpoint to resume from, read on every rank now, so a bad file stops all before any collective,
+    and whether the run found it itself (rather than by --resume-from).
+
+    A named run, or a torchrun job restarted, resumes from the newest complete checkpoint in
+    its folder (with --resume-from too, once torchrun has restarted it: the folder is the
+    resumed run's, and may hold newer checkpoints by then).
+    """
+    run_dir = fixed_run_dir(cfg, log_subdir)
+    restarted = under_torchelastic() and restart_count() > 0
+    newest = newest_checkpoint(run_dir) if run_dir is not None and (cfg.resume_from is None or restarted) else None
+    if newest is not None:
+        cfg.resume_from = newest
+    if cfg.resume_from is None:
+        return None, False
+    flag = "--run-name" if newest is not None and cfg.run_name else "--resume-from"
+    return load_checkpoint(cfg.resume_from, flag), newest is not None
+
+
+def keep_global_batch(cfg: RunConfig, resume: dict, world_size: int) -> None:
+    """Resuming at another world size under torchrun: each rank takes its share of the checkpoint's global
+    envs and batch, so the learning sees the same global batch whatever the number of ranks."""
+    saved_world = resume["world_size"]
+    for name in cfg.PER_RANK:
+        total = resume["config"][name] * saved_world
+        if total % world_size:
+            raise UsageError(flag(name), f"the checkpoint's {saved_world} ranks ran {total} in all, which "
+                             f"{world_size} ranks cannot share evenly")  # fmt: skip
+        setattr(cfg, name, total // world_size)
 
 
 def check_mode_flags(cfg: RunConfig, mode: Mode) -> None:
@@ -90,6 +141,8 @@ def check_mode_flags(cfg: RunConfig, mode: Mode) -> None:
             if given:
                 raise UsageError(flag, "belongs to Hogwild mode: python train_hogwild.py ...")
         return
+    if cfg.checkpoint_seconds:
+        raise UsageError("--checkpoint-every", "Hogwild workers meet at checkpoints by step; give env steps")
     if cfg.cuda:
         raise UsageError("--cuda", "Hogwild workers share their networks in CPU memory; train without --cuda")
     if cfg.share_data:
@@ -105,13 +158,21 @@ def check_video_support() -> None:
 
 
 def run_main(main: Callable[[list[str]], None]) -> None:
+    role = f"rank {os.environ.get('RANK', '0')}"
     with exit_on_usage_error():
         try:
             main(sys.argv[1:])
         except (TrainingDiverged, FloatingPointError) as error:
+            record_fault(role, "failed", str(error))
             print_error(f"error: training stopped: {error}; the checkpoints written so far hold finite weights")
             sys.stderr.flush()
             os._exit(1)  # every rank stops here at the same step; a process group teardown could block
+        except RepeatedFailure as error:
+            print_error(f"error: {error}")
+            os._exit(1)  # before any process group: nothing to tear down
+        except Exception as error:
+            record_fault(role, "failed", f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+            raise  # with its traceback
     exit_without_teardown()
 
 

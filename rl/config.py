@@ -78,12 +78,16 @@ class RunConfig:
     """root folder of the TensorBoard logs and run folders"""
     progress_bar: bool = True
     """show a progress bar on rank 0"""
-    checkpoint_every: int = 0
-    """write a training checkpoint every this many env steps (0: only at the end)"""
+    checkpoint_every: str = "0"
+    """write a training checkpoint every this many env steps (8192), or this often (90s, 10m, 2h), which
+    bounds the work a failure can cost whatever the speed (0: only at the end)"""
     keep_last: int = 3
     """how many of the newest training checkpoints to keep"""
     resume_from: str | None = None
     """continue the run saved in this training checkpoint (same envs, network and process count)"""
+    run_name: str | None = None
+    """the run folder's name under --log-dir (default: experiment, env, seed and start time; under torchrun,
+    the job's --rdzv-id instead of the time); a run whose folder holds a checkpoint resumes from its newest"""
     torch_threads: int = 0
     """torch threads per process; 0 takes the machine's cores divided by the local processes"""
     collective_timeout: float = 300.0
@@ -116,11 +120,13 @@ class RunConfig:
     # Fields a resumed run must share with its checkpoint: they shape the envs or the networks.
     IMMUTABLE = ("env_id", "num_envs", "vector_mode", "num_players", "encoder", "grayscale", "resize", "frame_stack",
                  "frame_skip")  # fmt: skip
+    # Fields that hold one rank's share: a run resumed at another world size rescales them (torchrun).
+    PER_RANK: ClassVar[tuple[str, ...]] = ("num_envs",)
     POSITIVE = (
         "num_envs", "total_timesteps", "keep_last", "collective_timeout", "workers", "sync_every", "num_players",
         "frame_stack", "frame_skip",
     )  # fmt: skip
-    NON_NEGATIVE = ("eval_episodes", "torch_threads", "checkpoint_every", "max_policy_lag", "resize", "noop_max")
+    NON_NEGATIVE = ("eval_episodes", "torch_threads", "max_policy_lag", "resize", "noop_max")
 
     @property
     def steps_per_iteration(self) -> int:
@@ -130,6 +136,16 @@ class RunConfig:
     def preprocessing(self) -> Preprocessing:
         """How the envs prepare image observations (vector observations pass unchanged)."""
         return Preprocessing(self.grayscale, self.resize, self.frame_stack, self.noop_max, self.frame_skip)
+
+    @property
+    def checkpoint_steps(self) -> int:
+        """--checkpoint-every as env steps (0: a time, or only at the end)."""
+        return checkpoint_interval(self.checkpoint_every)[0]
+
+    @property
+    def checkpoint_seconds(self) -> float:
+        """--checkpoint-every as seconds (0: env steps, or only at the end)."""
+        return checkpoint_interval(self.checkpoint_every)[1]
 
     def num_iterations(self, env_ranks: int) -> int:
         return self.total_timesteps // (self.steps_per_iteration * env_ranks)
@@ -142,6 +158,24 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+TIME_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def checkpoint_interval(text: str) -> tuple[int, float]:
+    """`--checkpoint-every` as (env steps, seconds), one of them 0: "8192" is steps, "90s", "10m", "2h" a time."""
+    value = str(text).strip().lower()
+    try:
+        if value[-1:] in TIME_UNITS:
+            seconds = float(value[:-1]) * TIME_UNITS[value[-1]]
+            if seconds > 0:
+                return 0, seconds
+        elif int(value) >= 0:
+            return int(value), 0.0
+    except ValueError:
+        pass
+    raise UsageError("--checkpoint-every", f"give env steps (8192) or a positive time (90s, 10m, 2h), got {text!r}")
 
 
 RENAMED_FLAGS = {"asynchronous": "--async"}  # fields whose flag is a Python keyword
@@ -171,6 +205,9 @@ def validate(cfg: RunConfig, world_size: int, gpu_count: int, env_ranks: int | N
     if cfg.seed < 0:
         raise UsageError("--seed", f"must not be negative, got {cfg.seed}")
     check_signs(cfg, cfg.POSITIVE, cfg.NON_NEGATIVE)
+    checkpoint_interval(cfg.checkpoint_every)
+    if cfg.run_name is not None and (not cfg.run_name.strip() or os.sep in cfg.run_name or cfg.run_name in (".", "..")):
+        raise UsageError("--run-name", f"must be a folder name, without {os.sep}; got {cfg.run_name!r}")
     if not 0.0 < cfg.gamma <= 1.0:
         raise UsageError("--gamma", f"must be in (0, 1], got {cfg.gamma}")
     cfg.validate_algorithm()
@@ -213,6 +250,9 @@ def validate_decoupled(cfg: RunConfig, world_size: int) -> None:
         )  # fmt: skip
     if cfg.asynchronous and cfg.pipeline:
         raise UsageError("--pipeline", "is --async with a lag of exactly 1 update; give one of them")
+    if cfg.checkpoint_seconds and cfg.num_players > 1:
+        raise UsageError("--checkpoint-every", "a time needs one player (players agree on checkpoints by step); "
+                         "give env steps")  # fmt: skip
     if cfg.max_policy_lag != 1 and not cfg.asynchronous:
         raise UsageError("--max-policy-lag", "bounds the policy lag of --async; add --async (or drop the flag)")
     cfg.validate_decoupled(num_trainers)

@@ -18,13 +18,13 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from rl.elastic import job_store_client, record_fault
 from rl.errors import print_error
 from rl.optim import TrainingDiverged
 
@@ -57,12 +57,6 @@ HEARTBEAT_SECONDS = 1.0
 def _node_id() -> int:
     """This launcher group: the host, and the node rank a launcher gives (two "nodes" may share a host)."""
     return zlib.crc32(f"{socket.gethostname()}/{os.environ.get('GROUP_RANK', '0')}".encode())
-
-
-def job_store_client(timeout_seconds: float) -> dist.TCPStore:
-    """A client of the job's rendezvous store (`MASTER_ADDR:MASTER_PORT`) on a connection of its own."""
-    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                         timeout=timedelta(seconds=timeout_seconds))  # fmt: skip
 
 
 class Heartbeat:
@@ -156,7 +150,13 @@ def report_lost_peers(own_rank: int, name: Callable[[int], str], process_ids: Te
         )
 
     def stopped_by_launcher(signum: int, frame: object) -> None:
-        print_error(f"error: {role}: stopped by the launcher because it lost {lost() or 'another process'}")
+        known = lost()
+        if known:
+            record_fault(role, "lost", known)
+            print_error(f"error: {role}: stopped by the launcher because it lost {known}")
+        else:  # torchrun also restarts every worker when a node joins the job
+            record_fault(role, "stopped", "stopped by the launcher with no process of the job known to be lost")
+            print_error(f"error: {role}: stopped by the launcher (SIGTERM); no process of the job is known to be lost")
         os._exit(1)
 
     previous = signal.signal(signal.SIGTERM, stopped_by_launcher)
@@ -169,8 +169,10 @@ def report_lost_peers(own_rank: int, name: Callable[[int], str], process_ids: Te
         # this process's symptom as if it were the cause.
         known = lost()
         if known:
+            record_fault(role, "lost", known)
             print_error(f"error: {role}: lost {known}")
         elif isinstance(error, PeerLost):  # reaped, or no heartbeat to tell: what the collective saw
+            record_fault(role, "lost", f"{error.peer}: {error.detail}")
             print_error(f"error: {role}: lost {error.peer}: {error.detail}")
         else:
             raise

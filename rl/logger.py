@@ -26,10 +26,10 @@ class MetricsSink(Protocol):
 class FabricSink:
     """Lightning's own TensorBoard logger; it writes on global rank 0 only."""
 
-    def __init__(self, root_dir: str, run_name: str) -> None:
+    def __init__(self, root_dir: str, run_name: str, purge_step: int | None = None) -> None:
         from lightning.fabric.loggers import TensorBoardLogger
 
-        self._logger = TensorBoardLogger(root_dir=root_dir, name=run_name, version="")
+        self._logger = TensorBoardLogger(root_dir=root_dir, name=run_name, version="", purge_step=purge_step)
         self.log_dir = self._logger.log_dir
 
     def log_scalars(self, metrics: dict[str, float], step: int) -> None:
@@ -48,11 +48,11 @@ class FabricSink:
 class SummaryWriterSink:
     """A plain `SummaryWriter` for the torchrun baseline; only rank 0 owns one."""
 
-    def __init__(self, log_dir: str, is_main: bool) -> None:
+    def __init__(self, log_dir: str, is_main: bool, purge_step: int | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.log_dir = log_dir
-        self._writer = SummaryWriter(log_dir) if is_main else None
+        self._writer = SummaryWriter(log_dir, purge_step=purge_step) if is_main else None
 
     def log_scalars(self, metrics: dict[str, float], step: int) -> None:
         if self._writer:

@@ -17,8 +17,9 @@ from torch import nn
 
 from rl import PROCESS_STARTED
 from rl.algos.base import Algorithm, Learner
-from rl.checkpoint import FORMAT
+from rl.checkpoint import FORMAT, run_dir_of
 from rl.config import RunConfig
+from rl.elastic import job_id, start_logged, under_torchelastic
 from rl.envs import video_folder
 from rl.errors import print_error
 from rl.evaluation import evaluate_greedy
@@ -35,25 +36,41 @@ class Run:
     sink: MetricsSink
 
 
-def run_name(cfg: RunConfig, env_id: str) -> str:
-    """One folder name: namespaced ids (ALE/Pong-v5) lose their slash."""
-    return f"{cfg.exp_name}_{env_id.replace('/', '-')}_{cfg.seed}_{datetime.now():%Y%m%d_%H%M%S}"
+def run_name(cfg: RunConfig, env_id: str, suffix: str | None = None) -> str:
+    """One folder name, ending with the start time unless `suffix`: namespaced ids (ALE/Pong-v5) lose their slash."""
+    return f"{cfg.exp_name}_{env_id.replace('/', '-')}_{cfg.seed}_{suffix or f'{datetime.now():%Y%m%d_%H%M%S}'}"
+
+
+def fixed_run_dir(cfg: RunConfig, log_subdir: str) -> str | None:
+    """The folder of a run whose name does not depend on when it started (a resumed run's, a named run's,
+    a torchrun job's: the same in every restart), or None for a run named at its start."""
+    if cfg.resume_from is not None:
+        return run_dir_of(cfg.resume_from)
+    name = cfg.run_name or (run_name(cfg, cfg.env_id, suffix=job_id()) if under_torchelastic() else None)
+    return None if name is None else os.path.join(cfg.log_dir, log_subdir, name)
 
 
 def open_run(cfg: RunConfig, sink: MetricsSink) -> Run:
-    """Log the hyperparameters into a new run folder."""
+    """Log the hyperparameters into the run folder, and a restart's scalars."""
     sink.log_hparams(cfg.to_dict())
     sink.log_text("hyperparameters", hparams_table(cfg.to_dict()))
     return Run(sink.log_dir, sink)
 
 
-def start_run(cfg: RunConfig, runtime: Runtime, env_id: str, resumed_dir: str | None = None) -> Run:
-    """Name the run on rank 0, so that all ranks agree, and open it; a resumed run keeps its folder."""
-    if resumed_dir is not None:
-        root, name = os.path.split(resumed_dir)
-    else:
-        root, name = os.path.join(cfg.log_dir, runtime.log_subdir), runtime.broadcast_object(run_name(cfg, env_id))
-    return open_run(cfg, runtime.make_sink(root, name))
+def start_run(cfg: RunConfig, runtime: Runtime, resume: dict[str, Any] | None) -> Run:
+    """Open the run folder; a run named at its start is named on rank 0, so that all ranks agree.
+
+    A resumed run writes on into its folder's TensorBoard run, which hides what the run before
+    logged past the checkpoint (the steps now done again), so no step is logged twice.
+    """
+    run_dir = fixed_run_dir(cfg, runtime.log_subdir)
+    if run_dir is None:
+        run_dir = os.path.join(cfg.log_dir, runtime.log_subdir, runtime.broadcast_object(run_name(cfg, cfg.env_id)))
+    resume_step = resume["counters"]["global_step"] if resume else None
+    run = open_run(cfg, runtime.make_sink(*os.path.split(run_dir), purge_step=resume_step))
+    if runtime.is_main:
+        run.sink.log_scalars(start_logged(runtime.world_size), resume_step or 0)
+    return run
 
 
 def checkpoint_due(every: int, global_step: int, steps_since_last_check: int) -> bool:
@@ -64,6 +81,26 @@ def checkpoint_due(every: int, global_step: int, steps_since_last_check: int) ->
 def report_due(iteration: int, every: int, last_iteration: int) -> bool:
     """Iterations that log (and check for Ctrl-C and checkpoints): every `every`-th, and the last."""
     return iteration % every == 0 or iteration == last_iteration
+
+
+class CheckpointClock:
+    """`--checkpoint-every` as a time: due once that long has passed since the last checkpoint."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.last = time.monotonic()
+
+    def due(self) -> bool:
+        return self.seconds > 0 and time.monotonic() - self.last >= self.seconds
+
+    def restart(self) -> None:
+        self.last = time.monotonic()
+
+
+def agreed(runtime: Runtime, *flags: bool) -> list[bool]:
+    """Each flag, true where any rank raised it: one all-reduce for all of them."""
+    summed = runtime.all_reduce_sum(torch.tensor([float(flag) for flag in flags], device=runtime.device))
+    return [value > 0 for value in summed.tolist()]
 
 
 class InterruptFlag:
@@ -77,9 +114,6 @@ class InterruptFlag:
 
     def _request(self, signum: int, frame: object) -> None:
         self.requested = True
-
-    def agreed(self, runtime: Runtime) -> bool:
-        return bool(runtime.all_reduce_sum(torch.tensor([float(self.requested)], device=runtime.device)).item() > 0)
 
 
 def agent_state(algorithm: Algorithm, policy: nn.Module, source: ExperienceSource) -> dict[str, Any]:
@@ -138,9 +172,15 @@ def run_state(
 
 
 def restore_run_state(
-    resume: dict[str, Any], rank: int, policy: nn.Module, learner: Learner | None, source: ExperienceSource | None
-) -> None:
-    """Put what this rank holds back as the checkpoint left it."""
+    resume: dict[str, Any], rank: int, policy: nn.Module, learner: Learner | None, source: ExperienceSource | None,
+    env_ranks: int | None = None,
+) -> None:  # fmt: skip
+    """Put what this rank holds back as the checkpoint left it.
+
+    After a change of world size (`env_ranks` ranks now run envs, not the checkpoint's), the
+    per-rank states no longer match any rank: every rank's envs restart from fresh resets,
+    reseeded from the iteration and the new world size, so no two ranks nor rounds share a seed.
+    """
     policy.load_state_dict(resume["agent"])
     if learner is not None:
         learner.load_state_dict(resume["learner"])
@@ -148,8 +188,15 @@ def restore_run_state(
         return
     source.obs_normalizer.load_state_dict(resume["obs_normalizer"])
     source.reward_scaler.load_state_dict(resume["reward_scaler"])
-    cfg = resume["config"]
-    fresh_seeds = env_seeds(cfg["seed"], rank, cfg["num_envs"], resume["counters"]["update"] + 1)
+    iteration, saved_ranks = resume["counters"]["update"] + 1, len(resume["rank_states"])
+    if env_ranks is not None and env_ranks != saved_ranks:
+        source.reset_envs(env_seeds(resume["config"]["seed"], rank, source.envs.num_envs, iteration, env_ranks))
+        if rank == 0:
+            print_error(f"warning: the checkpoint's {saved_ranks} ranks now run as {env_ranks}: every rank's envs "
+                        f"restart from fresh resets ({source.envs.num_envs} per rank), and no rank's own state "
+                        "(replay buffer, episode in progress) is restored")  # fmt: skip
+        return
+    fresh_seeds = env_seeds(resume["config"]["seed"], rank, source.envs.num_envs, iteration)
     if not source.restore_state(resume["rank_states"][rank], fresh_seeds):
         print_error(f"warning: rank {rank}: these envs cannot be saved; they restart from fresh resets")
 

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rl.config import RunConfig, local_world_size_from_env
+from rl.elastic import init_default_process_group, under_torchelastic
 from rl.errors import UsageError
 from rl.logger import FabricSink, MetricsSink, SummaryWriterSink
 
@@ -138,7 +139,8 @@ class Runtime(ABC):
         return gathered
 
     @abstractmethod
-    def make_sink(self, root_dir: str, run_name: str) -> MetricsSink: ...
+    def make_sink(self, root_dir: str, run_name: str, purge_step: int | None = None) -> MetricsSink:
+        """The run's TensorBoard writer; `purge_step` hides what an earlier writer logged from that step on."""
 
     @abstractmethod
     def shutdown(self) -> None:
@@ -189,6 +191,9 @@ class FabricRuntime(Runtime):
     def __init__(self, cfg: RunConfig, world_size: int, process_group: dist.ProcessGroup | None = None) -> None:
         from lightning.fabric.connector import _is_using_cli
 
+        if under_torchelastic() and process_group is None and world_size > 1:
+            with naming_a_taken_port():  # before Fabric, which then finds the group and keeps it
+                init_default_process_group("nccl" if cfg.cuda else "gloo", collective_timeout(cfg))
         with naming_a_taken_port():
             self.fabric = self._make_fabric(cfg, world_size, process_group)
         if not _is_using_cli():  # `fabric run` has already created the processes
@@ -237,8 +242,8 @@ class FabricRuntime(Runtime):
     def save(self, path: str, state: dict[str, Any]) -> None:
         self.fabric.save(path, state)
 
-    def make_sink(self, root_dir: str, run_name: str) -> MetricsSink:
-        return FabricSink(root_dir, run_name)
+    def make_sink(self, root_dir: str, run_name: str, purge_step: int | None = None) -> MetricsSink:
+        return FabricSink(root_dir, run_name, purge_step)
 
     def shutdown(self) -> None:
         close_process_group()
@@ -265,7 +270,7 @@ class TorchRuntime(Runtime):
         self.world_size = world_size
         if world_size > 1:
             with naming_a_taken_port():
-                dist.init_process_group(backend="nccl" if cfg.cuda else "gloo", timeout=collective_timeout(cfg))
+                init_default_process_group("nccl" if cfg.cuda else "gloo", collective_timeout(cfg))
         self.rank = dist.get_rank() if world_size > 1 else 0
 
     def backward(self, loss: Tensor) -> None:
@@ -297,8 +302,8 @@ class TorchRuntime(Runtime):
         if self.world_size > 1:
             dist.barrier()
 
-    def make_sink(self, root_dir: str, run_name: str) -> MetricsSink:
-        return SummaryWriterSink(os.path.join(root_dir, run_name), self.is_main)
+    def make_sink(self, root_dir: str, run_name: str, purge_step: int | None = None) -> MetricsSink:
+        return SummaryWriterSink(os.path.join(root_dir, run_name), self.is_main, purge_step)
 
     def shutdown(self) -> None:
         close_process_group()
@@ -328,8 +333,8 @@ class LocalRuntime(Runtime):
     def save(self, path: str, state: dict[str, Any]) -> None:
         torch.save(state, path)
 
-    def make_sink(self, root_dir: str, run_name: str) -> MetricsSink:
-        return SummaryWriterSink(os.path.join(root_dir, run_name), self.is_main)
+    def make_sink(self, root_dir: str, run_name: str, purge_step: int | None = None) -> MetricsSink:
+        return SummaryWriterSink(os.path.join(root_dir, run_name), self.is_main, purge_step)
 
     def shutdown(self) -> None:
         return

@@ -34,6 +34,12 @@ class SlurmConfig:
     """cores to request per node"""
     launcher: Literal["fabric", "torchrun"] = "fabric"
     """`fabric run` per node, or torchrun with its c10d rendezvous"""
+    max_restarts: int = 0
+    """torchrun only: restart every worker up to this many times after a failure; each restart resumes from the
+    run's newest checkpoint (pair it with --checkpoint-every in the script's flags)"""
+    min_nodes: int = 0
+    """torchrun only: go on with as few as this many nodes when others are lost, and take nodes back in when
+    they join (0: exactly --nodes)"""
     port: int = 29400
     """the rendezvous port on the first node"""
     time: str = "04:00:00"
@@ -44,6 +50,13 @@ class SlurmConfig:
     """the Python interpreter on the nodes (e.g. the project's .venv/bin/python)"""
 
 
+# torchrun 2.13 shares one store across rounds, and a round that a node joins then waits forever for it.
+ELASTIC_STORE_LINES = [
+    "# a store per round, so that a node can join a later round",
+    "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+]
+
+
 def launcher_command(cfg: SlurmConfig) -> list[str]:
     """The command `srun` starts once per node; `$SLURM_*` and `$MAIN_NODE` expand on the node."""
     if cfg.launcher == "fabric":
@@ -51,14 +64,22 @@ def launcher_command(cfg: SlurmConfig) -> list[str]:
         return [cfg.python, "-m", "lightning.fabric.cli", f"--accelerator={accelerator}",  # = fabric run
                 f"--devices={cfg.processes_per_node}", '--num-nodes="$SLURM_NNODES"',
                 '--node-rank="$SLURM_NODEID"', '--main-address="$MAIN_NODE"', f"--main-port={cfg.port}"]  # fmt: skip
-    return [cfg.python, "-m", "torch.distributed.run", '--nnodes="$SLURM_NNODES"',
-            f"--nproc-per-node={cfg.processes_per_node}", "--rdzv-backend=c10d",
+    nodes = f"{cfg.min_nodes}:$SLURM_NNODES" if cfg.min_nodes else "$SLURM_NNODES"
+    return [cfg.python, "-m", "torch.distributed.run", f'--nnodes="{nodes}"',
+            f"--nproc-per-node={cfg.processes_per_node}", "--rdzv-backend=c10d", f"--max-restarts={cfg.max_restarts}",
             f'--rdzv-endpoint="$MAIN_NODE:{cfg.port}"', '--rdzv-id="$SLURM_JOB_ID"']  # fmt: skip
 
 
 def render(cfg: SlurmConfig) -> str:
     if cfg.nodes < 1 or cfg.processes_per_node < 1:
         raise UsageError("--nodes", "--nodes and --processes-per-node must be at least 1")
+    for flag, value in (("--max-restarts", cfg.max_restarts), ("--min-nodes", cfg.min_nodes)):
+        if value and cfg.launcher != "torchrun":
+            raise UsageError(flag, "restarts and changing membership are torchrun's: add --launcher torchrun")
+        if value < 0:
+            raise UsageError(flag, f"must not be negative, got {value}")
+    if cfg.min_nodes > cfg.nodes:
+        raise UsageError("--min-nodes", f"{cfg.min_nodes} is more than --nodes {cfg.nodes}")
     if not cfg.command or not cfg.command[0].endswith(".py"):
         raise UsageError("command", "give the entry script after `--`, e.g. -- train_fabric.py sac")
     script_args = list(cfg.command)
@@ -78,6 +99,7 @@ def render(cfg: SlurmConfig) -> str:
         'MAIN_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "export MAIN_NODE",
         f"export OMP_NUM_THREADS={threads}  # a share of the node's cores per rank",
+        *(ELASTIC_STORE_LINES if cfg.min_nodes else []),
         f"srun --nodes={cfg.nodes} --ntasks-per-node=1 bash -c {shlex.quote(launch)}",
     ]
     return "\n".join(lines) + "\n"

@@ -40,3 +40,27 @@ class LivesGame(gym.Env):
 
 
 gym.register("LivesGame-v0", entry_point=LivesGame)
+
+
+class FailsAfter(gym.Env):
+    """An env with a bug: its 500th step raises, whenever the run restarts from before it (its count is saved)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), dtype=np.float32)
+    action_space = gym.spaces.Discrete(2)
+    steps_before_failure = 500
+
+    def __init__(self):
+        self.lifetime_steps = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, dtype=np.float32), {}
+
+    def step(self, action):
+        self.lifetime_steps += 1
+        if self.lifetime_steps == self.steps_before_failure:
+            raise RuntimeError(f"the env broke after {self.steps_before_failure} steps")
+        return np.zeros(2, dtype=np.float32), 1.0, self.lifetime_steps % 20 == 0, False, {}
+
+
+gym.register("FailsAfter-v0", entry_point=FailsAfter)

@@ -123,3 +123,13 @@ def test_a_slurm_script_needs_an_entry_script():
     rendered = render_slurm("--nodes", "2", "--", "sac")
     assert rendered.returncode == 2
     assert rendered.stderr.strip() == "error: command: give the entry script after `--`, e.g. -- train_fabric.py sac"
+
+
+def test_a_slurm_script_for_an_elastic_job_restarts_and_admits_fewer_nodes():
+    rendered = render_slurm("--nodes", "4", "--launcher", "torchrun", "--max-restarts", "3", "--min-nodes", "2", "--",
+                            "train_fabric.py", "--checkpoint-every", "10m")  # fmt: skip
+    assert rendered.returncode == 0, rendered.stderr
+    assert "--max-restarts=3" in rendered.stdout and '--nnodes="2:$SLURM_NNODES"' in rendered.stdout
+    assert "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in rendered.stdout
+    refused = render_slurm("--nodes", "2", "--max-restarts", "3", "--", "train_fabric.py")
+    assert refused.returncode == 2 and refused.stderr.startswith("error: --max-restarts: "), refused.stderr

@@ -10,13 +10,16 @@ import time
 
 from rl.algos.base import Algorithm
 from rl.batch import DataShard
-from rl.checkpoint import agent_path, assert_finite, checkpoint_path, prune_checkpoints, run_dir_of
+from rl.checkpoint import agent_path, assert_finite, checkpoint_path, prune_checkpoints
+from rl.elastic import reached
 from rl.envs import video_folder
 from rl.faults import gather_process_ids, peer, report_lost_peers
 from rl.logger import EPISODE_RETURN, ProgressBar, TrainingMetrics
 from rl.run import (
+    CheckpointClock,
     InterruptFlag,
     agent_state,
+    agreed,
     checkpoint_due,
     report_due,
     report_evaluation,
@@ -46,7 +49,7 @@ def learner_shard(batch_rows: int, share_data: bool, rank: int, world_size: int)
 
 def _train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None) -> None:
     cfg, env_id = algorithm.cfg, algorithm.spaces.env_id
-    run = start_run(cfg, runtime, env_id, run_dir_of(cfg.resume_from) if resume else None)
+    run = start_run(cfg, runtime, resume)
     device, rank, world_size = runtime.device, runtime.rank, runtime.world_size
 
     policy = algorithm.build_policy(device)
@@ -58,7 +61,7 @@ def _train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None) 
     source = algorithm.make_source(rank, device, video_dir, env_ranks=world_size, batch_rows=batch_rows)
     first_iteration, global_step = 1, 0
     if resume:
-        restore_run_state(resume, rank, policy, learner, source)
+        restore_run_state(resume, rank, policy, learner, source, env_ranks=world_size)
         first_iteration, global_step = resume["counters"]["update"] + 1, resume["counters"]["global_step"]
 
     metrics = TrainingMetrics(device, runtime.all_reduce_sum, algorithm.stat_tags)
@@ -68,13 +71,14 @@ def _train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None) 
     replay_ratio = algorithm.passes_per_batch * batch_rows / cfg.steps_per_iteration
     progress = ProgressBar(num_iterations * steps_per_iteration, runtime.is_main and cfg.progress_bar,
                            initial=global_step, drawn_by_job=cfg.progress_bar)  # fmt: skip
-    interrupt = InterruptFlag()
+    interrupt, clock = InterruptFlag(), CheckpointClock(cfg.checkpoint_seconds)
 
     saved_at = -1  # the step of the last checkpoint: every rank must agree, so no file-system check
 
     def save_checkpoint(iteration: int) -> None:
         nonlocal saved_at
         saved_at = global_step
+        clock.restart()
         assert_finite(policy)
         counters = {"global_step": global_step, "update": iteration}
         rank_states = runtime.all_gather_object(source.capture_state())
@@ -89,6 +93,7 @@ def _train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None) 
     for iteration in range(first_iteration, num_iterations + 1):
         episodes = source.collect(policy, global_step)
         global_step += steps_per_iteration
+        reached(global_step, runtime.is_main)
         batch = source.next_batch(global_step, runtime.all_reduce_sum)
         if batch is not None:
             if cfg.share_data:
@@ -103,9 +108,10 @@ def _train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None) 
         scalars = metrics.compute() | {"Time/steps_per_second": steps_per_second, "Info/replay_ratio": replay_ratio}
         run.sink.log_scalars(scalars, global_step)
         progress.advance(global_step - reported_step, steps_per_second, scalars.get(EPISODE_RETURN))
-        if interrupt.agreed(runtime):
+        interrupted, time_due = agreed(runtime, interrupt.requested, runtime.is_main and clock.due())  # rank 0's clock
+        if interrupted:
             break
-        if checkpoint_due(cfg.checkpoint_every, global_step, global_step - reported_step):
+        if time_due or checkpoint_due(cfg.checkpoint_steps, global_step, global_step - reported_step):
             save_checkpoint(iteration)
         reported_step = global_step
     loop_seconds = time.perf_counter() - start

@@ -25,10 +25,10 @@ from rl.checkpoint import (
     assert_finite,
     checkpoint_path,
     prune_checkpoints,
-    run_dir_of,
     save_file_atomically,
 )
 from rl.config import RunConfig
+from rl.elastic import init_default_process_group, reached, start_logged
 from rl.envs import video_folder
 from rl.errors import progress_line
 from rl.faults import gather_process_ids, peer, report_lost_peers
@@ -51,10 +51,12 @@ from rl.modes.evaluator import EvaluatorLink, run_evaluator, send_run_dir
 from rl.normalization import AllReduceSum
 from rl.optim import load_flat_parameters, num_parameters
 from rl.run import (
+    CheckpointClock,
     InterruptFlag,
     Run,
     agent_state,
     checkpoint_due,
+    fixed_run_dir,
     open_run,
     report_due,
     report_evaluation,
@@ -139,7 +141,7 @@ class Player:
         self.start_step = self.reported_step = self.checked_step = (self.first_iteration - 1) * self.steps_per_iteration
         self.progress = ProgressBar(self.num_iterations * self.steps_per_iteration, cfg.progress_bar and self.is_lead,
                                     initial=self.start_step, drawn_by_job=cfg.progress_bar)  # fmt: skip
-        self.interrupt = InterruptFlag()
+        self.interrupt, self.clock = InterruptFlag(), CheckpointClock(cfg.checkpoint_seconds)
         self.batches_sent = 0
         self.lag_window: list[float] = []  # the policy lags of the updates since the last report
         self.reports_waiting: dict[int, tuple[int, dict[str, float]]] = {}  # update -> (iteration, episode means)
@@ -148,11 +150,11 @@ class Player:
 
     def _open_run(self, resume: dict | None) -> Run:
         cfg = self.cfg
-        if resume:
-            root, name = os.path.split(run_dir_of(cfg.resume_from))
-        else:
-            root, name = os.path.join(cfg.log_dir, LOG_SUBDIR), run_name(cfg, self.algorithm.spaces.env_id)
-        return open_run(cfg, FabricSink(root, name))
+        run_dir = fixed_run_dir(cfg, LOG_SUBDIR) or os.path.join(cfg.log_dir, LOG_SUBDIR, run_name(cfg, cfg.env_id))
+        resume_step = resume["counters"]["global_step"] if resume else None
+        run = open_run(cfg, FabricSink(*os.path.split(run_dir), purge_step=resume_step))
+        run.sink.log_scalars(start_logged(self.topology.world_size), resume_step or 0)
+        return run
 
     def _link_evaluator(self) -> EvaluatorLink:
         assert self.run is not None
@@ -185,6 +187,7 @@ class Player:
     def collect_and_send(self, iteration: int) -> None:
         acted_with = self.inbox.version
         episodes = self.source.collect(self.policy, (iteration - 1) * self.steps_per_iteration)
+        reached(iteration * self.steps_per_iteration, self.is_lead)
         self.episodes.update(EPISODE_RETURN, episodes.returns)
         self.episodes.update(EPISODE_LENGTH, episodes.lengths)
         batch = self.source.next_batch(iteration * self.steps_per_iteration, self.players_sum)
@@ -203,7 +206,8 @@ class Player:
             self.schedule_report(iteration, episode_means)
         step = iteration * self.steps_per_iteration
         stopping = self.stop.check(iteration, self.interrupt.requested, self.next_report)
-        if stopping or checkpoint_due(self.cfg.checkpoint_every, step, step - self.checked_step):
+        time_due = self.clock.due()  # one player (checked at start), whose clock decides alone
+        if stopping or time_due or checkpoint_due(self.cfg.checkpoint_steps, step, step - self.checked_step):
             self.save_checkpoint(iteration)
         self.checked_step = step
         return stopping
@@ -247,6 +251,7 @@ class Player:
     def save_checkpoint(self, iteration: int) -> None:
         """Every player at once: the checkpoint holds the weights of every batch sent, and every player's state."""
         self.saved_at = iteration
+        self.clock.restart()
         self.outbox.send_command(Command.SAVE, iteration)
         self.inbox.catch_up(self.batches_sent, self.on_update, everything=True)
         player_state = self.source.capture_state() | {"shuffle": self.outbox.shuffle.get_state()}
@@ -359,7 +364,8 @@ def train_decoupled(algorithm: Algorithm, world_size: int, resume: dict | None =
         torch.cuda.set_device(device)
     timeout = collective_timeout(cfg)
     with naming_a_taken_port():
-        world = TorchCollective().setup(backend=world_backend, timeout=timeout)
+        init_default_process_group(world_backend, timeout)
+        world = TorchCollective().setup(backend=world_backend, timeout=timeout)  # the group just made
     topology = Topology(world.rank, world_size, device, comm_device, cfg.num_players, cfg.evaluator)
     # Every rank creates every group, in the same order.
     trainers = TorchCollective().create_group(ranks=list(topology.trainers), backend=trainer_backend, timeout=timeout)

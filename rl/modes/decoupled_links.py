@@ -28,7 +28,8 @@ from torch import Tensor
 from rl.batch import DataShard, shard_sizes
 from rl.checkpoint import to_cpu
 from rl.config import RunConfig
-from rl.faults import job_store_client, peer
+from rl.elastic import job_store_client
+from rl.faults import peer
 from rl.seeds import SCATTER_STREAM, derive_seed
 
 LEAD_PLAYER = 0  # the player that logs, checkpoints and feeds the evaluator

@@ -23,8 +23,9 @@ from torch import Tensor, nn
 
 from rl.algos.base import Algorithm
 from rl.checkpoint import save_file_atomically
+from rl.elastic import job_store_client
 from rl.evaluation import evaluate_greedy
-from rl.faults import job_store_client, peer
+from rl.faults import peer
 from rl.logger import SummaryWriterSink
 from rl.normalization import ObservationNormalizer
 from rl.optim import flat_parameters, load_flat_parameters, num_parameters

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from rl.algos.base import Algorithm, Learner
 from rl.batch import DataShard
-from rl.checkpoint import agent_path, checkpoint_path, prune_checkpoints, run_dir_of, save_file_atomically
+from rl.checkpoint import agent_path, checkpoint_path, prune_checkpoints, save_file_atomically
 from rl.config import RunConfig
 from rl.envs import video_folder
 from rl.errors import print_error
@@ -273,7 +273,7 @@ class WorkerLoop:
             progress.advance(all_frames - reported_frames, steps_per_second, scalars.get(EPISODE_RETURN))
             reported_frames = all_frames
             self.check_supervisor()
-            due = checkpoint_due(cfg.checkpoint_every, step, step - reported_step)
+            due = checkpoint_due(cfg.checkpoint_steps, step, step - reported_step)
             reported_step = step
             last = iteration == num_iterations
             meets_the_others = due or last or self.channel.stop_requested.is_set()
@@ -364,10 +364,10 @@ def worker_resume(resume: dict | None, index: int) -> dict | None:
 
 
 def train_hogwild(algorithm: Algorithm, resume: dict | None = None) -> None:
-    cfg, env_id = algorithm.cfg, algorithm.spaces.env_id
+    cfg = algorithm.cfg
     configure_torch_threads(1)  # the supervisor waits; the cores are the workers'
     runtime = LocalRuntime(0)
-    run = start_run(cfg, runtime, env_id, run_dir_of(cfg.resume_from) if resume else None)
+    run = start_run(cfg, runtime, resume)
     policy = algorithm.build_policy(runtime.device)
     learner = algorithm.make_learner(policy, runtime, DataShard(algorithm.batch_rows(1)), env_ranks=cfg.workers)
     frames = torch.zeros(cfg.workers, dtype=torch.int64)

@@ -53,6 +53,7 @@ class PPOConfig(RunConfig):
 
     PRESETS = PPO_PRESETS
     IMMUTABLE = (*RunConfig.IMMUTABLE, "activation_function")
+    PER_RANK = (*RunConfig.PER_RANK, "per_rank_batch_size")
     ITERATION_NAME = "rollout"
 
     @property

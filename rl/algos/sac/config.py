@@ -58,6 +58,7 @@ class SACConfig(RunConfig):
     """env steps (across all ranks) between two logged points"""
 
     PRESETS = SAC_PRESETS
+    PER_RANK = (*RunConfig.PER_RANK, "batch_size")
     ITERATION_NAME = "learning phase"
 
     @property

@@ -1,0 +1,304 @@
+"""Runs under torchrun's elastic agent (`--max-restarts`, `--nnodes=MIN:MAX`): what differs from one launch.
+
+torchrun restarts every worker when one fails, or when a node joins or leaves. A restarted
+worker is a new process with a new round: it must join a process group of this round only,
+find the job's run folder again, and resume from its newest complete checkpoint. The journal
+(`<run>/elastic.jsonl`) remembers across rounds what the processes themselves cannot: why the
+last round ended, how far it got, and how many steps the restarts have redone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from rl.errors import UsageError, print_error
+
+JOURNAL_FILENAME = "elastic.jsonl"
+REACHED_FILENAME = "elastic.step"  # the step the current round has reached, rewritten in place every iteration
+ROUND_KEYS = "rl/round"
+
+
+def under_torchelastic() -> bool:
+    """Started by torchrun with a job id, so restarts and changes of membership may come (`fabric run` starts
+    its ranks through torchrun too, but as a static group with no id: "none")."""
+    return job_id() is not None
+
+
+def restart_count() -> int:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def max_restarts() -> int:
+    return int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0"))
+
+
+def job_id() -> str | None:
+    """torchrun's rendezvous id (`--rdzv-id`; a fresh one per launch without it): the same in every round."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    return None if run_id in (None, "none") else run_id
+
+
+# --- A process group of this round only -------------------------------------------------------
+
+
+def init_default_process_group(backend: str, timeout: timedelta) -> None:
+    """`dist.init_process_group`, in key space of this round's own when the workers share torchrun's store.
+
+    torchrun's c10d rendezvous hands every round's workers the same store (the agent's, which
+    outlives them), and the process group keeps its keys there under fixed names. A restarted
+    rank could then read a peer's address of the round before and fail to connect to a process
+    that no longer exists ("Gloo connectFullMesh failed ... Connection refused"), or meet
+    stale barrier counts. Here every round agrees on a fresh prefix first.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+        dist.init_process_group(backend, timeout=timeout)
+        return
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = job_store_client(timeout.total_seconds())
+    global _round_prefix
+    _round_prefix = f"{ROUND_KEYS}/{agree_on_round(store, rank, world_size, timeout.total_seconds())}/"
+    dist.init_process_group(backend, store=job_store_client(timeout.total_seconds()), rank=rank,
+                            world_size=world_size, timeout=timeout)  # fmt: skip
+
+
+_round_prefix: str | None = None  # this round's key space in torchrun's store, once agreed
+
+
+def job_store_client(timeout_seconds: float) -> dist.Store:
+    """A client of the job's rendezvous store (`MASTER_ADDR:MASTER_PORT`) on a connection of its own,
+    in this round's key space where the store outlives the rounds."""
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=timedelta(seconds=timeout_seconds))  # fmt: skip
+    return store if _round_prefix is None else dist.PrefixStore(_round_prefix, store)
+
+
+def agree_on_round(store: dist.Store, rank: int, world_size: int, timeout_seconds: float) -> str:
+    """An id that every rank of this round agrees on and that no earlier round used.
+
+    Every fixed key may still hold an earlier round's value, so none can carry the id by itself.
+    Rank 0 draws it; every other rank asks under a nonce of its own and waits for the answer
+    under that nonce, which only this round's rank 0 can have written, then acknowledges it.
+    """
+    if rank != 0:
+        nonce = uuid.uuid4().hex
+        store.set(f"{ROUND_KEYS}/ask/{rank}", nonce)
+        round_id = store.get(f"{ROUND_KEYS}/answer/{nonce}").decode()  # blocks until written
+        store.set(f"{ROUND_KEYS}/{round_id}/joined/{rank}", "1")
+        return round_id
+    round_id = uuid.uuid4().hex
+    waiting, answered = set(range(1, world_size)), set()
+    deadline = time.monotonic() + timeout_seconds
+    while waiting:
+        for peer in sorted(waiting):
+            ask = f"{ROUND_KEYS}/ask/{peer}"
+            nonce = store.get(ask).decode() if store.check([ask]) else None
+            if nonce is not None and nonce not in answered:  # perhaps an earlier round's: answering is harmless
+                store.set(f"{ROUND_KEYS}/answer/{nonce}", round_id)
+                answered.add(nonce)
+            if store.check([f"{ROUND_KEYS}/{round_id}/joined/{peer}"]):
+                waiting.discard(peer)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"ranks {sorted(waiting)} did not join this round within {timeout_seconds:.0f} s")
+        time.sleep(0.005)
+    return round_id
+
+
+# --- The job's run folder and its newest complete checkpoint ------------------------------------
+
+
+def newest_checkpoint(run_dir: str) -> str | None:
+    """The newest complete checkpoint of a run: a file interrupted mid-write is still `*.tmp`, never `step_*.ckpt`."""
+    checkpoints = sorted((Path(run_dir) / "checkpoints").glob("step_*.ckpt"))
+    return str(checkpoints[-1]) if checkpoints else None
+
+
+def check_writable(folder: str, flag: str) -> None:
+    """Create `folder` and write a file into it, or raise `UsageError`: found at start, not at the first checkpoint."""
+    probe = os.path.join(folder, f".write_test_{os.getpid()}")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(probe, "wb") as file:
+            file.write(b"0")
+        os.remove(probe)
+    except OSError as error:
+        raise UsageError(flag, f"cannot write checkpoints into {folder}: {error.strerror or error}") from None
+
+
+# --- The journal: what the rounds of one job tell each other ------------------------------------
+
+
+@dataclass
+class RoundRecord:
+    """How the round before this one went, as its journal entries tell it."""
+
+    started_at: int  # the step it resumed from (0: from scratch)
+    reached: int  # the furthest step it reported
+    faults: list[dict[str, Any]]  # why it ended, from its survivors and failing ranks
+    redone_before: int  # steps redone by the restarts before it
+
+
+class Journal:
+    """`<run>/elastic.jsonl`: one JSON object per line, appended; rank 0 writes each round's start, any rank
+    a fault (one small `O_APPEND` write each, so lines from several ranks never mix). Beside it,
+    `elastic.step` holds the step the current round has reached, one fixed-width line rewritten
+    in place after every iteration (a single `pwrite`: no growth, no measurable cost)."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.path = os.path.join(run_dir, JOURNAL_FILENAME)
+        self.reached_path = os.path.join(run_dir, REACHED_FILENAME)
+        self._reached_file: int | None = None
+
+    def write_reached(self, step: int) -> None:
+        if self._reached_file is None:
+            self._reached_file = os.open(self.reached_path, os.O_WRONLY | os.O_CREAT, 0o644)
+        os.pwrite(self._reached_file, f"{step:20d}\n".encode(), 0)
+
+    def read_reached(self) -> int:
+        """The step the last round reached (0 if it never said)."""
+        with contextlib.suppress(OSError, ValueError):
+            return int(Path(self.reached_path).read_text().strip() or 0)
+        return 0
+
+    def entries(self) -> list[dict[str, Any]]:
+        if not os.path.isfile(self.path):
+            return []
+        with open(self.path, encoding="utf-8") as file:
+            lines = file.read().splitlines()
+        entries = []
+        for line in lines:
+            with contextlib.suppress(json.JSONDecodeError):  # a line torn by a kill mid-write
+                entries.append(json.loads(line))
+        return entries
+
+    def append(self, entry: dict[str, Any]) -> None:
+        line = (json.dumps(entry | {"time": round(time.time(), 3)}) + "\n").encode()
+        descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(descriptor, line)
+        finally:
+            os.close(descriptor)
+
+    def rounds(self) -> list[RoundRecord]:
+        """Every round journaled so far, oldest first: its start, how far it got, and its faults."""
+        entries = self.entries()
+        starts = [i for i, entry in enumerate(entries) if entry["event"] == "start"]
+        records = []
+        for first, end in zip(starts, [*starts[1:], len(entries)][: len(starts)], strict=True):
+            start, during = entries[first], entries[first + 1 : end]
+            faults = [entry for entry in during if entry["event"] == "fault"]
+            reached = max([start["step"], *(fault["step"] for fault in faults)])
+            records.append(RoundRecord(start["step"], reached, faults, start.get("redone", 0)))
+        return records
+
+
+class RepeatedFailure(Exception):
+    """The last rounds failed the same way at the same step: restarting again would only repeat it."""
+
+
+@dataclass
+class ThisRound:
+    """What this process knows of its round: the journal it writes to, and the steps redone so far."""
+
+    journal: Journal
+    started_at: int
+    restarts: int  # rounds before this one, by the journal
+    redone_total: int  # steps done twice over the whole job, this restart's included
+    step: int = 0  # the last step reported, for a fault record
+
+
+_this_round: ThisRound | None = None
+
+
+def begin_round(run_dir: str, resume_step: int, checkpoint: str | None, rank: int) -> None:
+    """Read the journal of a run with a fixed folder; rank 0 says what this restart resumes from and redoes.
+
+    Raises `RepeatedFailure` on every rank alike when the last two rounds failed in the same place.
+    """
+    global _this_round
+    journal = Journal(run_dir)
+    rounds = journal.rounds()
+    last = rounds[-1] if rounds else None
+    if last is not None:  # the reached file is the last round's, finer than its faults
+        last.reached = max(last.reached, journal.read_reached())
+    redone = max(0, last.reached - resume_step) if last else 0
+    redone_total = (last.redone_before if last else 0) + redone
+    _this_round = ThisRound(journal, resume_step, len(rounds), redone_total, resume_step)
+    if last is None:
+        return
+    if len(rounds) >= 2 and same_failure(rounds[-2], last):
+        raise RepeatedFailure(
+            f"the last two rounds both resumed from step {last.started_at} and failed at step {last.reached} with "
+            f"{describe_end(last)}; restarting cannot get past it ({this_node_restarts()})"
+        )
+    if rank != 0:
+        return
+    where = f"resumes from step {resume_step} ({checkpoint})" if checkpoint else "no checkpoint yet: starts from step 0"
+    print_error(
+        f"restart {len(rounds)} of the job ({this_node_restarts()}): the round before ended at step {last.reached}: "
+        f"{describe_end(last)}; {where}; {redone} steps are done twice ({redone_total} in this job so far)"
+    )
+
+
+def this_node_restarts() -> str:
+    """torchrun counts restarts per agent: a node that joined late counts from 0."""
+    return f"this node's restart {restart_count()} of at most {max_restarts()}"
+
+
+def same_failure(earlier: RoundRecord, later: RoundRecord) -> bool:
+    """Both rounds failed (an error raised in a rank, not a lost process) from the same start, at the same step."""
+    failures = [{(fault["step"], fault["what"]) for fault in round_.faults if fault["kind"] == "failed"}
+                for round_ in (earlier, later)]  # fmt: skip
+    return bool(failures[1]) and earlier.started_at == later.started_at and failures[0] == failures[1]
+
+
+def describe_end(record: RoundRecord) -> str:
+    """Why a round ended: a rank's own error first (the cause), else what its survivors saw lost."""
+    failed = [fault for fault in record.faults if fault["kind"] == "failed"]
+    lost = [fault for fault in record.faults if fault["kind"] == "lost"]
+    if failed:
+        return f"{failed[0]['role']} failed: {failed[0]['what']}"
+    if lost:
+        return f"{lost[0]['role']} lost {lost[0]['what']}"
+    if record.faults:
+        return f"{record.faults[0]['role']} was {record.faults[0]['what']}"
+    return "no process recorded why (all were stopped at once, or the node that held them was lost)"
+
+
+def start_logged(world_size: int) -> dict[str, float]:
+    """Rank 0, once the run is open: journal this round's start; the scalars that log the restarts."""
+    if _this_round is None:
+        return {}
+    _this_round.journal.append({"event": "start", "step": _this_round.started_at, "restart": restart_count(),
+                                "world_size": world_size, "redone": _this_round.redone_total})  # fmt: skip
+    _this_round.journal.write_reached(_this_round.started_at)
+    if not _this_round.restarts:
+        return {}
+    return {"Elastic/restarts": float(_this_round.restarts), "Elastic/steps_redone": float(_this_round.redone_total)}
+
+
+def reached(step: int, is_main: bool) -> None:
+    """After every iteration: the step this round has reached (kept by rank 0, so a restart knows what it redoes)."""
+    if _this_round is None:
+        return
+    _this_round.step = step
+    if is_main:
+        _this_round.journal.write_reached(step)
+
+
+def record_fault(role: str, kind: str, what: str) -> None:
+    """Why this process ends: `kind` "failed" (its own error), "lost" (a peer is gone) or "stopped" (by torchrun)."""
+    if _this_round is None:
+        return
+    with contextlib.suppress(OSError):  # the folder itself is gone: the error line on stderr still says it
+        _this_round.journal.append({"event": "fault", "role": role, "kind": kind, "what": what,
+                                    "step": _this_round.step})  # fmt: skip

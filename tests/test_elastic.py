@@ -1,0 +1,316 @@
+"""Elastic runs under torchrun: restarts that resume on their own, with real `kill -9` of real processes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import os
+import random
+import signal
+import subprocess
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import (
+    BIN,
+    REPO,
+    SCRIPTS,
+    child_env,
+    child_pids,
+    free_port,
+    launch,
+    load_agent,
+    rank_pid,
+    read_scalars,
+    run_dir,
+)
+
+from rl.elastic import Journal, RoundRecord, agree_on_round, describe_end, same_failure
+
+QUICK_PPO = ["--update-epochs", "2", "--eval-episodes", "0", "--no-progress-bar"]
+QUICK_SAC = ["sac", "--batch-size", "64", "--learning-starts", "200", "--log-every", "200", "--eval-episodes", "0",
+             "--no-progress-bar"]  # fmt: skip
+
+
+def torchrun(script: Path, args: list[str], nproc: int = 2, max_restarts: int = 3) -> list[str]:
+    return [str(BIN / "torchrun"), f"--nproc-per-node={nproc}", "--standalone", f"--max-restarts={max_restarts}",
+            "--monitor-interval=0.2", str(script), *args]  # fmt: skip
+
+
+def start(command: list[str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(command, cwd=cwd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+
+
+def newest_step(cwd: Path) -> int:
+    steps = [int(path.stem.split("_")[1]) for path in cwd.glob("logs/*/*/checkpoints/step_*.ckpt")]
+    return max(steps, default=-1)
+
+
+def kill_ranks_at_random(job: subprocess.Popen, cwd: Path, kills: int, nproc: int, seed: int) -> list[int]:
+    """`kill -9` a random rank at a random moment after each new checkpoint, `kills` times; the ranks killed."""
+    rng, killed = random.Random(seed), []
+    for _ in range(kills):
+        seen = newest_step(cwd)
+        deadline = time.monotonic() + 120
+        while newest_step(cwd) <= seen:  # the restarted round is training again
+            assert job.poll() is None and time.monotonic() < deadline, "the job ended before the next kill"
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 0.5))
+        victim = rng.randrange(nproc)
+        pid = rank_pid(job.pid, victim)
+        if pid is None:  # between rounds: try the next checkpoint
+            continue
+        os.kill(pid, signal.SIGKILL)
+        killed.append(victim)
+    return killed
+
+
+def finish(job: subprocess.Popen, timeout: float = 240) -> tuple[str, str]:
+    try:
+        return job.communicate(timeout=timeout)
+    finally:
+        for pid in child_pids(job.pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+CASES = {
+    "fabric-ppo": ("fabric", [*QUICK_PPO, "--total-timesteps", "16384", "--checkpoint-every", "512"]),
+    "torch-sac-saved-buffer": (
+        "torch",
+        [*QUICK_SAC, "--total-timesteps", "1600", "--checkpoint-every", "100", "--save-buffer"],
+    ),
+    "decoupled-ppo": (
+        "decoupled",
+        [*QUICK_PPO, "--num-envs", "4", "--total-timesteps", "16384", "--checkpoint-every", "512"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_run_killed_at_random_resumes_by_itself_to_the_weights_of_an_unkilled_run(tmp_path, case):
+    mode, args = CASES[case]
+    reference = tmp_path / "unkilled"
+    reference.mkdir()
+    done = subprocess.run(torchrun(SCRIPTS[mode], args), cwd=reference, env=child_env(), capture_output=True,
+                          text=True, timeout=240)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    killed_dir = tmp_path / "killed"
+    killed_dir.mkdir()
+    job = start(torchrun(SCRIPTS[mode], args), killed_dir)
+    killed = kill_ranks_at_random(job, killed_dir, kills=2, nproc=2, seed=hash(case) % 1000)
+    _, stderr = finish(job)
+    assert job.returncode == 0, stderr[-4000:]
+    assert len(killed) == 2
+    assert "connectFullMesh" not in stderr and "finite" not in stderr  # a fresh round; a lost rank named as lost
+    restarts = [line for line in stderr.splitlines() if line.startswith("restart ")]
+    assert [line.split(" of the job ")[0] for line in restarts] == ["restart 1", "restart 2"], stderr[-4000:]
+    assert all("resumes from step" in line and "steps are done twice" in line for line in restarts)
+    names = {0: "the player", 1: "trainer 1"} if mode == "decoupled" else {0: "rank 0", 1: "rank 1"}
+    assert all(f"lost {names[victim]}: its process ended" in line
+               for victim, line in zip(killed, restarts, strict=True)), (killed, restarts)  # fmt: skip
+    (folder,) = killed_dir.glob("logs/*/*")  # one run folder for the whole job
+    want, got = load_agent(run_dir(reference, mode))["agent"], load_agent(folder)["agent"]
+    for name in want:
+        assert torch.equal(want[name], got[name]), name
+    scalars = read_scalars(folder)
+    steps = [step for step, _ in scalars["Time/steps_per_second"]]
+    assert steps == sorted(set(steps)), "a step was logged twice, or backwards"
+    assert scalars["Elastic/restarts"][-1][1] == 2.0
+    redone = [entry["redone"] for entry in Journal(str(folder)).entries() if entry["event"] == "start"]
+    assert scalars["Elastic/steps_redone"][-1][1] == redone[-1] and redone[-1] > 0
+
+
+def test_a_restart_without_a_checkpoint_starts_again_and_says_so(tmp_path):
+    job = start(torchrun(SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "8192"], max_restarts=1), tmp_path)
+    deadline = time.monotonic() + 90
+    while not list(tmp_path.glob("logs/*/*/elastic.jsonl")):
+        assert job.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    time.sleep(1.0)
+    os.kill(rank_pid(job.pid, 1), signal.SIGKILL)
+    _, stderr = finish(job)
+    assert job.returncode == 0, stderr[-3000:]
+    (line,) = [line for line in stderr.splitlines() if line.startswith("restart ")]
+    assert "no checkpoint yet: starts from step 0" in line and "lost rank 1" in line, line
+    assert len(list(tmp_path.glob("logs/*/*"))) == 1  # the same folder, not a new one named by the time
+
+
+def test_a_run_that_fails_in_the_same_place_stops_after_max_restarts_with_the_cause(tmp_path):
+    args = [*QUICK_PPO, "--env-id", "envs_for_tests:FailsAfter-v0", "--num-envs", "1", "--num-steps", "64",
+            "--per-rank-batch-size", "32", "--total-timesteps", "8192", "--checkpoint-every", "128"]  # fmt: skip
+    done = subprocess.run(torchrun(SCRIPTS["fabric"], args, max_restarts=3), cwd=tmp_path, env=child_env(),
+                          capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert done.returncode != 0
+    refusals = [line for line in done.stderr.splitlines() if "restarting cannot get past it" in line]
+    assert refusals and "RuntimeError: the env broke after 500 steps" in refusals[0], done.stderr[-3000:]
+    assert "(this node's restart 3 of at most 3)" in refusals[0]
+    starts = [entry for entry in Journal(str(run_dir(tmp_path, "fabric"))).entries() if entry["event"] == "start"]
+    assert len(starts) == 3  # rounds 0-2 trained; the third restart refused before training
+
+
+def test_a_run_folder_holding_another_configs_checkpoint_is_not_loaded(tmp_path):
+    first = launch("python", SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "1024", "--run-name", "job"],
+                   tmp_path)  # fmt: skip
+    assert first.returncode == 0, first.stderr[-2000:]
+    other = launch("python", SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "2048", "--run-name", "job",
+                                                 "--env-id", "Acrobot-v1"], tmp_path)  # fmt: skip
+    assert other.returncode == 2
+    (line,) = other.stderr.strip().splitlines()
+    assert line.startswith("error: --env-id: ") and "CartPole-v1" in line, line
+    again = launch("python", SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "2048", "--run-name", "job"],
+                   tmp_path)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resumes from step 1024" in again.stderr or len(list(tmp_path.glob("logs/*/job/checkpoints/*"))) >= 1
+
+
+def test_a_checkpoint_folder_that_cannot_be_written_ends_the_run_at_start(tmp_path):
+    blocker = tmp_path / "not_a_folder"
+    blocker.write_text("")
+    done = launch("torchrun", SCRIPTS["fabric"], [*QUICK_PPO, "--log-dir", str(blocker / "logs")], tmp_path)
+    assert done.returncode != 0
+    lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert lines and all(line.startswith("error: --log-dir: cannot write checkpoints into") for line in lines)
+    assert str(REPO / "rl") not in done.stderr  # no traceback through the project (torchrun's own summary aside)
+
+
+def test_checkpoint_every_takes_a_time(tmp_path):
+    done = launch("python", SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "40960", "--checkpoint-every",
+                                                "0.02m", "--keep-last", "100"], tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(list(tmp_path.glob("logs/*/*/checkpoints/step_*.ckpt"))) >= 3  # 1.2 s apart, and the last
+
+
+@pytest.mark.parametrize("text", ["10x", "-5", "0s", "m"])
+def test_checkpoint_every_refuses_what_is_neither_steps_nor_a_time(tmp_path, text):
+    done = launch("python", SCRIPTS["fabric"], ["--checkpoint-every", text], tmp_path)
+    assert done.returncode == 2 and done.stderr.startswith("error: --checkpoint-every: "), done.stderr
+
+
+# --- A fresh round in a store that outlives the rounds ----------------------------------------
+
+
+def join_round(port: int, rank: int, world_size: int, results: multiprocessing.Queue) -> None:
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=20))
+    results.put((rank, agree_on_round(store, rank, world_size, timeout_seconds=20)))
+
+
+def one_round(port: int, world_size: int) -> list[str]:
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    ranks = [context.Process(target=join_round, args=(port, rank, world_size, results)) for rank in range(world_size)]
+    for process in reversed(ranks):  # the others ask before rank 0 draws the id
+        process.start()
+    ids = dict(results.get(timeout=30) for _ in ranks)
+    for process in ranks:
+        process.join()
+    return [ids[rank] for rank in range(world_size)]
+
+
+def test_every_round_agrees_on_an_id_that_no_earlier_round_used():
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=20))
+    server.set("rl/round/ask/1", "stale-nonce")
+    server.set("rl/round/answer/stale-nonce", "an-earlier-round")
+    seen = set()
+    for world_size in (3, 3, 2):
+        ids = one_round(server.port, world_size)
+        assert len(set(ids)) == 1 and ids[0] not in seen and ids[0] != "an-earlier-round"
+        seen.add(ids[0])
+
+
+# --- The journal ---------------------------------------------------------------------------------
+
+
+def test_the_journal_tells_each_round_its_start_reach_and_cause(tmp_path):
+    journal = Journal(str(tmp_path))
+    for entry in (
+        {"event": "start", "step": 0},
+        {"event": "fault", "role": "rank 0", "kind": "lost", "what": "rank 1: its process ended", "step": 512},
+        {"event": "start", "step": 512, "redone": 0},
+        {"event": "fault", "role": "rank 1", "kind": "failed", "what": "ValueError: x", "step": 1024},
+        {"event": "fault", "role": "rank 0", "kind": "lost", "what": "rank 1: its process ended", "step": 1024},
+    ):
+        journal.append(entry)
+    with open(journal.path, "a") as file:
+        file.write('{"event": "fau')  # torn by a kill mid-write
+    first, second = journal.rounds()
+    assert (first.started_at, first.reached, second.started_at, second.reached) == (0, 512, 512, 1024)
+    assert describe_end(first) == "rank 0 lost rank 1: its process ended"
+    assert describe_end(second) == "rank 1 failed: ValueError: x"  # the cause, not its symptom
+    assert not same_failure(first, second)
+    assert same_failure(second, RoundRecord(512, 1024, second.faults, 0))
+    lost_twice = RoundRecord(512, 1024, [f for f in second.faults if f["kind"] == "lost"], 0)
+    assert not same_failure(lost_twice, lost_twice)  # a process lost twice is bad luck, not a bug to stop for
+    assert json.loads(Path(journal.path).read_text().splitlines()[0])["event"] == "start"
+
+
+# --- Membership that changes ---------------------------------------------------------------------
+
+
+def agent(cwd: Path, port: int, args: list[str]) -> subprocess.Popen:
+    """One torchrun agent (a "node" of one process) of a job whose c10d rendezvous admits 1 to 2 nodes."""
+    command = [str(BIN / "torchrun"), "--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+               f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=shrinks-and-grows", "--max-restarts=3",
+               "--monitor-interval=0.2",
+               "--rdzv-conf=last_call_timeout=2,keep_alive_interval=2,keep_alive_max_attempt=3",
+               str(SCRIPTS["fabric"]), *args]  # fmt: skip
+    # torchrun 2.13's agents share one store across rounds by default, and a round that a node joins then
+    # waits forever for the store's address (the first node does not publish it again): a store per round.
+    env = child_env() | {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+
+
+def test_a_node_lost_leaves_the_job_on_fewer_nodes_and_a_node_that_joins_is_taken_in(tmp_path):
+    args = [*QUICK_PPO, "--total-timesteps", "32768", "--checkpoint-every", "1024"]
+    port = free_port()
+    host = agent(tmp_path, port, args)  # hosts the rendezvous store: started first
+    time.sleep(1.0)
+    other = agent(tmp_path, port, args)
+    try:
+        wait_for_new_checkpoint(host, tmp_path, newest_step(tmp_path))
+        kill_node(other)  # the node is gone, agent and worker alike, and does not come back
+        journal = lambda: Journal(str(next(tmp_path.glob("logs/*/*")))).entries()  # noqa: E731
+        wait_until(lambda: [e["world_size"] for e in journal() if e["event"] == "start"] == [2, 1], host)
+        wait_for_new_checkpoint(host, tmp_path, newest_step(tmp_path))  # training again, alone
+        joiner = agent(tmp_path, port, args)
+        _, host_err = finish(host, timeout=300)
+        _, joiner_err = finish(joiner, timeout=60)
+    finally:
+        for job in (host, other):
+            kill_node(job)
+    assert host.returncode == 0, host_err[-3000:]
+    # The joiner's workers finish; its agent may then find the store gone with the host's (torchrun's exit barrier).
+    assert joiner.returncode == 0 or "Error waiting on exit barrier" in joiner_err, joiner_err[-3000:]
+    assert "exitcode" not in joiner_err, joiner_err[-3000:]  # no worker failed
+    starts = [entry for entry in journal() if entry["event"] == "start"]
+    assert [entry["world_size"] for entry in starts] == [2, 1, 2]
+    assert "now run as 1: every rank's envs restart from fresh resets (4 per rank)" in host_err + joiner_err
+    assert "now run as 2: every rank's envs restart from fresh resets (2 per rank)" in host_err + joiner_err
+    agent_file = torch.load(next(tmp_path.glob("logs/*/*/agent.ckpt")), weights_only=True)
+    assert agent_file["config"]["num_envs"] == 2 and agent_file["config"]["per_rank_batch_size"] == 64
+
+
+def kill_node(job: subprocess.Popen) -> None:
+    """`kill -9` an agent and its workers (torchrun starts each worker in a session of its own)."""
+    for pid in [*child_pids(job.pid), job.pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    job.wait()
+
+
+def wait_for_new_checkpoint(job: subprocess.Popen, cwd: Path, seen: int, seconds: float = 120) -> None:
+    wait_until(lambda: newest_step(cwd) > seen, job, seconds)
+
+
+def wait_until(predicate, job: subprocess.Popen, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert job.poll() is None, job.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
