@@ -87,7 +87,9 @@ def prepare(argv: list[str], log_subdir: str, mode: Mode = "coupled") -> tuple[A
         check_resumable(resume, cfg, None if new_world_allowed else world_size, spaces.env_id, mode, algorithm.name,
                         processes_flag, finished_ok=automatic)  # fmt: skip
     run_dir = fixed_run_dir(cfg, log_subdir)
-    check_writable(os.path.join(run_dir or os.path.join(cfg.log_dir, log_subdir), CHECKPOINT_DIR), "--log-dir")
+    # the run's own checkpoint folder where it is known now; else the folder its run folder will go into
+    check_writable(os.path.join(run_dir, CHECKPOINT_DIR) if run_dir else os.path.join(cfg.log_dir, log_subdir),
+                   "--log-dir")  # fmt: skip
     if run_dir is not None:
         resume_step = resume["counters"]["global_step"] if resume else 0
         begin_round(run_dir, resume_step, cfg.resume_from, int(os.environ.get("RANK", "0")))
