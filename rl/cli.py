@@ -113,8 +113,8 @@ def find_resume(cfg: RunConfig, log_subdir: str) -> tuple[dict | None, bool]:
         cfg.resume_from = newest
     if cfg.resume_from is None:
         return None, False
-    flag = "--run-name" if newest is not None and cfg.run_name else "--resume-from"
-    return load_checkpoint(cfg.resume_from, flag), newest is not None
+    named_by = "--run-name" if newest is not None and cfg.run_name else "--resume-from"
+    return load_checkpoint(cfg.resume_from, named_by), newest is not None
 
 
 def keep_global_batch(cfg: RunConfig, resume: dict, world_size: int) -> None:

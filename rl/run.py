@@ -7,6 +7,7 @@ import os
 import resource
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -50,27 +51,30 @@ def fixed_run_dir(cfg: RunConfig, log_subdir: str) -> str | None:
     return None if name is None else os.path.join(cfg.log_dir, log_subdir, name)
 
 
-def open_run(cfg: RunConfig, sink: MetricsSink) -> Run:
-    """Log the hyperparameters into the run folder, and a restart's scalars."""
-    sink.log_hparams(cfg.to_dict())
-    sink.log_text("hyperparameters", hparams_table(cfg.to_dict()))
-    return Run(sink.log_dir, sink)
-
-
-def start_run(cfg: RunConfig, runtime: Runtime, resume: dict[str, Any] | None) -> Run:
-    """Open the run folder; a run named at its start is named on rank 0, so that all ranks agree.
+def open_run(
+    cfg: RunConfig, run_dir: str, make_sink: Callable[[str, str, int | None], MetricsSink],
+    resume: dict[str, Any] | None, world_size: int, is_main: bool = True,
+) -> Run:  # fmt: skip
+    """Open the run folder's TensorBoard run, log the hyperparameters and, on rank 0, a restart's scalars.
 
     A resumed run writes on into its folder's TensorBoard run, which hides what the run before
     logged past the checkpoint (the steps now done again), so no step is logged twice.
     """
+    resume_step = resume["counters"]["global_step"] if resume else None
+    sink = make_sink(*os.path.split(run_dir), resume_step)
+    sink.log_hparams(cfg.to_dict())
+    sink.log_text("hyperparameters", hparams_table(cfg.to_dict()))
+    if is_main:
+        sink.log_scalars(start_logged(world_size), resume_step or 0)
+    return Run(sink.log_dir, sink)
+
+
+def start_run(cfg: RunConfig, runtime: Runtime, resume: dict[str, Any] | None) -> Run:
+    """Open the run folder; a run named at its start is named on rank 0, so that all ranks agree."""
     run_dir = fixed_run_dir(cfg, runtime.log_subdir)
     if run_dir is None:
         run_dir = os.path.join(cfg.log_dir, runtime.log_subdir, runtime.broadcast_object(run_name(cfg, cfg.env_id)))
-    resume_step = resume["counters"]["global_step"] if resume else None
-    run = open_run(cfg, runtime.make_sink(*os.path.split(run_dir), purge_step=resume_step))
-    if runtime.is_main:
-        run.sink.log_scalars(start_logged(runtime.world_size), resume_step or 0)
-    return run
+    return open_run(cfg, run_dir, runtime.make_sink, resume, runtime.world_size, runtime.is_main)
 
 
 def checkpoint_due(every: int, global_step: int, steps_since_last_check: int) -> bool:

@@ -49,6 +49,8 @@ def check(cfg, world_size=1, gpu_count=0):
         ({"frame_skip": 0}, "--frame-skip"),
         ({"resize": -1}, "--resize"),
         ({"noop_max": -1}, "--noop-max"),
+        ({"run_name": "a/b"}, "--run-name"),
+        ({"run_name": " "}, "--run-name"),
     ],
 )
 def test_bad_values_name_their_flag(changes, flag):
@@ -298,3 +300,11 @@ def test_sac_is_refused_native_envs_with_the_modes_it_takes():
     assert SAC(SACConfig(env_id=spaces.env_id, vector_mode="auto"), spaces).vector_mode == "sync"
     with pytest.raises(UsageError, match="needs envs that reset as they end"):
         SAC(SACConfig(env_id="CartPole-v1", vector_mode="native"), inspect_env("CartPole-v1"))
+
+
+def test_a_checkpoint_time_needs_one_decoupled_player():
+    cfg = dataclasses.replace(PPOConfig(), checkpoint_every="10m", num_players=2)
+    with pytest.raises(UsageError) as error:
+        validate_decoupled(cfg, world_size=3)
+    assert error.value.flag == "--checkpoint-every"
+    validate_decoupled(dataclasses.replace(cfg, num_players=1), world_size=3)  # one player's clock decides

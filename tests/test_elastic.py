@@ -187,6 +187,11 @@ def test_checkpoint_every_takes_a_time(tmp_path):
     assert len(list(tmp_path.glob("logs/*/*/checkpoints/step_*.ckpt"))) >= 3  # 1.2 s apart, and the last
 
 
+def test_hogwild_workers_refuse_a_checkpoint_time(tmp_path):
+    done = launch("python", SCRIPTS["hogwild"], ["--workers", "2", "--checkpoint-every", "10m"], tmp_path)
+    assert done.returncode == 2 and done.stderr.startswith("error: --checkpoint-every: Hogwild"), done.stderr
+
+
 @pytest.mark.parametrize("text", ["10x", "-5", "0s", "m"])
 def test_checkpoint_every_refuses_what_is_neither_steps_nor_a_time(tmp_path, text):
     done = launch("python", SCRIPTS["fabric"], ["--checkpoint-every", text], tmp_path)

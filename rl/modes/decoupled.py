@@ -28,7 +28,7 @@ from rl.checkpoint import (
     save_file_atomically,
 )
 from rl.config import RunConfig
-from rl.elastic import init_default_process_group, reached, start_logged
+from rl.elastic import init_default_process_group, reached
 from rl.envs import video_folder
 from rl.errors import progress_line
 from rl.faults import gather_process_ids, peer, report_lost_peers
@@ -151,10 +151,7 @@ class Player:
     def _open_run(self, resume: dict | None) -> Run:
         cfg = self.cfg
         run_dir = fixed_run_dir(cfg, LOG_SUBDIR) or os.path.join(cfg.log_dir, LOG_SUBDIR, run_name(cfg, cfg.env_id))
-        resume_step = resume["counters"]["global_step"] if resume else None
-        run = open_run(cfg, FabricSink(*os.path.split(run_dir), purge_step=resume_step))
-        run.sink.log_scalars(start_logged(self.topology.world_size), resume_step or 0)
-        return run
+        return open_run(cfg, run_dir, FabricSink, resume, self.topology.world_size)
 
     def _link_evaluator(self) -> EvaluatorLink:
         assert self.run is not None
