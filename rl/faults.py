@@ -104,12 +104,18 @@ def gather_process_ids(device: torch.device) -> Tensor:
     return torch.stack(every).cpu()
 
 
+PF_EXITING = 0x4  # the kernel's flag for a task inside exit(): set before it closes its sockets
+
+
 def _process_ended(pid: int) -> bool:
+    """Gone, a zombie, or exiting. A killed process closes its sockets before it becomes a zombie, so a
+    peer that sees the connection drop can still find it running ("R") with only its exit flag set."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        state, flags = fields[0], int(fields[6])
+    except (FileNotFoundError, IndexError, ValueError):
         return True
-    return state in ("Z", "X")  # a zombie has ended, whether or not its parent has reaped it yet
+    return state in ("Z", "X") or bool(flags & PF_EXITING)
 
 
 def ended_ranks(process_ids: Tensor, own_rank: int) -> list[int]:

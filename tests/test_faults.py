@@ -1,6 +1,7 @@
 """Faults around the process group: a peer lost mid-average, a rendezvous port another job holds."""
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from conftest import SCRIPTS, child_env, free_port
 from torch import nn
 
 from rl.algos.sac.config import SACConfig
+from rl.faults import _process_ended
 from rl.optim import FlatGradients
 from rl.runtime import TorchRuntime
 
@@ -65,3 +67,39 @@ def test_a_rendezvous_port_taken_by_another_job_is_named_with_the_flag_that_free
         lines[-1] == f"error: --main-port: port {port} is taken, most likely by another job on this machine; "
         "start with a free one: fabric run --main-port=N, or torchrun --master-port=N (MASTER_PORT=N)"
     ), lines
+
+
+# A peer that holds its end of a connection at its highest descriptor, above thousands of open
+# files: the kernel closes a dying process's files newest first, so the connection drops long
+# before the process is a zombie.
+PEER = """
+import os, resource, sys, time
+connection = int(sys.argv[1])
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+count = min(hard, 8192) - 16
+resource.setrlimit(resource.RLIMIT_NOFILE, (count + 16, hard))
+files = [os.open(os.devnull, os.O_RDONLY) for _ in range(count)]
+os.dup2(connection, count + 8)
+os.close(connection)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_killed_peer_counts_as_ended_as_soon_as_its_connection_drops():
+    # The survivor sees the connection drop while the peer is still exiting: it must already name
+    # the peer's process as ended (a race first seen in CI).
+    for _ in range(5):
+        ours, theirs = socket.socketpair()
+        peer = subprocess.Popen([sys.executable, "-c", PEER, str(theirs.fileno())], pass_fds=[theirs.fileno()],
+                                stdout=subprocess.PIPE)  # fmt: skip
+        theirs.close()
+        assert peer.stdout.readline() == b"ready\n"
+        assert not _process_ended(peer.pid)
+        os.kill(peer.pid, signal.SIGKILL)
+        assert ours.recv(1) == b""  # the peer's end closed
+        ended = _process_ended(peer.pid)
+        peer.wait()
+        peer.stdout.close()
+        ours.close()
+        assert ended
