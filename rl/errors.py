@@ -12,7 +12,8 @@ from contextlib import contextmanager
 
 USAGE_EXIT_CODE = 2
 # torchrun's agent stops every rank as soon as one exits. A rank that finds bad input waits
-# this long, so that its peers, checking the same input a moment later, print their own line.
+# until every rank has reported it too, or this long at most, so that its peers, checking the
+# same input a moment later, print their own line.
 PEER_GRACE_SECONDS = 3.0
 
 
@@ -81,5 +82,35 @@ def exit_after_peers_report() -> None:
     """
     sys.stdout.flush()
     signal.signal(signal.SIGTERM, lambda *_: os._exit(USAGE_EXIT_CODE))
-    time.sleep(PEER_GRACE_SECONDS)
+    deadline = time.monotonic() + PEER_GRACE_SECONDS
+    if not every_rank_reported(deadline):
+        time.sleep(max(0.0, deadline - time.monotonic()))
     os._exit(USAGE_EXIT_CODE)
+
+
+def every_rank_reported(deadline: float) -> bool:
+    """Count this rank's report in the launcher's store and wait, until `deadline`, for every rank's.
+
+    Only where torchrun (or `fabric run`) says its agent's store at `MASTER_ADDR:MASTER_PORT` is up
+    before any worker starts. Elsewhere rank 0 would host it only later, and whatever holds that
+    port meanwhile may not be a store at all: the full grace applies. Keyed by the restart, so an
+    earlier round's count never stands in.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+        return False
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    world_size = int(os.environ["WORLD_SIZE"])
+    key = f"rl/usage_errors/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    try:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=timedelta(seconds=max(0.1, deadline - time.monotonic())))  # fmt: skip
+        reported = store.add(key, 1)
+        while reported < world_size and time.monotonic() < deadline:
+            time.sleep(0.02)
+            reported = store.add(key, 0)
+    except (KeyError, ValueError, RuntimeError, dist.DistError):  # no launcher's store to count in
+        return False
+    return reported >= world_size

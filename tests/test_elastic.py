@@ -316,6 +316,26 @@ def test_a_node_lost_leaves_the_job_on_fewer_nodes_and_a_node_that_joins_is_take
     assert agent_file["config"]["num_envs"] == 2 and agent_file["config"]["per_rank_batch_size"] == 64
 
 
+@pytest.mark.slow
+def test_a_run_that_resumes_on_fewer_ranks_from_fresh_resets_still_learns(tmp_path):
+    # Not exact: the checkpoint's two ranks of envs become one rank's envs, restarted from fresh resets.
+    # The learning test's config (65,536 steps to 475), stopped after a quarter and finished on one rank.
+    args = ["--total-timesteps", "65536", "--seed", "1", "--checkpoint-every", "16384", "--run-name", "shrinks"]
+    two_ranks = start(torchrun(SCRIPTS["fabric"], args, max_restarts=0), tmp_path)
+    try:
+        wait_for_new_checkpoint(two_ranks, tmp_path, seen=-1)
+    finally:
+        kill_node(two_ranks)  # the whole job, at once: the newest checkpoint is the first
+    one_rank = subprocess.run(torchrun(SCRIPTS["fabric"], args, nproc=1), cwd=tmp_path, env=child_env(),
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert one_rank.returncode == 0, one_rank.stderr[-3000:]
+    assert "warning: the checkpoint's 2 ranks now run as 1: every rank's envs restart from fresh resets (4 per rank)" \
+        in one_rank.stderr, one_rank.stderr[-3000:]  # fmt: skip
+    assert "resumes from step 16384" in one_rank.stderr, one_rank.stderr[-3000:]
+    ((_, greedy_return),) = read_scalars(run_dir(tmp_path, "fabric"))["Test/return_mean"]
+    assert greedy_return >= 475, greedy_return
+
+
 def kill_node(job: subprocess.Popen) -> None:
     """`kill -9` an agent and its workers (torchrun starts each worker in a session of its own)."""
     for pid in [*child_pids(job.pid), job.pid]:
