@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +58,13 @@ def launch(launcher: str, script: Path, args: list[str], cwd: Path, nproc: int =
         timeout=timeout,
     )  # fmt: skip
     return Finished(done.returncode, done.stdout, done.stderr, time.monotonic() - start_time)
+
+
+def launch_together(*jobs: tuple[str, Path, list[str], Path, int]) -> list[Finished]:
+    """`launch` independent jobs (launcher, script, args, cwd, nproc) at once: on two cores their
+    start-ups overlap, and runs that must agree bit for bit do not depend on the load."""
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        return list(pool.map(lambda job: launch(*job), jobs))
 
 
 def child_env() -> dict[str, str]:

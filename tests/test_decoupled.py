@@ -18,6 +18,7 @@ from conftest import (
     child_pids,
     free_port,
     launch,
+    launch_together,
     load_agent,
     rank_pid,
     read_scalars,
@@ -72,9 +73,11 @@ def test_two_players_feed_every_update_with_both_rollouts_as_coupled_ranks_do(tm
     args = [*SHORT, "--share-data", "--torch-threads", "1", "--eval-episodes", "0"]
     (tmp_path / "coupled").mkdir()
     (tmp_path / "decoupled").mkdir()
-    coupled = launch("fabric run", SCRIPTS["fabric"], args, tmp_path / "coupled", nproc=2)
     players = ["--num-players", "2", "--async", "--max-policy-lag", "0"]
-    decoupled = launch("fabric run", SCRIPTS["decoupled"], [*args, *players], tmp_path / "decoupled", nproc=4)
+    coupled, decoupled = launch_together(
+        ("fabric run", SCRIPTS["fabric"], args, tmp_path / "coupled", 2),
+        ("fabric run", SCRIPTS["decoupled"], [*args, *players], tmp_path / "decoupled", 4),
+    )
     assert coupled.returncode == 0 and decoupled.returncode == 0, decoupled.stderr[-3000:]
     coupled_dir, decoupled_dir = run_dir(tmp_path / "coupled", "fabric"), run_dir(tmp_path / "decoupled", "decoupled")
     coupled_agent, decoupled_agent = load_agent(coupled_dir)["agent"], load_agent(decoupled_dir)["agent"]

@@ -55,9 +55,9 @@ def newest_step(cwd: Path) -> int:
 
 def reached_step(cwd: Path) -> int:
     """The step the current round has reached, as it tells the journal (-1 before it says)."""
-    files = list(cwd.glob("logs/*/*/elastic.step"))
-    with contextlib.suppress(OSError, ValueError):
-        return int(files[0].read_text().strip())
+    for file in cwd.glob("logs/*/*/elastic.step"):
+        with contextlib.suppress(OSError, ValueError):
+            return int(file.read_text().strip())
     return -1
 
 
@@ -142,12 +142,12 @@ def test_a_run_killed_at_random_resumes_by_itself_to_the_weights_of_an_unkilled_
 
 
 def test_a_restart_without_a_checkpoint_starts_again_and_says_so(tmp_path):
-    job = start(torchrun(SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "8192"], max_restarts=1), tmp_path)
+    # No checkpoint before the end: killed once training has begun, long before the end.
+    job = start(torchrun(SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "16384"], max_restarts=1), tmp_path)
     deadline = time.monotonic() + 90
-    while not list(tmp_path.glob("logs/*/*/elastic.jsonl")):
+    while reached_step(tmp_path) <= 0:
         assert job.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
-    time.sleep(1.0)
+        time.sleep(0.01)
     os.kill(rank_pid(job.pid, 1), signal.SIGKILL)
     _, stderr = finish(job)
     assert job.returncode == 0, stderr[-3000:]
@@ -195,10 +195,10 @@ def test_a_checkpoint_folder_that_cannot_be_written_ends_the_run_at_start(tmp_pa
 
 
 def test_checkpoint_every_takes_a_time(tmp_path):
-    done = launch("python", SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "40960", "--checkpoint-every",
-                                                "0.02m", "--keep-last", "100"], tmp_path)  # fmt: skip
+    done = launch("python", SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "24576", "--checkpoint-every",
+                                                "0.01m", "--keep-last", "100"], tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    assert len(list(tmp_path.glob("logs/*/*/checkpoints/step_*.ckpt"))) >= 3  # 1.2 s apart, and the last
+    assert len(list(tmp_path.glob("logs/*/*/checkpoints/step_*.ckpt"))) >= 3  # 0.6 s apart, and the last
 
 
 def test_hogwild_workers_refuse_a_checkpoint_time(tmp_path):

@@ -8,7 +8,17 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import SCRIPTS, all_scalars, child_env, free_port, launch, load_agent, read_scalars, run_dir
+from conftest import (
+    SCRIPTS,
+    all_scalars,
+    child_env,
+    free_port,
+    launch,
+    launch_together,
+    load_agent,
+    read_scalars,
+    run_dir,
+)
 from test_sac import random_transitions
 
 from rl.algos.sac.algorithm import SAC
@@ -150,8 +160,10 @@ def test_resuming_with_the_buffer_equals_an_uninterrupted_run(tmp_path):
     base = [*SHORT, "--eval-episodes", "0", "--save-buffer", "--checkpoint-every", "400"]
     (tmp_path / "full").mkdir()
     (tmp_path / "part").mkdir()
-    full = launch("fabric run", SCRIPTS["fabric"], base, tmp_path / "full")
-    part = launch("fabric run", SCRIPTS["fabric"], [*base, "--total-timesteps", "800"], tmp_path / "part")
+    full, part = launch_together(
+        ("fabric run", SCRIPTS["fabric"], base, tmp_path / "full", 2),
+        ("fabric run", SCRIPTS["fabric"], [*base, "--total-timesteps", "800"], tmp_path / "part", 2),
+    )
     assert full.returncode == 0 and part.returncode == 0, (full.stderr + part.stderr)[-3000:]
     part_dir = run_dir(tmp_path / "part", "fabric")
     saved = sorted((part_dir / "checkpoints").glob("step_*.ckpt"))[-1]
