@@ -111,6 +111,6 @@ def every_rank_reported(deadline: float) -> bool:
         while reported < world_size and time.monotonic() < deadline:
             time.sleep(0.02)
             reported = store.add(key, 0)
-    except (KeyError, ValueError, RuntimeError, dist.DistError):  # no launcher's store to count in
+    except (KeyError, ValueError, RuntimeError):  # no launcher's store to count in (DistError is a RuntimeError)
         return False
     return reported >= world_size
