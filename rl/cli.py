@@ -12,6 +12,7 @@ import torch
 
 from rl.algos.base import Algorithm
 from rl.checkpoint import CHECKPOINT_DIR, check_resumable, load_checkpoint
+from rl.compiling import compile_failure
 from rl.config import (
     RunConfig,
     flag,
@@ -33,6 +34,7 @@ from rl.elastic import (
 from rl.envs import inspect_env
 from rl.errors import UsageError, exit_on_usage_error, print_error
 from rl.optim import TrainingDiverged
+from rl.precision import DEFAULT_PRECISION
 from rl.registry import ALGORITHMS, DEFAULT_ALGORITHM, algorithm_type
 from rl.run import fixed_run_dir
 from rl.runtime import configure_torch_threads
@@ -86,6 +88,7 @@ def prepare(argv: list[str], log_subdir: str, mode: Mode = "coupled") -> tuple[A
         new_world_allowed = under_torchelastic() and mode == "coupled"
         check_resumable(resume, cfg, None if new_world_allowed else world_size, spaces.env_id, mode, algorithm.name,
                         processes_flag, finished_ok=automatic)  # fmt: skip
+        say_precision_change(resume, cfg)
     run_dir = fixed_run_dir(cfg, log_subdir)
     # the run's own checkpoint folder where it is known now; else the folder its run folder will go into
     check_writable(os.path.join(run_dir, CHECKPOINT_DIR) if run_dir else os.path.join(cfg.log_dir, log_subdir),
@@ -115,6 +118,14 @@ def find_resume(cfg: RunConfig, log_subdir: str) -> tuple[dict | None, bool]:
         return None, False
     named_by = "--run-name" if newest is not None and cfg.run_name else "--resume-from"
     return load_checkpoint(cfg.resume_from, named_by), newest is not None
+
+
+def say_precision_change(resume: dict, cfg: RunConfig) -> None:
+    """A checkpoint is float32 whatever its precision, so any precision resumes it; say when it changes."""
+    saved = resume["config"].get("precision", DEFAULT_PRECISION)
+    if saved != cfg.precision and int(os.environ.get("RANK", "0")) == 0:
+        print(f"resuming a {saved} checkpoint at --precision {cfg.precision}: the weights and optimizer state "
+              "carry over; the numerics of the steps ahead change", flush=True)  # fmt: skip
 
 
 def keep_global_batch(cfg: RunConfig, resume: dict, world_size: int) -> None:
@@ -173,6 +184,9 @@ def run_main(main: Callable[[list[str]], None]) -> None:
             print_error(f"error: {error}")
             os._exit(1)  # before any process group: nothing to tear down
         except Exception as error:
+            usage = compile_failure(error)
+            if usage is not None:
+                raise usage from None
             record_fault(role, "failed", f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
             raise  # with its traceback
     exit_without_teardown()

@@ -16,9 +16,11 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import tyro
 
+from rl.compiling import CompileMode, check_compiler
 from rl.encoders import EncoderKind
 from rl.envs import Preprocessing, VectorMode
 from rl.errors import UsageError
+from rl.precision import DEFAULT_PRECISION, PrecisionName, check_precision
 
 
 @dataclass
@@ -35,6 +37,15 @@ class RunConfig:
     """with --cuda, run the player on the GPU too (decoupled mode only)"""
     torch_deterministic: bool = True
     """use deterministic torch algorithms (cudnn.deterministic)"""
+    precision: PrecisionName = DEFAULT_PRECISION
+    """the networks' numeric precision (Lightning Fabric's names): 32-true, bf16-mixed (bf16 autocast, float32
+    weights), 16-mixed (fp16 autocast and loss scaling; CUDA only), bf16-true (bf16 weights); the heads, losses,
+    statistics, buffers and checkpoints stay float32 in every one"""
+    compile: bool = False
+    """torch.compile the acting forward and the update's losses (the compile time is reported on its own line and
+    left out of the env steps/s)"""
+    compile_mode: CompileMode = "default"
+    """torch.compile's mode with --compile: default, reduce-overhead (CUDA graphs on a GPU) or max-autotune"""
 
     num_envs: int = 2
     """the number of parallel environments per rank"""
@@ -225,6 +236,11 @@ def validate(cfg: RunConfig, world_size: int, gpu_count: int, env_ranks: int | N
         raise UsageError("--cuda", f"needs a GPU per local process ({local_world_size_from_env()}), found {gpu_count}")
     if cfg.player_on_gpu and not cfg.cuda:
         raise UsageError("--player-on-gpu", "needs --cuda as well")
+    check_precision(cfg.precision, cfg.cuda)
+    if cfg.compile_mode != "default" and not cfg.compile:
+        raise UsageError("--compile-mode", "chooses how --compile compiles; add --compile (or drop the flag)")
+    if cfg.compile:  # every role on a GPU compiles with Triton; a CPU role needs a C++ compiler
+        check_compiler(cfg.cuda and (cfg.player_on_gpu or env_ranks == world_size) and not cfg.evaluator)
 
 
 def iteration_name(cfg: RunConfig) -> str:

@@ -73,7 +73,8 @@ class NatureCNN(nn.Module):
     def forward(self, obs: Tensor) -> Tensor:
         # Channels-last input takes faster convolution kernels on CPU: a PPO minibatch step of 256
         # frames took 221 ms instead of 259 (benchmarks/atari.py, one thread).
-        images = self.layout.to_float_chw(obs).contiguous(memory_format=torch.channels_last)
+        images = self.layout.to_float_chw(obs).to(self.linear.weight.dtype)  # bf16 weights take bf16 (bf16-true)
+        images = images.contiguous(memory_format=torch.channels_last)
         return torch.relu(self.linear(self.convs(images)))
 
 

@@ -14,43 +14,101 @@ class TrainingDiverged(Exception):
 
 
 @torch.no_grad()
-def clip_grad_norm(parameters: list[Tensor], max_norm: float) -> Tensor:
+def clip_grad_norm(parameters: list[Tensor], max_norm: float, stop_if_not_finite: bool = True) -> Tensor:
     """Scale the gradients so their global norm is at most `max_norm` (0: no clipping); return the norm.
 
     The same arithmetic as `torch.nn.utils.clip_grad_norm_`, without its per-call grouping of
     tensors by device and dtype, which costs as much as the clipping itself for these small nets.
     The gradients are the learners' averages, identical on every rank, so a non-finite norm stops
-    every rank at the same step, before the optimizer spreads it into the weights.
+    every rank at the same step, before the optimizer spreads it into the weights. With a loss
+    scaler (`stop_if_not_finite` False) a non-finite norm is an overflow the scaler skips instead.
     """
     grads = [parameter.grad for parameter in parameters if parameter.grad is not None]
-    total_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    norms = torch._foreach_norm(grads)
+    if any(norm.dtype != torch.float32 for norm in norms):  # bf16 trunks beside float32 heads (bf16-true)
+        norms = [norm.float() for norm in norms]
+    total_norm = torch.linalg.vector_norm(torch.stack(norms))
     if not torch.isfinite(total_norm):
-        raise TrainingDiverged("the gradient norm is not finite (a loss became NaN or infinite)")
+        if stop_if_not_finite:
+            raise TrainingDiverged("the gradient norm is not finite (a loss became NaN or infinite)")
+        return total_norm
     if max_norm > 0:
-        torch._foreach_mul_(grads, (max_norm / (total_norm + 1e-6)).clamp_(max=1.0))
+        scale = (max_norm / (total_norm + 1e-6)).clamp_(max=1.0)
+        for dtype_grads in _by_dtype(grads):
+            torch._foreach_mul_(dtype_grads, scale.to(dtype_grads[0].dtype))
     return total_norm
 
 
+def _by_dtype(tensors: list[Tensor]) -> list[list[Tensor]]:
+    groups: dict[torch.dtype, list[Tensor]] = {}
+    for tensor in tensors:
+        groups.setdefault(tensor.dtype, []).append(tensor)
+    return list(groups.values())
+
+
+def clip_and_step(
+    optimizers: list[torch.optim.Optimizer], parameters: list[Tensor], max_norm: float,
+    scaler: torch.amp.GradScaler | None,
+) -> None:  # fmt: skip
+    """Clip the gradients of `parameters` (0: only check them) and step every optimizer.
+
+    With fp16's loss `scaler` the gradients are unscaled first, and a step whose gradients
+    overflowed is skipped (the scaler then lowers the scale) rather than stopping the run.
+    """
+    if scaler is not None:
+        for optimizer in optimizers:
+            scaler.unscale_(optimizer)
+    clip_grad_norm(parameters, max_norm, stop_if_not_finite=scaler is None)
+    optimizer_steps(optimizers, scaler)
+
+
+def optimizer_steps(optimizers: list[torch.optim.Optimizer], scaler: torch.amp.GradScaler | None) -> None:
+    """Step every optimizer on the gradients of one backward pass, through fp16's loss scaler where there is one."""
+    if scaler is None:
+        for optimizer in optimizers:
+            optimizer.step()
+        return
+    for optimizer in optimizers:
+        scaler.step(optimizer)
+    scaler.update()
+
+
 class FlatGradients:
-    """The gradients of consecutive parameter groups as views into one buffer.
+    """The gradients of consecutive parameter groups as views into one buffer (one per dtype).
 
     Backward passes write (accumulate) into the views, so a run of consecutive groups is one
-    contiguous tensor (`span`) that a single collective averages across learners, and zeroing
-    is one call. Optimizers must not reset these gradients to None.
+    contiguous tensor per dtype (`spans`) that a single collective averages across learners, and
+    zeroing is one call. Every precision but bf16-true has one dtype, so one collective. Optimizers
+    must not reset these gradients to None.
     """
 
     def __init__(self, *groups: list[Tensor]) -> None:
         parameters = [parameter for group in groups for parameter in group]
-        group_sizes = [sum(parameter.numel() for parameter in group) for group in groups]
-        self.buffer = torch.zeros(sum(group_sizes), dtype=parameters[0].dtype, device=parameters[0].device)
-        self.starts = list(accumulate(group_sizes, initial=0))
-        views = self.buffer.split([parameter.numel() for parameter in parameters])
-        for parameter, view in zip(parameters, views, strict=True):
-            parameter.grad = view.view_as(parameter)
+        self.buffers: dict[torch.dtype, Tensor] = {}
+        self.starts: dict[torch.dtype, list[int]] = {}
+        for dtype in dict.fromkeys(parameter.dtype for parameter in parameters):
+            members = [parameter for parameter in parameters if parameter.dtype == dtype]
+            group_sizes = [sum(p.numel() for p in group if p.dtype == dtype) for group in groups]
+            buffer = torch.zeros(sum(group_sizes), dtype=dtype, device=members[0].device)
+            for parameter, view in zip(members, buffer.split([p.numel() for p in members]), strict=True):
+                parameter.grad = view.view_as(parameter)
+            self.buffers[dtype], self.starts[dtype] = buffer, list(accumulate(group_sizes, initial=0))
+
+    @property
+    def buffer(self) -> Tensor:
+        """The one buffer of parameters that share a dtype."""
+        (buffer,) = self.buffers.values()
+        return buffer
+
+    def spans(self, first: int, last: int) -> list[Tensor]:
+        """The gradients of groups `first` to `last` (inclusive), as one view per dtype."""
+        spans = [buffer[self.starts[dtype][first] : self.starts[dtype][last + 1]]
+                 for dtype, buffer in self.buffers.items()]  # fmt: skip
+        return [span for span in spans if span.numel()]
 
     def span(self, first: int, last: int) -> Tensor:
-        """The gradients of groups `first` to `last` (inclusive), as one view."""
-        return self.buffer[self.starts[first] : self.starts[last + 1]]
+        (span,) = self.spans(first, last)
+        return span
 
 
 def flat_parameters(module: nn.Module) -> Tensor:

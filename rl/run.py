@@ -19,6 +19,7 @@ from torch import nn
 from rl import PROCESS_STARTED
 from rl.algos.base import Algorithm, Learner
 from rl.checkpoint import FORMAT, run_dir_of
+from rl.compiling import compile_seconds
 from rl.config import RunConfig
 from rl.elastic import job_id, start_logged, under_torchelastic
 from rl.envs import video_folder
@@ -27,6 +28,7 @@ from rl.evaluation import evaluate_greedy
 from rl.experience import ExperienceSource
 from rl.logger import MetricsSink, hparams_table
 from rl.normalization import ObservationNormalizer
+from rl.precision import float32_state
 from rl.runtime import Runtime
 from rl.seeds import env_seeds
 
@@ -87,6 +89,26 @@ def report_due(iteration: int, every: int, last_iteration: int) -> bool:
     return iteration % every == 0 or iteration == last_iteration
 
 
+class LoopClock:
+    """The training loop's seconds, less what this process spent compiling (--compile): the env steps/s
+    measure training, and the compile time is reported on its own line."""
+
+    def __init__(self) -> None:
+        self.start, self.compiled_before = time.perf_counter(), compile_seconds()
+
+    def compile_seconds(self) -> float:
+        return compile_seconds() - self.compiled_before
+
+    def seconds(self, also_left_out: float = 0.0) -> float:
+        """Since the loop began, less the compile time and `also_left_out` (a peer's compile time waited for)."""
+        return time.perf_counter() - self.start - self.compile_seconds() - also_left_out
+
+
+def report_compile_time(cfg: RunConfig, seconds: float, who: str = "this process") -> None:
+    if cfg.compile:
+        print(f"torch.compile: {seconds:.1f} s compiling in {who} (left out of the env steps/s)", flush=True)
+
+
 class CheckpointClock:
     """`--checkpoint-every` as a time: due once that long has passed since the last checkpoint."""
 
@@ -131,7 +153,7 @@ def saved_agent(algorithm: Algorithm, policy: nn.Module, obs_normalizer_state: d
     return {
         "format": FORMAT,
         "algorithm": algorithm.name,
-        "agent": policy.state_dict(),
+        "agent": float32_state(policy.state_dict()),
         "obs_normalizer": obs_normalizer_state,
         "config": algorithm.cfg.to_dict(),
         "env_id": algorithm.spaces.env_id,
@@ -167,7 +189,7 @@ def run_state(
 ) -> dict[str, Any]:  # fmt: skip
     """What a training checkpoint holds beyond the saved agent."""
     return {
-        "learner": learner_state,
+        "learner": float32_state(learner_state),
         "counters": counters,  # global_step, update (the last finished iteration)
         "mode": mode,
         "world_size": world_size,

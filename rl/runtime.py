@@ -24,6 +24,7 @@ from rl.config import RunConfig, local_world_size_from_env
 from rl.elastic import init_default_process_group, under_torchelastic
 from rl.errors import UsageError
 from rl.logger import FabricSink, MetricsSink, SummaryWriterSink
+from rl.precision import grad_scaler
 
 
 @contextmanager
@@ -62,20 +63,24 @@ class Runtime(ABC):
     device: torch.device
     log_subdir: str  # logs/<log_subdir>/<run>/
     group: dist.ProcessGroup | None = None  # the learners' group; None: every process
+    scaler: torch.amp.GradScaler | None = None  # fp16's loss scaler (16-mixed); `backward` scales by it
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
-    @abstractmethod
-    def backward(self, loss: Tensor) -> None: ...
+    def backward(self, loss: Tensor) -> None:
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
 
-    def backward_and_average(self, loss: Tensor, gradients: Tensor) -> None:
-        """Write the gradient of `loss` into `gradients` (a `FlatGradients` span that the parameters'
-        `.grad` view) and average it over the learners, in one collective."""
-        gradients.zero_()
+    def backward_and_average(self, loss: Tensor, gradients: list[Tensor]) -> None:
+        """Write the gradient of `loss` into `gradients` (`FlatGradients` spans that the parameters'
+        `.grad` view) and average them over the learners, in one collective per span (per dtype)."""
+        for span in gradients:
+            span.zero_()
         self.backward(loss)
-        self.start_mean(gradients)()
+        waits = [self.start_mean(span) for span in gradients]
+        for wait in waits:
+            wait()
 
     @abstractmethod
     def all_reduce_sum(self, tensor: Tensor) -> Tensor: ...
@@ -194,8 +199,9 @@ class FabricRuntime(Runtime):
         if under_torchelastic() and process_group is None and world_size > 1:
             with naming_a_taken_port():  # before Fabric, which then finds the group and keeps it
                 init_default_process_group("nccl" if cfg.cuda else "gloo", collective_timeout(cfg))
+        self.scaler = grad_scaler(cfg.precision, _device(cfg, 0))
         with naming_a_taken_port():
-            self.fabric = self._make_fabric(cfg, world_size, process_group)
+            self.fabric = self._make_fabric(cfg, world_size, process_group, self.scaler)
         if not _is_using_cli():  # `fabric run` has already created the processes
             with naming_a_taken_port():
                 self.fabric.launch()
@@ -205,25 +211,32 @@ class FabricRuntime(Runtime):
         self.device = self.fabric.device
 
     @staticmethod
-    def _make_fabric(cfg: RunConfig, world_size: int, process_group: dist.ProcessGroup | None) -> Any:
+    def _make_fabric(
+        cfg: RunConfig, world_size: int, process_group: dist.ProcessGroup | None, scaler: torch.amp.GradScaler | None
+    ) -> Any:
         from lightning.fabric import Fabric
+        from lightning.fabric.plugins import MixedPrecision
 
         accelerator = "cuda" if cfg.cuda else "cpu"
+        # fp16's plugin gets our scaler, which the learners' optimizer steps share; the other precisions by name.
+        precision: dict[str, Any] = {"plugins": MixedPrecision("16-mixed", accelerator, scaler)} if scaler else {
+            "precision": cfg.precision}  # fmt: skip
         if process_group is not None and dist.get_world_size(process_group) == 1:
             # A lone trainer has no one to average with: no process group of its own, as in a one-process run.
             from lightning.fabric.strategies import SingleDeviceStrategy
 
             device = _device(cfg, int(os.environ.get("LOCAL_RANK", "0")))
-            return Fabric(accelerator=accelerator, strategy=SingleDeviceStrategy(device=device))
+            return Fabric(accelerator=accelerator, strategy=SingleDeviceStrategy(device=device), **precision)
         return Fabric(
             accelerator=accelerator,
             strategy=_fabric_ddp_strategy(cfg, process_group) if world_size > 1 else "auto",
             devices=local_world_size_from_env(),
             num_nodes=max(1, world_size // local_world_size_from_env()),
+            **precision,
         )
 
     def backward(self, loss: Tensor) -> None:
-        self.fabric.backward(loss)
+        self.fabric.backward(loss)  # the precision plugin scales fp16's loss by `scaler`
 
     def all_reduce_sum(self, tensor: Tensor) -> Tensor:
         return self.fabric.all_reduce(tensor, group=self.group, reduce_op="sum") if self.world_size > 1 else tensor
@@ -267,14 +280,12 @@ class TorchRuntime(Runtime):
         self.device = _device(cfg, local_rank)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        self.scaler = grad_scaler(cfg.precision, self.device)
         self.world_size = world_size
         if world_size > 1:
             with naming_a_taken_port():
                 init_default_process_group("nccl" if cfg.cuda else "gloo", collective_timeout(cfg))
         self.rank = dist.get_rank() if world_size > 1 else 0
-
-    def backward(self, loss: Tensor) -> None:
-        loss.backward()
 
     def all_reduce_sum(self, tensor: Tensor) -> Tensor:
         if self.world_size > 1:
@@ -317,9 +328,6 @@ class LocalRuntime(Runtime):
 
     def __init__(self, rank: int) -> None:
         self.rank, self.world_size, self.device = rank, 1, torch.device("cpu")
-
-    def backward(self, loss: Tensor) -> None:
-        loss.backward()
 
     def all_reduce_sum(self, tensor: Tensor) -> Tensor:
         return tensor

@@ -13,6 +13,8 @@ VARIANTS = {
     ],
     # CartPole through the CNN: a discrete policy, uint8 frames, each rank on its own data
     "pixels": ["--env-id", "rl/PixelCartPole-v1", "--resize", "0", "--frame-stack", "2", "--no-share-data"],
+    # bf16 autocast in the trunks, through Fabric's precision and through the baseline's own
+    "bf16-mixed": ["--precision", "bf16-mixed", "--ent-coef", "0.01"],
 }  # fmt: skip
 EXPECTED_SCALARS = {
     "Rewards/rew_avg",

@@ -177,9 +177,10 @@ def test_sac_trains_the_image_encoder_through_the_critics_loss_alone():
         loss_of(features).backward()
         return any(p.grad.ne(0).any() for p in encoder), any(p.grad.ne(0).any() for p in policy.head_parameters())
 
-    stats = StatMeans()
-    assert encoder_and_head_gradients(lambda f: learner.critic_loss(batch, f, stats)) == (True, False)
-    assert encoder_and_head_gradients(lambda f: learner.actor_and_temperature_loss(f.detach(), stats)) == (False, True)
+    stats, noise = StatMeans(), policy.noise(8, None)
+    assert encoder_and_head_gradients(lambda f: learner.critic_loss(batch, f, noise, stats)) == (True, False)
+    assert encoder_and_head_gradients(lambda f: learner.actor_and_temperature_loss(f.detach(), noise, stats)) == (
+        False, True)  # fmt: skip
     target_before = [p.clone() for p in learner.target_encoder.parameters()]
     learned = learner.update(batch, iteration=1)
     assert all(torch.isfinite(value) for value in learned.values())

@@ -174,8 +174,8 @@ def test_one_backward_gives_each_network_the_gradient_of_its_own_loss_alone():
         learner.noise.manual_seed(0)
         stats = StatMeans()
         features = learner.policy.encode(batch.obs)
-        critic = learner.critic_loss(batch, features, stats)
-        actor = learner.actor_and_temperature_loss(features.detach(), stats)
+        critic = learner.critic_loss(batch, features, learner.policy.noise(8, learner.noise), stats)
+        actor = learner.actor_and_temperature_loss(features.detach(), learner.policy.noise(8, learner.noise), stats)
         pick(critic, actor).backward()
         return learner.gradients.buffer.clone()
 

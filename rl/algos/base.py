@@ -27,6 +27,7 @@ from rl.errors import UsageError
 from rl.experience import ExperienceSource, TrainingSignal
 from rl.normalization import ObservationNormalizer
 from rl.optim import flat_parameters
+from rl.precision import Precision
 from rl.runtime import Runtime
 
 
@@ -113,6 +114,10 @@ class Algorithm(ABC):
         `processes_here` ranks on this machine run envs; `on_gpu`: their storage is on their GPUs.
         """
         return  # nothing large is allocated, by default
+
+    def precision(self, device: torch.device) -> Precision:
+        """How this run's networks compute on `device` (--precision)."""
+        return Precision.on(self.cfg.precision, device)
 
     def obs_normalizer(self, device: torch.device) -> ObservationNormalizer:
         """The observation normalizer the policy acts through (its statistics come from the experience source)."""

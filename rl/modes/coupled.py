@@ -6,8 +6,6 @@ Ctrl-C; the algorithm behind `Algorithm` knows what an iteration collects and le
 
 from __future__ import annotations
 
-import time
-
 from rl.algos.base import Algorithm
 from rl.batch import DataShard
 from rl.checkpoint import agent_path, assert_finite, checkpoint_path, prune_checkpoints
@@ -18,9 +16,11 @@ from rl.logger import EPISODE_RETURN, ProgressBar, TrainingMetrics
 from rl.run import (
     CheckpointClock,
     InterruptFlag,
+    LoopClock,
     agent_state,
     agreed,
     checkpoint_due,
+    report_compile_time,
     report_due,
     report_evaluation,
     report_resources,
@@ -88,7 +88,7 @@ def _train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None) 
         if runtime.is_main:
             prune_checkpoints(run.dir, cfg.keep_last)
 
-    start_step, start, iteration = global_step, time.perf_counter(), first_iteration - 1
+    start_step, loop_clock, iteration = global_step, LoopClock(), first_iteration - 1
     reported_step = global_step
     for iteration in range(first_iteration, num_iterations + 1):
         episodes = source.collect(policy, global_step)
@@ -104,7 +104,7 @@ def _train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None) 
         if not report_due(iteration, report_every, num_iterations):
             continue
 
-        steps_per_second = (global_step - start_step) / (time.perf_counter() - start)
+        steps_per_second = (global_step - start_step) / loop_clock.seconds()
         scalars = metrics.compute() | {"Time/steps_per_second": steps_per_second, "Info/replay_ratio": replay_ratio}
         run.sink.log_scalars(scalars, global_step)
         progress.advance(global_step - reported_step, steps_per_second, scalars.get(EPISODE_RETURN))
@@ -114,7 +114,7 @@ def _train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None) 
         if time_due or checkpoint_due(cfg.checkpoint_steps, global_step, global_step - reported_step):
             save_checkpoint(iteration)
         reported_step = global_step
-    loop_seconds = time.perf_counter() - start
+    loop_seconds = loop_clock.seconds()
     progress.close()
     if saved_at != global_step:
         save_checkpoint(iteration)
@@ -127,6 +127,8 @@ def _train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None) 
         return
 
     report_resources(runtime, run, loop_seconds, global_step - start_step)
+    if runtime.is_main:
+        report_compile_time(cfg, loop_clock.compile_seconds(), "rank 0")
     assert_finite(policy)
     runtime.save_atomically(agent_path(run.dir), agent_state(algorithm, policy, source))
     if runtime.is_main:

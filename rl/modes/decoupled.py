@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import os
 import signal
-import time
 
 import torch
 import torch.distributed as dist
@@ -53,11 +52,13 @@ from rl.optim import load_flat_parameters, num_parameters
 from rl.run import (
     CheckpointClock,
     InterruptFlag,
+    LoopClock,
     Run,
     agent_state,
     checkpoint_due,
     fixed_run_dir,
     open_run,
+    report_compile_time,
     report_due,
     report_evaluation,
     restore_run_state,
@@ -68,7 +69,9 @@ from rl.runtime import FabricRuntime, close_process_group, collective_timeout, n
 
 LOG_SUBDIR = "fabric_decoupled_logs"
 MODE = "decoupled"
-LAG_TAGS = {"policy_lag": "Info/policy_lag"}  # measured by the trainers, logged with the algorithm's statistics
+# Measured by the trainers and logged with the algorithm's statistics: the policy lag, and their compile time
+# (--compile), which the players leave out of their env steps/s as they leave out their own.
+TRAINER_TAGS = {"policy_lag": "Info/policy_lag", "compile_seconds": "Time/trainer_compile_seconds"}
 
 
 class StatsMessage:
@@ -89,7 +92,7 @@ class StatsMessage:
 
 
 def stat_tags(algorithm: Algorithm) -> dict[str, str]:
-    return dict(algorithm.stat_tags) | LAG_TAGS
+    return dict(algorithm.stat_tags) | TRAINER_TAGS
 
 
 def rows_per_player(algorithm: Algorithm, topology: Topology) -> list[int]:
@@ -146,7 +149,7 @@ class Player:
         self.lag_window: list[float] = []  # the policy lags of the updates since the last report
         self.reports_waiting: dict[int, tuple[int, dict[str, float]]] = {}  # update -> (iteration, episode means)
         self.saved_at = -1
-        self.start = time.perf_counter()
+        self.loop_clock, self.trainer_compile_seconds = LoopClock(), 0.0
 
     def _open_run(self, resume: dict | None) -> Run:
         cfg = self.cfg
@@ -221,7 +224,7 @@ class Player:
     def report(self, iteration: int, episode_means: dict[str, float]) -> None:
         assert self.run is not None
         step = iteration * self.steps_per_iteration
-        steps_per_second = (step - self.start_step) / (time.perf_counter() - self.start)
+        steps_per_second = (step - self.start_step) / self.loop_clock.seconds(self.trainer_compile_seconds)
         scalars = self.metrics.compute() | episode_means
         scalars |= {"Time/steps_per_second": steps_per_second, "Info/replay_ratio": self.replay_ratio}
         if self.lag_window:  # the mean hides a bound's breach: the largest lag since the last report too
@@ -242,6 +245,7 @@ class Player:
         stats = self.stats_message.unpack(message[:head])
         self.metrics.record(stats)
         self.lag_window.append(float(stats["policy_lag"]))
+        self.trainer_compile_seconds = float(stats["compile_seconds"])
         if version in self.reports_waiting:
             self.report(*self.reports_waiting.pop(version))
 
@@ -278,9 +282,11 @@ class Player:
             print(f"interrupted at step {global_step}: checkpoint written to {run.dir}", flush=True)
             run.sink.close()
             return
-        loop_seconds = time.perf_counter() - self.start
+        loop_seconds = self.loop_clock.seconds(self.trainer_compile_seconds)
         steps = global_step - self.start_step
         print(f"training loop: {steps} steps in {loop_seconds:.2f} s ({steps / loop_seconds:,.0f} steps/s)", flush=True)
+        report_compile_time(self.cfg, self.loop_clock.compile_seconds(), "the lead player")
+        report_compile_time(self.cfg, self.trainer_compile_seconds, "each trainer (mean)")
         assert_finite(policy)
         save_file_atomically(agent_path(run.dir), agent_state(self.algorithm, policy, source))
         report_evaluation(self.cfg, self.algorithm.spaces.env_id, policy, source.obs_normalizer, run, global_step)
@@ -305,7 +311,7 @@ def run_trainer(
     is_first = topology.rank == topology.first_trainer
     outbox = WeightsOutbox(topology, message_size(algorithm), LagBound.of(cfg), cfg.collective_timeout)
     progress_line(cfg.progress_bar)  # the lead player's bar shares our stderr: error lines start on their own
-    updates_done = 0
+    updates_done, loop_clock = 0, LoopClock()
     while True:
         command, iteration, policy_lag = inbox.receive(updates_done)
         if command is Command.STOP:
@@ -316,7 +322,10 @@ def run_trainer(
             continue
         batch = codec.unpack(inbox.rows.to(runtime.device))  # the players' rows, one player after another
         with peer("another trainer"):
-            stats = learner.update(batch, iteration) | {"policy_lag": torch.tensor(float(policy_lag))}
+            stats = learner.update(batch, iteration) | {
+                "policy_lag": torch.tensor(float(policy_lag)),
+                "compile_seconds": torch.tensor(loop_clock.compile_seconds()),
+            }
             # Statistics not computed by every trainer stay NaN in the mean, and the player drops them.
             mean_stats = runtime.all_reduce_sum(stats_message.pack(stats, runtime.device)) / runtime.world_size
         updates_done += 1

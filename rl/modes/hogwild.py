@@ -22,7 +22,6 @@ import os
 import queue
 import resource
 import signal
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.context import SpawnContext, SpawnProcess
@@ -42,7 +41,9 @@ from rl.errors import print_error
 from rl.experience import ExperienceSource
 from rl.logger import EPISODE_RETURN, ProgressBar, SummaryWriterSink, TrainingMetrics
 from rl.optim import TrainingDiverged
+from rl.precision import float32_state
 from rl.run import (
+    LoopClock,
     Run,
     agent_state,
     checkpoint_due,
@@ -253,7 +254,7 @@ class WorkerLoop:
                                initial=int(frames.sum()), drawn_by_job=cfg.progress_bar)  # fmt: skip
         step = (self.first_iteration - 1) * steps_per_iteration
         reported_step, reported_frames = step, int(frames.sum())
-        start, start_frames = time.perf_counter(), reported_frames
+        loop_clock, start_frames = LoopClock(), reported_frames
         for iteration in range(self.first_iteration, num_iterations + 1):
             episodes = self.source.collect(self.policy, step)
             step += steps_per_iteration
@@ -267,7 +268,7 @@ class WorkerLoop:
             if not report_due(iteration, report_every, num_iterations):
                 continue
             all_frames = int(frames.sum())
-            steps_per_second = (all_frames - start_frames) / (time.perf_counter() - start)
+            steps_per_second = (all_frames - start_frames) / loop_clock.seconds()
             scalars = metrics.compute() | {"Time/steps_per_second": steps_per_second} | self.frame_counts()
             sink.log_scalars(scalars, all_frames)
             progress.advance(all_frames - reported_frames, steps_per_second, scalars.get(EPISODE_RETURN))
@@ -277,10 +278,10 @@ class WorkerLoop:
             reported_step = step
             last = iteration == num_iterations
             meets_the_others = due or last or self.channel.stop_requested.is_set()
-            if meets_the_others and self.checkpoint_together(iteration, last, time.perf_counter() - start):
+            if meets_the_others and self.checkpoint_together(iteration, last, loop_clock):
                 break
         else:  # done before the others: a resumed run whose workers had stopped at different iterations
-            while not self.checkpoint_together(num_iterations, True, time.perf_counter() - start):
+            while not self.checkpoint_together(num_iterations, True, loop_clock):
                 pass  # take part in the others' checkpoints until theirs is the last
         progress.close()
         self.source.close()
@@ -297,7 +298,7 @@ class WorkerLoop:
             print_error(f"error: {worker_name(self.index)}: the supervising process was lost; stopping")
             os._exit(1)
 
-    def checkpoint_together(self, iteration: int, last: bool, loop_seconds: float) -> bool:
+    def checkpoint_together(self, iteration: int, last: bool, loop_clock: LoopClock) -> bool:
         """Hand the supervisor this worker's part of a checkpoint, all workers at once; return whether to stop."""
         channel = self.channel
         if last and not self.finished:
@@ -314,18 +315,19 @@ class WorkerLoop:
         channel.barrier.wait()
         self.weights.take_published()  # synced: every copy restarts from the merged weights
         self.checkpoints += 1
-        channel.parts.put((self.checkpoints, self.index, serialized(self.checkpoint_part(iteration, loop_seconds))))
+        channel.parts.put((self.checkpoints, self.index, serialized(self.checkpoint_part(iteration, loop_clock))))
         stopping = bool(channel.stopping.value)
         channel.barrier.wait()  # all parts are captured before anyone writes the global weights again
         return stopping
 
-    def checkpoint_part(self, iteration: int, loop_seconds: float) -> dict[str, Any]:
+    def checkpoint_part(self, iteration: int, loop_clock: LoopClock) -> dict[str, Any]:
         part = {
             "learner": self.learner.state_dict(),
             "source": self.source.capture_state(),
             "iteration": iteration,
             "frames": int(self.shared.frames[self.index]),
-            "loop_seconds": loop_seconds,
+            "loop_seconds": loop_clock.seconds(),
+            "compile_seconds": loop_clock.compile_seconds(),
             "frames_this_run": int(self.shared.frames[self.index]) - self.frames_at_start,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
@@ -482,7 +484,7 @@ class CheckpointWriter:
         workers = [{key: part[key] for key in ("learner", "iteration", "frames")} for part in parts]
         self.agent = parts[0]["agent"]
         state = self.agent | run_state(parts[0]["learner"], counters, rank_states, MODE, self.workers)
-        state["workers"] = workers
+        state["workers"] = float32_state(workers)
         save_file_atomically(checkpoint_path(self.run_dir, global_step), state)
         prune_checkpoints(self.run_dir, self.algorithm.cfg.keep_last)
         self.last = state
@@ -493,6 +495,9 @@ class CheckpointWriter:
             f"training loop: {steps} steps in {loop_seconds:.2f} s ({steps / loop_seconds:,.0f} steps/s); "
             f"peak RSS per rank (MB): {rss};"
         )
+        if self.algorithm.cfg.compile:
+            compiling = ", ".join(f"{part['compile_seconds']:.1f}" for part in parts)
+            self.loop_report += f" torch.compile: {compiling} s compiling per worker (left out of the env steps/s);"
 
 
 def finish(algorithm: Algorithm, agent: dict[str, Any], final: dict[str, Any], loop_report: str, run: Run) -> None:

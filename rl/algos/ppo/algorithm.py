@@ -12,12 +12,13 @@ from rl.algos.base import Algorithm, Learner
 from rl.algos.ppo.config import PPOConfig
 from rl.algos.ppo.policy import ActorCritic, CNNActorCritic, MLPActorCritic, action_shape_and_dtype
 from rl.algos.ppo.rollout import Batch, RolloutCollector
-from rl.algos.ppo.update import MinibatchSchedule, PPOHyperparameters, ppo_update
+from rl.algos.ppo.update import MinibatchSchedule, PPOHyperparameters, minibatch_loss, ppo_update
 from rl.batch import Column, DataShard, RowCodec
+from rl.compiling import compiled
 from rl.envs import EnvSpaces
 from rl.errors import UsageError
 from rl.normalization import ObservationNormalizer, RewardScaler
-from rl.optim import FlatGradients
+from rl.optim import FlatGradients, clip_and_step
 from rl.runtime import Runtime
 from rl.seeds import ACTION_STREAM, env_seeds, seeded_generator
 
@@ -60,8 +61,10 @@ class PPOLearner(Learner):
         # The fused kernel is several times faster than the per-tensor loop on CPU for these small nets.
         self.optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=ADAM_EPS, fused=True)
         self.gradients = FlatGradients(list(agent.parameters()))
+        self.trained = [parameter for parameter in agent.parameters() if parameter.requires_grad]
         self.runtime = runtime
         self.hp = hyperparameters(cfg, skip_reset_steps)
+        self.loss_of = compiled(minibatch_loss, cfg.compile_mode) if cfg.compile else minibatch_loss
         # Learners whose shards differ by a row take the same number of minibatches: their averages stay in step.
         minibatches = math.ceil(shard.largest_rows / cfg.per_rank_batch_size) if shard.largest_rows else None
         self.schedule = MinibatchSchedule(
@@ -72,11 +75,15 @@ class PPOLearner(Learner):
         lr = annealed_lr(self.cfg, iteration, self.num_updates)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        stats = ppo_update(self.policy, self.optimizer, batch, self.schedule, self.hp, self.backward_and_average)
+        stats = ppo_update(self.policy, batch, self.schedule, self.hp, self.backward_and_average, self.step,
+                           self.loss_of)  # fmt: skip
         return stats | {"learning_rate": torch.tensor(lr)}
 
     def backward_and_average(self, loss: Tensor) -> None:
-        self.runtime.backward_and_average(loss, self.gradients.buffer)
+        self.runtime.backward_and_average(loss, self.gradients.spans(0, 0))
+
+    def step(self) -> None:
+        clip_and_step([self.optimizer], self.trained, self.hp.max_grad_norm, self.runtime.scaler)
 
     def weight_tensors(self) -> list[Tensor]:
         return list(self.policy.parameters())
@@ -121,12 +128,15 @@ class PPO(Algorithm):
     def build_policy(self, device: torch.device) -> nn.Module:
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every rank and in every mode
         cfg, spaces = self.cfg, self.spaces
+        precision = self.precision(device)
         if self.cnn:
-            agent: ActorCritic = CNNActorCritic(spaces.obs_shape, spaces.action_space, cfg.ortho_init)
+            agent: ActorCritic = CNNActorCritic(spaces.obs_shape, spaces.action_space, cfg.ortho_init, precision)
         else:
             agent = MLPActorCritic(
-                spaces.obs_dim, spaces.action_space, cfg.activation_function, cfg.ortho_init, spaces.pixels
+                spaces.obs_dim, spaces.action_space, cfg.activation_function, cfg.ortho_init, spaces.pixels, precision
             )
+        if cfg.compile:
+            agent.compile_acting(cfg.compile_mode)
         return agent.to(device)
 
     def obs_normalizer(self, device: torch.device) -> ObservationNormalizer:

@@ -15,7 +15,9 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from rl.compiling import CompileMode, compiled
 from rl.encoders import FlatPixels, NatureCNN, orthogonal_init
+from rl.precision import FLOAT32, Precision
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": torch.relu, "tanh": torch.tanh}
 HIDDEN_SIZE = 64
@@ -145,6 +147,7 @@ class MLP(nn.Module):
         self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
+        x = x.to(self.hidden1.weight.dtype)  # bf16 weights (bf16-true) take bf16 inputs
         return self.activation(_linear(self.hidden2, self.activation(_linear(self.hidden1, x))))
 
 
@@ -153,18 +156,31 @@ class ActorCritic(nn.Module):
 
     `forward` is the training call (log-prob, entropy and value of given actions); `act`,
     `value` and `greedy_action` are for acting and evaluation, without a graph. Subclasses say
-    how observations become the actor's and the critic's features.
+    how observations become the actor's and the critic's features (the trunk, which runs at the
+    run's precision); the heads always compute in float32.
     """
 
     action_head: ActionHead
     critic_head: nn.Linear
+    precision = FLOAT32
+    acting_features: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None  # compiled `features`, with --compile
+
+    def trunk(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+    def critic_trunk(self, obs: Tensor) -> Tensor:
+        raise NotImplementedError
 
     def features(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        """The actor's and the critic's features of `obs`."""
-        raise NotImplementedError
+        """The actor's and the critic's features of `obs`, as float32."""
+        return self.precision.trunk(self.trunk, obs)
 
     def critic_features(self, obs: Tensor) -> Tensor:
-        raise NotImplementedError
+        return self.precision.trunk(self.critic_trunk, obs)
+
+    def compile_acting(self, mode: CompileMode) -> None:
+        """Compile the forward that acting takes (a fixed batch of one row per env); evaluation stays eager."""
+        self.acting_features = compiled(self.features, mode)
 
     def value(self, obs: Tensor) -> Tensor:
         return self._value(self.critic_features(obs))
@@ -180,7 +196,7 @@ class ActorCritic(nn.Module):
     @torch.no_grad()
     def act(self, obs: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
         """Sample actions; returns (action, log-prob, value)."""
-        actor_features, critic_features = self.features(obs)
+        actor_features, critic_features = (self.acting_features or self.features)(obs)
         action, logprob = self.action_head.sample(actor_features, generator)
         return action, logprob, self._value(critic_features)
 
@@ -197,9 +213,10 @@ class MLPActorCritic(ActorCritic):
 
     def __init__(
         self, obs_dim: int, action_space: gym.Space, activation: str = "relu", ortho_init: bool = False,
-        pixels: bool = False,
+        pixels: bool = False, precision: Precision = FLOAT32,
     ) -> None:  # fmt: skip
         super().__init__()
+        self.precision = precision
         self.actor_body = MLP(obs_dim, activation)
         self.critic_body = MLP(obs_dim, activation)
         self.critic_head = nn.Linear(HIDDEN_SIZE, 1)
@@ -210,15 +227,16 @@ class MLPActorCritic(ActorCritic):
             orthogonal_init(self.critic_body, math.sqrt(2))
             orthogonal_init(self.critic_head, 1.0)
             orthogonal_init(self.action_head, 0.01)
+        precision.convert_trunk(self.actor_body, self.critic_body)
 
     def _inputs(self, obs: Tensor) -> Tensor:
         return obs if self.flat_pixels is None else self.flat_pixels(obs)
 
-    def features(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+    def trunk(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         obs = self._inputs(obs)
         return self.actor_body.forward(obs), self.critic_body.forward(obs)
 
-    def critic_features(self, obs: Tensor) -> Tensor:
+    def critic_trunk(self, obs: Tensor) -> Tensor:
         return self.critic_body.forward(self._inputs(obs))
 
 
@@ -226,8 +244,12 @@ class CNNActorCritic(ActorCritic):
     """One Nature-DQN CNN that the actor and the critic share, each a linear head on its 512 features
     (Mnih et al. 2016, as CleanRL's and SB3's Atari PPO): both losses train the encoder."""
 
-    def __init__(self, obs_shape: tuple[int, ...], action_space: gym.Space, ortho_init: bool = False) -> None:
+    def __init__(
+        self, obs_shape: tuple[int, ...], action_space: gym.Space, ortho_init: bool = False,
+        precision: Precision = FLOAT32,
+    ) -> None:  # fmt: skip
         super().__init__()
+        self.precision = precision
         self.encoder = NatureCNN(obs_shape)
         self.critic_head = nn.Linear(self.encoder.features, 1)
         self.action_head = make_action_head(action_space, self.encoder.features)
@@ -235,10 +257,11 @@ class CNNActorCritic(ActorCritic):
             orthogonal_init(self.encoder, math.sqrt(2))
             orthogonal_init(self.critic_head, 1.0)
             orthogonal_init(self.action_head, 0.01)
+        precision.convert_trunk(self.encoder)
 
-    def features(self, obs: Tensor) -> tuple[Tensor, Tensor]:
+    def trunk(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         shared = self.encoder(obs)
         return shared, shared
 
-    def critic_features(self, obs: Tensor) -> Tensor:
+    def critic_trunk(self, obs: Tensor) -> Tensor:
         return self.encoder(obs)

@@ -11,7 +11,6 @@ from torch import Tensor, nn
 from torch.utils.data import BatchSampler, DistributedSampler
 
 from rl.algos.ppo.rollout import Batch
-from rl.optim import clip_grad_norm
 
 
 def mean(values: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -112,37 +111,47 @@ class MinibatchSchedule:
         return [chunk.tolist() for chunk in np.array_split(list(self.sampler), self.num_minibatches)]
 
 
+def minibatch_loss(
+    model: nn.Module, minibatch: Batch, hp: PPOHyperparameters
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The loss of one minibatch, and its parts: (loss, policy loss, value loss, entropy loss, new log-probs)."""
+    new_logprobs, entropy, new_values = model(minibatch.obs, minibatch.actions)
+    mask = minibatch.is_transition if hp.skip_reset_steps else None
+    advantages = normalize(minibatch.advantages, mask) if hp.normalize_advantages else minibatch.advantages
+    pg_loss = policy_loss(new_logprobs, minibatch.logprobs, advantages, hp.clip_coef, mask)
+    v_loss = value_loss(new_values, minibatch.values, minibatch.returns, hp.clip_coef, hp.clip_vloss, mask)
+    ent_loss = entropy_loss(entropy, mask)
+    loss = pg_loss + hp.vf_coef * v_loss
+    if hp.ent_coef != 0:  # at 0 (the example's default) the term adds only backward work, no gradient
+        loss = loss + hp.ent_coef * ent_loss
+    return loss, pg_loss, v_loss, ent_loss, new_logprobs
+
+
+MinibatchLoss = Callable[[nn.Module, Batch, PPOHyperparameters], tuple[Tensor, Tensor, Tensor, Tensor, Tensor]]
+
+
 def ppo_update(
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
     batch: Batch,
     schedule: MinibatchSchedule,
     hp: PPOHyperparameters,
     backward: Callable[[Tensor], None],
+    step: Callable[[], None],
+    loss_of: MinibatchLoss = minibatch_loss,
 ) -> dict[str, Tensor]:
     """`update_epochs` passes of minibatch gradient steps over `batch`.
 
     `backward(loss)` writes the gradient of `loss`, averaged over the learners, into the
-    parameters' `.grad`, so the clipping that follows acts on the averaged gradients. Returns the mean of each of
+    parameters' `.grad`; `step()` then clips the averaged gradients and steps the optimizer.
+    `loss_of` is `minibatch_loss`, or its compiled form. Returns the mean of each of
     `UPDATE_STATS` as tensors, so a GPU run syncs once per update.
     """
-    parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
     stats = UpdateStats()
     for _ in range(hp.update_epochs):
         for minibatch in batch.minibatches(schedule.next_epoch()):
-            new_logprobs, entropy, new_values = model(minibatch.obs, minibatch.actions)
-            mask = minibatch.is_transition if hp.skip_reset_steps else None
-            advantages = normalize(minibatch.advantages, mask) if hp.normalize_advantages else minibatch.advantages
-            pg_loss = policy_loss(new_logprobs, minibatch.logprobs, advantages, hp.clip_coef, mask)
-            v_loss = value_loss(new_values, minibatch.values, minibatch.returns, hp.clip_coef, hp.clip_vloss, mask)
-            ent_loss = entropy_loss(entropy, mask)
-            loss = pg_loss + hp.vf_coef * v_loss
-            if hp.ent_coef != 0:  # at 0 (the example's default) the term adds only backward work, no gradient
-                loss = loss + hp.ent_coef * ent_loss
-
+            loss, pg_loss, v_loss, ent_loss, new_logprobs = loss_of(model, minibatch, hp)
             backward(loss)
-            clip_grad_norm(parameters, hp.max_grad_norm)
-            optimizer.step()
+            step()
             stats.record(pg_loss, v_loss, ent_loss, new_logprobs, minibatch.logprobs)
     return stats.means(hp.clip_coef)
 

@@ -18,12 +18,13 @@ from rl.algos.sac.losses import actor_loss, critic_loss, soft_target, temperatur
 from rl.algos.sac.networks import CriticEnsemble, SquashedGaussianActor
 from rl.algos.sac.replay import ReplayBuffer, check_buffer_fits
 from rl.batch import Column, DataShard, RowCodec, TensorBatch, shard_sizes, shard_slice
+from rl.compiling import compiled
 from rl.encoders import FlatPixels, NatureCNN
 from rl.envs import EnvSpaces
 from rl.errors import UsageError
 from rl.experience import EpisodeLog, ExperienceSource, TrainingSignal
 from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
-from rl.optim import FlatGradients, clip_grad_norm
+from rl.optim import FlatGradients, clip_grad_norm, optimizer_steps
 from rl.runtime import Runtime
 from rl.seeds import (
     ACTION_STREAM,
@@ -146,7 +147,7 @@ class SACLearner(Learner):
         device = runtime.device
         lr_scale = runtime.world_size if cfg.scale_lr else 1
         torch.manual_seed(derive_seed(cfg.seed, CRITIC_STREAM))  # the same critics on every learner
-        self.critic = CriticEnsemble(actor.feature_dim, actor.action_dim).to(device)
+        self.critic = CriticEnsemble(actor.feature_dim, actor.action_dim, precision=actor.precision).to(device)
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         # An image encoder belongs to the critics' side: their loss trains it, their target has a copy.
         self.encoder_parameters = [] if actor.encoder is None else list(actor.encoder.parameters())
@@ -162,6 +163,7 @@ class SACLearner(Learner):
         self.alpha_optimizer = adam(temperature, cfg.q_lr * lr_scale) if cfg.autotune else None
         self.noise = torch.Generator(device=device)
         self.gradient_steps = 0
+        self.losses = compiled(self._losses, cfg.compile_mode) if cfg.compile else self._losses
 
     def update(self, batch: Transitions, iteration: int) -> dict[str, Tensor]:
         start = time.perf_counter()
@@ -174,8 +176,10 @@ class SACLearner(Learner):
             # Strided: the rows are independent draws, and a batch may join several sources' draws
             # one after another (decoupled players); every gradient step takes its share of each.
             self.gradient_step(batch.map(lambda t, s=step: t[s::steps][own]), stats)
-        # Once per update, on the averaged gradients (the same on every learner, so all stop together).
-        clip_grad_norm(list(self.critic.parameters()), max_norm=0.0)
+        # Once per update, on the averaged gradients (the same on every learner, so all stop together);
+        # with fp16's loss scaler an overflow is a step the scaler skipped, not a divergence.
+        if self.runtime.scaler is None:
+            clip_grad_norm(list(self.critic.parameters()), max_norm=0.0)
         elapsed_ms = 1000.0 * (time.perf_counter() - start) / self.cfg.gradient_steps
         return stats.means() | {"gradient_step_ms": torch.tensor(elapsed_ms)}
 
@@ -183,24 +187,38 @@ class SACLearner(Learner):
         cfg = self.cfg
         self.gradient_steps += 1
         trains_actor = self.gradient_steps % cfg.policy_frequency == 0
-        features = self.policy.encode(batch.obs)  # through the encoder, which the critics' loss trains
-        loss = self.critic_loss(batch, features, stats)
-        if trains_actor:
-            loss = loss + self.actor_and_temperature_loss(features.detach(), stats)
+        next_noise = self.policy.noise(len(batch), self.noise)
+        actor_noise = self.policy.noise(len(batch), self.noise) if trains_actor else None
+        loss, features, step_stats = self.losses(batch, next_noise, actor_noise)
+        stats.add(**step_stats)
         self.backward_and_average(loss, self.CRITIC, self.ACTOR if trains_actor else self.CRITIC)
-        self.critic_optimizer.step()
+        self.step_optimizers(self.critic_optimizer, *(self.actor_optimizers() if trains_actor else []))
         if trains_actor:
-            self.step_actor(stats)
+            stats.add(alpha=self.alpha)
             for _ in range(cfg.policy_frequency - 1):  # a delayed actor catches up (TD3's rule, as CleanRL)
-                loss = self.actor_and_temperature_loss(features.detach(), stats)
+                actor_noise = self.policy.noise(len(batch), self.noise)
+                loss = self.actor_and_temperature_loss(features.detach(), actor_noise, stats)
                 self.backward_and_average(loss, self.ACTOR, self.ACTOR)
-                self.step_actor(stats)
+                self.step_optimizers(*self.actor_optimizers())
+                stats.add(alpha=self.alpha)
         if self.gradient_steps % cfg.target_network_frequency == 0:
             torch._foreach_lerp_(self.target_tensors(), self.online_tensors(), cfg.tau)
 
-    def critic_loss(self, batch: Transitions, features: Tensor, stats: StatMeans) -> Tensor:
+    def _losses(
+        self, batch: Transitions, next_noise: Tensor, actor_noise: Tensor | None
+    ) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+        """One gradient step's loss (the critics', plus the actor's and the temperature's given `actor_noise`),
+        the encoder's features of the observations, and the step's statistics (compiled with --compile)."""
+        stats = StatMeans()
+        features = self.policy.encode(batch.obs)  # through the encoder, which the critics' loss trains
+        loss = self.critic_loss(batch, features, next_noise, stats)
+        if actor_noise is not None:
+            loss = loss + self.actor_and_temperature_loss(features.detach(), actor_noise, stats)
+        return loss, features, {name: values[0] for name, values in stats.values.items()}
+
+    def critic_loss(self, batch: Transitions, features: Tensor, next_noise: Tensor, stats: StatMeans) -> Tensor:
         with torch.no_grad():
-            next_actions, next_logprob = self.policy(batch.next_obs, self.policy.noise(len(batch), self.noise))
+            next_actions, next_logprob = self.policy(batch.next_obs, next_noise)
             next_features = batch.next_obs if self.target_encoder is None else self.target_encoder(batch.next_obs)
             next_q = self.critic_target(next_features, next_actions)
             target = soft_target(batch.rewards, batch.terminated, next_q, next_logprob, self.alpha, self.cfg.gamma)
@@ -209,9 +227,9 @@ class SACLearner(Learner):
         stats.add(critic_loss=loss, q_values=q_values.mean())
         return loss
 
-    def actor_and_temperature_loss(self, features: Tensor, stats: StatMeans) -> Tensor:
+    def actor_and_temperature_loss(self, features: Tensor, noise: Tensor, stats: StatMeans) -> Tensor:
         """From detached features: the actor's loss trains the actor's head alone, never the encoder."""
-        actions, logprob = self.policy.from_features(features, self.policy.noise(len(features), self.noise))
+        actions, logprob = self.policy.from_features(features, noise)
         loss = actor_loss(logprob, self.critic.q_values_of_actions(features, actions), self.alpha)
         stats.add(actor_loss=loss, entropy=-logprob.mean())
         if not self.cfg.autotune:
@@ -228,13 +246,14 @@ class SACLearner(Learner):
     def backward_and_average(self, loss: Tensor, first_group: int, last_group: int) -> None:
         """Write the gradients of `loss` into groups first..last (the others keep theirs), and
         average them over the learners in one collective."""
-        self.runtime.backward_and_average(loss, self.gradients.span(first_group, last_group))
+        self.runtime.backward_and_average(loss, self.gradients.spans(first_group, last_group))
 
-    def step_actor(self, stats: StatMeans) -> None:
-        self.actor_optimizer.step()
-        if self.alpha_optimizer is not None:
-            self.alpha_optimizer.step()
-        stats.add(alpha=self.alpha)
+    def actor_optimizers(self) -> list[torch.optim.Optimizer]:
+        return [self.actor_optimizer, *([self.alpha_optimizer] if self.alpha_optimizer is not None else [])]
+
+    def step_optimizers(self, *optimizers: torch.optim.Optimizer) -> None:
+        """Step the optimizers of one backward pass's gradients (through fp16's loss scaler, where there is one)."""
+        optimizer_steps(list(optimizers), self.runtime.scaler)
 
     def online_tensors(self) -> list[Tensor]:
         """What the target networks follow: the critics, and the encoder where there is one."""
@@ -249,7 +268,7 @@ class SACLearner(Learner):
         return [*self.policy.parameters(), *targets, *([self.log_alpha] if self.cfg.autotune else [])]
 
     def optimizers(self) -> list[torch.optim.Optimizer]:
-        return [self.critic_optimizer, self.actor_optimizer, *([self.alpha_optimizer] if self.alpha_optimizer else [])]
+        return [self.critic_optimizer, *self.actor_optimizers()]
 
     def state_dict(self) -> dict[str, Any]:
         state = {
@@ -326,7 +345,11 @@ class SAC(Algorithm):
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every rank and in every mode
         spaces = self.spaces
         encoder = NatureCNN(spaces.obs_shape) if self.cnn else FlatPixels() if spaces.pixels else None
-        return SquashedGaussianActor(spaces.obs_dim, spaces.action_space, encoder=encoder).to(device)
+        actor = SquashedGaussianActor(spaces.obs_dim, spaces.action_space, encoder=encoder,
+                                      precision=self.precision(device))  # fmt: skip
+        if self.cfg.compile:
+            actor.compile_acting(self.cfg.compile_mode)
+        return actor.to(device)
 
     def make_source(
         self, rank: int, device: torch.device, video_dir: str | None, env_ranks: int, batch_rows: int

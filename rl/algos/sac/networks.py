@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import gymnasium as gym
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
+
+from rl.compiling import CompileMode, compiled
+from rl.precision import FLOAT32, Precision
 
 HIDDEN_SIZE = 256
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # Stable-Baselines3's clamp of the actor's log-std
@@ -39,16 +43,21 @@ class SquashedGaussianActor(nn.Module):
     from detached features (`from_features`), as SAC-AE and DrQ train pixel SAC.
     """
 
+    acting: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None  # compiled `forward`, with --compile
+
     def __init__(
-        self, obs_dim: int, action_space: gym.spaces.Box, hidden: int = HIDDEN_SIZE, encoder: nn.Module | None = None
-    ) -> None:
+        self, obs_dim: int, action_space: gym.spaces.Box, hidden: int = HIDDEN_SIZE, encoder: nn.Module | None = None,
+        precision: Precision = FLOAT32,
+    ) -> None:  # fmt: skip
         super().__init__()
         action_dim = int(action_space.shape[0])
+        self.precision = precision
         self.encoder = encoder
         self.hidden1 = nn.Linear(getattr(encoder, "features", obs_dim), hidden)
         self.hidden2 = nn.Linear(hidden, hidden)
         self.mean = nn.Linear(hidden, action_dim)
         self.log_std = nn.Linear(hidden, action_dim)
+        precision.convert_trunk(encoder, self.hidden1, self.hidden2)
         low = torch.as_tensor(action_space.low, dtype=torch.float32)
         high = torch.as_tensor(action_space.high, dtype=torch.float32)
         # Buffers move with the module; the runtimes do not broadcast buffers, these never change.
@@ -65,7 +74,11 @@ class SquashedGaussianActor(nn.Module):
         return self.hidden1.in_features
 
     def encode(self, obs: Tensor) -> Tensor:
-        return obs if self.encoder is None else self.encoder(obs)
+        return obs if self.encoder is None else self.precision.trunk(self.encoder, obs)
+
+    def compile_acting(self, mode: CompileMode) -> None:
+        """Compile the forward that acting takes (a fixed batch of one row per env); evaluation stays eager."""
+        self.acting = compiled(self.forward, mode)
 
     def head_parameters(self) -> list[nn.Parameter]:
         """The actor's own parameters: all but the encoder's, which the critics' loss trains."""
@@ -74,9 +87,13 @@ class SquashedGaussianActor(nn.Module):
 
     def distribution(self, features: Tensor) -> tuple[Tensor, Tensor]:
         """Mean and log-std of the Gaussian before the squash."""
-        hidden = torch.relu(_linear(self.hidden2, torch.relu(_linear(self.hidden1, features))))
+        hidden = self.precision.trunk(self._hidden, features)
         log_std = _linear(self.log_std, hidden).clamp(LOG_STD_MIN, LOG_STD_MAX)
         return _linear(self.mean, hidden), log_std
+
+    def _hidden(self, features: Tensor) -> Tensor:
+        features = features.to(self.hidden1.weight.dtype)  # bf16 weights (bf16-true) take bf16 inputs
+        return torch.relu(_linear(self.hidden2, torch.relu(_linear(self.hidden1, features))))
 
     def forward(self, obs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
         """A reparameterized action for standard-normal `noise`, and its log-prob."""
@@ -96,7 +113,7 @@ class SquashedGaussianActor(nn.Module):
     @torch.no_grad()
     def act(self, obs: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         """Sampled actions within the bounds, and their log-probs."""
-        return self.forward(obs, self.noise(obs.shape[0], generator))
+        return (self.acting or self.forward)(obs, self.noise(obs.shape[0], generator))
 
     @torch.no_grad()
     def greedy_action(self, obs: Tensor) -> Tensor:
@@ -116,12 +133,18 @@ class CriticEnsemble(nn.Module):
     Two critics as one module cost one kernel per layer instead of two.
     """
 
-    def __init__(self, feature_dim: int, action_dim: int, hidden: int = HIDDEN_SIZE, members: int = NUM_CRITICS):
+    def __init__(
+        self, feature_dim: int, action_dim: int, hidden: int = HIDDEN_SIZE, members: int = NUM_CRITICS,
+        precision: Precision = FLOAT32,
+    ) -> None:  # fmt: skip
         super().__init__()
         inputs = feature_dim + action_dim
+        self.precision = precision
         self.w1, self.b1 = _uniform((members, inputs, hidden), inputs), _uniform((members, 1, hidden), inputs)
         self.w2, self.b2 = _uniform((members, hidden, hidden), hidden), _uniform((members, 1, hidden), hidden)
         self.w3, self.b3 = _uniform((members, hidden, 1), hidden), _uniform((members, 1, 1), hidden)
+        for trunk in (self.w1, self.b1, self.w2, self.b2):  # the hidden layers; the output layer stays float32
+            trunk.data = trunk.data.to(precision.trunk_dtype)
 
     def forward(self, obs: Tensor, action: Tensor) -> Tensor:
         """Q-values of every member, shape [members, rows]; `obs` are the actor's features of the observations."""
@@ -136,12 +159,17 @@ class CriticEnsemble(nn.Module):
         weights = [p.detach() for p in (self.w1, self.b1, self.w2, self.b2, self.w3, self.b3)]
         return self.q_values(obs, action, *weights)
 
-    @staticmethod
     def q_values(
-        obs: Tensor, action: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, w3: Tensor, b3: Tensor
+        self, obs: Tensor, action: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, w3: Tensor, b3: Tensor
     ) -> Tensor:
-        x = torch.cat([obs, action], dim=-1).expand(w1.shape[0], -1, -1)
-        hidden = torch.relu(torch.baddbmm(b1, x, w1))
-        hidden = torch.relu(torch.baddbmm(b2, hidden, w2))
+        x = torch.cat([obs, action], dim=-1)
+        hidden = self.precision.trunk(_hidden_layers, x, w1, b1, w2, b2)
         # The one-unit output layer as a multiply-and-sum: a batched matmul with one column is slow on CPU.
         return (hidden * w3.transpose(1, 2)).sum(-1) + b3.squeeze(-1)
+
+
+def _hidden_layers(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
+    """The critics' two hidden layers, every member at once."""
+    x = x.to(w1.dtype).expand(w1.shape[0], -1, -1)  # bf16 weights (bf16-true) take bf16 inputs
+    hidden = torch.relu(torch.baddbmm(b1, x, w1))
+    return torch.relu(torch.baddbmm(b2, hidden, w2))
