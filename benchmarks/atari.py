@@ -85,11 +85,11 @@ def floor(lever: str = "baseline", repeats: int = 5) -> dict[str, float]:
             "rollout_s": per_rollout, "steps_per_s": rows / per_rollout}  # fmt: skip
 
 
-def whole_loop(env_id: str, mode: str, ranks: int, iterations: int) -> float | None:
+def whole_loop(env_id: str, mode: str, ranks: int, iterations: int, extra_flags: list[str] = ()) -> float | None:
     """Env steps/s of the training loop as the run prints it (None if it failed)."""
     steps = iterations * ranks * NUM_ENVS * NUM_STEPS
     flags = ["--preset", "atari-ppo", "--env-id", env_id, "--vector-mode", mode, "--total-timesteps", str(steps),
-             "--eval-episodes", "0", "--no-progress-bar"]  # fmt: skip
+             "--eval-episodes", "0", "--no-progress-bar", *extra_flags]  # fmt: skip
     script = str(REPO / "train_fabric.py")
     command = ([str(BIN / "fabric"), "run", "--accelerator=cpu", f"--devices={ranks}", script] if ranks > 1
                else [sys.executable, script])  # fmt: skip

@@ -12,7 +12,7 @@ import os
 import re
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import asdict, dataclass
-from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args
 
 import tyro
 
@@ -283,7 +283,20 @@ def parse_config_flags(config_type: type[RunConfigT], argv: list[str], prog: str
     """A run config from the command line; `--preset NAME` replaces the defaults with the preset's values."""
     name = preset_from_argv(argv)
     default = None if name is None else config_type(**preset_values(config_type, name))
-    return parse_dataclass(config_type, argv, prog, default)
+    cfg = parse_dataclass(config_type, argv, prog, default)
+    cfg.precision = launcher_precision() or cfg.precision
+    return cfg
+
+
+def launcher_precision() -> PrecisionName | None:
+    """`fabric run` takes a `--precision` anywhere on its command line as its own option, even after the
+    script, and hands it to the ranks as LT_PRECISION: it is the run's --precision all the same."""
+    name = os.environ.get("LT_PRECISION")
+    if name is None:
+        return None
+    if name not in get_args(PrecisionName):
+        raise UsageError("--precision", f"{name!r} is not one of {', '.join(get_args(PrecisionName))}")
+    return name  # type: ignore[return-value]
 
 
 def preset_from_argv(argv: list[str]) -> str | None:

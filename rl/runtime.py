@@ -218,6 +218,7 @@ class FabricRuntime(Runtime):
         from lightning.fabric.plugins import MixedPrecision
 
         accelerator = "cuda" if cfg.cuda else "cpu"
+        os.environ.pop("LT_PRECISION", None)  # `fabric run --precision`: already the config's (parse_config_flags)
         # fp16's plugin gets our scaler, which the learners' optimizer steps share; the other precisions by name.
         precision: dict[str, Any] = {"plugins": MixedPrecision("16-mixed", accelerator, scaler)} if scaler else {
             "precision": cfg.precision}  # fmt: skip
