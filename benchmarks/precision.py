@@ -1,8 +1,8 @@
 """Learning parity and speed of --precision and --compile, side by side in one study.
 
     python benchmarks/precision.py learning [--configs ppo/cartpole ...] [--variants 32-true bf16-mixed ...]
-                                            [--seeds 1 2 3] [--out precision-study]
-    python benchmarks/precision.py pong [--variants 32-true bf16-mixed] [--out precision-study]
+                                            [--seeds 1 2 3] [--out OUT]
+    python benchmarks/precision.py pong [--variants 32-true bf16-mixed] [--out OUT]
     python benchmarks/precision.py speed [--rounds 2]
 
 `learning` trains each config at every variant (a precision, optionally `+compile`) and seed with
@@ -12,10 +12,11 @@ the wall time, and whether each lower precision stays within the float32 seeds' 
 for adopting it in a preset). `pong` is the same for ALE/Pong-v5 with `--preset atari-ppo`,
 1M steps, one seed, and draws both return curves in one figure (`pip install -e ".[plots]"`).
 
-Every run is named (`--run-name`) and checkpoints every 5 minutes under OUT/runs, so a study
-that is stopped, or a session that ends, picks each run up from its newest checkpoint when
-started again; a finished run's row is kept in OUT/rows and not run again. Each launch's wall
-time and loop figures are appended to OUT/segments, and a row sums them.
+Every run is named (`--run-name`) and checkpoints every 5 minutes under OUT/runs (default
+docs/benchmarks/precision, kept in the repository), so a study that is stopped, or a session
+that ends, picks each run up from its newest checkpoint when started again; a finished run's row
+is kept in OUT/rows and not run again, and its checkpoints are deleted (its saved agent and logs
+stay). Each launch's wall time and loop figures are appended to OUT/segments, and a row sums them.
 
 `speed` times, alternating the commands round by round: the Nature CNN's floor at each
 precision (one rank's network alone on one thread, as `benchmarks/atari.py` measures it), the
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import statistics
 import sys
 import time
@@ -68,7 +70,7 @@ def variant_flags(variant: str) -> list[str]:
 def command(config: str, variant: str, seed: int, out: Path) -> list[str]:
     flags = [*CONFIGS[config], "--seed", str(seed), *variant_flags(variant), "--torch-threads", "1",
              "--no-progress-bar", "--run-name", run_name(config, variant, seed), "--log-dir", str(out / "runs"),
-             "--checkpoint-every", "5m"]  # fmt: skip
+             "--checkpoint-every", "5m", "--keep-last", "1"]  # fmt: skip
     return two_ranks(flags)
 
 
@@ -114,6 +116,7 @@ def run_all(configs: list[str], variants: list[str], seeds: list[int], out: Path
         print(f"[{count}/{len(pending)}] {run_name(*key)} ...", end=" ", flush=True)
         row = train(*key, out)
         (rows_dir / f"{run_name(*key)}.json").write_text(json.dumps(row))
+        shutil.rmtree(out / "runs" / "fabric_logs" / run_name(*key) / "checkpoints", ignore_errors=True)  # done
         eta = (time.perf_counter() - started) / count * (len(pending) - count)
         print(f"return {row['eval_return']:.1f}, {row['wall_time_s']:.0f} s (ETA {eta / 3600:.1f} h)", flush=True)
     return [json.loads((rows_dir / f"{run_name(*key)}.json").read_text()) for key in plan]
@@ -193,7 +196,7 @@ def main() -> None:
                         "32-true bf16-mixed)")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=Path("precision-study"))
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "precision")
     args = parser.parse_args()
     if args.study == "speed":
         speed(args.rounds)
