@@ -27,20 +27,17 @@ each lever, with the compile time left out as the runs report it.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import re
-import shutil
 import statistics
 import sys
-import time
 from pathlib import Path
 
-from launch import SUMMARY, free_port, loop_steps_per_second, run_in_folder
+from launch import free_port, loop_steps_per_second
+from resumable import Run, run_all, run_folder
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-EVALUATION = re.compile(r"evaluation over \d+ greedy episodes: return (-?[\d.]+) ± ([\d.]+)")
-COMPILE = re.compile(r"torch\.compile: ([\d.]+) s compiling")
 
 PIXEL_CARTPOLE = (
     "--env-id rl/PixelCartPole-v1 --resize 0 --frame-stack 2 --total-timesteps 30000 --num-envs 4 --num-steps 128 "
@@ -79,47 +76,10 @@ def two_ranks(flags: list[str]) -> list[str]:
     return [*launcher, str(REPO / "train_fabric.py"), *flags]
 
 
-def train(config: str, variant: str, seed: int, out: Path) -> dict:
-    """Launch (or resume) one run until it finishes; its row, summed over every launch it took."""
-    name = run_name(config, variant, seed)
-    segments_file = out / "segments" / f"{name}.jsonl"
-    segments_file.parent.mkdir(parents=True, exist_ok=True)
-    done, wall_time = run_in_folder(command(config, variant, seed, out), out / "launches" / name)
-    summary, compiling = SUMMARY.search(done.stdout), COMPILE.search(done.stdout)
-    segment = {"wall_time_s": round(wall_time, 1), "exit": done.returncode,
-               "steps": int(summary.group(1)) if summary else 0, "loop_s": float(summary.group(2)) if summary else 0.0,
-               "compile_s": float(compiling.group(1)) if compiling else 0.0}  # fmt: skip
-    with segments_file.open("a") as segments:
-        segments.write(json.dumps(segment) + "\n")
-    evaluation = EVALUATION.search(done.stdout)
-    if done.returncode != 0 or evaluation is None:
-        sys.exit(f"{name} failed (exit {done.returncode}); see {out / 'launches' / name}")
-    launches = [json.loads(line) for line in segments_file.read_text().splitlines()]
-    steps, loop_seconds = sum(s["steps"] for s in launches), sum(s["loop_s"] for s in launches)
-    return {
-        "config": config, "variant": variant, "seed": seed, "eval_return": float(evaluation.group(1)),
-        "wall_time_s": round(sum(s["wall_time_s"] for s in launches), 1), "launches": len(launches),
-        "env_steps_per_s": round(steps / loop_seconds) if loop_seconds else None,
-        "compile_s": round(sum(s["compile_s"] for s in launches), 1),
-    }  # fmt: skip
-
-
-def run_all(configs: list[str], variants: list[str], seeds: list[int], out: Path) -> list[dict]:
-    """Every (config, variant, seed) without a row yet, one after another; all rows."""
-    rows_dir = out / "rows"
-    rows_dir.mkdir(parents=True, exist_ok=True)
-    plan = [(c, v, s) for c in configs for s in seeds for v in variants]  # alternate the variants seed by seed
-    pending = [key for key in plan if not (rows_dir / f"{run_name(*key)}.json").exists()]
-    print(f"{len(plan)} runs, {len(plan) - len(pending)} already done", flush=True)
-    started = time.perf_counter()
-    for count, key in enumerate(pending, start=1):
-        print(f"[{count}/{len(pending)}] {run_name(*key)} ...", end=" ", flush=True)
-        row = train(*key, out)
-        (rows_dir / f"{run_name(*key)}.json").write_text(json.dumps(row))
-        shutil.rmtree(out / "runs" / "fabric_logs" / run_name(*key) / "checkpoints", ignore_errors=True)  # done
-        eta = (time.perf_counter() - started) / count * (len(pending) - count)
-        print(f"return {row['eval_return']:.1f}, {row['wall_time_s']:.0f} s (ETA {eta / 3600:.1f} h)", flush=True)
-    return [json.loads((rows_dir / f"{run_name(*key)}.json").read_text()) for key in plan]
+def plan(configs: list[str], variants: list[str], seeds: list[int], out: Path) -> list[Run]:
+    """Every (config, variant, seed), the variants alternating seed by seed."""
+    return [Run(run_name(c, v, s), functools.partial(command, c, v, s, out), {"config": c, "variant": v, "seed": s})
+            for c in configs for s in seeds for v in variants]  # fmt: skip
 
 
 def markdown(rows: list[dict], configs: list[str], variants: list[str]) -> str:
@@ -153,7 +113,7 @@ def pong_figure(out: Path, variants: list[str]) -> None:
 
     figure, axes = plt.subplots(figsize=(7, 4))
     for variant in variants:
-        events = EventAccumulator(str(out / "runs" / "fabric_logs" / run_name("ppo/pong", variant, 1)))
+        events = EventAccumulator(str(run_folder(out, run_name("ppo/pong", variant, 1))))
         events.Reload()
         if "Rewards/rew_avg" in events.Tags()["scalars"]:
             points = events.Scalars("Rewards/rew_avg")
@@ -204,7 +164,7 @@ def main() -> None:
     pong = args.study == "pong"
     configs, seeds = (["ppo/pong"], [1]) if pong else (args.configs, args.seeds)
     variants = args.variants or (["32-true", "bf16-mixed"] if pong else VARIANTS)
-    rows = run_all(configs, variants, seeds, args.out)
+    rows = run_all(plan(configs, variants, seeds, args.out), args.out)
     (args.out / f"results-{args.study}.json").write_text(json.dumps(rows, indent=2))
     print(markdown(rows, configs, variants))
     if pong:

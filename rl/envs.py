@@ -91,17 +91,24 @@ def observations_tensor(obs: np.ndarray, pixels: bool, device: torch.device) -> 
 
 
 def is_atari(env_id: str) -> bool:
-    return env_id.startswith("ALE/")
+    """An ALE game: `ALE/Pong-v5`, or one of ale-py's older ids such as `PongNoFrameskip-v4`."""
+    if env_id.startswith("ALE/"):
+        return True
+    spec = gym.envs.registry.get(env_id)
+    return spec is not None and str(spec.entry_point).startswith("ale_py")
 
 
 def register_optional_envs(env_id: str) -> None:
-    """Import the package that registers `env_id`'s namespace (ale-py registers ALE/ ids on import)."""
-    if not is_atari(env_id):
+    """Import ale-py where the id may be one of its games: it registers the ALE/ ids and the older
+    NoFrameskip-v4 family on import."""
+    if not env_id.startswith("ALE/") and env_id in gym.envs.registry:
         return
     try:
         import ale_py
     except ImportError:
-        raise UsageError("--env-id", f"{env_id} needs ale-py: pip install -e '.[atari]'") from None
+        if env_id.startswith("ALE/"):
+            raise UsageError("--env-id", f"{env_id} needs ale-py: pip install -e '.[atari]'") from None
+        return
     gym.register_envs(ale_py)
 
 
@@ -152,6 +159,7 @@ def _checked_action_space(space: gym.Space) -> gym.Space:
 
 def make_env(env_id: str, video_dir: str | None, preprocessing: Preprocessing, clip_actions: bool = True) -> gym.Env:
     """One env as training steps it: observations preprocessed, Box actions clipped to the bounds."""
+    register_optional_envs(env_id)  # also in a process of its own (async envs)
     options = {"render_mode": "rgb_array"} if video_dir else {}
     if is_atari(env_id):
         options["frameskip"] = 1  # AtariPreprocessing skips frames, max-pooling the last two of each skip
@@ -221,7 +229,7 @@ def make_vector_env(
 
 def _ale_vector_options(env_id: str, steps: Preprocessing) -> dict[str, object]:
     """ale-py's vector env set to the game and preprocessing the single-env wrappers give: the game's own
-    episodes and score (no episodic life, no clipping, no automatic FIRE), v5's sticky actions."""
+    episodes and score (no episodic life, no clipping, no automatic FIRE), and the id's sticky actions."""
     if not is_atari(env_id):
         return {}
     return {"img_height": steps.resize or 210, "img_width": steps.resize or 160, "grayscale": steps.grayscale,

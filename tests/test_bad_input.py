@@ -13,7 +13,7 @@ BAD_INPUTS = [
     (["--total-timesteps", "200"], "--total-timesteps"),  # one rollout is 2 envs x 128 steps per rank
     (["--no-such-flag"], "--no-such-flag"),
     (["--env-id", "Acrobot-v1", "--vector-mode", "native"], "--vector-mode"),  # no native Acrobot
-    (["--preset", "hopper"], "--preset"),
+    (["--preset", "humanoid"], "--preset"),
     (["--precision", "16-mixed"], "--precision"),  # fp16 needs a GPU
     (["--precision", "fp8"], "--precision"),
     (["--compile-mode", "max-autotune"], "--compile-mode"),  # without --compile
@@ -38,7 +38,7 @@ def test_single_process_exits_2_with_one_line(tmp_path, args, flag):
 
 # Under a launcher, one input of each kind (an env, the parser, a config check, a preset): how every
 # rank stops does not depend on which flag was bad, and each message is checked above.
-ONE_OF_EACH_KIND = ("NoSuchEnv-v0", "--no-such-flag", "200", "hopper", "16-mixed")
+ONE_OF_EACH_KIND = ("NoSuchEnv-v0", "--no-such-flag", "200", "humanoid", "16-mixed")
 LAUNCHED_BAD_INPUTS = [case for case in BAD_INPUTS if case[0][-1] in ONE_OF_EACH_KIND]
 
 

@@ -269,7 +269,7 @@ def test_flags_given_with_a_preset_override_it_in_any_order(order):
     assert parse_config(["--preset=cartpole"]).anneal_lr
 
 
-@pytest.mark.parametrize("argv", [["--preset", "hopper"], ["sac", "--preset", "cartpole"]])
+@pytest.mark.parametrize("argv", [["--preset", "humanoid"], ["sac", "--preset", "cartpole"]])
 def test_an_unknown_preset_is_named_with_the_choices(argv):
     with pytest.raises(UsageError) as error:
         parse_config(argv)

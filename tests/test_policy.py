@@ -90,3 +90,16 @@ def test_orthogonal_init_changes_the_weights():
     torch.testing.assert_close(weight.T @ weight, 2.0 * torch.eye(OBS_DIM), atol=1e-4, rtol=0)
     assert not torch.equal(plain.actor_body.hidden1.weight, weight)
     assert torch.all(ortho.actor_body.hidden1.bias == 0)
+
+
+def test_hidden_size_and_initial_log_std_reach_the_networks_from_the_flags():
+    from rl.algos.ppo.algorithm import PPO
+    from rl.cli import parse_config
+    from rl.envs import inspect_env
+
+    cfg = parse_config(["--env-id", "Pendulum-v1", "--hidden-size", "32", "--log-std-init", "-2"])
+    agent = PPO(cfg, inspect_env(cfg.env_id)).build_policy(torch.device("cpu"))
+    for body in (agent.actor_body, agent.critic_body):
+        assert (body.hidden1.out_features, body.hidden2.in_features, body.hidden2.out_features) == (32, 32, 32)
+    assert agent.critic_head.in_features == agent.action_head.linear.in_features == 32
+    torch.testing.assert_close(agent.action_head.log_std.detach(), torch.full((1,), -2.0))

@@ -149,6 +149,26 @@ def test_truncated_transitions_store_the_true_final_observation():
     assert final[0].tolist() == [1.0, 1.0, 1.0] and final[1].tolist() == observed[2][1][1].tolist()
 
 
+@pytest.mark.parametrize("saved_buffer", [True, False], ids=["with its buffer", "without its buffer"])
+def test_a_resumed_run_trains_again_once_its_buffer_holds_its_share_of_learning_starts(saved_buffer):
+    cfg = SACConfig(num_envs=2, learning_starts=40, buffer_size=256, batch_size=4, save_buffer=saved_buffer)
+    algorithm = SAC(cfg, inspect_env("Pendulum-v1"))
+    actor = algorithm.build_policy(torch.device("cpu"))
+    source = algorithm.make_source(0, torch.device("cpu"), None, env_ranks=2, batch_rows=4)
+    source.reset_envs([0, 1])
+    for step in range(0, 24, 4):  # 6 vector steps: 12 of this rank's rows, 24 global steps
+        source.collect(None, step)
+    state = source.capture_state()
+    resumed = algorithm.make_source(0, torch.device("cpu"), None, env_ranks=2, batch_rows=4)
+    resumed.restore_state(state, fresh_seeds=[0, 1])
+    assert len(resumed.buffer) == (12 if saved_buffer else 0)
+    for step in range(100, 136, 4):  # 9 more vector steps: 18 rows, to 30 with the buffer
+        resumed.collect(actor, step)
+        rows, share = len(resumed.buffer), 20  # this rank's half of 40 global steps
+        trains = resumed.next_batch(step, None) is not None
+        assert trains == (rows >= 4 if saved_buffer else rows >= share), rows
+
+
 def one_process_learner(**changes) -> tuple[SAC, SACLearner]:
     cfg = SACConfig(batch_size=8, **changes)
     algorithm = SAC(cfg, inspect_env("Pendulum-v1"))

@@ -130,11 +130,14 @@ class PPO(Algorithm):
         cfg, spaces = self.cfg, self.spaces
         precision = self.precision(device)
         if self.cnn:
-            agent: ActorCritic = CNNActorCritic(spaces.obs_shape, spaces.action_space, cfg.ortho_init, precision)
+            agent: ActorCritic = CNNActorCritic(
+                spaces.obs_shape, spaces.action_space, cfg.ortho_init, precision, cfg.log_std_init
+            )
         else:
             agent = MLPActorCritic(
-                spaces.obs_dim, spaces.action_space, cfg.activation_function, cfg.ortho_init, spaces.pixels, precision
-            )
+                spaces.obs_dim, spaces.action_space, cfg.activation_function, cfg.ortho_init, spaces.pixels, precision,
+                cfg.hidden_size, cfg.log_std_init,
+            )  # fmt: skip
         if cfg.compile:
             agent.compile_acting(cfg.compile_mode)
         return agent.to(device)

@@ -14,9 +14,13 @@ from rl.errors import UsageError
 class PPOConfig(RunConfig):
     """Proximal Policy Optimization trained across processes (the default algorithm; `sac --help` for SAC)."""
 
-    preset: Literal["cartpole", "acrobot", "lunarlander", "pendulum", "atari-ppo"] | None = None
-    """start from tuned settings for an env (flags given as well override them); tuned for 2 processes;
-    atari-ppo: CleanRL's Atari settings per rank (ALE/Breakout-v5; give --env-id for another game)"""
+    preset: (
+        Literal["cartpole", "acrobot", "lunarlander", "pendulum", "atari-ppo", "halfcheetah", "hopper", "walker2d",
+                "ant", "swimmer"] | None
+    ) = None  # fmt: skip
+    """start from tuned settings for an env (flags given as well override them), per process: the classic-control
+    ones tuned for 2 processes; the MuJoCo ones (halfcheetah, hopper, walker2d, ant, swimmer: the -v5 envs) are
+    rl-zoo's for 1 process; atari-ppo: CleanRL's Atari settings (ALE/Breakout-v5; give --env-id for another game)"""
 
     per_rank_batch_size: int = 64
     """the minibatch size on each rank"""
@@ -32,6 +36,10 @@ class PPOConfig(RunConfig):
     """the number of passes over the rollout per update"""
     activation_function: Literal["relu", "tanh"] = "relu"
     """the activation function of the actor and critic networks"""
+    hidden_size: int = 64
+    """units in each of the two hidden layers of the actor's and the critic's MLPs (vector observations)"""
+    log_std_init: float = 0.0
+    """the initial log standard deviation of the Gaussian policy (continuous actions)"""
     ortho_init: bool = False
     """initialize the layers orthogonally"""
     normalize_advantages: bool = False
@@ -52,7 +60,7 @@ class PPOConfig(RunConfig):
     """scale rewards by the running std of the discounted return, synchronized across ranks"""
 
     PRESETS = PPO_PRESETS
-    IMMUTABLE = (*RunConfig.IMMUTABLE, "activation_function")
+    IMMUTABLE = (*RunConfig.IMMUTABLE, "activation_function", "hidden_size")
     PER_RANK = (*RunConfig.PER_RANK, "per_rank_batch_size")
     ITERATION_NAME = "rollout"
 
@@ -67,7 +75,7 @@ class PPOConfig(RunConfig):
     def validate_algorithm(self) -> None:
         check_signs(
             self,
-            positive=("num_steps", "per_rank_batch_size", "update_epochs", "learning_rate", "clip_coef"),
+            positive=("num_steps", "per_rank_batch_size", "update_epochs", "learning_rate", "clip_coef", "hidden_size"),
             non_negative=("ent_coef", "vf_coef", "max_grad_norm"),
         )
         if not 0.0 <= self.gae_lambda <= 1.0:

@@ -91,10 +91,10 @@ class MultiCategoricalHead(nn.Module):
 class GaussianHead(nn.Module):
     """A diagonal Gaussian with a state-independent, learned log-std."""
 
-    def __init__(self, hidden: int, action_dim: int) -> None:
+    def __init__(self, hidden: int, action_dim: int, log_std_init: float = 0.0) -> None:
         super().__init__()
         self.linear = nn.Linear(hidden, action_dim)
-        self.log_std = nn.Parameter(torch.zeros(action_dim))
+        self.log_std = nn.Parameter(torch.full((action_dim,), log_std_init))
 
     def sample(self, features: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
         mean = _linear(self.linear, features)
@@ -118,13 +118,14 @@ class GaussianHead(nn.Module):
 ActionHead = CategoricalHead | MultiCategoricalHead | GaussianHead
 
 
-def make_action_head(action_space: gym.Space, hidden: int) -> ActionHead:
+def make_action_head(action_space: gym.Space, hidden: int, log_std_init: float = 0.0) -> ActionHead:
+    """The distribution over `action_space`; `log_std_init` is a Gaussian's initial log-std (Box actions)."""
     if isinstance(action_space, gym.spaces.Discrete):
         return CategoricalHead(hidden, int(action_space.n))
     if isinstance(action_space, gym.spaces.MultiDiscrete):
         return MultiCategoricalHead(hidden, [int(n) for n in action_space.nvec])
     if isinstance(action_space, gym.spaces.Box):
-        return GaussianHead(hidden, int(np.prod(action_space.shape)))
+        return GaussianHead(hidden, int(np.prod(action_space.shape)), log_std_init)
     raise TypeError(f"unsupported action space {action_space}")
 
 
@@ -138,12 +139,12 @@ def action_shape_and_dtype(action_space: gym.Space) -> tuple[tuple[int, ...], to
 
 
 class MLP(nn.Module):
-    """Two hidden layers of `HIDDEN_SIZE` units."""
+    """Two hidden layers of `hidden` units."""
 
-    def __init__(self, in_features: int, activation: str) -> None:
+    def __init__(self, in_features: int, activation: str, hidden: int = HIDDEN_SIZE) -> None:
         super().__init__()
-        self.hidden1 = nn.Linear(in_features, HIDDEN_SIZE)
-        self.hidden2 = nn.Linear(HIDDEN_SIZE, HIDDEN_SIZE)
+        self.hidden1 = nn.Linear(in_features, hidden)
+        self.hidden2 = nn.Linear(hidden, hidden)
         self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
@@ -213,14 +214,14 @@ class MLPActorCritic(ActorCritic):
 
     def __init__(
         self, obs_dim: int, action_space: gym.Space, activation: str = "relu", ortho_init: bool = False,
-        pixels: bool = False, precision: Precision = FLOAT32,
+        pixels: bool = False, precision: Precision = FLOAT32, hidden: int = HIDDEN_SIZE, log_std_init: float = 0.0,
     ) -> None:  # fmt: skip
         super().__init__()
         self.precision = precision
-        self.actor_body = MLP(obs_dim, activation)
-        self.critic_body = MLP(obs_dim, activation)
-        self.critic_head = nn.Linear(HIDDEN_SIZE, 1)
-        self.action_head = make_action_head(action_space, HIDDEN_SIZE)
+        self.actor_body = MLP(obs_dim, activation, hidden)
+        self.critic_body = MLP(obs_dim, activation, hidden)
+        self.critic_head = nn.Linear(hidden, 1)
+        self.action_head = make_action_head(action_space, hidden, log_std_init)
         self.flat_pixels = FlatPixels() if pixels else None
         if ortho_init:
             orthogonal_init(self.actor_body, math.sqrt(2))
@@ -246,13 +247,13 @@ class CNNActorCritic(ActorCritic):
 
     def __init__(
         self, obs_shape: tuple[int, ...], action_space: gym.Space, ortho_init: bool = False,
-        precision: Precision = FLOAT32,
+        precision: Precision = FLOAT32, log_std_init: float = 0.0,
     ) -> None:  # fmt: skip
         super().__init__()
         self.precision = precision
         self.encoder = NatureCNN(obs_shape)
         self.critic_head = nn.Linear(self.encoder.features, 1)
-        self.action_head = make_action_head(action_space, self.encoder.features)
+        self.action_head = make_action_head(action_space, self.encoder.features, log_std_init)
         if ortho_init:
             orthogonal_init(self.encoder, math.sqrt(2))
             orthogonal_init(self.critic_head, 1.0)

@@ -1,8 +1,11 @@
-"""PPO's tuned presets (`--preset NAME`), per rank, tuned and measured with `fabric run --devices=2`.
+"""PPO's tuned presets (`--preset NAME`): per-rank values.
 
-Each follows rl-baselines3-zoo's tuned hyperparameters for its env where rl-zoo has them, with
-half of rl-zoo's env count per rank, so that the two ranks together collect rl-zoo's rollout.
-`benchmarks/presets.py` trains each with 3 seeds; the README has the table.
+The classic-control presets are tuned and measured with `fabric run --devices=2`: each follows
+rl-baselines3-zoo's tuned hyperparameters for its env where rl-zoo has them, with half of rl-zoo's
+env count per rank, so that the two ranks together collect rl-zoo's rollout
+(`benchmarks/presets.py`). The MuJoCo presets are rl-zoo's values exactly, for one process: rl-zoo
+runs them on a single env, which two ranks cannot halve (`benchmarks/suite.py`). `atari-ppo` is
+CleanRL's Atari PPO per rank.
 """
 
 from __future__ import annotations
@@ -16,6 +19,36 @@ _SB3_STYLE_PPO: dict[str, Any] = {
     "normalize_advantages": True,
     "vf_coef": 0.5,
     "max_grad_norm": 0.5,
+}
+
+# rl-zoo's tuned MuJoCo PPO: one env of 512-step rollouts, separate ReLU 256x256 actor and critic
+# without orthogonal init, an initial log-std of -2, observations and rewards normalized.
+_RL_ZOO_TUNED_MUJOCO: dict[str, Any] = {
+    "total_timesteps": 1_000_000,
+    "num_envs": 1,
+    "num_steps": 512,
+    "activation_function": "relu",
+    "hidden_size": 256,
+    "log_std_init": -2.0,
+    "ortho_init": False,
+    "normalize_advantages": True,
+    "normalize_observations": True,
+    "normalize_rewards": True,
+}
+
+# rl-zoo's untuned MuJoCo entries: Stable-Baselines3's PPO defaults on one env, normalized.
+_SB3_DEFAULT_MUJOCO: dict[str, Any] = {
+    **_SB3_STYLE_PPO,
+    "total_timesteps": 1_000_000,
+    "num_envs": 1,
+    "num_steps": 2048,
+    "per_rank_batch_size": 64,
+    "update_epochs": 10,
+    "learning_rate": 3e-4,
+    "gamma": 0.99,
+    "gae_lambda": 0.95,
+    "normalize_observations": True,
+    "normalize_rewards": True,
 }
 
 PPO_PRESETS: dict[str, dict[str, Any]] = {
@@ -96,4 +129,45 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "encoder": "cnn",
         "vector_mode": "auto",  # ale-py's native vector env: the fastest of the four here (benchmarks/atari.py)
     },
+    "halfcheetah": {
+        **_RL_ZOO_TUNED_MUJOCO,
+        "env_id": "HalfCheetah-v5",
+        "per_rank_batch_size": 64,
+        "update_epochs": 20,
+        "learning_rate": 2.0633e-05,
+        "gamma": 0.98,
+        "gae_lambda": 0.92,
+        "clip_coef": 0.1,
+        "ent_coef": 0.000401762,
+        "vf_coef": 0.58096,
+        "max_grad_norm": 0.8,
+    },
+    "hopper": {
+        **_RL_ZOO_TUNED_MUJOCO,
+        "env_id": "Hopper-v5",
+        "per_rank_batch_size": 32,
+        "update_epochs": 5,
+        "learning_rate": 9.80828e-05,
+        "gamma": 0.999,
+        "gae_lambda": 0.99,
+        "clip_coef": 0.2,
+        "ent_coef": 0.00229519,
+        "vf_coef": 0.835671,
+        "max_grad_norm": 0.7,
+    },
+    "walker2d": {
+        **_RL_ZOO_TUNED_MUJOCO,
+        "env_id": "Walker2d-v5",
+        "per_rank_batch_size": 32,
+        "update_epochs": 20,
+        "learning_rate": 5.05041e-05,
+        "gamma": 0.99,
+        "gae_lambda": 0.95,
+        "clip_coef": 0.1,
+        "ent_coef": 0.000585045,
+        "vf_coef": 0.871923,
+        "max_grad_norm": 1.0,
+    },
+    "ant": {**_SB3_DEFAULT_MUJOCO, "env_id": "Ant-v5"},
+    "swimmer": {**_SB3_DEFAULT_MUJOCO, "env_id": "Swimmer-v5", "gamma": 0.9999},
 }

@@ -64,6 +64,7 @@ class ReplayCollector(ExperienceSource):
     ) -> None:  # fmt: skip
         self.cfg, self.buffer, self.batch_rows = cfg, buffer, batch_rows
         self.steps_per_vector_step = cfg.num_envs * env_ranks  # global env steps per step of this rank's envs
+        self.rows_before_training = cfg.batch_size
         self.sampler = seeded_generator(device, cfg.seed, REPLAY_STREAM, rank)
         space = action_space  # the env's own bounds: ClipAction widens the vector env's to +-inf
         self.action_low = torch.as_tensor(space.low, dtype=torch.float32, device=device)
@@ -96,7 +97,7 @@ class ReplayCollector(ExperienceSource):
         return episodes
 
     def next_batch(self, global_step: int, all_reduce_sum: AllReduceSum) -> Transitions | None:
-        if global_step <= self.cfg.learning_starts or len(self.buffer) < self.cfg.batch_size:
+        if global_step <= self.cfg.learning_starts or len(self.buffer) < self.rows_before_training:
             return None
         return Transitions(**self.buffer.sample(self.batch_rows, self.sampler))
 
@@ -110,6 +111,11 @@ class ReplayCollector(ExperienceSource):
         self.sampler.set_state(state["sampler"])
         if "buffer" in state:
             self.buffer.load_state_dict(state["buffer"])
+        else:
+            # Refill this rank's share of --learning-starts rows, acting with the policy, before training
+            # again: gradient steps on the first few hundred rows would fit the critics to those alone.
+            share = -(-self.cfg.learning_starts * self.cfg.num_envs // self.steps_per_vector_step)
+            self.rows_before_training = max(self.cfg.batch_size, share)
         return super().restore_state(state, fresh_seeds)
 
 

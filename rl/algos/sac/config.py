@@ -16,8 +16,9 @@ AUTO = "auto"
 class SACConfig(RunConfig):
     """Soft Actor-Critic trained across processes (continuous actions)."""
 
-    preset: Literal["pendulum"] | None = None
-    """start from tuned settings for an env (flags given as well override them); tuned for 2 processes"""
+    preset: Literal["pendulum", "halfcheetah", "hopper", "walker2d"] | None = None
+    """start from tuned settings for an env (flags given as well override them), per process: pendulum tuned for
+    2 processes; the MuJoCo ones (halfcheetah, hopper, walker2d: the -v5 envs) are rl-zoo's for 1 process"""
 
     env_id: str = "Pendulum-v1"
     """the id of the gymnasium environment (its action space must be a bounded Box)"""
@@ -53,7 +54,8 @@ class SACConfig(RunConfig):
     scale_lr: bool = False
     """multiply the learning rates by the number of learners (the DSAC rule for comparable runs)"""
     save_buffer: bool = False
-    """put the replay buffer into training checkpoints, so a resumed run equals an uninterrupted one"""
+    """put the replay buffer into training checkpoints, so a resumed run equals an uninterrupted one (without it,
+    a resumed run collects --learning-starts transitions with its policy before it trains again)"""
     log_every: int = 1000
     """env steps (across all ranks) between two logged points"""
 

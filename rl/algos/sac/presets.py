@@ -1,8 +1,22 @@
-"""SAC's tuned presets (`--preset NAME`), per rank, measured with `fabric run --devices=2`."""
+"""SAC's tuned presets (`--preset NAME`): per-rank values.
+
+`pendulum` is measured with `fabric run --devices=2`. The MuJoCo presets are rl-baselines3-zoo's
+values for one process, whose one env step per gradient step of 256 rows is the published replay
+ratio (`benchmarks/suite.py`); each further rank adds an env step per gradient step.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+# rl-zoo's MuJoCo SAC: Stable-Baselines3's defaults (both learning rates 3e-4, batch 256, a million
+# transitions, one gradient step per env step) after 10,000 random steps.
+_RL_ZOO_MUJOCO: dict[str, Any] = {
+    "total_timesteps": 1_000_000,
+    "learning_starts": 10_000,
+    "policy_lr": 3e-4,
+    "q_lr": 3e-4,
+}
 
 SAC_PRESETS: dict[str, dict[str, Any]] = {
     # rl-zoo's Pendulum settings: both learning rates 1e-3; batch 256 per rank.
@@ -12,4 +26,7 @@ SAC_PRESETS: dict[str, dict[str, Any]] = {
         "policy_lr": 1e-3,
         "q_lr": 1e-3,
     },
+    "halfcheetah": {**_RL_ZOO_MUJOCO, "env_id": "HalfCheetah-v5"},
+    "hopper": {**_RL_ZOO_MUJOCO, "env_id": "Hopper-v5"},
+    "walker2d": {**_RL_ZOO_MUJOCO, "env_id": "Walker2d-v5"},
 }

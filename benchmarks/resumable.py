@@ -1,0 +1,105 @@
+"""Named training runs that outlive a session: each launch resumes the run from its newest checkpoint.
+
+A study gives every run a fixed `--run-name` under OUT/runs and a checkpoint interval. `train`
+launches the run (which resumes by itself where its folder holds a checkpoint) and appends the
+launch's figures to OUT/segments/NAME.jsonl; when the run finishes, its row (summed over every
+launch) goes to OUT/rows/NAME.json and its checkpoints are deleted, so a finished run is never
+launched again. A session that ends mid-run loses at most one checkpoint interval.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from launch import SUMMARY, run_in_folder
+
+EVALUATION = re.compile(r"evaluation over \d+ greedy episodes: return (-?[\d.]+) ± ([\d.]+)")
+COMPILE = re.compile(r"torch\.compile: ([\d.]+) s compiling")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One named run: `command` is called afresh for each launch (a launcher may need a new port)."""
+
+    name: str
+    command: Callable[[], list[str]]
+    keys: dict  # what identifies the run in its row: config, seed, ...
+
+
+def run_folder(out: Path, name: str) -> Path:
+    return out / "runs" / "fabric_logs" / name
+
+
+def launch_segment(run: Run, out: Path) -> tuple[dict, str]:
+    """One launch of the run, to its end or until it fails; its figures and its stdout."""
+    started = time.time()
+    done, wall_time = run_in_folder(run.command(), out / "launches" / run.name)
+    summary, compiling = SUMMARY.search(done.stdout), COMPILE.search(done.stdout)
+    segment = {"started": round(started, 1), "ended": round(time.time(), 1), "wall_time_s": round(wall_time, 1),
+               "exit": done.returncode, "steps": int(summary.group(1)) if summary else 0,
+               "loop_s": float(summary.group(2)) if summary else 0.0,
+               "compile_s": float(compiling.group(1)) if compiling else 0.0}  # fmt: skip
+    segments_file = out / "segments" / f"{run.name}.jsonl"
+    segments_file.parent.mkdir(parents=True, exist_ok=True)
+    with segments_file.open("a") as segments:
+        segments.write(json.dumps(segment) + "\n")
+    return segment, done.stdout
+
+
+def segments(out: Path, name: str) -> list[dict]:
+    path = out / "segments" / f"{name}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def train(run: Run, out: Path) -> dict:
+    """Launch (or resume) the run until it finishes; its row, summed over every launch it took."""
+    segment, stdout = launch_segment(run, out)
+    evaluation = EVALUATION.search(stdout)
+    if segment["exit"] != 0 or evaluation is None:
+        sys.exit(f"{run.name} failed (exit {segment['exit']}); see {out / 'launches' / run.name}")
+    launches = segments(out, run.name)
+    steps, loop_seconds = sum(s["steps"] for s in launches), sum(s["loop_s"] for s in launches)
+    return {
+        **run.keys, "eval_return": float(evaluation.group(1)), "eval_std": float(evaluation.group(2)),
+        "steps": steps, "wall_time_s": round(sum(s["wall_time_s"] for s in launches), 1), "launches": len(launches),
+        "env_steps_per_s": round(steps / loop_seconds) if loop_seconds else None,
+        "compile_s": round(sum(s["compile_s"] for s in launches), 1),
+    }  # fmt: skip
+
+
+def row_file(out: Path, name: str) -> Path:
+    return out / "rows" / f"{name}.json"
+
+
+def run_all(plan: list[Run], out: Path, parallel: int = 1) -> list[dict]:
+    """Every run of `plan` without a row yet, `parallel` at a time in plan order; the rows of the whole plan."""
+    (out / "rows").mkdir(parents=True, exist_ok=True)
+    pending = [run for run in plan if not row_file(out, run.name).exists()]
+    print(f"{len(plan)} runs, {len(plan) - len(pending)} already done", flush=True)
+    started = time.perf_counter()
+
+    def finish(run: Run) -> None:
+        row = train(run, out)
+        row_file(out, run.name).write_text(json.dumps(row))
+        shutil.rmtree(run_folder(out, run.name) / "checkpoints", ignore_errors=True)  # done: never resumed again
+        print(f"{run.name}: return {row['eval_return']:.1f}, {row['wall_time_s']:.0f} s "
+              f"({time.perf_counter() - started:.0f} s into this launch of the study)", flush=True)  # fmt: skip
+
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        futures = [pool.submit(finish, run) for run in pending]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:  # a failed run stops the study; runs already going finish their launch
+            for future in futures:
+                future.cancel()
+            raise
+    return [json.loads(row_file(out, run.name).read_text()) for run in plan]

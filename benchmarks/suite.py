@@ -1,0 +1,271 @@
+"""The learning benchmark: MuJoCo PPO and SAC and Atari Pong PPO against published scores, resumable.
+
+    python benchmarks/suite.py [--rows ppo/halfcheetah sac/hopper ...] [--seeds 1 2 3] [--parallel 2]
+                               [--out docs/benchmarks] [--report-only] [--dry-run]
+
+Each row is a preset trained for the published figure's env steps, one process per run (each
+preset is rl-zoo's or CleanRL's configuration for one process, so a run is the published
+configuration itself), `--parallel` runs side by side with one torch thread each. Every run has a
+fixed `--run-name` under OUT/runs and checkpoints every 5 minutes, so a suite that is stopped
+picks each run up from its newest checkpoint when started again; finished runs are never
+launched again (`benchmarks/resumable.py`).
+
+After the runs it writes, from every finished run:
+- OUT/results.csv: one line per run (algorithm, env, topology, seed, steps, greedy return over 10
+  episodes, wall time, env steps/s);
+- OUT/suite/ENV-ALGORITHM.png: the training return against env steps and against training wall
+  time, mean and min-max over seeds, with the published figure as a line;
+- the Markdown table (the README's), and rliable's IQM of the scores normalized by the published
+  means, with stratified-bootstrap 95% confidence intervals, per group of rows
+  (`pip install -e ".[bench]"`).
+
+A row matches when its mean greedy return over seeds is at least the published mean minus one
+published std, at the same or fewer env steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import json
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from resumable import Run, row_file, run_all, run_folder, segments
+
+REPO = Path(__file__).resolve().parents[1]
+TOPOLOGY = "coupled, 1 process, 1 thread"
+
+
+@dataclass(frozen=True)
+class Published:
+    source: str
+    mean: float
+    std: float
+
+    def __str__(self) -> str:
+        return f"{self.source}: {self.mean:,.2f} ± {self.std:,.2f}".replace(".00 ", " ").replace(".00", "")
+
+
+@dataclass(frozen=True)
+class Row:
+    algorithm: str
+    preset: str
+    env_id: str
+    steps: int
+    published: tuple[Published, ...]  # the first is the one a row is judged by
+    group: str  # rows aggregated together
+    seeds: tuple[int, ...] = (1, 2, 3)
+    flags: tuple[str, ...] = field(default_factory=tuple)
+
+    def command(self, seed: int, name: str, out: Path) -> list[str]:
+        algorithm = ["sac"] if self.algorithm == "sac" else []
+        return [sys.executable, str(REPO / "train_fabric.py"), *algorithm, "--preset", self.preset, *self.flags,
+                "--seed", str(seed), "--torch-threads", "1", "--no-progress-bar", "--run-name", name,
+                "--log-dir", str(out / "runs"), "--checkpoint-every", "5m", "--keep-last", "1"]  # fmt: skip
+
+
+def _rl_zoo(mean: float, std: float) -> Published:
+    return Published("rl-zoo v3", mean, std)
+
+
+ROWS: dict[str, Row] = {
+    "ppo/halfcheetah": Row("ppo", "halfcheetah", "HalfCheetah-v5", 1_000_000, (_rl_zoo(5819, 664),), "PPO MuJoCo"),
+    "ppo/hopper": Row("ppo", "hopper", "Hopper-v5", 1_000_000, (_rl_zoo(2410, 10),), "PPO MuJoCo"),
+    "ppo/walker2d": Row("ppo", "walker2d", "Walker2d-v5", 1_000_000, (_rl_zoo(3479, 822),), "PPO MuJoCo"),
+    "ppo/ant": Row("ppo", "ant", "Ant-v5", 1_000_000, (_rl_zoo(1327, 452),), "PPO MuJoCo"),
+    "ppo/swimmer": Row("ppo", "swimmer", "Swimmer-v5", 1_000_000, (_rl_zoo(282, 10),), "PPO MuJoCo"),
+    "sac/halfcheetah": Row("sac", "halfcheetah", "HalfCheetah-v5", 1_000_000,
+                           (_rl_zoo(9535, 100), Published("CleanRL v2", 9635, 1424)), "SAC MuJoCo", (1,)),
+    "sac/hopper": Row("sac", "hopper", "Hopper-v5", 1_000_000,
+                      (_rl_zoo(2326, 1130), Published("CleanRL v2", 2310, 343)), "SAC MuJoCo", (1,)),
+    "sac/walker2d": Row("sac", "walker2d", "Walker2d-v5", 1_000_000,
+                        (_rl_zoo(3863, 254), Published("CleanRL v2", 3591, 911)), "SAC MuJoCo", (1,)),
+    # The published Pong figures are PongNoFrameskip-v4's (no sticky actions), at 10M steps.
+    "ppo/pong": Row("ppo", "atari-ppo", "PongNoFrameskip-v4", 10_000_000,
+                    (Published("rl-zoo", 20.99, 0.11), Published("CleanRL", 20.36, 0.20)), "PPO Atari", (1,),
+                    ("--env-id", "PongNoFrameskip-v4", "--total-timesteps", "10000000")),
+}  # fmt: skip
+
+
+def run_name(row: str, seed: int) -> str:
+    return f"{row.replace('/', '-')}-seed{seed}"
+
+
+def plan(rows: list[str], seeds: list[int] | None, out: Path) -> list[Run]:
+    """The runs of `rows`, seed by seed across rows (so the first seed of every row finishes first)."""
+    runs = []
+    for seed in sorted({s for row in rows for s in (seeds or ROWS[row].seeds)}):
+        for row in rows:
+            if seed in (seeds or ROWS[row].seeds):
+                name = run_name(row, seed)
+                command = functools.partial(ROWS[row].command, seed, name, out)
+                runs.append(Run(name, command, {"row": row, "seed": seed}))
+    return runs
+
+
+def finished_rows(runs: list[Run], out: Path) -> list[dict]:
+    return [json.loads(row_file(out, run.name).read_text()) for run in runs if row_file(out, run.name).exists()]
+
+
+def write_csv(results: list[dict], path: Path) -> None:
+    columns = ["algorithm", "env", "topology", "seed", "steps", "greedy_return", "wall_time_s", "env_steps_per_s"]
+    with path.open("w", newline="") as file:
+        writer = csv.DictWriter(file, columns)
+        writer.writeheader()
+        for result in results:
+            row = ROWS[result["row"]]
+            writer.writerow({
+                "algorithm": row.algorithm, "env": row.env_id, "topology": TOPOLOGY, "seed": result["seed"],
+                "steps": result["steps"], "greedy_return": result["eval_return"], "wall_time_s": result["wall_time_s"],
+                "env_steps_per_s": result["env_steps_per_s"],
+            })  # fmt: skip
+
+
+def matched(row: Row, returns: list[float], steps: int) -> bool:
+    reference = row.published[0]
+    return statistics.mean(returns) >= reference.mean - reference.std and steps <= row.steps
+
+
+def markdown(results: list[dict], rows: list[str]) -> str:
+    """One line per row, finished or not: a row that misses is reported, never dropped."""
+    lines = ["| algorithm | env | steps | seeds | greedy return | per seed | published | matched | wall time per run "
+             "| env steps/s |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for name in rows:
+        row, members = ROWS[name], [r for r in results if r["row"] == name]
+        published = "; ".join(str(p) for p in row.published)
+        if not members:
+            lines.append(f"| {row.algorithm.upper()} | {row.env_id} | {row.steps:,} | 0 of {len(row.seeds)} | "
+                         f"not yet run | | {published} | | | |")  # fmt: skip
+            continue
+        returns, steps = [r["eval_return"] for r in members], max(r["steps"] for r in members)
+        lines.append(
+            f"| {row.algorithm.upper()} | {row.env_id} | {steps:,} | {len(members)} of {len(row.seeds)} | "
+            f"{statistics.mean(returns):,.1f} ± {statistics.pstdev(returns):,.1f} | "
+            f"{', '.join(f'{r:,.1f}' for r in returns)} | {published} | "
+            f"{'yes' if matched(row, returns, steps) else 'no'} | "
+            f"{statistics.mean(r['wall_time_s'] for r in members) / 3600:.1f} h | "
+            f"{statistics.mean(r['env_steps_per_s'] for r in members):,.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def normalized_scores(results: list[dict], rows: list[str]) -> dict[str, list[list[float]]]:
+    """Per group, a (seeds x rows) matrix of greedy returns over the published means, over the seeds
+    that every finished row of the group has (rliable needs a full matrix)."""
+    groups: dict[str, list[list[float]]] = {}
+    for group in dict.fromkeys(ROWS[name].group for name in rows):
+        members = [name for name in rows if ROWS[name].group == group and any(r["row"] == name for r in results)]
+        if not members:
+            continue
+        by_run = {(r["row"], r["seed"]): r["eval_return"] for r in results}
+        seeds = sorted(set.intersection(*({s for (n, s) in by_run if n == name} for name in members)))
+        groups[group] = [[by_run[(name, seed)] / ROWS[name].published[0].mean for name in members] for seed in seeds]
+    return groups
+
+
+def aggregate(results: list[dict], rows: list[str]) -> str:
+    """rliable's IQM with stratified-bootstrap 95% CIs, per group."""
+    import numpy as np
+    from rliable import library, metrics
+
+    scores = {group: np.array(matrix) for group, matrix in normalized_scores(results, rows).items()}
+    if not scores:
+        return "no finished runs to aggregate"
+    points, intervals = library.get_interval_estimates(
+        scores, lambda matrix: np.array([metrics.aggregate_iqm(matrix)]), reps=50_000
+    )
+    lines = ["| group | runs x rows | IQM of score / published mean | 95% CI |", "| --- | --- | --- | --- |"]
+    for group, matrix in scores.items():
+        low, high = intervals[group][:, 0]
+        lines.append(f"| {group} | {matrix.shape[0]} x {matrix.shape[1]} | {points[group][0]:.2f} | "
+                     f"[{low:.2f}, {high:.2f}] |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def training_seconds(out: Path, name: str, wall_clock: float) -> float:
+    """Seconds of the run's launches before `wall_clock`: the time between sessions is not training."""
+    return sum(max(0.0, min(wall_clock, s["ended"]) - s["started"]) for s in segments(out, name)
+               if s["started"] <= wall_clock)  # fmt: skip
+
+
+def curve(out: Path, name: str) -> tuple[list[float], list[float], list[float]]:
+    """The run's logged training return: env steps, training seconds and return at each point."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_folder(out, name)), size_guidance={"scalars": 0})
+    events.Reload()
+    if "Rewards/rew_avg" not in events.Tags()["scalars"]:
+        return [], [], []
+    points = sorted({p.step: p for p in events.Scalars("Rewards/rew_avg")}.values(), key=lambda p: p.step)
+    seconds = [training_seconds(out, name, p.wall_time) for p in points]
+    return [p.step for p in points], seconds, [p.value for p in points]
+
+
+def figures(runs: list[Run], out: Path) -> None:
+    """Per row: return against env steps and against training hours, mean and min-max over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    folder = out / "suite"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in dict.fromkeys(run.keys["row"] for run in runs):
+        row = ROWS[name]
+        curves = [curve(out, run.name) for run in runs if run.keys["row"] == name]
+        curves = [c for c in curves if c[0]]
+        if not curves:
+            continue
+        figure, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for axis, x_index, label in ((axes[0], 0, "env steps"), (axes[1], 1, "training wall time (h)")):
+            scale = 1 / 3600 if x_index == 1 else 1
+            grid = np.linspace(0, min(c[x_index][-1] for c in curves), 200)
+            values = np.array([np.interp(grid, c[x_index], c[2]) for c in curves])
+            axis.plot(grid * scale, values.mean(0), label=f"this project, {len(curves)} seed(s)")
+            axis.fill_between(grid * scale, values.min(0), values.max(0), alpha=0.25)
+            for published in row.published:
+                axis.axhline(published.mean, linestyle="--", color="grey" if published is row.published[0] else "k",
+                             label=str(published))  # fmt: skip
+            axis.set_xlabel(label)
+            axis.set_ylabel("training episode return")
+        axes[0].legend(fontsize=8)
+        figure.suptitle(f"{row.algorithm.upper()} {row.env_id}, --preset {row.preset}, {TOPOLOGY}")
+        figure.savefig(folder / f"{row.env_id}-{row.algorithm}.png", dpi=110, bbox_inches="tight")
+        plt.close(figure)
+
+
+def report(runs: list[Run], rows: list[str], out: Path) -> None:
+    results = finished_rows(runs, out)
+    write_csv(results, out / "results.csv")
+    print(markdown(results, rows))
+    print()
+    print(aggregate(results, rows))
+    figures(runs, out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: each row's own seeds")
+    parser.add_argument("--parallel", type=int, default=2, help="runs side by side (one torch thread each)")
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
+    parser.add_argument("--report-only", action="store_true", help="write the results of the finished runs only")
+    parser.add_argument("--dry-run", action="store_true", help="print each run's command and stop")
+    args = parser.parse_args()
+    runs = plan(args.rows, args.seeds, args.out)
+    if args.dry_run:
+        for run in runs:
+            print(" ".join(run.command()))
+        return
+    if not args.report_only:
+        run_all(runs, args.out, args.parallel)
+    report(runs, args.rows, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""The learning benchmark's harness: its commands are valid runs of the published configurations, a
+stopped run resumes from its checkpoint, and the table reports every row."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from rl.cli import parse_config
+from rl.config import validate
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import resumable
+import suite
+
+
+@pytest.mark.parametrize("row", list(suite.ROWS))
+def test_each_row_runs_its_preset_on_the_published_env_for_the_published_steps(row, tmp_path):
+    (run,) = suite.plan([row], [1], tmp_path)
+    command = run.command()
+    assert command[1].endswith("train_fabric.py")
+    cfg = parse_config(command[2:])
+    assert (cfg.env_id, cfg.total_timesteps, cfg.seed) == (suite.ROWS[row].env_id, suite.ROWS[row].steps, 1)
+    assert cfg.run_name == suite.run_name(row, 1)
+    validate(cfg, world_size=1, gpu_count=0)
+    assert cfg.checkpoint_seconds > 0  # checkpoints by time: a stopped session costs one interval at most
+
+
+def test_sac_rows_keep_the_published_replay_ratio_of_one_gradient_step_of_256_per_env_step(tmp_path):
+    for row in [name for name in suite.ROWS if name.startswith("sac/")]:
+        cfg = parse_config(suite.plan([row], [1], tmp_path)[0].command()[2:])
+        assert (cfg.num_envs, cfg.train_freq, cfg.gradient_steps, cfg.batch_size) == (1, 1, 1, 256)
+
+
+def test_the_table_reports_rows_without_runs_and_judges_by_the_first_published_figure():
+    results = [{"row": "ppo/hopper", "seed": seed, "eval_return": value, "steps": 999_424, "wall_time_s": 3600.0,
+                "env_steps_per_s": 300} for seed, value in ((1, 2500.0), (2, 2300.0))]  # fmt: skip
+    table = suite.markdown(results, ["ppo/hopper", "ppo/ant"])
+    hopper, ant = table.splitlines()[2:]
+    assert "2,400.0 ± 100.0" in hopper and "2 of 3" in hopper and "| yes |" in hopper  # 2,400 >= 2,410 - 10
+    assert "not yet run" in ant and "0 of 3" in ant
+    missed = [{**result, "eval_return": 2000.0} for result in results]
+    assert "| no |" in suite.markdown(missed, ["ppo/hopper"])
+
+
+def test_scores_are_normalized_by_the_published_mean_over_the_seeds_every_row_has():
+    results = [{"row": "ppo/hopper", "seed": 1, "eval_return": 2410.0}, {"row": "ppo/hopper", "seed": 2,
+               "eval_return": 1205.0}, {"row": "ppo/swimmer", "seed": 1, "eval_return": 141.0}]  # fmt: skip
+    scores = suite.normalized_scores(results, ["ppo/hopper", "ppo/swimmer", "sac/hopper"])
+    assert scores == {"PPO MuJoCo": [[1.0, 0.5]]}
+
+
+def test_training_time_leaves_out_the_time_between_launches(tmp_path):
+    (tmp_path / "segments").mkdir()
+    launches = [{"started": 100.0, "ended": 200.0}, {"started": 1000.0, "ended": 1050.0}]
+    (tmp_path / "segments" / "run.jsonl").write_text("\n".join(json.dumps(s) for s in launches))
+    assert [suite.training_seconds(tmp_path, "run", t) for t in (150, 500, 1020, 2000)] == [50, 100, 120, 150]
+
+
+def test_a_stopped_run_resumes_from_its_checkpoint_and_its_row_sums_the_launches(tmp_path):
+    """The first launch stops at a checkpoint (as a session that ends would), the second finishes the run."""
+
+    def command(total: int) -> list[str]:
+        return [sys.executable, str(suite.REPO / "train_fabric.py"), "--total-timesteps", str(total),
+                "--num-steps", "64", "--eval-episodes", "2", "--no-progress-bar", "--torch-threads", "1",
+                "--run-name", "run", "--log-dir", str(tmp_path / "runs"), "--checkpoint-every", "128"]  # fmt: skip
+
+    segment, _ = resumable.launch_segment(resumable.Run("run", lambda: command(256), {}), tmp_path)
+    assert segment["exit"] == 0 and segment["steps"] == 256
+    (row,) = resumable.run_all([resumable.Run("run", lambda: command(512), {"row": "demo"})], tmp_path)
+    assert (row["row"], row["launches"], row["steps"]) == ("demo", 2, 512)
+    assert not (resumable.run_folder(tmp_path, "run") / "checkpoints").exists()  # finished: never resumed again
+    assert resumable.run_all([resumable.Run("run", lambda: ["false"], {})], tmp_path) == [row]  # not launched again
