@@ -140,6 +140,11 @@ class RunConfig:
     NON_NEGATIVE = ("eval_episodes", "torch_threads", "max_policy_lag", "resize", "noop_max")
 
     @property
+    def steps_per_row(self) -> int:
+        """Env steps one row of a batch holds (a recurrent policy's row is a whole sequence)."""
+        return 1
+
+    @property
     def steps_per_iteration(self) -> int:
         """Env steps one rank collects between two learning phases."""
         raise NotImplementedError

@@ -12,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rl import pixel_cartpole  # noqa: F401  (registers rl/PixelCartPole-v1)
+from rl import masked_cartpole, pixel_cartpole  # noqa: F401  (register rl/MaskedCartPole-v1, rl/PixelCartPole-v1)
 from rl.errors import UsageError
 
 # Rendering is to arrays only; pygame's SDL must not look for a display or a sound device.

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import torch
+from torch import Tensor
 
 from rl.envs import ATARI_PREPROCESSING, Preprocessing, is_image_space, make_vector_env, observations_tensor
 from rl.experience import Policy
@@ -34,14 +37,15 @@ def evaluate_greedy(
     pixels = is_image_space(envs.single_observation_space)
     returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
     finished = np.zeros(episodes, dtype=bool)
+    act = _stepper(agent, episodes, device, deterministic, generator)
     try:
         obs, _ = envs.reset(seed=[derive_seed(seed, EVAL_STREAM, i) for i in range(episodes)])
+        starts = np.ones(episodes, dtype=bool)
         while not finished.all():
             obs_t = observations_tensor(obs, pixels, device)
-            obs_t = obs_normalizer(obs_t)
-            action = agent.greedy_action(obs_t) if deterministic else agent.act(obs_t, generator)[0]
-            action = action.cpu().numpy()
-            obs, _, _, _, info = envs.step(action)
+            action = act(obs_normalizer(obs_t), torch.as_tensor(starts, device=device)).cpu().numpy()
+            obs, _, terminated, truncated, info = envs.step(action)
+            starts = terminated | truncated
             if "_episode" in info:  # only an env's first episode counts
                 ended = info["_episode"] & ~finished
                 returns[ended] = info["episode"]["r"][ended]
@@ -50,3 +54,22 @@ def evaluate_greedy(
     finally:
         envs.close()
     return returns, lengths
+
+
+def _stepper(
+    agent: Policy, num_envs: int, device: torch.device, deterministic: bool, generator: torch.Generator
+) -> Callable[[Tensor, Tensor], Tensor]:
+    """`(obs, starts) -> actions` for `num_envs` envs; a recurrent policy's state is carried from call to call."""
+    if not agent.recurrent:
+        return lambda obs, _: agent.greedy_action(obs) if deterministic else agent.act(obs, generator)[0]
+    memory = agent.initial_memory(num_envs, device)
+
+    def act(obs: Tensor, starts: Tensor) -> Tensor:
+        nonlocal memory
+        if deterministic:
+            action, memory = agent.greedy_action(obs, memory, starts)
+        else:
+            action, _, _, memory = agent.act(obs, generator, memory, starts)
+        return action
+
+    return act

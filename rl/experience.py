@@ -25,7 +25,13 @@ from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
 
 
 class Policy(Protocol):
-    """The plain (never DDP-wrapped) module a rank acts with."""
+    """The plain (never DDP-wrapped) module a rank acts with.
+
+    A recurrent policy (`recurrent`) also takes and returns each env's state between steps, and
+    where episodes start (see `rl.algos.ppo.recurrent`).
+    """
+
+    recurrent: bool
 
     def act(self, obs: Tensor, generator: torch.Generator | None) -> tuple[Tensor, ...]:
         """Sampled actions first, then whatever else the algorithm stores."""

@@ -16,6 +16,7 @@ BAD_INPUTS = [
     (["--preset", "humanoid"], "--preset"),
     (["--precision", "16-mixed"], "--precision"),  # fp16 needs a GPU
     (["--precision", "fp8"], "--precision"),
+    (["--precision", "16-true"], "--precision"),  # a Fabric precision this project does not train at
     (["--compile-mode", "max-autotune"], "--compile-mode"),  # without --compile
 ]
 if not torch.cuda.is_available():
@@ -36,9 +37,10 @@ def test_single_process_exits_2_with_one_line(tmp_path, args, flag):
     assert not (tmp_path / "logs").exists()
 
 
-# Under a launcher, one input of each kind (an env, the parser, a config check, a preset): how every
-# rank stops does not depend on which flag was bad, and each message is checked above.
-ONE_OF_EACH_KIND = ("NoSuchEnv-v0", "--no-such-flag", "200", "humanoid", "16-mixed")
+# Under a launcher, one input of each kind (an env, the parser, a config check, a preset, and a precision
+# that fabric run takes as its own option and hands to the ranks): how every rank stops does not depend
+# on which flag was bad, and each message is checked above.
+ONE_OF_EACH_KIND = ("NoSuchEnv-v0", "--no-such-flag", "200", "humanoid", "16-mixed", "16-true")
 LAUNCHED_BAD_INPUTS = [case for case in BAD_INPUTS if case[0][-1] in ONE_OF_EACH_KIND]
 
 

@@ -68,7 +68,7 @@ def _train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None) 
     num_iterations = cfg.num_iterations(world_size)
     steps_per_iteration = cfg.steps_per_iteration * world_size
     report_every = algorithm.iterations_per_report(world_size)
-    replay_ratio = algorithm.passes_per_batch * batch_rows / cfg.steps_per_iteration
+    replay_ratio = algorithm.passes_per_batch * batch_rows * cfg.steps_per_row / cfg.steps_per_iteration
     progress = ProgressBar(num_iterations * steps_per_iteration, runtime.is_main and cfg.progress_bar,
                            initial=global_step, drawn_by_job=cfg.progress_bar)  # fmt: skip
     interrupt, clock = InterruptFlag(), CheckpointClock(cfg.checkpoint_seconds)

@@ -140,7 +140,7 @@ class Player:
         self.steps_per_iteration = cfg.steps_per_iteration * topology.num_players  # every player's steps
         self.report_every = algorithm.iterations_per_report(topology.num_players)
         rows_per_update = sum(rows_per_player(algorithm, topology))
-        self.replay_ratio = algorithm.passes_per_batch * rows_per_update / self.steps_per_iteration
+        self.replay_ratio = algorithm.passes_per_batch * rows_per_update * cfg.steps_per_row / self.steps_per_iteration
         self.start_step = self.reported_step = self.checked_step = (self.first_iteration - 1) * self.steps_per_iteration
         self.progress = ProgressBar(self.num_iterations * self.steps_per_iteration, cfg.progress_bar and self.is_lead,
                                     initial=self.start_step, drawn_by_job=cfg.progress_bar)  # fmt: skip

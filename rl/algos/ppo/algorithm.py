@@ -11,7 +11,8 @@ from torch import Tensor, nn
 from rl.algos.base import Algorithm, Learner
 from rl.algos.ppo.config import PPOConfig
 from rl.algos.ppo.policy import ActorCritic, CNNActorCritic, MLPActorCritic, action_shape_and_dtype
-from rl.algos.ppo.rollout import Batch, RolloutCollector
+from rl.algos.ppo.recurrent import RecurrentActorCritic
+from rl.algos.ppo.rollout import Batch, RolloutCollector, SequenceBatch
 from rl.algos.ppo.update import MinibatchSchedule, PPOHyperparameters, minibatch_loss, ppo_update
 from rl.batch import Column, DataShard, RowCodec
 from rl.compiling import compiled
@@ -65,11 +66,11 @@ class PPOLearner(Learner):
         self.runtime = runtime
         self.hp = hyperparameters(cfg, skip_reset_steps)
         self.loss_of = compiled(minibatch_loss, cfg.compile_mode) if cfg.compile else minibatch_loss
+        # A recurrent policy's rows are whole sequences: a minibatch takes that many fewer rows.
+        minibatch_rows = cfg.per_rank_batch_size // cfg.steps_per_row
         # Learners whose shards differ by a row take the same number of minibatches: their averages stay in step.
-        minibatches = math.ceil(shard.largest_rows / cfg.per_rank_batch_size) if shard.largest_rows else None
-        self.schedule = MinibatchSchedule(
-            shard.rows, cfg.per_rank_batch_size, shard.shards, shard.index, cfg.seed, minibatches
-        )
+        minibatches = math.ceil(shard.largest_rows / minibatch_rows) if shard.largest_rows else None
+        self.schedule = MinibatchSchedule(shard.rows, minibatch_rows, shard.shards, shard.index, cfg.seed, minibatches)
 
     def update(self, batch: Batch, iteration: int) -> dict[str, Tensor]:
         lr = annealed_lr(self.cfg, iteration, self.num_updates)
@@ -111,8 +112,11 @@ class PPO(Algorithm):
         "explained_variance": "Loss/explained_variance",
         "learning_rate": "Info/learning_rate",
     }
-    handles_late_resets = True
     cfg: PPOConfig
+
+    @property
+    def handles_late_resets(self) -> bool:  # type: ignore[override]
+        return not self.cfg.recurrent  # a recurrent state zeroes where an episode starts, in the step
 
     @property
     def passes_per_batch(self) -> int:  # type: ignore[override]
@@ -129,10 +133,14 @@ class PPO(Algorithm):
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every rank and in every mode
         cfg, spaces = self.cfg, self.spaces
         precision = self.precision(device)
-        if self.cnn:
-            agent: ActorCritic = CNNActorCritic(
-                spaces.obs_shape, spaces.action_space, cfg.ortho_init, precision, cfg.log_std_init
-            )
+        agent: ActorCritic | RecurrentActorCritic
+        if cfg.recurrent:
+            agent = RecurrentActorCritic(
+                spaces.obs_dim, spaces.obs_shape, spaces.action_space, self.cnn, spaces.pixels, cfg.lstm_hidden_size,
+                cfg.lstm_layers, cfg.activation_function, cfg.ortho_init, precision, cfg.hidden_size, cfg.log_std_init,
+            )  # fmt: skip
+        elif self.cnn:
+            agent = CNNActorCritic(spaces.obs_shape, spaces.action_space, cfg.ortho_init, precision, cfg.log_std_init)
         else:
             agent = MLPActorCritic(
                 spaces.obs_dim, spaces.action_space, cfg.activation_function, cfg.ortho_init, spaces.pixels, precision,
@@ -162,18 +170,27 @@ class PPO(Algorithm):
             cfg.gamma,
             cfg.gae_lambda,
             self.training_signal(),
+            (cfg.lstm_layers, cfg.lstm_hidden_size) if cfg.recurrent else None,
         )
 
     def make_learner(self, policy: nn.Module, runtime: Runtime, shard: DataShard, env_ranks: int) -> PPOLearner:
-        assert isinstance(policy, ActorCritic)
+        assert isinstance(policy, ActorCritic | RecurrentActorCritic)
         skip_reset_steps = self.vector_mode in ("native", "envpool")
         return PPOLearner(self.cfg, policy, runtime, shard, self.cfg.num_iterations(env_ranks), skip_reset_steps)
 
     def batch_rows(self, learners_fed: int) -> int:
-        return self.cfg.rollout_steps_per_rank  # one rollout, whoever trains on it
+        return self.cfg.rollout_steps_per_rank // self.cfg.steps_per_row  # one rollout, whoever trains on it
 
     def batch_codec(self) -> RowCodec:
+        """A row per transition, or per env sequence (recurrent: each column holds the rollout's steps)."""
+        steps = (self.cfg.num_steps,) if self.cfg.recurrent else ()
         action_shape, action_dtype = action_shape_and_dtype(self.spaces.action_space)
-        columns = {"obs": self.obs_column(), "actions": Column(action_shape, action_dtype)}
-        scalars = {name: Column(()) for name in ("logprobs", "values", "advantages", "returns")}
-        return RowCodec(Batch, columns | scalars | {"is_transition": Column((), torch.bool)})
+        obs = self.obs_column()
+        columns = {"obs": Column((*steps, *obs.shape), obs.dtype), "actions": Column((*steps, *action_shape),
+                   action_dtype)}  # fmt: skip
+        columns |= {name: Column(steps) for name in ("logprobs", "values", "advantages", "returns")}
+        columns |= {"is_transition": Column(steps, torch.bool)}
+        if not self.cfg.recurrent:
+            return RowCodec(Batch, columns)
+        memory = Column((2, self.cfg.lstm_layers, self.cfg.lstm_hidden_size))
+        return RowCodec(SequenceBatch, columns | {"starts": Column(steps, torch.bool), "memory": memory})

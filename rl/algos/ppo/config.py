@@ -58,9 +58,17 @@ class PPOConfig(RunConfig):
     """normalize observations with running statistics synchronized across ranks"""
     normalize_rewards: bool = False
     """scale rewards by the running std of the discounted return, synchronized across ranks"""
+    recurrent: bool = False
+    """add an LSTM, shared by the actor and the critic, between the encoder and the heads: for tasks whose
+    observations hide part of the state; minibatches then hold whole env sequences"""
+    lstm_hidden_size: int = 128
+    """with --recurrent: the LSTM's hidden units"""
+    lstm_layers: int = 1
+    """with --recurrent: the LSTM's layers"""
 
     PRESETS = PPO_PRESETS
-    IMMUTABLE = (*RunConfig.IMMUTABLE, "activation_function", "hidden_size")
+    IMMUTABLE = (*RunConfig.IMMUTABLE, "activation_function", "hidden_size", "recurrent", "lstm_hidden_size",
+                 "lstm_layers")  # fmt: skip
     PER_RANK = (*RunConfig.PER_RANK, "per_rank_batch_size")
     ITERATION_NAME = "rollout"
 
@@ -71,6 +79,11 @@ class PPOConfig(RunConfig):
     @property
     def steps_per_iteration(self) -> int:
         return self.rollout_steps_per_rank
+
+    @property
+    def steps_per_row(self) -> int:
+        """Env steps in one row of a batch: a recurrent policy's row is an env's whole rollout."""
+        return self.num_steps if self.recurrent else 1
 
     def validate_algorithm(self) -> None:
         check_signs(
@@ -86,8 +99,29 @@ class PPOConfig(RunConfig):
                 f"{self.per_rank_batch_size} is larger than the per-rank rollout "
                 f"(--num-envs {self.num_envs} x --num-steps {self.num_steps} = {self.rollout_steps_per_rank})",
             )
+        if self.recurrent:
+            self.validate_recurrent()
+
+    def validate_recurrent(self) -> None:
+        check_signs(self, positive=("lstm_hidden_size", "lstm_layers"))
+        if self.per_rank_batch_size % self.num_steps:
+            raise UsageError(
+                "--per-rank-batch-size",
+                f"with --recurrent a minibatch holds whole env sequences of --num-steps {self.num_steps} steps; "
+                f"give a multiple of {self.num_steps} (--per-rank-batch-size {self.num_steps} trains on one "
+                f"sequence at a time), not {self.per_rank_batch_size}",
+            )
+        if self.compile:
+            raise UsageError("--compile", "a recurrent policy runs eagerly: its packed sequences change shape "
+                             "with every batch; drop --compile or --recurrent")  # fmt: skip
+        if self.vector_mode in ("native", "envpool"):
+            raise UsageError("--vector-mode", f"{self.vector_mode} envs reset a step after an episode ends, which "
+                             "a recurrent policy's state does not follow; use sync or async")  # fmt: skip
 
     def validate_decoupled(self, num_trainers: int) -> None:
+        if self.recurrent and self.num_envs < num_trainers:
+            raise UsageError("--num-envs", f"with --recurrent each trainer takes whole env sequences: "
+                             f"{self.num_envs} envs cannot feed {num_trainers} trainers")  # fmt: skip
         if self.rollout_steps_per_rank < num_trainers:
             raise UsageError(
                 "--num-steps", f"a rollout of {self.rollout_steps_per_rank} rows cannot feed {num_trainers} trainers"

@@ -163,6 +163,7 @@ class ActorCritic(nn.Module):
 
     action_head: ActionHead
     critic_head: nn.Linear
+    recurrent = False
     precision = FLOAT32
     acting_features: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None  # compiled `features`, with --compile
 

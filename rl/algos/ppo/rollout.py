@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -10,6 +11,7 @@ import torch
 from torch import Tensor
 
 from rl.algos.ppo.policy import ActorCritic, action_shape_and_dtype
+from rl.algos.ppo.recurrent import Memory, RecurrentActorCritic, initial_memory
 from rl.batch import TensorBatch
 from rl.envs import EnvSpaces
 from rl.experience import GAME_SIGNAL, EpisodeLog, ExperienceSource, TrainingSignal
@@ -31,13 +33,20 @@ class Rollout:
     raw_obs: Tensor  # unnormalized, for the normalizer's statistics
     discounted_returns: Tensor  # for the reward scaler's statistics
     is_transition: Tensor  # False on a NEXT_STEP env's reset step, which trains nothing
+    starts: Tensor  # recurrent: the observation begins an episode (the env's state zeroes before it)
+    memory: Tensor  # recurrent: each env's state when the rollout began, [N, 2, layers, hidden]; else empty
     next_obs: Tensor = field(default_factory=lambda: torch.empty(0))
     next_value: Tensor = field(default_factory=lambda: torch.empty(0))
 
+    @property
+    def recurrent(self) -> bool:
+        return self.memory.numel() > 0
+
     @classmethod
     def allocate(
-        cls, num_steps: int, num_envs: int, spaces: EnvSpaces, device: torch.device, normalizes_obs: bool
-    ) -> Rollout:
+        cls, num_steps: int, num_envs: int, spaces: EnvSpaces, device: torch.device, normalizes_obs: bool,
+        memory_shape: tuple[int, int] | None = None,
+    ) -> Rollout:  # fmt: skip
         action_shape, action_dtype = action_shape_and_dtype(spaces.action_space)
         steps = (num_steps, num_envs)
 
@@ -57,11 +66,17 @@ class Rollout:
             raw_obs=zeros(*steps, *spaces.obs_shape) if normalizes_obs else obs,  # the same without normalization
             discounted_returns=zeros(*steps),
             is_transition=zeros(*steps, dtype=torch.bool),
+            starts=zeros(*steps, dtype=torch.bool) if memory_shape else zeros(0),
+            memory=zeros(num_envs, 2, *memory_shape) if memory_shape else zeros(0),
         )
 
 
 class RolloutCollector(ExperienceSource):
-    """Steps a vector env with the current policy and fills a `Rollout`, one per iteration."""
+    """Steps a vector env with the current policy and fills a `Rollout`, one per iteration.
+
+    With `memory_shape` (layers, hidden) the policy is recurrent: the collector carries each env's
+    state from step to step and across rollouts, and records where episodes start.
+    """
 
     def __init__(
         self,
@@ -76,10 +91,19 @@ class RolloutCollector(ExperienceSource):
         gamma: float,
         gae_lambda: float,
         signal: TrainingSignal = GAME_SIGNAL,
+        memory_shape: tuple[int, int] | None = None,
     ) -> None:
         self.num_steps = num_steps
         self.gamma, self.gae_lambda = gamma, gae_lambda
-        self.buffer = Rollout.allocate(num_steps, envs.num_envs, spaces, device, obs_normalizer.enabled)
+        self.buffer = Rollout.allocate(num_steps, envs.num_envs, spaces, device, obs_normalizer.enabled, memory_shape)
+        # Recurrent: each env's state before its next observation, and whether that observation begins
+        # an episode; `stepped_memory` is the state after the current step's observation.
+        self.memory: Memory | None = None
+        if memory_shape is not None:
+            layers, hidden = memory_shape
+            self.memory = initial_memory(layers, envs.num_envs, hidden, device)
+        self.stepped_memory = self.memory
+        self.starts = torch.ones(envs.num_envs, dtype=torch.bool, device=device)
         self._env_side = {
             name: np.zeros(tuple(getattr(self.buffer, name).shape), dtype=dtype)
             for name, dtype in [
@@ -92,14 +116,16 @@ class RolloutCollector(ExperienceSource):
         }
         super().__init__(envs, device, obs_normalizer, reward_scaler, env_seeds, generator, signal)
 
-    def collect(self, policy: ActorCritic, global_step: int = 0) -> EpisodeLog:
+    def collect(self, policy: ActorCritic | RecurrentActorCritic, global_step: int = 0) -> EpisodeLog:
         """Run `num_steps` vector steps; the observation normalizer is frozen meanwhile."""
         buf, episodes = self.buffer, EpisodeLog()
         env_side = self._env_side  # numpy staging: cheaper per step than tensor writes
+        if self.memory is not None:
+            buf.memory.copy_(self.memory.permute(2, 0, 1, 3))  # the state each env begins the rollout with
         for step in range(self.num_steps):
             obs = self.obs_normalizer(self.raw_obs)
-            action, logprob, value = policy.act(obs, self.generator)
-            raw_next, reward, terminated, truncated, info, is_transition, _ = self.step_envs(action.cpu().numpy())
+            action, logprob, value = self._act(policy, obs, step)
+            raw_next, reward, terminated, truncated, info, is_transition, ended = self.step_envs(action.cpu().numpy())
             env_side["rewards"][step], env_side["discounted_returns"][step] = self.reward_scaler(
                 reward, terminated | truncated
             )
@@ -115,26 +141,66 @@ class RolloutCollector(ExperienceSource):
             buf.final_values[step] = self._truncation_values(policy, truncated & ~terminated, raw_next, info)
             episodes.record(info)
             self.raw_obs = self.to_tensor(raw_next)
+            self._advance_memory(ended)
 
         for name, array in env_side.items():
             getattr(buf, name).copy_(torch.from_numpy(array))
         buf.next_obs = self.obs_normalizer(self.raw_obs)
-        with torch.no_grad():
-            buf.next_value = policy.value(buf.next_obs)
+        buf.next_value = self._value(policy, buf.next_obs, self.memory, self.starts)
         return episodes
 
+    def _act(self, policy: ActorCritic | RecurrentActorCritic, obs: Tensor, step: int) -> tuple[Tensor, Tensor, Tensor]:
+        if self.memory is None:
+            return policy.act(obs, self.generator)
+        self.buffer.starts[step] = self.starts
+        action, logprob, value, self.stepped_memory = policy.act(obs, self.generator, self.memory, self.starts)
+        return action, logprob, value
+
+    def _advance_memory(self, ended: np.ndarray) -> None:
+        """The stepped state carries over; an env whose episode ended zeroes it before its next observation."""
+        if self.memory is not None:
+            self.memory = self.stepped_memory
+            self.starts = torch.as_tensor(ended, device=self.device)
+
+    @staticmethod
+    def _value(
+        policy: ActorCritic | RecurrentActorCritic, obs: Tensor, memory: Memory | None, starts: Tensor
+    ) -> Tensor:
+        with torch.no_grad():
+            return policy.value(obs) if memory is None else policy.value(obs, memory, starts)
+
     def _truncation_values(
-        self, agent: ActorCritic, bootstrap: np.ndarray, raw_next: np.ndarray, info: dict
+        self, agent: ActorCritic | RecurrentActorCritic, bootstrap: np.ndarray, raw_next: np.ndarray, info: dict
     ) -> Tensor | float:
-        """V(final observation) for envs cut off by a time limit: their return continues."""
+        """V(final observation) for envs cut off by a time limit: their return continues (a recurrent
+        policy's value takes the state carried to that observation)."""
         if not bootstrap.any():
             return 0.0
         index = np.flatnonzero(bootstrap)
-        final_obs = self.final_observations(raw_next, info, index)
+        final_obs = self.obs_normalizer(self.to_tensor(self.final_observations(raw_next, info, index)))
+        memory = None if self.stepped_memory is None else self.stepped_memory[:, :, index]
         values = torch.zeros(self.envs.num_envs, device=self.device)
-        with torch.no_grad():
-            values[index] = agent.value(self.obs_normalizer(self.to_tensor(final_obs)))
+        values[index] = self._value(
+            agent, final_obs, memory, torch.zeros(len(index), dtype=torch.bool, device=self.device)
+        )
         return values
+
+    def reset_envs(self, seeds: list[int]) -> None:
+        super().reset_envs(seeds)
+        self.starts = torch.ones(self.envs.num_envs, dtype=torch.bool, device=self.device)  # all fresh episodes
+
+    def capture_state(self) -> dict[str, Any]:
+        state = super().capture_state()
+        if self.memory is not None:
+            state |= {"memory": self.memory.cpu(), "starts": self.starts.cpu()}
+        return state
+
+    def restore_state(self, state: dict[str, Any], fresh_seeds: list[int]) -> bool:
+        restored = super().restore_state(state, fresh_seeds)
+        if restored and self.memory is not None:  # envs mid-episode go on with the state they had
+            self.memory = state["memory"].to(self.device)
+            self.starts = state["starts"].to(self.device)
+        return restored
 
     def next_batch(self, global_step: int, all_reduce_sum: AllReduceSum) -> Batch:
         """Fold the rollout into the pooled normalization statistics, then compute its advantages."""
@@ -205,15 +271,32 @@ class Batch(TensorBatch):
     returns: Tensor
     is_transition: Tensor  # False: a NEXT_STEP env's reset step, left out of every loss
 
+    def model_inputs(self) -> tuple[Tensor, ...]:
+        """What the actor-critic's forward takes to score these rows' actions."""
+        return self.obs, self.actions
+
     def minibatches(self, epoch: list[list[int]]) -> list[Batch]:
-        """One `Batch` per list of row indices: one gather for the whole epoch, then views of it."""
+        """One batch per list of row indices: one gather for the whole epoch, then views of it."""
         order = torch.as_tensor([row for rows in epoch for row in rows], device=self.obs.device)
         sizes = [len(rows) for rows in epoch]
         columns = {f.name: getattr(self, f.name)[order].split(sizes) for f in fields(self)}
-        return [Batch(**{name: parts[i] for name, parts in columns.items()}) for i in range(len(sizes))]
+        return [type(self)(**{name: parts[i] for name, parts in columns.items()}) for i in range(len(sizes))]
+
+
+@dataclass
+class SequenceBatch(Batch):
+    """A recurrent policy's training data: one row per env, each column [envs, steps, ...], with where
+    episodes start and the state each sequence began with; minibatches take whole sequences."""
+
+    starts: Tensor
+    memory: Tensor  # [envs, 2, layers, hidden]
+
+    def model_inputs(self) -> tuple[Tensor, ...]:
+        return self.obs, self.actions, self.starts, self.memory
 
 
 def rollout_to_batch(rollout: Rollout, gamma: float, gae_lambda: float) -> Batch:
+    """The rollout's rows with their advantages: one per transition, or one sequence per env (recurrent)."""
     advantages, returns = compute_gae(
         rollout.rewards,
         rollout.values,
@@ -224,13 +307,9 @@ def rollout_to_batch(rollout: Rollout, gamma: float, gae_lambda: float) -> Batch
         gamma,
         gae_lambda,
     )
-    num_rows = rollout.rewards.numel()
-    return Batch(
-        obs=rollout.obs.reshape(num_rows, *rollout.obs.shape[2:]),
-        actions=rollout.actions.reshape(num_rows, *rollout.actions.shape[2:]),
-        logprobs=rollout.logprobs.reshape(-1),
-        values=rollout.values.reshape(-1),
-        advantages=advantages.reshape(-1),
-        returns=returns.reshape(-1),
-        is_transition=rollout.is_transition.reshape(-1),
-    )
+    columns = {"obs": rollout.obs, "actions": rollout.actions, "logprobs": rollout.logprobs, "values": rollout.values,
+               "advantages": advantages, "returns": returns, "is_transition": rollout.is_transition}  # fmt: skip
+    if rollout.recurrent:
+        sequences = {name: steps.transpose(0, 1) for name, steps in columns.items()}  # [T, N] -> [N, T]
+        return SequenceBatch(**sequences, starts=rollout.starts.transpose(0, 1), memory=rollout.memory)
+    return Batch(**{name: steps.flatten(0, 1) for name, steps in columns.items()})

@@ -114,12 +114,18 @@ class MinibatchSchedule:
 def minibatch_loss(
     model: nn.Module, minibatch: Batch, hp: PPOHyperparameters
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    """The loss of one minibatch, and its parts: (loss, policy loss, value loss, entropy loss, new log-probs)."""
-    new_logprobs, entropy, new_values = model(minibatch.obs, minibatch.actions)
-    mask = minibatch.is_transition if hp.skip_reset_steps else None
-    advantages = normalize(minibatch.advantages, mask) if hp.normalize_advantages else minibatch.advantages
-    pg_loss = policy_loss(new_logprobs, minibatch.logprobs, advantages, hp.clip_coef, mask)
-    v_loss = value_loss(new_values, minibatch.values, minibatch.returns, hp.clip_coef, hp.clip_vloss, mask)
+    """The loss of one minibatch, and its parts: (loss, policy loss, value loss, entropy loss, new log-probs).
+
+    The model scores every step of the minibatch (of a recurrent policy, every step of its sequences),
+    flattened in row order.
+    """
+    new_logprobs, entropy, new_values = model(*minibatch.model_inputs())
+    mask = minibatch.is_transition.reshape(-1) if hp.skip_reset_steps else None
+    advantages = minibatch.advantages.reshape(-1)
+    advantages = normalize(advantages, mask) if hp.normalize_advantages else advantages
+    pg_loss = policy_loss(new_logprobs, minibatch.logprobs.reshape(-1), advantages, hp.clip_coef, mask)
+    v_loss = value_loss(new_values, minibatch.values.reshape(-1), minibatch.returns.reshape(-1), hp.clip_coef,
+                        hp.clip_vloss, mask)  # fmt: skip
     ent_loss = entropy_loss(entropy, mask)
     loss = pg_loss + hp.vf_coef * v_loss
     if hp.ent_coef != 0:  # at 0 (the example's default) the term adds only backward work, no gradient
@@ -152,7 +158,7 @@ def ppo_update(
             loss, pg_loss, v_loss, ent_loss, new_logprobs = loss_of(model, minibatch, hp)
             backward(loss)
             step()
-            stats.record(pg_loss, v_loss, ent_loss, new_logprobs, minibatch.logprobs)
+            stats.record(pg_loss, v_loss, ent_loss, new_logprobs, minibatch.logprobs.reshape(-1))
     return stats.means(hp.clip_coef)
 
 

@@ -44,6 +44,7 @@ class SquashedGaussianActor(nn.Module):
     """
 
     acting: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None  # compiled `forward`, with --compile
+    recurrent = False
 
     def __init__(
         self, obs_dim: int, action_space: gym.spaces.Box, hidden: int = HIDDEN_SIZE, encoder: nn.Module | None = None,

@@ -1,0 +1,143 @@
+"""A recurrent actor-critic: an encoder, one LSTM that the actor and the critic share, and their heads.
+
+Acting steps the LSTM once per env step, carrying each env's state (`memory`: h and c stacked,
+[2, layers, envs, hidden]) from step to step. An observation that begins an episode (`starts`)
+first zeroes its env's state, inside the step, so one env's reset leaves the others alone.
+
+Training replays each env's whole rollout from the state the env began it with. Episode starts
+cut a sequence into segments, each run from its own initial state; all segments of a minibatch go
+through the LSTM at once as one packed sequence, so the time loop is the LSTM's own kernel, not a
+Python loop over steps.
+
+The actor and the critic share the LSTM, as the CNN is shared in the feed-forward pixel policy:
+one recurrent step per env step instead of two, and the value loss shapes the memory too.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from rl.algos.ppo.policy import HIDDEN_SIZE, MLP, make_action_head
+from rl.encoders import FlatPixels, NatureCNN, orthogonal_init
+from rl.precision import FLOAT32, Precision
+
+Memory = Tensor  # [2 (h, c), layers, envs, hidden]
+
+
+def initial_memory(layers: int, num_envs: int, hidden: int, device: torch.device) -> Memory:
+    return torch.zeros(2, layers, num_envs, hidden, device=device)
+
+
+class RecurrentActorCritic(nn.Module):
+    """obs -> encoder (an MLP, or the Nature CNN for images) -> LSTM -> actor and critic heads.
+
+    The encoder runs at the run's precision; the LSTM and the heads compute in float32, since the
+    recurrence carries rounding errors from step to step.
+    """
+
+    recurrent = True
+
+    def __init__(
+        self, obs_dim: int, obs_shape: tuple[int, ...], action_space: gym.Space, cnn: bool, pixels: bool,
+        lstm_hidden: int, lstm_layers: int, activation: str = "relu", ortho_init: bool = False,
+        precision: Precision = FLOAT32, hidden: int = HIDDEN_SIZE, log_std_init: float = 0.0,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.precision = precision
+        if cnn:
+            self.encoder: nn.Module = NatureCNN(obs_shape)
+            features = self.encoder.features
+        else:
+            self.encoder = nn.Sequential(*([FlatPixels()] if pixels else []), MLP(obs_dim, activation, hidden))
+            features = hidden
+        self.lstm = nn.LSTM(features, lstm_hidden, lstm_layers)
+        self.critic_head = nn.Linear(lstm_hidden, 1)
+        self.action_head = make_action_head(action_space, lstm_hidden, log_std_init)
+        if ortho_init:
+            orthogonal_init(self.encoder, math.sqrt(2))
+            orthogonal_init(self.critic_head, 1.0)
+            orthogonal_init(self.action_head, 0.01)
+            for name, weight in self.lstm.named_parameters():
+                (nn.init.orthogonal_ if name.startswith("weight") else nn.init.zeros_)(weight)
+        precision.convert_trunk(self.encoder)
+
+    def initial_memory(self, num_envs: int, device: torch.device) -> Memory:
+        return initial_memory(self.lstm.num_layers, num_envs, self.lstm.hidden_size, device)
+
+    def encode(self, obs: Tensor) -> Tensor:
+        return self.precision.trunk(self.encoder, obs)
+
+    def _step(self, obs: Tensor, memory: Memory, starts: Tensor) -> tuple[Tensor, Memory]:
+        """One LSTM step for a batch of envs: their features after `obs`, and their next state."""
+        keep = (~starts).to(memory.dtype).view(1, 1, -1, 1)
+        hidden, cell = (memory * keep).unbind(0)
+        output, (hidden, cell) = self.lstm(self.encode(obs).unsqueeze(0), (hidden.contiguous(), cell.contiguous()))
+        return output.squeeze(0), torch.stack((hidden, cell))
+
+    def _value(self, features: Tensor) -> Tensor:
+        return self.critic_head(features).squeeze(-1)
+
+    @torch.no_grad()
+    def act(
+        self, obs: Tensor, generator: torch.Generator | None, memory: Memory, starts: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Memory]:
+        """Sample actions; returns (action, log-prob, value, next memory)."""
+        features, memory = self._step(obs, memory, starts)
+        action, logprob = self.action_head.sample(features, generator)
+        return action, logprob, self._value(features), memory
+
+    @torch.no_grad()
+    def value(self, obs: Tensor, memory: Memory, starts: Tensor) -> Tensor:
+        """V(obs) with the state carried to it (the state itself does not advance)."""
+        return self._value(self._step(obs, memory, starts)[0])
+
+    @torch.no_grad()
+    def greedy_action(self, obs: Tensor, memory: Memory, starts: Tensor) -> tuple[Tensor, Memory]:
+        features, memory = self._step(obs, memory, starts)
+        return self.action_head.mode(features), memory
+
+    def forward(self, obs: Tensor, actions: Tensor, starts: Tensor, memory: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Replay whole sequences: obs [B, T, ...], actions [B, T, ...], starts [B, T], memory [B, 2, layers,
+        hidden] (each sequence's state before its first step); log-probs, entropies and values, [B * T]."""
+        batch, steps = starts.shape
+        features = self.encode(obs.reshape(batch * steps, *obs.shape[2:]))
+        features = replay_lstm(self.lstm, features.view(batch, steps, -1), starts, memory.permute(1, 2, 0, 3))
+        logprob, entropy = self.action_head.log_prob_entropy(
+            features, actions.reshape(batch * steps, *actions.shape[2:])
+        )
+        return logprob, entropy, self._value(features)
+
+
+def replay_lstm(lstm: nn.LSTM, features: Tensor, starts: Tensor, memory: Memory) -> Tensor:
+    """`lstm` over [B, T, F] sequences whose state zeroes where `starts`, from `memory` [2, layers, B, hidden]:
+    its outputs, [B * T, hidden], as stepping it one step at a time would give them.
+
+    Each sequence is cut at its episode starts into segments; segments that begin a sequence start
+    from its saved state (zero where that step starts an episode), the others from zeros. The
+    segments run as one packed batch.
+    """
+    batch, steps = starts.shape
+    boundaries = starts.clone()
+    boundaries[:, 0] = True
+    first = boundaries.reshape(-1).nonzero().squeeze(1)  # each segment's first row, in [B * T] order
+    lengths = torch.diff(first, append=first.new_tensor([batch * steps]))
+    sequence = torch.div(first, steps, rounding_mode="floor")
+    carries = (first % steps == 0) & ~starts.reshape(-1)[first]  # begins a sequence mid-episode
+    initial = memory[:, :, sequence] * carries.to(memory.dtype).view(1, 1, -1, 1)
+    longest = int(lengths.max())
+    offsets = torch.arange(longest, device=first.device)
+    valid = offsets.unsqueeze(0) < lengths.unsqueeze(1)
+    rows = torch.where(valid, first.unsqueeze(1) + offsets, 0)
+    padded = features.reshape(batch * steps, -1)[rows]
+    packed = pack_padded_sequence(padded, lengths.cpu(), batch_first=True, enforce_sorted=False)
+    hidden, cell = initial.unbind(0)
+    output, _ = lstm(packed, (hidden.contiguous(), cell.contiguous()))
+    output, _ = pad_packed_sequence(output, batch_first=True, total_length=longest)
+    flat = output.new_empty(batch * steps, output.shape[-1])
+    flat[rows[valid]] = output[valid]
+    return flat
