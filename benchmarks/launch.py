@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 SUMMARY = re.compile(r"training loop: (\d+) steps in ([\d.]+) s")
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
 
 
 def free_port() -> int:
@@ -18,6 +20,12 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def fabric_run(flags: list[str], devices: int = 2, script: str = "train_fabric.py") -> list[str]:
+    """`fabric run` of an entry point on `devices` CPU processes, on a port of its own."""
+    launcher = [str(BIN / "fabric"), "run", "--accelerator=cpu", f"--devices={devices}", f"--main-port={free_port()}"]
+    return [*launcher, str(REPO / script), *flags]
 
 
 def run_in_folder(command: list[str], folder: Path) -> tuple[subprocess.CompletedProcess, float]:

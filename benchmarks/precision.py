@@ -33,11 +33,10 @@ import statistics
 import sys
 from pathlib import Path
 
-from launch import free_port, loop_steps_per_second
+from launch import fabric_run, loop_steps_per_second
 from resumable import Run, run_all, run_folder
 
 REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 
 PIXEL_CARTPOLE = (
     "--env-id rl/PixelCartPole-v1 --resize 0 --frame-stack 2 --total-timesteps 30000 --num-envs 4 --num-steps 128 "
@@ -68,12 +67,7 @@ def command(config: str, variant: str, seed: int, out: Path) -> list[str]:
     flags = [*CONFIGS[config], "--seed", str(seed), *variant_flags(variant), "--torch-threads", "1",
              "--no-progress-bar", "--run-name", run_name(config, variant, seed), "--log-dir", str(out / "runs"),
              "--checkpoint-every", "5m", "--keep-last", "1"]  # fmt: skip
-    return two_ranks(flags)
-
-
-def two_ranks(flags: list[str]) -> list[str]:
-    launcher = [str(BIN / "fabric"), "run", "--accelerator=cpu", "--devices=2", f"--main-port={free_port()}"]
-    return [*launcher, str(REPO / "train_fabric.py"), *flags]
+    return fabric_run(flags)
 
 
 def plan(configs: list[str], variants: list[str], seeds: list[int], out: Path) -> list[Run]:
@@ -144,7 +138,7 @@ def speed(rounds: int) -> None:
             for variant in VARIANTS:
                 flags = [*CONFIGS[config], "--total-timesteps", total, *variant_flags(variant), "--torch-threads", "1",
                          "--eval-episodes", "0", "--no-progress-bar"]  # fmt: skip
-                steps = loop_steps_per_second(two_ranks(flags))
+                steps = loop_steps_per_second(fabric_run(flags))
                 print(f"round {round_}: {config}, 2 ranks, {variant}: {steps:,.0f} env steps/s", flush=True)
 
 

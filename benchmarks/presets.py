@@ -12,17 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 import time
 from pathlib import Path
 
-from launch import SUMMARY, free_port, run_in_folder
-
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-EVALUATION = re.compile(r"evaluation over \d+ greedy episodes: return (-?[\d.]+) ± ([\d.]+)")
+from launch import SUMMARY, fabric_run, run_in_folder
+from resumable import EVALUATION
 
 # Published greedy-or-deterministic returns the presets aim to match at the same or fewer steps.
 PUBLISHED = {
@@ -36,9 +32,7 @@ PUBLISHED = {
 
 def command(preset: str, seed: int) -> list[str]:
     algorithm, name = preset.split("/")
-    launcher = [str(BIN / "fabric"), "run", "--accelerator=cpu", "--devices=2", f"--main-port={free_port()}"]
-    flags = [algorithm, "--preset", name, "--seed", str(seed), "--torch-threads", "1", "--no-progress-bar"]
-    return [*launcher, str(REPO / "train_fabric.py"), *flags]
+    return fabric_run([algorithm, "--preset", name, "--seed", str(seed), "--torch-threads", "1", "--no-progress-bar"])
 
 
 def train(preset: str, seed: int, folder: Path) -> dict:

@@ -103,3 +103,25 @@ def run_all(plan: list[Run], out: Path, parallel: int = 1) -> list[dict]:
                 future.cancel()
             raise
     return [json.loads(row_file(out, run.name).read_text()) for run in plan]
+
+
+def training_seconds(out: Path, name: str, wall_clock: float) -> float:
+    """Seconds of the run's launches before `wall_clock`: the time between sessions is not training."""
+    return sum(max(0.0, min(wall_clock, s["ended"]) - s["started"]) for s in segments(out, name)
+               if s["started"] <= wall_clock)  # fmt: skip
+
+
+def curve(out: Path, name: str) -> tuple[list[float], list[float], list[float]]:
+    """The run's logged training return: env steps, training seconds and return at each point."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    folder = run_folder(out, name)
+    if not folder.exists():
+        return [], [], []
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    events.Reload()
+    if "Rewards/rew_avg" not in events.Tags()["scalars"]:
+        return [], [], []
+    points = sorted({p.step: p for p in events.Scalars("Rewards/rew_avg")}.values(), key=lambda p: p.step)
+    seconds = [training_seconds(out, name, p.wall_time) for p in points]
+    return [p.step for p in points], seconds, [p.value for p in points]

@@ -34,7 +34,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from resumable import Run, row_file, run_all, run_folder, segments
+from resumable import Run, curve, row_file, run_all
 
 REPO = Path(__file__).resolve().parents[1]
 TOPOLOGY = "coupled, 1 process, 1 thread"
@@ -186,25 +186,6 @@ def aggregate(results: list[dict], rows: list[str]) -> str:
     return "\n".join(lines)
 
 
-def training_seconds(out: Path, name: str, wall_clock: float) -> float:
-    """Seconds of the run's launches before `wall_clock`: the time between sessions is not training."""
-    return sum(max(0.0, min(wall_clock, s["ended"]) - s["started"]) for s in segments(out, name)
-               if s["started"] <= wall_clock)  # fmt: skip
-
-
-def curve(out: Path, name: str) -> tuple[list[float], list[float], list[float]]:
-    """The run's logged training return: env steps, training seconds and return at each point."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(str(run_folder(out, name)), size_guidance={"scalars": 0})
-    events.Reload()
-    if "Rewards/rew_avg" not in events.Tags()["scalars"]:
-        return [], [], []
-    points = sorted({p.step: p for p in events.Scalars("Rewards/rew_avg")}.values(), key=lambda p: p.step)
-    seconds = [training_seconds(out, name, p.wall_time) for p in points]
-    return [p.step for p in points], seconds, [p.value for p in points]
-
-
 def figures(runs: list[Run], out: Path) -> None:
     """Per row: return against env steps and against training hours, mean and min-max over seeds."""
     import matplotlib
@@ -240,6 +221,7 @@ def figures(runs: list[Run], out: Path) -> None:
 
 
 def report(runs: list[Run], rows: list[str], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
     results = finished_rows(runs, out)
     write_csv(results, out / "results.csv")
     print(markdown(results, rows))

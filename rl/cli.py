@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import sys
@@ -50,7 +51,24 @@ def parse_config(argv: list[str]) -> RunConfig:
     """
     name, flags = (argv[0], argv[1:]) if argv and argv[0] in ALGORITHMS else (DEFAULT_ALGORITHM, argv)
     program = f"{os.path.basename(sys.argv[0])} {name}"
-    return parse_config_flags(ALGORITHMS[name].config_type, flags, prog=program)
+    try:
+        return parse_config_flags(ALGORITHMS[name].config_type, flags, prog=program)
+    except UsageError as error:
+        raise other_algorithms_flag(error, name) or error from None
+
+
+def other_algorithms_flag(error: UsageError, name: str) -> UsageError | None:
+    """An unknown flag that another algorithm takes, named as that algorithm's (SAC with --recurrent)."""
+    if "Unrecognized" not in str(error):
+        return None
+    owners = [other for other, kind in ALGORITHMS.items() if other != name and error.flag in flags_of(kind.config_type)]
+    if not owners:
+        return None
+    return UsageError(error.flag, f"{name.upper()} does not take it: it is {' and '.join(o.upper() for o in owners)}'s")
+
+
+def flags_of(config_type: type[RunConfig]) -> set[str]:
+    return {flag(field.name) for field in dataclasses.fields(config_type)}
 
 
 def prepare(argv: list[str], log_subdir: str, mode: Mode = "coupled") -> tuple[Algorithm, int, dict | None]:

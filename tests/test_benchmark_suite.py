@@ -55,7 +55,7 @@ def test_training_time_leaves_out_the_time_between_launches(tmp_path):
     (tmp_path / "segments").mkdir()
     launches = [{"started": 100.0, "ended": 200.0}, {"started": 1000.0, "ended": 1050.0}]
     (tmp_path / "segments" / "run.jsonl").write_text("\n".join(json.dumps(s) for s in launches))
-    assert [suite.training_seconds(tmp_path, "run", t) for t in (150, 500, 1020, 2000)] == [50, 100, 120, 150]
+    assert [resumable.training_seconds(tmp_path, "run", t) for t in (150, 500, 1020, 2000)] == [50, 100, 120, 150]
 
 
 def test_a_stopped_run_resumes_from_its_checkpoint_and_its_row_sums_the_launches(tmp_path):

@@ -308,3 +308,14 @@ def test_a_checkpoint_time_needs_one_decoupled_player():
         validate_decoupled(cfg, world_size=3)
     assert error.value.flag == "--checkpoint-every"
     validate_decoupled(dataclasses.replace(cfg, num_players=1), world_size=3)  # one player's clock decides
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag_name", "owner"),
+    [(["sac", "--recurrent"], "--recurrent", "PPO's"), (["--tau", "0.1"], "--tau", "SAC's")],
+)
+def test_another_algorithms_flag_is_named_as_that_algorithms(argv, flag_name, owner):
+    with pytest.raises(UsageError) as error:
+        parse_config(argv)
+    assert error.value.flag == flag_name
+    assert str(error.value).endswith(f"does not take it: it is {owner}")

@@ -31,6 +31,14 @@ def test_a_cnn_learns_cartpole_from_pixels_alone_within_30000_steps(tmp_path):
     assert greedy_evaluation(tmp_path) >= 100
 
 
+def test_a_recurrent_policy_learns_cartpole_without_its_velocities_within_150000_steps(tmp_path):
+    # rl/MaskedCartPole-v1 shows positions only: balancing needs the velocities an LSTM infers from them.
+    args = ["--preset", "masked-cartpole", "--seed", "1", "--no-progress-bar"]
+    finished = launch("fabric run", SCRIPTS["fabric"], args, tmp_path, timeout=1500)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert greedy_evaluation(tmp_path) >= 475
+
+
 def random_policy_return(episodes: int = 10) -> float:
     env = gym.make("Pendulum-v1")
     env.action_space.seed(0)

@@ -15,12 +15,13 @@ class PPOConfig(RunConfig):
     """Proximal Policy Optimization trained across processes (the default algorithm; `sac --help` for SAC)."""
 
     preset: (
-        Literal["cartpole", "acrobot", "lunarlander", "pendulum", "atari-ppo", "halfcheetah", "hopper", "walker2d",
-                "ant", "swimmer"] | None
+        Literal["cartpole", "acrobot", "lunarlander", "masked-cartpole", "pendulum", "atari-ppo", "halfcheetah",
+                "hopper", "walker2d", "ant", "swimmer"] | None
     ) = None  # fmt: skip
     """start from tuned settings for an env (flags given as well override them), per process: the classic-control
-    ones tuned for 2 processes; the MuJoCo ones (halfcheetah, hopper, walker2d, ant, swimmer: the -v5 envs) are
-    rl-zoo's for 1 process; atari-ppo: CleanRL's Atari settings (ALE/Breakout-v5; give --env-id for another game)"""
+    ones tuned for 2 processes (masked-cartpole: rl/MaskedCartPole-v1 with --recurrent); the MuJoCo ones
+    (halfcheetah, hopper, walker2d, ant, swimmer: the -v5 envs) are rl-zoo's for 1 process; atari-ppo: CleanRL's
+    Atari settings (ALE/Breakout-v5; give --env-id for another game)"""
 
     per_rank_batch_size: int = 64
     """the minibatch size on each rank"""

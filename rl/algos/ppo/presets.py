@@ -93,6 +93,25 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "learning_rate": 3e-4,
         "ent_coef": 0.01,
     },
+    # CartPole without its velocities, through an LSTM: the cartpole preset (rl-zoo's CartPoleNoVel-v1 for
+    # RecurrentPPO is the same), with observations and rewards normalized and 10 epochs, measured here:
+    # the LSTM that the critic shares would otherwise take gradients dominated by unscaled returns.
+    "masked-cartpole": {
+        **_SB3_STYLE_PPO,
+        "env_id": "rl/MaskedCartPole-v1",
+        "recurrent": True,
+        "total_timesteps": 150_000,
+        "num_envs": 4,
+        "num_steps": 32,
+        "per_rank_batch_size": 128,
+        "update_epochs": 10,
+        "gamma": 0.98,
+        "gae_lambda": 0.8,
+        "learning_rate": 1e-3,
+        "anneal_lr": True,
+        "normalize_observations": True,
+        "normalize_rewards": True,
+    },
     "pendulum": {
         **_SB3_STYLE_PPO,
         "env_id": "Pendulum-v1",
