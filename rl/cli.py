@@ -32,7 +32,7 @@ from rl.elastic import (
     restart_count,
     under_torchelastic,
 )
-from rl.envs import inspect_env
+from rl.envs import EnvSpaces, env_family, inspect_env
 from rl.errors import UsageError, exit_on_usage_error, print_error
 from rl.optim import TrainingDiverged
 from rl.precision import DEFAULT_PRECISION
@@ -97,6 +97,9 @@ def prepare(argv: list[str], log_subdir: str, mode: Mode = "coupled") -> tuple[A
     kind = algorithm_type(cfg)
     kind.check_spaces(spaces)
     algorithm = kind(cfg, spaces)
+    hint = preset_hint(cfg, spaces)
+    if hint and int(os.environ.get("RANK", "0")) == 0:
+        print(hint, flush=True)
     env_ranks = cfg.num_players if decoupled else world_size
     env_processes_here = {"decoupled": cfg.num_players, "hogwild": world_size}.get(mode, local_world_size_from_env())
     acting_on_gpu = cfg.cuda and (not decoupled or cfg.player_on_gpu)
@@ -136,6 +139,29 @@ def find_resume(cfg: RunConfig, log_subdir: str) -> tuple[dict | None, bool]:
         return None, False
     named_by = "--run-name" if newest is not None and cfg.run_name else "--resume-from"
     return load_checkpoint(cfg.resume_from, named_by), newest is not None
+
+
+FAMILY_NAMES = {"mujoco": "MuJoCo", "atari": "Atari", "images": "image"}
+
+
+def preset_hint(cfg: RunConfig, spaces: EnvSpaces) -> str | None:
+    """For a MuJoCo, Atari or image env run without --preset: one line naming the preset tuned for it, or
+    for envs of its kind (the defaults are tuned for a classic-control env, and train a CNN at a crawl)."""
+    family = env_family(spaces.env_id, spaces.observation_space)
+    if cfg.preset is not None or family is None:
+        return None
+    presets, defaults = type(cfg).PRESETS, f"this run takes the defaults, tuned for {type(cfg)().env_id}"
+    own = [name for name, values in presets.items() if values.get("env_id") == spaces.env_id]
+    if own:
+        return f"hint: --preset {own[0]} is tuned for {spaces.env_id}; {defaults}"
+    # Images of any kind train as Atari frames do: through the CNN, with its preset.
+    kin = [name for name, values in presets.items()
+           if env_family(values["env_id"]) in ({family} if family == "mujoco" else {"atari", "images"})]  # fmt: skip
+    if not kin:
+        return None
+    names = ", ".join(f"--preset {name}" for name in kin)
+    return (f"hint: {names} {'is' if len(kin) == 1 else 'are'} tuned for {FAMILY_NAMES[family]} envs like "
+            f"{spaces.env_id} (give --env-id with it); {defaults}")  # fmt: skip
 
 
 def say_precision_change(resume: dict, cfg: RunConfig) -> None:

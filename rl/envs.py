@@ -98,6 +98,21 @@ def is_atari(env_id: str) -> bool:
     return spec is not None and str(spec.entry_point).startswith("ale_py")
 
 
+EnvFamily = Literal["mujoco", "atari", "images"]
+
+
+def env_family(env_id: str, observation_space: gym.Space | None = None) -> EnvFamily | None:
+    """The kind of env a preset can be tuned for: MuJoCo, Atari, other image envs; None for the rest."""
+    if is_atari(env_id):
+        return "atari"
+    spec = gym.envs.registry.get(env_id)
+    if spec is not None and str(spec.entry_point).startswith("gymnasium.envs.mujoco"):
+        return "mujoco"
+    if observation_space is not None and is_image_space(observation_space):
+        return "images"
+    return None
+
+
 def register_optional_envs(env_id: str) -> None:
     """Import ale-py where the id may be one of its games: it registers the ALE/ ids and the older
     NoFrameskip-v4 family on import."""

@@ -49,6 +49,10 @@ class ObservationNormalizer:
             return obs
         return ((obs - self._mean) * self._scale).clamp(-CLIP, CLIP)
 
+    def mean_and_scale(self) -> tuple[Tensor, Tensor]:
+        """What `__call__` subtracts and multiplies by, before it clips to +-CLIP."""
+        return self._mean.clone(), self._scale.clone()
+
     def sync_update(self, raw_obs: Tensor, all_reduce_sum: AllReduceSum) -> None:
         if not self.enabled:
             return

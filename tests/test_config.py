@@ -319,3 +319,29 @@ def test_another_algorithms_flag_is_named_as_that_algorithms(argv, flag_name, ow
         parse_config(argv)
     assert error.value.flag == flag_name
     assert str(error.value).endswith(f"does not take it: it is {owner}")
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--env-id", "ALE/Pong-v5"], "hint: --preset atari-ppo is tuned for Atari envs like ALE/Pong-v5"),
+        (["--env-id", "rl/PixelCartPole-v1"], "hint: --preset atari-ppo is tuned for image envs"),
+        (["--env-id", "Hopper-v5"], "hint: --preset hopper is tuned for Hopper-v5; this run takes the defaults, "
+         "tuned for CartPole-v1"),
+        (["sac", "--env-id", "Humanoid-v5"], "hint: --preset halfcheetah, --preset hopper, --preset walker2d are tuned "
+         "for MuJoCo envs like Humanoid-v5"),
+    ],
+)  # fmt: skip
+def test_a_mujoco_atari_or_image_env_without_a_preset_gets_one_line_naming_it(argv, says):
+    from rl.cli import preset_hint
+
+    cfg = parse_config(argv)
+    assert preset_hint(cfg, inspect_env(cfg.env_id, cfg.preprocessing())).startswith(says)
+
+
+@pytest.mark.parametrize("argv", [["--env-id", "CartPole-v1"], ["--preset", "hopper"], ["sac"]])
+def test_no_hint_where_a_preset_is_given_or_the_env_is_not_of_a_tuned_family(argv):
+    from rl.cli import preset_hint
+
+    cfg = parse_config(argv)
+    assert preset_hint(cfg, inspect_env(cfg.env_id, cfg.preprocessing())) is None

@@ -1,0 +1,117 @@
+"""Export a trained policy as a standalone greedy policy: `python -m rl.export CHECKPOINT --format F --out FILE`.
+
+The file maps a batch of observations, as the training envs gave them (after the run's image
+wrappers: grayscale, resize, frame stack), to the actions the trained agent takes greedily. What
+the policy does to an observation travels inside it: the observation normalization's statistics,
+and for images the scaling of uint8 pixels and their layout. Box actions come back clipped to
+the env's bounds, as training sent them. It runs without this project:
+
+- `--format torchscript`: `torch.jit.load(FILE)(obs)` with plain torch;
+- `--format onnx`: `onnxruntime.InferenceSession(FILE).run(None, {"obs": obs})` (`pip install -e ".[export]"`).
+
+Only weights are read from the checkpoint (`torch.load(weights_only=True)`): nothing in it is
+unpickled, whatever the file holds.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import gymnasium as gym
+import torch
+import tyro
+from torch import Tensor, nn
+
+from rl.checkpoint import load_checkpoint
+from rl.config import parse_dataclass
+from rl.errors import UsageError, exit_on_usage_error
+from rl.evaluate import restore_agent
+from rl.normalization import CLIP, ObservationNormalizer
+
+ExportFormat = Literal["torchscript", "onnx"]
+
+
+@dataclass
+class ExportConfig:
+    """Export a saved agent (agent.ckpt) or a training checkpoint as a standalone greedy policy."""
+
+    checkpoint: tyro.conf.Positional[str]
+    """the file to export"""
+    out: str
+    """the file to write"""
+    format: ExportFormat = "torchscript"
+    """torchscript (plain torch) or onnx (onnxruntime)"""
+
+
+class GreedyPolicy(nn.Module):
+    """Observations in, greedy actions out: the normalization, the policy and the action bounds in one module."""
+
+    def __init__(self, policy: nn.Module, normalizer: ObservationNormalizer, pixels: bool, space: gym.Space) -> None:
+        super().__init__()
+        self.policy, self.pixels, self.normalizes = policy, pixels, normalizer.enabled
+        mean, scale = normalizer.mean_and_scale()
+        self.register_buffer("mean", mean)
+        self.register_buffer("scale", scale)
+        bounded = isinstance(space, gym.spaces.Box)
+        self.clips = bounded
+        self.register_buffer("low", torch.as_tensor(space.low if bounded else 0.0, dtype=torch.float32))
+        self.register_buffer("high", torch.as_tensor(space.high if bounded else 0.0, dtype=torch.float32))
+
+    def forward(self, obs: Tensor) -> Tensor:
+        if not self.pixels:  # vectors train as float32 rows; images stay uint8 into the CNN
+            obs = obs.reshape(obs.shape[0], -1).float()
+            if self.normalizes:
+                obs = ((obs - self.mean) * self.scale).clamp(-CLIP, CLIP)
+        action = self.policy.greedy_action(obs)
+        return torch.maximum(torch.minimum(action, self.high), self.low) if self.clips else action
+
+
+def greedy_policy(state: dict) -> tuple[GreedyPolicy, Tensor]:
+    """The checkpoint's policy as a `GreedyPolicy` in float32, and an example batch of observations for it."""
+    eager_float32 = {"precision": "32-true", "compile": False}  # the weights are float32 whatever the run's precision
+    state = state | {"config": state["config"] | eager_float32}
+    policy, normalizer, preprocessing = restore_agent(state, state["env_id"])
+    if getattr(policy, "recurrent", False):
+        raise UsageError("CHECKPOINT", "a recurrent policy carries state between steps; export takes feed-forward "
+                         "policies only")  # fmt: skip
+    from rl.envs import inspect_env, is_image_space
+
+    spaces = inspect_env(state["env_id"], preprocessing)
+    pixels = is_image_space(spaces.observation_space)
+    module = GreedyPolicy(policy.eval(), normalizer, pixels, spaces.action_space).eval().requires_grad_(False)
+    example = torch.as_tensor(spaces.observation_space.sample()).unsqueeze(0).repeat(2, *[1] * len(spaces.obs_shape))
+    return module, example if pixels else example.float()
+
+
+def export(module: GreedyPolicy, example: Tensor, out: str, format: ExportFormat) -> None:
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's deprecation notes on TorchScript and on tracing
+        if format == "torchscript":
+            torch.jit.save(torch.jit.trace(module, example), out)
+            return
+        try:
+            import onnx  # noqa: F401
+        except ImportError:
+            raise UsageError("--format", "onnx needs the export extra: pip install -e '.[export]'") from None
+        torch.onnx.export(module, (example,), out, input_names=["obs"], output_names=["action"],
+                          dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}}, dynamo=False)  # fmt: skip
+
+
+def main(argv: list[str]) -> None:
+    cfg = parse_dataclass(ExportConfig, argv)
+    state = load_checkpoint(cfg.checkpoint, flag="CHECKPOINT")
+    module, example = greedy_policy(state)
+    export(module, example, cfg.out, cfg.format)
+    kind = "uint8 images" if module.pixels else "float32 vectors"
+    print(f"{cfg.out}: the greedy policy of {state['env_id']} ({cfg.format}); it takes a batch of {kind} of shape "
+          f"[batch, {', '.join(str(side) for side in example.shape[1:])}]")  # fmt: skip
+
+
+if __name__ == "__main__":
+    with exit_on_usage_error():
+        main(sys.argv[1:])

@@ -1,0 +1,129 @@
+"""`python -m rl.export`: standalone greedy policies that act as the checkpoint does, and read no pickles."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from conftest import SCRIPTS, child_env, launch_together, run_dir
+
+from rl.checkpoint import load_checkpoint
+from rl.envs import inspect_env, make_vector_env, observations_tensor
+from rl.evaluate import restore_agent
+
+TINY = ["--eval-episodes", "0", "--no-progress-bar", "--torch-threads", "1"]
+AGENTS = {
+    "ppo-discrete-mlp": ["--env-id", "CartPole-v1", "--total-timesteps", "512"],
+    "ppo-box-mlp-normalized": ["--env-id", "Pendulum-v1", "--normalize-observations", "--total-timesteps", "512"],
+    "ppo-discrete-cnn": ["--env-id", "rl/PixelCartPole-v1", "--resize", "0", "--frame-stack", "2",
+                         "--total-timesteps", "512"],
+    "sac-box": ["sac", "--env-id", "Pendulum-v1", "--total-timesteps", "300", "--learning-starts", "100",
+                "--batch-size", "32"],
+}  # fmt: skip
+RUN_WITHOUT_THE_PROJECT = """
+import sys
+sys.modules["rl"] = None  # any import of this project fails
+import numpy as np
+obs = np.load(sys.argv[2])
+if sys.argv[1].endswith(".onnx"):
+    import onnxruntime
+    actions = onnxruntime.InferenceSession(sys.argv[1]).run(None, {"obs": obs})[0]
+else:
+    import torch
+    actions = torch.jit.load(sys.argv[1])(torch.from_numpy(obs)).numpy()
+np.save(sys.argv[3], actions)
+"""
+
+
+@pytest.fixture(scope="module")
+def agents(tmp_path_factory) -> dict[str, Path]:
+    folders = {name: tmp_path_factory.mktemp(name) for name in AGENTS}
+    names = list(AGENTS)
+    for pair in (names[:2], names[2:]):
+        jobs = [("python", SCRIPTS["fabric"], [*AGENTS[name], *TINY], folders[name], 1) for name in pair]
+        for finished in launch_together(*jobs):
+            assert finished.returncode == 0, finished.stderr[-3000:]
+    return {name: run_dir(folder, "fabric") / "agent.ckpt" for name, folder in folders.items()}
+
+
+def observations(env_id: str, preprocessing, count: int = 16) -> np.ndarray:
+    """Observations the trained envs really show, after some random steps."""
+    envs = make_vector_env(env_id, count, None, preprocessing=preprocessing)
+    obs, _ = envs.reset(seed=list(range(count)))
+    envs.action_space.seed(0)
+    for _ in range(5):
+        obs, *_ = envs.step(envs.action_space.sample())
+    envs.close()
+    return obs
+
+
+def checkpoint_actions(checkpoint: Path, obs: np.ndarray) -> np.ndarray:
+    state = load_checkpoint(str(checkpoint))
+    agent, normalizer, preprocessing = restore_agent(state, state["env_id"])
+    space = inspect_env(state["env_id"], preprocessing).action_space
+    pixels = obs.dtype == np.uint8
+    actions = agent.greedy_action(normalizer(observations_tensor(obs, pixels, torch.device("cpu")))).numpy()
+    return np.clip(actions, space.low, space.high) if isinstance(space, gym.spaces.Box) else actions
+
+
+@pytest.mark.parametrize("name", list(AGENTS))
+@pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
+def test_the_exported_policy_acts_as_the_checkpoint_does_without_this_project(agents, name, fmt, tmp_path):
+    out = tmp_path / ("policy.onnx" if fmt == "onnx" else "policy.pt")
+    command = [sys.executable, "-m", "rl.export", str(agents[name]), "--format", fmt, "--out", str(out)]
+    done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    state = load_checkpoint(str(agents[name]))
+    obs = observations(state["env_id"], restore_agent(state, state["env_id"])[2])
+    np.save(tmp_path / "obs.npy", obs.astype(np.float32) if obs.dtype != np.uint8 else obs)
+    runner = [
+        sys.executable,
+        "-c",
+        RUN_WITHOUT_THE_PROJECT,
+        str(out),
+        str(tmp_path / "obs.npy"),
+        str(tmp_path / "a.npy"),
+    ]
+    ran = subprocess.run(runner, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    exported, expected = np.load(tmp_path / "a.npy"), checkpoint_actions(agents[name], obs)
+    assert exported.shape == expected.shape
+    if np.issubdtype(expected.dtype, np.integer):
+        assert np.array_equal(exported, expected)
+    else:
+        np.testing.assert_allclose(exported, expected, rtol=0, atol=1e-5)
+
+
+class WritesAFileWhenUnpickled:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+@pytest.mark.parametrize("module", ["rl.export", "rl.evaluate"])
+def test_a_file_that_would_run_code_when_unpickled_is_refused_unread(tmp_path, module):
+    marker, evil = tmp_path / "the_pickle_ran", tmp_path / "agent.ckpt"
+    torch.save({"format": "x", "payload": WritesAFileWhenUnpickled(marker)}, evil)
+    extra = ["--out", str(tmp_path / "p.pt")] if module == "rl.export" else []
+    done = subprocess.run([sys.executable, "-m", module, str(evil), *extra], env=child_env(), capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert line.startswith("error: CHECKPOINT: cannot read")
+    assert not marker.exists()
+
+
+def test_a_recurrent_policy_is_refused_with_one_line(tmp_path):
+    (finished,) = launch_together(("python", SCRIPTS["fabric"], [*TINY, "--env-id", "rl/MaskedCartPole-v1",
+                                   "--recurrent", "--per-rank-batch-size", "128", "--total-timesteps", "256"],
+                                   tmp_path, 1))  # fmt: skip
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    command = [sys.executable, "-m", "rl.export", str(run_dir(tmp_path, "fabric") / "agent.ckpt"), "--out", "x.pt"]
+    done = subprocess.run(command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("error: CHECKPOINT: a recurrent policy")
