@@ -32,8 +32,8 @@ from resumable import Run, curve, run_all
 
 PIXEL_SINGLE_FRAMES = [
     "--env-id", "rl/PixelCartPole-v1", "--resize", "0", "--frame-stack", "1", "--total-timesteps", "100000",
-    "--num-envs", "4", "--num-steps", "128", "--update-epochs", "4", "--per-rank-batch-size", "128",
-    "--learning-rate", "1e-3",
+    "--num-envs", "4", "--num-steps", "128", "--update-epochs", "4", "--per-rank-batch-size", "256",
+    "--learning-rate", "1e-3", "--normalize-rewards",
 ]  # fmt: skip
 CONFIGS: dict[str, list[str]] = {
     "masked-cartpole/recurrent": ["--preset", "masked-cartpole"],

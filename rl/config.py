@@ -8,10 +8,11 @@ Stable-Baselines3 / CleanRL (SAC), so their commands run unchanged.
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 from contextlib import redirect_stderr, redirect_stdout
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args
 
 import tyro
@@ -57,7 +58,14 @@ class RunConfig:
     """coupled: all-gather each batch so every rank trains on a shard of everyone's data;
     decoupled: broadcast one batch that the trainers split, instead of one batch per trainer"""
     env_id: str = "CartPole-v1"
-    """the id of the gymnasium environment (ALE/Pong-v5 and the other Atari games with the atari extra)"""
+    """the id of the gymnasium environment (ALE/Pong-v5 and the other Atari games with the atari extra); an id of
+    your own as my_package.my_module:MyEnv-v0 imports the module, which registers it"""
+    env_kwargs: str = "{}"
+    """keyword arguments for the env's gym.make, as a JSON object ('{"continuous": true}'); the run saves them
+    and evaluation makes its envs with them again"""
+    env_kwarg: Annotated[list[str], tyro.conf.UseAppendAction] = field(default_factory=list)
+    """one keyword argument for gym.make as key=value (the value read as JSON where it parses: true, 3, 0.5,
+    "text"; else as text), repeatable; added to --env-kwargs"""
     encoder: EncoderKind = "auto"
     """how observations become features: cnn (the Nature-DQN CNN, for image observations), mlp, or
     auto (cnn for images, mlp for vectors)"""
@@ -129,8 +137,8 @@ class RunConfig:
     # Tuned starting points by name (`--preset`), each a mapping of field names to values.
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
     # Fields a resumed run must share with its checkpoint: they shape the envs or the networks.
-    IMMUTABLE = ("env_id", "num_envs", "vector_mode", "num_players", "encoder", "grayscale", "resize", "frame_stack",
-                 "frame_skip")  # fmt: skip
+    IMMUTABLE = ("env_id", "env_kwargs", "env_kwarg", "num_envs", "vector_mode", "num_players", "encoder", "grayscale",
+                 "resize", "frame_stack", "frame_skip")  # fmt: skip
     # Fields that hold one rank's share: a run resumed at another world size rescales them (torchrun).
     PER_RANK: ClassVar[tuple[str, ...]] = ("num_envs",)
     POSITIVE = (
@@ -150,8 +158,27 @@ class RunConfig:
         raise NotImplementedError
 
     def preprocessing(self) -> Preprocessing:
-        """How the envs prepare image observations (vector observations pass unchanged)."""
-        return Preprocessing(self.grayscale, self.resize, self.frame_stack, self.noop_max, self.frame_skip)
+        """How the envs are made: gym.make's keyword arguments, and how image observations are prepared."""
+        return Preprocessing(self.grayscale, self.resize, self.frame_stack, self.noop_max, self.frame_skip,
+                             tuple(sorted(self.make_kwargs().items())))  # fmt: skip
+
+    def make_kwargs(self) -> dict[str, Any]:
+        """--env-kwargs with each --env-kwarg added; raises `UsageError` naming the flag that does not parse."""
+        try:
+            kwargs = json.loads(self.env_kwargs)
+        except json.JSONDecodeError as error:
+            raise UsageError("--env-kwargs", f"is not JSON ({error}): {self.env_kwargs!r}") from None
+        if not isinstance(kwargs, dict):
+            raise UsageError("--env-kwargs", f"must be a JSON object of keyword arguments, got {self.env_kwargs!r}")
+        for item in self.env_kwarg:
+            key, equals, text = item.partition("=")
+            if not equals or not key.isidentifier():
+                raise UsageError("--env-kwarg", f"takes key=value with a keyword for a key, got {item!r}")
+            try:
+                kwargs[key] = json.loads(text)
+            except json.JSONDecodeError:
+                kwargs[key] = text
+        return kwargs
 
     @property
     def checkpoint_steps(self) -> int:
@@ -226,6 +253,7 @@ def validate(cfg: RunConfig, world_size: int, gpu_count: int, env_ranks: int | N
         raise UsageError("--run-name", f"must be a folder name, without {os.sep}; got {cfg.run_name!r}")
     if not 0.0 < cfg.gamma <= 1.0:
         raise UsageError("--gamma", f"must be in (0, 1], got {cfg.gamma}")
+    cfg.make_kwargs()
     cfg.validate_algorithm()
     global_iteration = cfg.steps_per_iteration * env_ranks
     if cfg.total_timesteps < global_iteration:

@@ -6,7 +6,7 @@ import functools
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import gymnasium as gym
 import numpy as np
@@ -35,11 +35,12 @@ SUPPORTED_ACTION_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.sp
 
 @dataclass(frozen=True)
 class Preprocessing:
-    """How image observations are prepared, through gymnasium's wrappers; vector observations pass unchanged.
+    """How the envs are made: gym.make's keyword arguments (`--env-kwargs`), and how image observations
+    are prepared, through gymnasium's wrappers; vector observations pass unchanged.
 
-    The defaults are Atari's (Mnih et al. 2015, as CleanRL and SB3 use them). The last two steps
-    apply to ALE envs only. What training alone sees (episodic life, clipped rewards) is not
-    here: the envs keep the game's own episodes and score, which is what gets logged.
+    The image defaults are Atari's (Mnih et al. 2015, as CleanRL and SB3 use them); noop_max and
+    frame_skip apply to ALE envs only. What training alone sees (episodic life, clipped rewards) is
+    not here: the envs keep the game's own episodes and score, which is what gets logged.
     """
 
     grayscale: bool = True
@@ -47,6 +48,7 @@ class Preprocessing:
     frame_stack: int = 4  # 1: no stacking
     noop_max: int = 30  # ALE: up to this many no-op actions after a reset
     frame_skip: int = 4  # ALE: each action repeats this many frames (the last two max-pooled)
+    env_kwargs: tuple[tuple[str, Any], ...] = ()  # (key, value) pairs for gym.make
 
 
 ATARI_PREPROCESSING = Preprocessing()
@@ -144,6 +146,10 @@ def inspect_env(env_id: str, preprocessing: Preprocessing = ATARI_PREPROCESSING)
         env = make_env(env_id, None, preprocessing, clip_actions=False)  # the env's own action bounds
     except gym.error.Error as error:
         raise UsageError("--env-id", f"cannot make {env_id!r}: {error}") from None
+    except TypeError as error:
+        if not preprocessing.env_kwargs:
+            raise
+        raise UsageError("--env-kwargs", f"{env_id} does not take {dict(preprocessing.env_kwargs)}: {error}") from None
     except ImportError as error:
         raise UsageError("--env-id", f"{env_id!r} needs a missing package: {error}") from None
     try:
@@ -175,7 +181,9 @@ def _checked_action_space(space: gym.Space) -> gym.Space:
 def make_env(env_id: str, video_dir: str | None, preprocessing: Preprocessing, clip_actions: bool = True) -> gym.Env:
     """One env as training steps it: observations preprocessed, Box actions clipped to the bounds."""
     register_optional_envs(env_id)  # also in a process of its own (async envs)
-    options = {"render_mode": "rgb_array"} if video_dir else {}
+    options: dict[str, Any] = dict(preprocessing.env_kwargs)
+    if video_dir:
+        options["render_mode"] = "rgb_array"
     if is_atari(env_id):
         options["frameskip"] = 1  # AtariPreprocessing skips frames, max-pooling the last two of each skip
     env = gym.make(env_id, **options)
@@ -318,14 +326,19 @@ def has_envpool(env_id: str) -> bool:
     return envpool_task(env_id) in envpool.list_all_envs()
 
 
-def choose_vector_mode(mode: VectorMode, env_id: str, capture_video: bool, algorithm_allows_native: bool) -> VectorMode:
-    """The mode to build: `auto` is `native` where the env has it (and video and the algorithm allow), else `sync`.
+def choose_vector_mode(
+    mode: VectorMode, env_id: str, capture_video: bool, algorithm_allows_native: bool, env_kwargs: bool = False
+) -> VectorMode:
+    """The mode to build: `auto` is `native` where the env has it (and video, the algorithm and the absence
+    of --env-kwargs allow), else `sync`.
 
     Raises `UsageError` when `native` or `envpool` was asked for and cannot be had.
     """
     native_ok = has_native_vector_env(env_id)
     if mode == "auto":
-        return "native" if native_ok and not capture_video and algorithm_allows_native else "sync"
+        return "native" if native_ok and not capture_video and algorithm_allows_native and not env_kwargs else "sync"
+    if mode in ("native", "envpool") and env_kwargs:
+        raise UsageError("--vector-mode", f"{mode} envs are made without --env-kwargs here; use sync or async")
     if mode == "native" and not native_ok:
         raise UsageError("--vector-mode", f"{env_id} has no native vector env here; use sync or async")
     if mode == "envpool" and not has_envpool(env_id):

@@ -64,3 +64,25 @@ class FailsAfter(gym.Env):
 
 
 gym.register("FailsAfter-v0", entry_point=FailsAfter)
+
+
+class FixedLength(gym.Env):
+    """Episodes of exactly `length` steps (a keyword argument of gym.make) that pay 1 a step, whatever the actions."""
+
+    observation_space = gym.spaces.Box(0.0, 1.0, (2,), dtype=np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, length: int = 5) -> None:
+        self.length, self.steps = length, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        return np.zeros(2, dtype=np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        return np.full(2, self.steps / self.length, dtype=np.float32), 1.0, self.steps >= self.length, False, {}
+
+
+gym.register("FixedLength-v0", entry_point=FixedLength)

@@ -79,8 +79,9 @@ class Algorithm(ABC):
         self.cfg = cfg
         self.spaces = spaces
         self.vector_mode: VectorMode = choose_vector_mode(
-            cfg.vector_mode, spaces.env_id, cfg.capture_video, self.handles_late_resets
-        )
+            cfg.vector_mode, spaces.env_id, cfg.capture_video, self.handles_late_resets,
+            bool(spaces.preprocessing.env_kwargs),
+        )  # fmt: skip
         self.cnn = uses_cnn(cfg.encoder, spaces.observation_space)  # else an MLP
 
     def make_envs(self, video_dir: str | None, seed: int) -> gym.vector.VectorEnv:

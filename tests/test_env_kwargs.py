@@ -1,0 +1,53 @@
+"""Your own env and its keyword arguments: `--env-id module:Env-v0`, `--env-kwargs`, `--env-kwarg`."""
+
+import subprocess
+import sys
+
+import pytest
+from conftest import SCRIPTS, child_env, launch, load_agent, run_dir
+
+from rl.cli import parse_config
+
+OWN_ENV = ["--env-id", "envs_for_tests:FixedLength-v0", "--num-steps", "64", "--total-timesteps", "256",
+           "--no-progress-bar", "--eval-episodes", "2"]  # fmt: skip
+
+
+def test_keyword_arguments_merge_json_and_key_value_pairs_read_as_json_where_they_parse():
+    cfg = parse_config(["--env-kwargs", '{"a": 1, "b": "x"}', "--env-kwarg", "b=true", "--env-kwarg", "c=0.5",
+                        "--env-kwarg", "d=some text"])  # fmt: skip
+    assert cfg.make_kwargs() == {"a": 1, "b": True, "c": 0.5, "d": "some text"}
+    assert dict(cfg.preprocessing().env_kwargs) == cfg.make_kwargs()
+
+
+@pytest.mark.parametrize(
+    ("args", "flag", "says"),
+    [
+        (["--env-kwargs", "{length: 3}"], "--env-kwargs", "is not JSON"),
+        (["--env-kwargs", "[3]"], "--env-kwargs", "must be a JSON object"),
+        (["--env-kwarg", "length"], "--env-kwarg", "takes key=value"),
+        ([*OWN_ENV, "--env-kwarg", "width=3"], "--env-kwargs", "does not take {'width': 3}"),
+        (
+            ["--env-kwarg", "sutton_barto_reward=true", "--vector-mode", "native"],
+            "--vector-mode",
+            "without --env-kwargs",
+        ),
+    ],
+    ids=["json", "object", "key-value", "unknown-keyword", "native"],
+)
+def test_bad_keyword_arguments_end_with_one_line_naming_the_flag(tmp_path, args, flag, says):
+    finished = launch("python", SCRIPTS["fabric"], args, tmp_path)
+    assert finished.returncode == 2, finished.stderr[-2000:]
+    (line,) = [line for line in finished.stderr.splitlines() if line.startswith("error: ")]
+    assert line.startswith(f"error: {flag}: ") and says in line
+
+
+def test_an_env_of_your_own_trains_with_its_keyword_arguments_and_evaluates_with_them_again(tmp_path):
+    finished = launch("python", SCRIPTS["fabric"], [*OWN_ENV, "--env-kwarg", "length=7"], tmp_path)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert "evaluation over 2 greedy episodes: return 7.00 ± 0.00, length 7.0" in finished.stdout
+    agent = run_dir(tmp_path, "fabric") / "agent.ckpt"
+    assert load_agent(agent.parent)["config"]["env_kwarg"] == ["length=7"]
+    command = [sys.executable, "-m", "rl.evaluate", str(agent), "--episodes", "3"]
+    done = subprocess.run(command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "3 deterministic episodes: return 7.00 ± 0.00, length 7.0 ± 0.0" in done.stdout
