@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import os
 import warnings
 from dataclasses import dataclass
@@ -139,9 +140,12 @@ def resolve_env_id(env_id: str) -> str:
 
 
 def inspect_env(env_id: str, preprocessing: Preprocessing = ATARI_PREPROCESSING) -> EnvSpaces:
-    """Resolve the id, build one env as training will and check its spaces; raise `UsageError` on bad input."""
+    """Resolve the id, build one env as training will and check its spaces (and a user's env against
+    gymnasium's API); raise `UsageError` on bad input."""
     env_id = resolve_env_id(env_id)
     register_optional_envs(env_id)
+    if is_users_env(env_id):
+        check_env_api(env_id, preprocessing)
     try:
         env = make_env(env_id, None, preprocessing, clip_actions=False)  # the env's own action bounds
     except gym.error.Error as error:
@@ -156,6 +160,51 @@ def inspect_env(env_id: str, preprocessing: Preprocessing = ATARI_PREPROCESSING)
         obs_space = env.observation_space
         action_space = _checked_action_space(env.action_space)
         return EnvSpaces(env_id, _obs_dim(obs_space), action_space, obs_space, preprocessing, is_atari(env_id))
+    finally:
+        env.close()
+
+
+TRUSTED_ENV_PACKAGES = ("gymnasium", "ale_py", "rl")  # their envs keep the API; checking them costs start-up time
+
+
+def registered_spec(env_id: str) -> gym.envs.registration.EnvSpec | None:
+    """The spec of `env_id`, after importing its module for an id of the form `my_module:MyEnv-v0`."""
+    module, colon, name = env_id.partition(":")
+    if colon:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            return None  # gym.make names the missing module
+    return gym.envs.registry.get(name if colon else env_id)
+
+
+def is_users_env(env_id: str) -> bool:
+    spec = registered_spec(env_id)
+    if spec is None:
+        return False  # gym.make names the missing id
+    entry = spec.entry_point
+    module = entry.split(":")[0] if isinstance(entry, str) else getattr(entry, "__module__", "")
+    return module.split(".")[0] not in TRUSTED_ENV_PACKAGES
+
+
+def check_env_api(env_id: str, preprocessing: Preprocessing) -> None:
+    """Run gymnasium's env checker on the env as registered: a broken rule ends the run now, in one line,
+    instead of as a traceback from deep in a rollout."""
+    from gymnasium.utils.env_checker import check_env
+
+    try:
+        env = gym.make(env_id, disable_env_checker=True, **dict(preprocessing.env_kwargs))
+    except (gym.error.Error, TypeError):
+        return  # making it fails again below, with the error named there
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # advice (float64 spaces, unbounded boxes) is not a broken rule
+            check_env(env.unwrapped, skip_render_check=True)
+    except (AssertionError, gym.error.Error, TypeError, ValueError) as error:
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        if "values to unpack" in message:
+            message = f"step() must return (obs, reward, terminated, truncated, info): {message}"
+        raise UsageError("--env-id", f"{env_id} breaks the gymnasium API: {message}") from None
     finally:
         env.close()
 

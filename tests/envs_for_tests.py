@@ -86,3 +86,28 @@ class FixedLength(gym.Env):
 
 
 gym.register("FixedLength-v0", entry_point=FixedLength)
+
+
+class StepReturnsFourValues(FixedLength):
+    """The old gym API: (obs, reward, done, info)."""
+
+    def step(self, action):
+        obs, reward, terminated, _, info = super().step(action)
+        return obs, reward, terminated, info
+
+
+class ResetTakesNoSeed(FixedLength):
+    def reset(self):
+        self.steps = 0
+        return np.zeros(2, dtype=np.float32), {}
+
+
+class ObservationsOutsideTheSpace(FixedLength):
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.full(2, 5.0, dtype=np.float32), {}
+
+
+gym.register("StepReturnsFourValues-v0", entry_point=StepReturnsFourValues)
+gym.register("ResetTakesNoSeed-v0", entry_point=ResetTakesNoSeed)
+gym.register("ObservationsOutsideTheSpace-v0", entry_point=ObservationsOutsideTheSpace)

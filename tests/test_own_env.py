@@ -1,4 +1,4 @@
-"""Your own env and its keyword arguments: `--env-id module:Env-v0`, `--env-kwargs`, `--env-kwarg`."""
+"""Your own env: `--env-id module:Env-v0`, its keyword arguments (`--env-kwargs`, `--env-kwarg`), and the API check."""
 
 import subprocess
 import sys
@@ -51,3 +51,19 @@ def test_an_env_of_your_own_trains_with_its_keyword_arguments_and_evaluates_with
     done = subprocess.run(command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "3 deterministic episodes: return 7.00 ± 0.00, length 7.0 ± 0.0" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ("StepReturnsFourValues-v0", "step() must return (obs, reward, terminated, truncated, info)"),
+        ("ResetTakesNoSeed-v0", "does not provide a `seed`"),
+        ("ObservationsOutsideTheSpace-v0", "not within the observation space"),
+    ],
+)
+def test_an_env_that_breaks_the_gymnasium_api_ends_with_one_line_naming_it_and_the_rule(tmp_path, env, says):
+    finished = launch("python", SCRIPTS["fabric"], ["--env-id", f"envs_for_tests:{env}"], tmp_path)
+    assert finished.returncode == 2, finished.stderr[-2000:]
+    (line,) = [line for line in finished.stderr.splitlines() if line.startswith("error: ")]
+    assert line.startswith(f"error: --env-id: envs_for_tests:{env} breaks the gymnasium API: ") and says in line
+    assert "Traceback" not in finished.stderr
