@@ -1,7 +1,9 @@
 """Your own env: `--env-id module:Env-v0`, its keyword arguments (`--env-kwargs`, `--env-kwarg`), and the API check."""
 
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS, child_env, launch, load_agent, run_dir
@@ -67,3 +69,18 @@ def test_an_env_that_breaks_the_gymnasium_api_ends_with_one_line_naming_it_and_t
     (line,) = [line for line in finished.stderr.splitlines() if line.startswith("error: ")]
     assert line.startswith(f"error: --env-id: envs_for_tests:{env} breaks the gymnasium API: ") and says in line
     assert "Traceback" not in finished.stderr
+
+
+def test_the_readmes_example_env_trains_with_the_readmes_command(tmp_path):
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re.search(r"```python\n# my_package/my_module.py\n(.*?)```", readme, re.S).group(1)
+    command = re.search(r"```bash\n(python train_fabric.py --env-id my_package.my_module:MyEnv-v0[^\n]*)\n```",
+                        readme).group(1).split()  # fmt: skip
+    (tmp_path / "my_package").mkdir()
+    (tmp_path / "my_package" / "__init__.py").write_text("")
+    (tmp_path / "my_package" / "my_module.py").write_text(code)
+    args = [*command[2:], "--total-timesteps", "512", "--eval-episodes", "1", "--no-progress-bar"]
+    done = subprocess.run([sys.executable, str(SCRIPTS["fabric"]), *args], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**child_env(), "PYTHONPATH": str(tmp_path)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "evaluation over 1 greedy episodes:" in done.stdout and "length 100.0" in done.stdout
