@@ -104,8 +104,9 @@ def figure(runs: list[Run], out: Path) -> None:
     figure.savefig(out / "recurrent_vs_feed_forward.png", dpi=110, bbox_inches="tight")
 
 
-def minibatch_seconds(recurrent: bool, stepped: bool = False, repeats: int = 20) -> float:
-    """Seconds of one minibatch's loss and backward at the masked-cartpole preset's per-rank sizes."""
+def minibatch_seconds(recurrent: bool, stepped: bool = False, lstm_only: bool = False, repeats: int = 20) -> float:
+    """Seconds of one minibatch's loss and backward at the masked-cartpole preset's per-rank sizes (with
+    `lstm_only`, of the replay through the LSTM kernel alone: the floor of the recurrent update)."""
     import torch
 
     from rl.algos.ppo.algorithm import PPO, hyperparameters
@@ -139,9 +140,17 @@ def minibatch_seconds(recurrent: bool, stepped: bool = False, repeats: int = 20)
         recurrent_module.replay_lstm = step_by_step  # type: ignore[assignment]
     try:
         hp = hyperparameters(cfg)
+        if lstm_only:
+            steps = minibatch.starts.shape[1]
+            features = policy.encode(minibatch.obs.flatten(0, 1)).view(len(minibatch), steps, -1).detach()
+            features.requires_grad_(True)
+            memory = minibatch.memory.permute(1, 2, 0, 3)
         started = time.perf_counter()
         for _ in range(repeats):
-            minibatch_loss(policy, minibatch, hp)[0].backward()
+            if lstm_only:
+                replay_lstm(policy.lstm, features, minibatch.starts, memory).sum().backward()
+            else:
+                minibatch_loss(policy, minibatch, hp)[0].backward()
         return (time.perf_counter() - started) / repeats
     finally:
         if stepped:
@@ -162,6 +171,8 @@ def speed(rounds: int) -> None:
     for label, recurrent, stepped in (("feed-forward", False, False), ("recurrent, fused replay", True, False),
                                       ("recurrent, stepped in Python", True, True)):  # fmt: skip
         print(f"one minibatch's loss and backward, {label}: {minibatch_seconds(recurrent, stepped) * 1000:.1f} ms")
+    lstm_floor = minibatch_seconds(True, lstm_only=True) * 1000
+    print(f"the LSTM kernel alone, forward and backward over the same minibatch: {lstm_floor:.1f} ms")
 
 
 def main() -> None:
