@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 from launch import fabric_run, loop_steps_per_second
-from resumable import Run, run_all, run_folder
+from resumable import Run, curve, run_all
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -103,15 +103,11 @@ def markdown(rows: list[dict], configs: list[str], variants: list[str]) -> str:
 def pong_figure(out: Path, variants: list[str]) -> None:
     """Both runs' training returns against env steps, in one figure."""
     import matplotlib.pyplot as plt
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     figure, axes = plt.subplots(figsize=(7, 4))
     for variant in variants:
-        events = EventAccumulator(str(run_folder(out, run_name("ppo/pong", variant, 1))))
-        events.Reload()
-        if "Rewards/rew_avg" in events.Tags()["scalars"]:
-            points = events.Scalars("Rewards/rew_avg")
-            axes.plot([p.step for p in points], [p.value for p in points], label=variant)
+        steps, _, returns = curve(out, run_name("ppo/pong", variant, 1))
+        axes.plot(steps, returns, label=variant)
     axes.set_xlabel("env steps")
     axes.set_ylabel("training episode return")
     axes.set_title("ALE/Pong-v5, --preset atari-ppo, 2 ranks, seed 1")

@@ -12,8 +12,9 @@ It prints the greedy return (10 episodes, mean ± std over seeds) and draws both
 returns per env in one figure (OUT/recurrent_vs_feed_forward.png). Runs are named and resumable
 (`benchmarks/resumable.py`).
 
-`speed` alternates, round by round, the masked-cartpole preset recurrent and feed-forward on 2
-coupled ranks and prints the loop's env steps/s and their ratio; then times one minibatch's loss
+`speed` alternates, round by round, each config (the masked-cartpole preset, and PixelCartPole
+from single frames) recurrent and feed-forward on 2 coupled ranks and prints the loop's env
+steps/s and their ratio; then times one masked-cartpole minibatch's loss
 and backward on one thread: feed-forward, the recurrent replay as the project runs it (every
 segment through the LSTM kernel at once), and the same replay stepped one step at a time in
 Python, so the fused replay's worth is measured.
@@ -157,22 +158,29 @@ def minibatch_seconds(recurrent: bool, stepped: bool = False, lstm_only: bool = 
             recurrent_module.replay_lstm = replay_lstm
 
 
+SPEED_CONFIGS = {  # the same config recurrent and feed-forward; short runs
+    "masked-cartpole": ["--preset", "masked-cartpole", "--total-timesteps", "32768"],
+    "pixel-cartpole-1-frame": [*PIXEL_SINGLE_FRAMES, "--total-timesteps", "16384"],
+}
+
+
 def speed(rounds: int) -> None:
-    flags = ["--preset", "masked-cartpole", "--total-timesteps", "32768", "--eval-episodes", "0", "--torch-threads",
-             "1", "--no-progress-bar"]  # fmt: skip
-    ratios = []
-    for round_ in range(1, rounds + 1):
-        recurrent = loop_steps_per_second(fabric_run([*flags, "--recurrent"]))
-        feed_forward = loop_steps_per_second(fabric_run([*flags, "--no-recurrent"]))
-        ratios.append(recurrent / feed_forward)
-        print(f"round {round_}: masked-cartpole, 2 ranks: recurrent {recurrent:,.0f} env steps/s, feed-forward "
-              f"{feed_forward:,.0f}: {ratios[-1]:.2f}x", flush=True)  # fmt: skip
-    print(f"recurrent / feed-forward, median over {rounds} rounds: {statistics.median(ratios):.2f}x")
+    common = ["--eval-episodes", "0", "--torch-threads", "1", "--no-progress-bar"]
+    for name, flags in SPEED_CONFIGS.items():
+        ratios = []
+        for round_ in range(1, rounds + 1):
+            recurrent = loop_steps_per_second(fabric_run([*flags, *common, "--recurrent"]))
+            feed_forward = loop_steps_per_second(fabric_run([*flags, *common, "--no-recurrent"]))
+            ratios.append(recurrent / feed_forward)
+            print(f"round {round_}: {name}, 2 ranks: recurrent {recurrent:,.0f} env steps/s, feed-forward "
+                  f"{feed_forward:,.0f}: {ratios[-1]:.2f}x", flush=True)  # fmt: skip
+        print(f"{name}: recurrent / feed-forward, median over {rounds} rounds: {statistics.median(ratios):.2f}x")
     for label, recurrent, stepped in (("feed-forward", False, False), ("recurrent, fused replay", True, False),
                                       ("recurrent, stepped in Python", True, True)):  # fmt: skip
-        print(f"one minibatch's loss and backward, {label}: {minibatch_seconds(recurrent, stepped) * 1000:.1f} ms")
+        print(f"masked-cartpole, one minibatch's loss and backward, {label}: "
+              f"{minibatch_seconds(recurrent, stepped) * 1000:.1f} ms")  # fmt: skip
     lstm_floor = minibatch_seconds(True, lstm_only=True) * 1000
-    print(f"the LSTM kernel alone, forward and backward over the same minibatch: {lstm_floor:.1f} ms")
+    print(f"masked-cartpole, the LSTM kernel alone, forward and backward over the same minibatch: {lstm_floor:.1f} ms")
 
 
 def main() -> None:

@@ -118,12 +118,16 @@ def test_a_file_that_would_run_code_when_unpickled_is_refused_unread(tmp_path, m
     assert not marker.exists()
 
 
-def test_a_recurrent_policy_is_refused_with_one_line(tmp_path):
+def test_a_recurrent_policy_evaluates_with_its_state_and_is_refused_by_export_with_one_line(tmp_path):
     (finished,) = launch_together(("python", SCRIPTS["fabric"], [*TINY, "--env-id", "rl/MaskedCartPole-v1",
                                    "--recurrent", "--per-rank-batch-size", "128", "--total-timesteps", "256"],
                                    tmp_path, 1))  # fmt: skip
     assert finished.returncode == 0, finished.stderr[-2000:]
-    command = [sys.executable, "-m", "rl.export", str(run_dir(tmp_path, "fabric") / "agent.ckpt"), "--out", "x.pt"]
+    agent = str(run_dir(tmp_path, "fabric") / "agent.ckpt")
+    evaluate = [sys.executable, "-m", "rl.evaluate", agent, "--episodes", "2"]
+    evaluated = subprocess.run(evaluate, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert evaluated.returncode == 0 and "rl/MaskedCartPole-v1, 2 deterministic episodes" in evaluated.stdout
+    command = [sys.executable, "-m", "rl.export", agent, "--out", "x.pt"]
     done = subprocess.run(command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("error: CHECKPOINT: a recurrent policy")

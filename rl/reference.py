@@ -1,0 +1,87 @@
+"""The flags reference, generated from the configs the command line is parsed into: `python -m rl.reference`.
+
+Each algorithm's flags, with their choices, defaults and meanings, come from its config
+dataclass: the fields and the docstring under each, which `--help` shows too. `docs/flags.md`
+is this module's output, and a test fails when the two differ, so the page cannot drift from
+the command line.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import itertools
+import textwrap
+import typing
+from typing import Any
+
+from rl.config import RunConfig, flag
+from rl.registry import ALGORITHMS
+
+
+def field_docstrings(config_type: type) -> dict[str, str]:
+    """The docstring under each field, from the class and its bases (a subclass's own wins)."""
+    docs: dict[str, str] = {}
+    for cls in reversed(config_type.__mro__):
+        if not dataclasses.is_dataclass(cls):
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body  # type: ignore[attr-defined]
+        for statement, following in itertools.pairwise(body):
+            documented = isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
+            if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name) and documented:
+                docs[statement.target.id] = " ".join(str(following.value.value).split())
+    return docs
+
+
+def _type_text(hint: Any) -> str:
+    choices = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+    literals = [value for arg in [hint, *choices] if typing.get_origin(arg) is typing.Literal
+                for value in typing.get_args(arg)]  # fmt: skip
+    if literals:
+        return " \\| ".join(str(value) for value in literals)
+    if typing.get_origin(hint) is typing.Annotated:
+        return _type_text(typing.get_args(hint)[0])
+    if typing.get_origin(hint) is list:
+        return "key=value, repeatable"
+    names = [getattr(arg, "__name__", str(arg)) for arg in (choices or [hint])]
+    return " or ".join(names)
+
+
+def _default_text(field: dataclasses.Field) -> str:
+    if field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        value = field.default_factory()  # type: ignore[misc]
+        return "none" if not value else repr(value)
+    return f"`{field.default}`" if field.default not in (None, "") else "none"
+
+
+def flags_table(config_type: type[RunConfig]) -> str:
+    hints = typing.get_type_hints(config_type, include_extras=True)
+    docs = field_docstrings(config_type)
+    lines = ["| flag | takes | default | what it does |", "| --- | --- | --- | --- |"]
+    for field in dataclasses.fields(config_type):
+        name = flag(field.name)
+        hint = hints[field.name]
+        if hint is bool:
+            name, takes = f"{name}, --no-{name.removeprefix('--')}", "a switch"
+        else:
+            takes = _type_text(hint)
+        meaning = docs.get(field.name, "").replace("|", "\\|")
+        lines.append(f"| `{name}` | {takes} | {_default_text(field)} | {meaning} |")
+    return "\n".join(lines)
+
+
+def reference() -> str:
+    sections = ["# Flags", "",
+                "Generated from the command line's own definitions (`python -m rl.reference > docs/flags.md`); "
+                "`python train_fabric.py [ALGORITHM] --help` prints the same. Every entry point takes them: "
+                "`train_fabric.py`, `train_torch.py`, `train_fabric_decoupled.py` and `train_hogwild.py`, each "
+                "followed by an algorithm's name (PPO without one)."]  # fmt: skip
+    for name, kind in ALGORITHMS.items():
+        doc = inspect.getdoc(kind.config_type) or ""
+        sections += ["", f"## {name.upper()}", "", doc.splitlines()[0], "", flags_table(kind.config_type)]
+    return "\n".join(sections) + "\n"
+
+
+if __name__ == "__main__":
+    print(reference(), end="")
