@@ -15,7 +15,7 @@ After the runs it writes, from every finished run:
   episodes, wall time, env steps/s);
 - OUT/suite/ENV-ALGORITHM.png: the training return against env steps and against training wall
   time, mean and min-max over seeds, with the published figure as a line;
-- the Markdown table (the README's), and rliable's IQM of the scores normalized by the published
+- the Markdown table (docs/benchmarks/learning.md's), and rliable's IQM of the scores normalized by the published
   means, with stratified-bootstrap 95% confidence intervals, per group of rows
   (`pip install -e ".[bench]"`).
 

@@ -71,11 +71,11 @@ def test_an_env_that_breaks_the_gymnasium_api_ends_with_one_line_naming_it_and_t
     assert "Traceback" not in finished.stderr
 
 
-def test_the_readmes_example_env_trains_with_the_readmes_command(tmp_path):
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    code = re.search(r"```python\n# my_package/my_module.py\n(.*?)```", readme, re.S).group(1)
+def test_the_docs_example_env_trains_with_the_docs_command(tmp_path):
+    page = (Path(__file__).resolve().parents[1] / "docs" / "own-env.md").read_text()
+    code = re.search(r"```python\n# my_package/my_module.py\n(.*?)```", page, re.S).group(1)
     command = re.search(r"```bash\n(python train_fabric.py --env-id my_package.my_module:MyEnv-v0[^\n]*)\n```",
-                        readme).group(1).split()  # fmt: skip
+                        page).group(1).split()  # fmt: skip
     (tmp_path / "my_package").mkdir()
     (tmp_path / "my_package" / "__init__.py").write_text("")
     (tmp_path / "my_package" / "my_module.py").write_text(code)
