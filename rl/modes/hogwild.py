@@ -267,9 +267,10 @@ class WorkerLoop:
             metrics.record_episodes(episodes.returns, episodes.lengths)
             if not report_due(iteration, report_every, num_iterations):
                 continue
-            all_frames = int(frames.sum())
+            counts = self.frame_counts()  # read once: the other workers go on counting meanwhile
+            all_frames = int(counts["Frames/global"])
             steps_per_second = (all_frames - start_frames) / loop_clock.seconds()
-            scalars = metrics.compute() | {"Time/steps_per_second": steps_per_second} | self.frame_counts()
+            scalars = metrics.compute() | {"Time/steps_per_second": steps_per_second} | counts
             sink.log_scalars(scalars, all_frames)
             progress.advance(all_frames - reported_frames, steps_per_second, scalars.get(EPISODE_RETURN))
             reported_frames = all_frames
