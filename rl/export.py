@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from rl.checkpoint import load_checkpoint
 from rl.config import parse_dataclass
+from rl.envs import inspect_env, is_image_space
 from rl.errors import UsageError, exit_on_usage_error
 from rl.evaluate import restore_agent
 from rl.normalization import CLIP, ObservationNormalizer
@@ -75,11 +76,9 @@ def greedy_policy(state: dict) -> tuple[GreedyPolicy, Tensor]:
     eager_float32 = {"precision": "32-true", "compile": False}  # the weights are float32 whatever the run's precision
     state = state | {"config": state["config"] | eager_float32}
     policy, normalizer, preprocessing = restore_agent(state, state["env_id"])
-    if getattr(policy, "recurrent", False):
+    if policy.recurrent:
         raise UsageError("CHECKPOINT", "a recurrent policy carries state between steps; export takes feed-forward "
                          "policies only")  # fmt: skip
-    from rl.envs import inspect_env, is_image_space
-
     spaces = inspect_env(state["env_id"], preprocessing)
     pixels = is_image_space(spaces.observation_space)
     module = GreedyPolicy(policy.eval(), normalizer, pixels, spaces.action_space).eval().requires_grad_(False)
