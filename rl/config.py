@@ -351,7 +351,11 @@ def preset_values(config_type: type[RunConfig], name: str) -> dict[str, Any]:
 
 
 def parse_dataclass(
-    config_type: type[Config], argv: list[str], prog: str | None = None, default: Config | None = None
+    config_type: type[Config],
+    argv: list[str],
+    prog: str | None = None,
+    default: Config | None = None,
+    description: str | None = None,
 ) -> Config:
     """Parse the command line with tyro (from `default`'s values, if given), condensing its boxed errors into one line.
 
@@ -360,7 +364,7 @@ def parse_dataclass(
     out, err = io.StringIO(), io.StringIO()
     try:
         with redirect_stdout(out), redirect_stderr(err):
-            return tyro.cli(config_type, args=argv, prog=prog, default=default)
+            return tyro.cli(config_type, args=argv, prog=prog, default=default, description=description)
     except SystemExit as exit_:
         if exit_.code in (0, None):
             print(out.getvalue(), end="")

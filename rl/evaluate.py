@@ -20,6 +20,7 @@ from torch import nn
 
 from rl.checkpoint import CHECKPOINT_DIR, load_checkpoint, saved_algorithm
 from rl.cli import check_video_support
+from rl.config import parse_dataclass
 from rl.envs import Preprocessing, inspect_env
 from rl.errors import UsageError, exit_on_usage_error
 from rl.evaluation import evaluate_greedy
@@ -48,7 +49,7 @@ class EvalConfig:
 
 def parse(argv: list[str]) -> EvalConfig:
     argv = ["--no-deterministic" if arg == "--stochastic" else arg for arg in argv]
-    return tyro.cli(EvalConfig, args=argv)
+    return parse_dataclass(EvalConfig, argv)
 
 
 def run_folder(checkpoint: str) -> Path:

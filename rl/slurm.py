@@ -15,6 +15,7 @@ from typing import Literal
 
 import tyro
 
+from rl.config import parse_dataclass
 from rl.errors import UsageError, exit_on_usage_error
 
 
@@ -106,7 +107,7 @@ def render(cfg: SlurmConfig) -> str:
 
 
 def main(argv: list[str]) -> None:
-    cfg = tyro.cli(SlurmConfig, args=argv, description=__doc__)
+    cfg = parse_dataclass(SlurmConfig, argv, description=__doc__)
     sys.stdout.write(render(cfg))
 
 

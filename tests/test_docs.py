@@ -22,3 +22,29 @@ def test_the_flags_reference_names_every_flag_with_its_meaning():
         for field in dataclasses.fields(kind.config_type):
             row = next(line for line in page.splitlines() if line.startswith(f"| `{flag(field.name)}"))
             assert row.rstrip(" |").split("|")[-1].strip(), f"{flag(field.name)} has no meaning"
+
+
+def error_messages() -> list[tuple[str, str]]:
+    """(where, message chunk) for every line the code can stop a run with: each `UsageError` and each
+    `print_error`, by the longest literal piece of its message (the rest is filled in at run time)."""
+    import ast
+
+    found = []
+    for path in sorted((DOCS.parent / "rl").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("UsageError", "print_error")):
+                continue
+            message = node.args[-1]
+            pieces = [message.value] if isinstance(message, ast.Constant) else [
+                part.value for part in getattr(message, "values", []) if isinstance(part, ast.Constant)]  # fmt: skip
+            if pieces:  # print_error(line) relays a line built elsewhere
+                found.append((f"{path.relative_to(DOCS.parent)}:{node.lineno}", max(pieces, key=len).strip()))
+    return found
+
+
+def test_troubleshooting_explains_every_error_line():
+    page = " ".join((DOCS / "troubleshooting.md").read_text().split())
+    messages = error_messages()
+    assert len(messages) > 80, "the scan for error lines found too few; has UsageError moved?"
+    missing = [f"{where}: {chunk!r}" for where, chunk in messages if " ".join(chunk.split()) not in page]
+    assert not missing, "docs/troubleshooting.md lacks these error lines:\n" + "\n".join(missing)
