@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import functools
 import glob
 import os
 import socket
@@ -12,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -143,3 +146,46 @@ def all_scalars(directory: Path, tag: str) -> dict[int, float]:
         if tag in events.Tags()["scalars"]:
             values |= {event.step: event.value for event in events.Scalars(tag)}
     return values
+
+
+# A test is `launched` when it, a fixture it requests, or a function of its module that either calls
+# starts processes: the conftest's launchers, subprocess, multiprocessing, or a benchmark's `run_all`.
+# The fast tier, `pytest -m "not slow and not launched"`, runs the rest.
+LAUNCHERS = {"launch", "launch_together", "start"}
+PROCESS_CALLS = {"run", "Popen", "spawn", "Process", "get_context", "run_all"}  # as attributes: subprocess.run, ...
+PROCESS_MODULES = {"subprocess", "mp", "multiprocessing", "resumable"}
+
+
+def _calls(function: ast.AST) -> tuple[set[str], bool]:
+    """The bare names a function calls, and whether it calls a process-starting function of a module."""
+    names, starts_processes = set(), False
+    for node in ast.walk(function):
+        if not isinstance(node, ast.Call):
+            continue
+        if isinstance(node.func, ast.Name):
+            names.add(node.func.id)
+        elif isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name):
+            starts_processes |= node.func.value.id in PROCESS_MODULES and node.func.attr in PROCESS_CALLS
+    return names, starts_processes
+
+
+@functools.cache
+def launching_functions(path: str) -> frozenset[str]:
+    """The module-level functions of a test module that start processes, directly or through each other."""
+    tree = ast.parse(Path(path).read_text())
+    functions = {node.name: _calls(node) for node in tree.body if isinstance(node, ast.FunctionDef)}
+    launching = {name for name, (_, direct) in functions.items() if direct}
+    grown = True
+    while grown:
+        before = len(launching)
+        launching |= {name for name, (called, _) in functions.items() if called & (LAUNCHERS | launching)}
+        grown = len(launching) > before
+    return frozenset(launching)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        launching = launching_functions(str(item.path))
+        requested = {item.originalname, *item.fixturenames} if isinstance(item, pytest.Function) else set()
+        if requested & launching:
+            item.add_marker(pytest.mark.launched)
