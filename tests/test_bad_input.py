@@ -4,6 +4,9 @@ import pytest
 import torch
 from conftest import SCRIPTS, launch
 
+from rl.cli import prepare
+from rl.errors import exit_on_usage_error
+
 BAD_INPUTS = [
     (["--env-id", "NoSuchEnv-v0"], "--env-id"),
     (["--env-id", "Blackjack-v1"], "--env-id"),  # Tuple observations
@@ -28,11 +31,22 @@ def error_lines(text: str) -> list[str]:
 
 
 @pytest.mark.parametrize(("args", "flag"), BAD_INPUTS, ids=[flag for _, flag in BAD_INPUTS])
-def test_single_process_exits_2_with_one_line(tmp_path, args, flag):
-    finished = launch("python", SCRIPTS["fabric"], args, tmp_path)
+def test_bad_input_stops_before_training_with_one_line_naming_the_flag(tmp_path, monkeypatch, capsys, args, flag):
+    """What the entry scripts run before training, in this process: every input of the list above."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as stopped, exit_on_usage_error():
+        prepare(args, "fabric_logs")
+    assert stopped.value.code == 2
+    (line,) = error_lines(capsys.readouterr().err)
+    assert line.startswith(f"error: {flag}: ")
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_single_process_exits_2_with_one_line_and_writes_nothing(tmp_path):
+    finished = launch("python", SCRIPTS["fabric"], ["--env-id", "NoSuchEnv-v0"], tmp_path)
     assert finished.returncode == 2
     (line,) = error_lines(finished.stderr)
-    assert line.startswith(f"error: {flag}: ")
+    assert line.startswith("error: --env-id: ")
     assert "Traceback" not in finished.stderr
     assert not (tmp_path / "logs").exists()
 
