@@ -31,8 +31,11 @@ from rl.algos.ppo.config import PPOConfig
 from rl.algos.ppo.rollout import Batch
 from rl.algos.ppo.update import MinibatchSchedule
 from rl.batch import shard_sizes
+from rl.cli import prepare
 from rl.config import RunConfig
 from rl.envs import inspect_env
+from rl.errors import UsageError
+from rl.modes.decoupled import LOG_SUBDIR
 from rl.modes.decoupled_links import LagBound, PlayerOutbox, Topology, TrainerInbox
 
 SHORT = ["--total-timesteps", "2048", "--update-epochs", "2", "--eval-episodes", "2", "--no-progress-bar"]
@@ -139,6 +142,7 @@ def test_one_process_is_refused(tmp_path):
     finished = launch("python", SCRIPTS["decoupled"], [], tmp_path)
     assert finished.returncode == 2
     assert finished.stderr.strip().startswith("error: --devices: decoupled mode needs at least 2 processes")
+    assert not (tmp_path / "logs").exists()
 
 
 @pytest.mark.parametrize(
@@ -198,19 +202,22 @@ def test_the_evaluator_keeps_the_best_agent_and_never_changes_training(tmp_path)
 
 
 @pytest.mark.parametrize(
-    ("launcher", "script", "nproc", "says"),
+    ("mode", "nproc", "says"),
     [
-        ("fabric run", "decoupled", 2, "error: --evaluator: needs a third process"),
-        ("python", "fabric", 1, "error: --evaluator: belongs to decoupled mode"),
-        ("fabric run", "decoupled", 3, "error: --evaluator: evaluates --eval-episodes episodes each time"),
+        ("decoupled", 2, "--evaluator: needs a third process"),
+        ("coupled", 1, "--evaluator: belongs to decoupled mode"),
+        ("decoupled", 3, "--evaluator: evaluates --eval-episodes episodes each time"),
     ],
     ids=["two-processes", "coupled", "no-episodes"],
 )
-def test_the_evaluator_is_refused_where_it_cannot_run(tmp_path, launcher, script, nproc, says):
+def test_the_evaluator_is_refused_where_it_cannot_run(tmp_path, monkeypatch, mode, nproc, says):
+    """What every rank checks before training, in this process, as rank 0 of `nproc` would."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WORLD_SIZE", str(nproc))
     args = ["--evaluator", *(["--eval-episodes", "0"] if nproc == 3 else [])]
-    finished = launch(launcher, SCRIPTS[script], args, tmp_path, nproc=nproc, timeout=60)
-    assert finished.returncode != 0
-    assert says in finished.stderr
+    with pytest.raises(UsageError) as refused:
+        prepare(args, LOG_SUBDIR, mode=mode)
+    assert str(refused.value).startswith(says)
 
 
 def test_codec_round_trips_every_action_space():
