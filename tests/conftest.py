@@ -5,12 +5,14 @@ from __future__ import annotations
 import ast
 import functools
 import glob
+import io
 import os
 import socket
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import redirect_stderr
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,6 +148,28 @@ def all_scalars(directory: Path, tag: str) -> dict[int, float]:
         if tag in events.Tags()["scalars"]:
             values |= {event.step: event.value for event in events.Scalars(tag)}
     return values
+
+
+MODES = {"fabric": "coupled", "torch": "coupled", "decoupled": "decoupled", "hogwild": "hogwild"}
+
+
+def refusal_line(script: str, args: list[str], cwd: Path) -> str:
+    """Run what `script` checks before training, in this process, as one process would; the one error line
+    it stops with (exit code 2, nothing written). One launched test per mode checks the same exit end to end."""
+    from rl.cli import prepare
+    from rl.errors import exit_on_usage_error
+
+    stderr, previous = io.StringIO(), os.getcwd()
+    os.chdir(cwd)
+    try:
+        with redirect_stderr(stderr), pytest.raises(SystemExit) as stopped, exit_on_usage_error():
+            prepare(args, LOG_SUBDIRS[script], mode=MODES[script])
+    finally:
+        os.chdir(previous)
+    assert stopped.value.code == 2
+    (line,) = [line for line in stderr.getvalue().splitlines() if line.startswith("error: ")]
+    assert not (cwd / "logs").exists()
+    return line
 
 
 # A test is `launched` when it, a fixture it requests, or a function of its module that either calls
