@@ -2,12 +2,10 @@
 
 import glob
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import SCRIPTS, child_env, launch, load_agent, read_scalars, run_dir
+from conftest import SCRIPTS, launch, load_agent, read_scalars, refusal_line, run_dir
 
 from rl.algos.ppo.policy import CNNActorCritic, MLPActorCritic
 from rl.algos.ppo.rollout import Batch
@@ -168,13 +166,9 @@ def test_a_compiled_run_reports_its_compile_time_and_learns_as_an_eager_run(tmp_
         assert first_compiled == pytest.approx(first_eager, rel=1e-3, abs=1e-5), tag  # the same first update
 
 
-def test_compile_without_a_cpp_compiler_ends_with_one_line(tmp_path):
-    done = subprocess.run(
-        [sys.executable, str(SCRIPTS["fabric"]), "--compile"], cwd=tmp_path, capture_output=True, text=True,
-        env=child_env() | {"CXX": "/nonexistent/g++"}, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 2
-    (line,) = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+def test_compile_without_a_cpp_compiler_ends_with_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    line = refusal_line("fabric", ["--compile"], tmp_path)
     assert line.startswith("error: --compile: ") and "/nonexistent/g++" in line
 
 
