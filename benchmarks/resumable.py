@@ -13,6 +13,7 @@ import json
 import re
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -86,8 +87,16 @@ def run_all(plan: list[Run], out: Path, parallel: int = 1) -> list[dict]:
     print(f"{len(plan)} runs, {len(plan) - len(pending)} already done", flush=True)
     started = time.perf_counter()
 
+    stopping = threading.Event()  # a failed run stops the study: a worker must not start the next one
+
     def finish(run: Run) -> None:
-        row = train(run, out)
+        if stopping.is_set():
+            return
+        try:
+            row = train(run, out)
+        except BaseException:
+            stopping.set()
+            raise
         row_file(out, run.name).write_text(json.dumps(row))
         shutil.rmtree(run_folder(out, run.name) / "checkpoints", ignore_errors=True)  # done: never resumed again
         print(f"{run.name}: return {row['eval_return']:.1f}, {row['wall_time_s']:.0f} s "
@@ -98,7 +107,8 @@ def run_all(plan: list[Run], out: Path, parallel: int = 1) -> list[dict]:
         try:
             for future in futures:
                 future.result()
-        except BaseException:  # a failed run stops the study; runs already going finish their launch
+        except BaseException:  # a failed run, or Ctrl-C, stops the study; runs already going finish their launch
+            stopping.set()
             for future in futures:
                 future.cancel()
             raise
