@@ -1,5 +1,8 @@
 """Bad input ends every rank with one line naming the flag and exit code 2, before any collective."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from conftest import SCRIPTS, launch, refusal_line
@@ -65,3 +68,20 @@ def test_every_torchrun_rank_exits_2_with_one_line(tmp_path):
     lines = error_lines(finished.stderr)
     assert len(lines) == 2 and all(line.startswith("error: --env-id: ") for line in lines)
     assert "[rank" not in finished.stderr
+
+
+@pytest.mark.parametrize("tool", ["rl.evaluate", "rl.export", "rl.slurm"])
+def test_the_tools_refuse_a_bad_flag_in_one_line(tmp_path, tool):
+    args = ["CHECKPOINT", "--out", "policy.onnx"] if tool == "rl.export" else ["CHECKPOINT"]
+    done = subprocess.run([sys.executable, "-m", tool, *args, "--bogus"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip() == "error: --bogus: Unrecognized options: --bogus"
+
+
+def test_a_missing_checkpoint_argument_is_named_in_one_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "rl.evaluate"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("error: command line: Missing") and "the file to evaluate" in line
