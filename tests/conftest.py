@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from forks import launch_forked
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -65,11 +66,21 @@ def launch(launcher: str, script: Path, args: list[str], cwd: Path, nproc: int =
     return Finished(done.returncode, done.stdout, done.stderr, time.monotonic() - start_time)
 
 
-def launch_together(*jobs: tuple[str, Path, list[str], Path, int]) -> list[Finished]:
-    """`launch` independent jobs (launcher, script, args, cwd, nproc) at once: on two cores their
-    start-ups overlap, and runs that must agree bit for bit do not depend on the load."""
+def run_ranks(
+    launcher: str, script: Path, args: list[str], cwd: Path, nproc: int = 2, timeout: float = 240
+) -> Finished:
+    """What `launch` runs, with the launcher's ranks forked from a server that has imported torch, Lightning
+    and the project (tests/forks.py): for tests of what a run computes rather than of how it is launched."""
+    start_time = time.monotonic()
+    code, stdout, stderr = launch_forked(launcher, script, args, cwd, nproc, timeout, child_env())
+    return Finished(code, stdout, stderr, time.monotonic() - start_time)
+
+
+def launch_together(*jobs: tuple[str, Path, list[str], Path, int], via=launch) -> list[Finished]:
+    """`via` (`launch` or `run_ranks`) independent jobs (launcher, script, args, cwd, nproc) at once: on two
+    cores their start-ups overlap, and runs that must agree bit for bit do not depend on the load."""
     with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-        return list(pool.map(lambda job: launch(*job), jobs))
+        return list(pool.map(lambda job: via(*job), jobs))
 
 
 def child_env() -> dict[str, str]:
@@ -175,7 +186,7 @@ def refusal_line(script: str, args: list[str], cwd: Path) -> str:
 # A test is `launched` when it, a fixture it requests, or a function of its module that either calls
 # starts processes: the conftest's launchers, subprocess, multiprocessing, or a benchmark's `run_all`.
 # The fast tier, `pytest -m "not slow and not launched"`, runs the rest.
-LAUNCHERS = {"launch", "launch_together", "start"}
+LAUNCHERS = {"launch", "launch_together", "run_ranks", "start"}
 PROCESS_CALLS = {"run", "Popen", "spawn", "Process", "get_context", "run_all"}  # as attributes: subprocess.run, ...
 PROCESS_MODULES = {"subprocess", "mp", "multiprocessing", "resumable"}
 

@@ -15,12 +15,12 @@ from conftest import (
     all_scalars,
     child_env,
     child_pids,
-    launch,
     launch_together,
     load_agent,
     rank_pid,
     refusal_line,
     run_dir,
+    run_ranks,
     start,
 )
 
@@ -41,7 +41,7 @@ def runs(tmp_path_factory):
 
     def run(name, launcher, script, args, mode="fabric"):
         cwd = tmp_path_factory.mktemp(name)
-        finished = launch(launcher, script, QUICK + args, cwd)
+        finished = run_ranks(launcher, script, QUICK + args, cwd)
         assert finished.returncode == 0, finished.stderr[-3000:]
         folders[name] = run_dir(cwd, mode)
         return folders[name]
@@ -62,7 +62,7 @@ def runs(tmp_path_factory):
     resume = [*QUICK, "--total-timesteps", "4096", "--resume-from"]
     for name, launcher, mode in (("fabric-resumed", "fabric run", "fabric"), ("torch-resumed", "torchrun", "torch"),
                                  ("fabric-to-torch", "torchrun", "torch")):  # fmt: skip
-        finished = launch(launcher, SCRIPTS[mode], [*resume, last_checkpoint(folders[name])], folders[name])
+        finished = run_ranks(launcher, SCRIPTS[mode], [*resume, last_checkpoint(folders[name])], folders[name])
         assert finished.returncode == 0, finished.stderr[-3000:]
     folders["fabric_half_checkpoint"] = Path(last_checkpoint(fabric_half))
     return folders
@@ -106,7 +106,7 @@ def test_a_field_that_cannot_change_is_named(runs, tmp_path, args, flag):
     if flag not in ("--env-id", "--total-timesteps"):
         assert refusal_line("fabric", [*base, *args], tmp_path).startswith(f"error: {flag}: ")
         return
-    finished = launch("fabric run", SCRIPTS["fabric"], [*base, *args], tmp_path)
+    finished = run_ranks("fabric run", SCRIPTS["fabric"], [*base, *args], tmp_path)
     lines = [line for line in finished.stderr.splitlines() if line.startswith("error: ")]
     assert finished.returncode != 0 and len(lines) == 2
     assert all(line.startswith(f"error: {flag}: ") for line in lines), lines
@@ -135,7 +135,7 @@ def bad_files(runs, folder: Path) -> dict[str, Path]:
 @pytest.mark.parametrize("kind", ["garbage", "truncated", "foreign", "saved agent", "missing"])
 def test_bad_checkpoints_end_with_one_line_and_exit_2(runs, tmp_path, kind):
     path = bad_files(runs, tmp_path)[kind]
-    finished = launch("python", SCRIPTS["fabric"], ["--resume-from", str(path)], tmp_path)
+    finished = run_ranks("python", SCRIPTS["fabric"], ["--resume-from", str(path)], tmp_path)
     assert finished.returncode == 2, finished.stderr[-2000:]
     (line,) = finished.stderr.strip().splitlines()
     assert line.startswith("error: --resume-from: ")
@@ -144,7 +144,7 @@ def test_bad_checkpoints_end_with_one_line_and_exit_2(runs, tmp_path, kind):
 def test_a_non_finite_loss_stops_training_without_a_nan_checkpoint(tmp_path):
     args = ["--learning-rate", "1e30", "--total-timesteps", "16384", "--checkpoint-every", "512", "--keep-last", "100"]
     with_progress_bar = [arg for arg in QUICK if arg != "--no-progress-bar"]
-    finished = launch("fabric run", SCRIPTS["fabric"], with_progress_bar + args, tmp_path)
+    finished = run_ranks("fabric run", SCRIPTS["fabric"], with_progress_bar + args, tmp_path)
     assert finished.returncode != 0
     lines = finished.stderr.split("\n")  # not splitlines(): a bar's carriage return must not count as a new line
     assert any(line.startswith("error: training stopped: the gradient norm is not finite") for line in lines)
@@ -184,7 +184,7 @@ def test_ctrl_c_on_the_launcher_writes_a_checkpoint_and_exits_cleanly(tmp_path):
     assert all(not Path(f"/proc/{pid}").exists() for pid in ranks)
     (saved,) = checkpoints(tmp_path)
     step = torch.load(saved, weights_only=True)["counters"]["global_step"]
-    resumed = launch("fabric run", SCRIPTS["fabric"], [*QUICK, "--total-timesteps", str(step + 1024),
+    resumed = run_ranks("fabric run", SCRIPTS["fabric"], [*QUICK, "--total-timesteps", str(step + 1024),
                                                        "--resume-from", str(saved)], tmp_path)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
@@ -210,7 +210,7 @@ def test_a_killed_rank_ends_the_job_and_the_last_checkpoint_resumes(tmp_path, vi
     for path in saved:  # written atomically: none is partial
         torch.load(path, weights_only=True)
     step = torch.load(saved[-1], weights_only=True)["counters"]["global_step"]
-    resumed = launch("fabric run", SCRIPTS["fabric"], [*QUICK, "--total-timesteps", str(step + 512),
+    resumed = run_ranks("fabric run", SCRIPTS["fabric"], [*QUICK, "--total-timesteps", str(step + 512),
                                                        "--resume-from", str(saved[-1])], tmp_path)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
@@ -252,13 +252,14 @@ def test_decoupled_resume_equals_an_uninterrupted_run(tmp_path):
         ("fabric run", SCRIPTS["decoupled"], [*args, "--total-timesteps", "2048", "--checkpoint-every", "512"],
          tmp_path / "full", 3),
         ("fabric run", SCRIPTS["decoupled"], [*args, "--total-timesteps", "1024"], tmp_path / "part", 3),
+        via=run_ranks,
     )  # fmt: skip
     assert full.returncode == 0 and half.returncode == 0, (full.stderr + half.stderr)[-3000:]
     saved = checkpoints(tmp_path / "part", "decoupled")
     assert [path.name for path in saved] == ["step_000000001024.ckpt"]  # one file, written once, by the player
     state = torch.load(saved[-1], weights_only=True)
     assert state["mode"] == "decoupled" and state["learner"]["optimizer"]["state"]  # the trainers' Adam moments
-    resumed = launch("fabric run", SCRIPTS["decoupled"], [*args, "--total-timesteps", "2048", "--resume-from",
+    resumed = run_ranks("fabric run", SCRIPTS["decoupled"], [*args, "--total-timesteps", "2048", "--resume-from",
                                                            str(saved[-1])], tmp_path / "part", nproc=3)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     whole = load_agent(run_dir(tmp_path / "full", "decoupled"))["agent"]
@@ -268,7 +269,7 @@ def test_decoupled_resume_equals_an_uninterrupted_run(tmp_path):
 
 def test_a_checkpoint_resumes_only_in_its_own_mode(runs, tmp_path):
     args = ["--total-timesteps", "4096", "--resume-from", str(runs["fabric_half_checkpoint"])]
-    finished = launch("fabric run", SCRIPTS["decoupled"], args, tmp_path, nproc=2)
+    finished = run_ranks("fabric run", SCRIPTS["decoupled"], args, tmp_path, nproc=2)
     lines = [line for line in finished.stderr.splitlines() if line.startswith("error: ")]
     assert finished.returncode != 0 and len(lines) == 2
     assert all("written in coupled mode, not decoupled mode" in line for line in lines)
@@ -286,14 +287,14 @@ def test_ctrl_c_on_asynchronous_decoupled_players_checkpoints_and_stops(tmp_path
     (saved,) = checkpoints(tmp_path, "decoupled")
     step = torch.load(saved, weights_only=True)["counters"]["global_step"]
     assert len(torch.load(saved, weights_only=True)["rank_states"]) == 2  # each player's envs and streams
-    resumed = launch("fabric run", SCRIPTS["decoupled"], [*QUICK, *players, "--total-timesteps", str(step + 1024),
+    resumed = run_ranks("fabric run", SCRIPTS["decoupled"], [*QUICK, *players, "--total-timesteps", str(step + 1024),
                                                            "--resume-from", str(saved)], tmp_path, nproc=3)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
 
 def test_capture_video_during_training_records_rank_zeros_first_env(tmp_path):
     args = [*QUICK, "--total-timesteps", "1024", "--capture-video", "--eval-episodes", "1"]
-    finished = launch("fabric run", SCRIPTS["fabric"], args, tmp_path)
+    finished = run_ranks("fabric run", SCRIPTS["fabric"], args, tmp_path)
     assert finished.returncode == 0, finished.stderr[-3000:]
     folder = run_dir(tmp_path, "fabric")
     assert list((folder / "train_videos").glob("*.mp4")), "rank 0's first env records its episodes"

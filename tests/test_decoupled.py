@@ -23,6 +23,7 @@ from conftest import (
     rank_pid,
     read_scalars,
     run_dir,
+    run_ranks,
     start,
 )
 
@@ -56,7 +57,7 @@ SHORT = ["--total-timesteps", "2048", "--update-epochs", "2", "--eval-episodes",
     ],
 )
 def test_player_and_trainers_run_both_data_paths(tmp_path, nproc, args):
-    finished = launch("fabric run", SCRIPTS["decoupled"], SHORT + args, tmp_path, nproc=nproc)
+    finished = run_ranks("fabric run", SCRIPTS["decoupled"], SHORT + args, tmp_path, nproc=nproc)
     assert finished.returncode == 0, finished.stderr[-3000:]
     directory = run_dir(tmp_path, "decoupled")
     scalars = read_scalars(directory)
@@ -80,6 +81,7 @@ def test_two_players_feed_every_update_with_both_rollouts_as_coupled_ranks_do(tm
     coupled, decoupled = launch_together(
         ("fabric run", SCRIPTS["fabric"], args, tmp_path / "coupled", 2),
         ("fabric run", SCRIPTS["decoupled"], [*args, *players], tmp_path / "decoupled", 4),
+        via=run_ranks,
     )
     assert coupled.returncode == 0 and decoupled.returncode == 0, decoupled.stderr[-3000:]
     coupled_dir, decoupled_dir = run_dir(tmp_path / "coupled", "fabric"), run_dir(tmp_path / "decoupled", "decoupled")
@@ -132,7 +134,7 @@ def test_async_players_never_exceed_the_policy_lag_bound(tmp_path):
     args = ["sac", "--env-id", "Pendulum-v1", "--total-timesteps", "800", "--learning-starts", "200", "--log-every",
             "100", "--batch-size", "64", "--eval-episodes", "0", "--no-progress-bar", "--num-players", "2",
             "--async", "--max-policy-lag", "3"]  # fmt: skip
-    finished = launch("fabric run", SCRIPTS["decoupled"], args, tmp_path, nproc=3)
+    finished = run_ranks("fabric run", SCRIPTS["decoupled"], args, tmp_path, nproc=3)
     assert finished.returncode == 0, finished.stderr[-3000:]
     lags = [lag for _, lag in read_scalars(run_dir(tmp_path, "decoupled"))["Info/policy_lag_max"]]
     assert lags and 0 < max(lags) <= 3
@@ -182,8 +184,8 @@ def test_a_killed_role_ends_the_job_within_60_s(tmp_path, victim, survivor_says,
 def test_the_evaluator_keeps_the_best_agent_and_never_changes_training(tmp_path):
     args = [*SHORT, "--total-timesteps", "4096", "--eval-episodes", "2", "--torch-threads", "1"]
     (tmp_path / "alone").mkdir(), (tmp_path / "evaluated").mkdir()
-    alone = launch("fabric run", SCRIPTS["decoupled"], args, tmp_path / "alone", nproc=2)
-    evaluated = launch("fabric run", SCRIPTS["decoupled"], [*args, "--evaluator"], tmp_path / "evaluated", nproc=3)
+    alone = run_ranks("fabric run", SCRIPTS["decoupled"], args, tmp_path / "alone", nproc=2)
+    evaluated = run_ranks("fabric run", SCRIPTS["decoupled"], [*args, "--evaluator"], tmp_path / "evaluated", nproc=3)
     assert alone.returncode == 0 and evaluated.returncode == 0, evaluated.stderr[-3000:]
     alone_dir, evaluated_dir = run_dir(tmp_path / "alone", "decoupled"), run_dir(tmp_path / "evaluated", "decoupled")
     trained, with_evaluator = load_agent(alone_dir)["agent"], load_agent(evaluated_dir)["agent"]
@@ -263,7 +265,7 @@ def test_normal_exits_are_clean_in_20_of_20_runs(tmp_path):
         cwd.mkdir()
         nproc, flags = variants[attempt % len(variants)]
         args = ["--total-timesteps", "1024", "--eval-episodes", "0", "--no-progress-bar", *flags]
-        return launch("fabric run", SCRIPTS["decoupled"], args, cwd, nproc=nproc, timeout=180)
+        return run_ranks("fabric run", SCRIPTS["decoupled"], args, cwd, nproc=nproc, timeout=180)
 
     with ThreadPoolExecutor(max_workers=3) as pool:  # three jobs at once: less time, and more contention
         runs = list(pool.map(run, range(20)))

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import SCRIPTS, launch, load_agent, read_scalars, read_text_tags, run_dir
+from conftest import SCRIPTS, launch, launch_together, load_agent, read_scalars, read_text_tags, run_dir, run_ranks
 
 SHORT_RUN = ["--total-timesteps", "2048", "--update-epochs", "2", "--eval-episodes", "2"]
 VARIANTS = {
@@ -35,15 +35,19 @@ EXPECTED_SCALARS = {
 }
 
 
+LAUNCHED_BY_THE_LAUNCHERS = "pendulum-shared-normalized"  # the other variants' ranks are forked (conftest.run_ranks)
+
+
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
 def fabric_and_torch_runs(request, tmp_path_factory):
     args = SHORT_RUN + VARIANTS[request.param]
+    jobs = {mode: (launcher, SCRIPTS[mode], args, tmp_path_factory.mktemp(f"{request.param}-{mode}"), 2)
+            for mode, launcher in (("fabric", "fabric run"), ("torch", "torchrun"))}  # fmt: skip
+    via = launch if request.param == LAUNCHED_BY_THE_LAUNCHERS else run_ranks
     runs = {}
-    for mode, launcher in (("fabric", "fabric run"), ("torch", "torchrun")):
-        cwd = tmp_path_factory.mktemp(f"{request.param}-{mode}")
-        finished = launch(launcher, SCRIPTS[mode], args, cwd)
+    for (mode, job), finished in zip(jobs.items(), launch_together(*jobs.values(), via=via), strict=True):
         assert finished.returncode == 0, finished.stderr[-3000:]
-        runs[mode] = (cwd, finished)
+        runs[mode] = (job[3], finished)
     return request.param, runs
 
 
@@ -92,7 +96,7 @@ def test_same_seed_same_result_on_cpu(tmp_path):
     for attempt in ("first", "second"):
         cwd = tmp_path / attempt
         cwd.mkdir()
-        finished = launch("python", SCRIPTS["fabric"], args, cwd)
+        finished = run_ranks("python", SCRIPTS["fabric"], args, cwd)
         assert finished.returncode == 0, finished.stderr[-3000:]
         agents.append(load_agent(run_dir(cwd, "fabric"))["agent"])
         losses.append(read_scalars(run_dir(cwd, "fabric"))["Loss/policy_loss"])
@@ -102,7 +106,7 @@ def test_same_seed_same_result_on_cpu(tmp_path):
 
 def test_log_dir_moves_the_run_folder(tmp_path):
     args = [*SHORT_RUN, "--eval-episodes", "0", "--log-dir", "elsewhere", "--exp-name", "named"]
-    finished = launch("python", SCRIPTS["fabric"], args, tmp_path)
+    finished = run_ranks("python", SCRIPTS["fabric"], args, tmp_path)
     assert finished.returncode == 0, finished.stderr[-3000:]
     (folder,) = (tmp_path / "elsewhere" / "fabric_logs").iterdir()
     assert folder.name.startswith("named_CartPole-v1_42_") and (folder / "agent.ckpt").exists()

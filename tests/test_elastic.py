@@ -30,6 +30,7 @@ from conftest import (
     read_scalars,
     refusal_line,
     run_dir,
+    run_ranks,
 )
 
 from rl.cli import parse_config
@@ -115,8 +116,7 @@ def test_a_run_killed_at_random_resumes_by_itself_to_the_weights_of_an_unkilled_
     mode, args = CASES[case]
     reference = tmp_path / "unkilled"
     reference.mkdir()
-    done = subprocess.run(torchrun(SCRIPTS[mode], args), cwd=reference, env=child_env(), capture_output=True,
-                          text=True, timeout=240)  # fmt: skip
+    done = run_ranks("torchrun", SCRIPTS[mode], args, reference)
     assert done.returncode == 0, done.stderr[-3000:]
     killed_dir = tmp_path / "killed"
     killed_dir.mkdir()
@@ -174,15 +174,15 @@ def test_a_run_that_fails_in_the_same_place_stops_after_max_restarts_with_the_ca
 
 
 def test_a_run_folder_holding_another_configs_checkpoint_is_not_loaded(tmp_path):
-    first = launch("python", SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "1024", "--run-name", "job"],
+    first = run_ranks("python", SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "1024", "--run-name", "job"],
                    tmp_path)  # fmt: skip
     assert first.returncode == 0, first.stderr[-2000:]
-    other = launch("python", SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "2048", "--run-name", "job",
+    other = run_ranks("python", SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "2048", "--run-name", "job",
                                                  "--env-id", "Acrobot-v1"], tmp_path)  # fmt: skip
     assert other.returncode == 2
     (line,) = other.stderr.strip().splitlines()
     assert line.startswith("error: --env-id: ") and "CartPole-v1" in line, line
-    again = launch("python", SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "2048", "--run-name", "job"],
+    again = run_ranks("python", SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "2048", "--run-name", "job"],
                    tmp_path)  # fmt: skip
     assert again.returncode == 0, again.stderr[-2000:]
     assert "resumes from step 1024" in again.stderr or len(list(tmp_path.glob("logs/*/job/checkpoints/*"))) >= 1
@@ -199,7 +199,7 @@ def test_a_checkpoint_folder_that_cannot_be_written_ends_the_run_at_start(tmp_pa
 
 
 def test_checkpoint_every_takes_a_time(tmp_path):
-    done = launch("python", SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "6144", "--checkpoint-every",
+    done = run_ranks("python", SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "6144", "--checkpoint-every",
                                                 "0.1s", "--keep-last", "100"], tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     # 12 iterations, each longer than 0.1 s: a checkpoint after most of them, and the last

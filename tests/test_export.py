@@ -8,7 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import SCRIPTS, child_env, launch_together, run_dir
+from conftest import SCRIPTS, child_env, launch_together, run_dir, run_ranks
 
 from rl.checkpoint import load_checkpoint
 from rl.envs import inspect_env, make_vector_env, observations_tensor
@@ -41,11 +41,9 @@ np.save(sys.argv[3], actions)
 @pytest.fixture(scope="module")
 def agents(tmp_path_factory) -> dict[str, Path]:
     folders = {name: tmp_path_factory.mktemp(name) for name in AGENTS}
-    names = list(AGENTS)
-    for pair in (names[:2], names[2:]):
-        jobs = [("python", SCRIPTS["fabric"], [*AGENTS[name], *TINY], folders[name], 1) for name in pair]
-        for finished in launch_together(*jobs):
-            assert finished.returncode == 0, finished.stderr[-3000:]
+    jobs = [("python", SCRIPTS["fabric"], [*AGENTS[name], *TINY], folders[name], 1) for name in AGENTS]
+    for finished in launch_together(*jobs, via=run_ranks):
+        assert finished.returncode == 0, finished.stderr[-3000:]
     return {name: run_dir(folder, "fabric") / "agent.ckpt" for name, folder in folders.items()}
 
 
@@ -119,9 +117,9 @@ def test_a_file_that_would_run_code_when_unpickled_is_refused_unread(tmp_path, m
 
 
 def test_a_recurrent_policy_evaluates_with_its_state_and_is_refused_by_export_with_one_line(tmp_path):
-    (finished,) = launch_together(("python", SCRIPTS["fabric"], [*TINY, "--env-id", "rl/MaskedCartPole-v1",
-                                   "--recurrent", "--per-rank-batch-size", "128", "--total-timesteps", "256"],
-                                   tmp_path, 1))  # fmt: skip
+    args = [*TINY, "--env-id", "rl/MaskedCartPole-v1", "--recurrent", "--per-rank-batch-size", "128",
+            "--total-timesteps", "256"]  # fmt: skip
+    finished = run_ranks("python", SCRIPTS["fabric"], args, tmp_path, 1)
     assert finished.returncode == 0, finished.stderr[-2000:]
     agent = str(run_dir(tmp_path, "fabric") / "agent.ckpt")
     evaluate = [sys.executable, "-m", "rl.evaluate", agent, "--episodes", "2"]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SCRIPTS, all_scalars, launch, load_agent, refusal_line, run_dir, start
+from conftest import SCRIPTS, all_scalars, launch, load_agent, refusal_line, run_dir, run_ranks, start
 
 from rl.modes.hogwild import MergedWeights, SharedState
 
@@ -28,9 +28,9 @@ def agent_weights(folder) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("args", [PPO_SHORT, SAC_SHORT], ids=["ppo", "sac"])
 def test_synced_with_one_worker_equals_a_one_process_run(tmp_path, args):
     (tmp_path / "hogwild").mkdir(), (tmp_path / "coupled").mkdir()
-    hogwild = launch("python", SCRIPTS["hogwild"], [*args, "--workers", "1", "--sync", "synced", "--sync-every", "3"],
-                     tmp_path / "hogwild")  # fmt: skip
-    coupled = launch("python", SCRIPTS["fabric"], args, tmp_path / "coupled")
+    synced = [*args, "--workers", "1", "--sync", "synced", "--sync-every", "3"]
+    hogwild = run_ranks("python", SCRIPTS["hogwild"], synced, tmp_path / "hogwild")
+    coupled = run_ranks("python", SCRIPTS["fabric"], args, tmp_path / "coupled")
     assert hogwild.returncode == 0, hogwild.stderr[-3000:]
     assert coupled.returncode == 0, coupled.stderr[-3000:]
     merged, alone = (
@@ -42,7 +42,7 @@ def test_synced_with_one_worker_equals_a_one_process_run(tmp_path, args):
 
 
 def test_shared_workers_step_one_optimizer_and_count_their_frames(tmp_path):
-    finished = launch("python", SCRIPTS["hogwild"], [*PPO_SHORT, "--workers", "2", "--sync", "shared"], tmp_path)
+    finished = run_ranks("python", SCRIPTS["hogwild"], [*PPO_SHORT, "--workers", "2", "--sync", "shared"], tmp_path)
     assert finished.returncode == 0, finished.stderr[-3000:]
     folder = run_dir(tmp_path, "hogwild")
     (checkpoint,) = (folder / "checkpoints").glob("step_*.ckpt")
@@ -86,18 +86,18 @@ def test_synced_merges_add_every_workers_change():
 
 def test_resume_continues_exactly_with_one_synced_worker_and_keeps_the_worker_count(tmp_path):
     args = [*PPO_SHORT, "--total-timesteps", "8192", "--workers", "1", "--sync", "synced", "--checkpoint-every", "4096"]
-    whole = launch("python", SCRIPTS["hogwild"], args, tmp_path)
+    whole = run_ranks("python", SCRIPTS["hogwild"], args, tmp_path)
     assert whole.returncode == 0, whole.stderr[-3000:]
     folder = run_dir(tmp_path, "hogwild")
     halfway = folder / "checkpoints" / "step_000000004096.ckpt"
     whole_weights = agent_weights(folder)
     (folder / "agent.ckpt").unlink()
-    resumed = launch("python", SCRIPTS["hogwild"], [*args, "--resume-from", str(halfway)], tmp_path)
+    resumed = run_ranks("python", SCRIPTS["hogwild"], [*args, "--resume-from", str(halfway)], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "training loop: 4096 steps in" in resumed.stdout  # this run's steps, not the checkpoint's too
     assert all(torch.equal(whole_weights[name], value) for name, value in agent_weights(folder).items())
     other_count = [*args, "--workers", "2", "--resume-from", str(halfway)]
-    refused = launch("python", SCRIPTS["hogwild"], other_count, tmp_path)
+    refused = run_ranks("python", SCRIPTS["hogwild"], other_count, tmp_path)
     assert refused.returncode == 2
     assert "error: --workers: the checkpoint was written by 1 process, not 2" in refused.stderr
 
@@ -106,7 +106,7 @@ def test_workers_resumed_at_different_iterations_finish_together(tmp_path):
     """After Ctrl-C the workers may have stopped at different iterations; a resumed worker that
     finishes first keeps taking part in the others' checkpoints instead of leaving them waiting."""
     args = [*PPO_SHORT, "--workers", "2", "--checkpoint-every", "512"]
-    first = launch("python", SCRIPTS["hogwild"], args, tmp_path)
+    first = run_ranks("python", SCRIPTS["hogwild"], args, tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     folder = run_dir(tmp_path, "hogwild")
     state = torch.load(folder / "checkpoints" / "step_000000003072.ckpt", weights_only=True)
@@ -114,7 +114,7 @@ def test_workers_resumed_at_different_iterations_finish_together(tmp_path):
     state["workers"][1] |= {"iteration": 7, "frames": 7 * 256}  # worker 1 one iteration ahead
     uneven = tmp_path / "uneven.ckpt"
     torch.save(state, uneven)
-    resumed = launch("python", SCRIPTS["hogwild"], [*args, "--resume-from", str(uneven)], tmp_path, timeout=120)
+    resumed = run_ranks("python", SCRIPTS["hogwild"], [*args, "--resume-from", str(uneven)], tmp_path, timeout=120)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     final = torch.load(folder / "checkpoints" / "step_000000004096.ckpt", weights_only=True)
     assert [worker["iteration"] for worker in final["workers"]] == [8, 8]

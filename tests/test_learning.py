@@ -3,7 +3,7 @@
 import gymnasium as gym
 import numpy as np
 import pytest
-from conftest import SCRIPTS, launch, read_scalars, run_dir
+from conftest import SCRIPTS, read_scalars, run_dir, run_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -15,7 +15,7 @@ def greedy_evaluation(cwd) -> float:
 
 def test_cartpole_reaches_475_within_65536_steps(tmp_path):
     # The Lightning example's defaults: 2 ranks x 2 envs x 128 steps, minibatch 64, 10 epochs, lr 1e-3.
-    finished = launch("fabric run", SCRIPTS["fabric"], ["--total-timesteps", "65536", "--seed", "1"], tmp_path)
+    finished = run_ranks("fabric run", SCRIPTS["fabric"], ["--total-timesteps", "65536", "--seed", "1"], tmp_path)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert greedy_evaluation(tmp_path) >= 475
 
@@ -26,7 +26,7 @@ def test_a_cnn_learns_cartpole_from_pixels_alone_within_30000_steps(tmp_path):
         "--env-id rl/PixelCartPole-v1 --resize 0 --frame-stack 2 --total-timesteps 30000 --num-envs 4 "
         "--num-steps 128 --update-epochs 4 --per-rank-batch-size 128 --learning-rate 1e-3 --seed 1"
     ).split()
-    finished = launch("python", SCRIPTS["fabric"], args, tmp_path)
+    finished = run_ranks("python", SCRIPTS["fabric"], args, tmp_path)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert greedy_evaluation(tmp_path) >= 100
 
@@ -34,7 +34,7 @@ def test_a_cnn_learns_cartpole_from_pixels_alone_within_30000_steps(tmp_path):
 def test_a_recurrent_policy_learns_cartpole_without_its_velocities_within_150000_steps(tmp_path):
     # rl/MaskedCartPole-v1 shows positions only: balancing needs the velocities an LSTM infers from them.
     args = ["--preset", "masked-cartpole", "--seed", "1", "--no-progress-bar"]
-    finished = launch("fabric run", SCRIPTS["fabric"], args, tmp_path, timeout=1500)
+    finished = run_ranks("fabric run", SCRIPTS["fabric"], args, tmp_path, timeout=1500)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert greedy_evaluation(tmp_path) >= 475
 
@@ -60,7 +60,7 @@ def test_pendulum_improves_clearly_over_random_within_102400_steps(tmp_path):
         "--learning-rate 1e-3 --activation-function tanh --ortho-init --normalize-observations --normalize-rewards "
         "--normalize-advantages --gamma 0.9"
     ).split()
-    finished = launch("fabric run", SCRIPTS["fabric"], args, tmp_path)
+    finished = run_ranks("fabric run", SCRIPTS["fabric"], args, tmp_path)
     assert finished.returncode == 0, finished.stderr[-3000:]
     random_return = random_policy_return()
     assert random_return < -900  # the swing-up is not solved by chance
@@ -70,6 +70,6 @@ def test_pendulum_improves_clearly_over_random_within_102400_steps(tmp_path):
 def test_sac_pendulum_reaches_minus_300_within_10000_steps_on_one_rank(tmp_path):
     # rl-zoo's Pendulum settings: lr 1e-3, batch 256, 100 random steps, one gradient step per env step.
     args = "sac --env-id Pendulum-v1 --total-timesteps 10000 --policy-lr 1e-3 --q-lr 1e-3 --seed 1".split()
-    finished = launch("python", SCRIPTS["fabric"], args, tmp_path, timeout=900)
+    finished = run_ranks("python", SCRIPTS["fabric"], args, tmp_path, timeout=900)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert greedy_evaluation(tmp_path) >= -300

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BIN, SCRIPTS, child_env, child_pids, free_port, launch, load_agent, rank_pid, run_dir
+from conftest import BIN, SCRIPTS, child_env, child_pids, free_port, load_agent, rank_pid, run_dir, run_ranks
 
 PPO_ARGS = ["--total-timesteps", "1024", "--update-epochs", "2", "--eval-episodes", "0", "--torch-threads", "1"]
 SAC_ARGS = ["sac", "--total-timesteps", "600", "--learning-starts", "200", "--batch-size", "32", "--log-every", "200",
@@ -48,7 +48,7 @@ def test_two_nodes_train_exactly_as_two_processes_on_one_machine(tmp_path, launc
     single_dir.mkdir()
     for node in launch_two_nodes(launcher, SCRIPTS[mode], args, nodes_dir):
         assert node.returncode == 0, node.stderr[-3000:]
-    single = launch(launcher, SCRIPTS[mode], args, single_dir, nproc=2)
+    single = run_ranks(launcher, SCRIPTS[mode], args, single_dir, nproc=2)
     assert single.returncode == 0, single.stderr[-3000:]
     across_nodes, on_one_machine = load_agent(run_dir(nodes_dir, mode)), load_agent(run_dir(single_dir, mode))
     assert across_nodes["config"]["total_timesteps"] == on_one_machine["config"]["total_timesteps"]

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, child_env, launch, load_agent, refusal_line, run_dir
+from conftest import SCRIPTS, child_env, load_agent, refusal_line, run_dir, run_ranks
 
 from rl.cli import parse_config
 
@@ -42,7 +42,7 @@ def test_bad_keyword_arguments_end_with_one_line_naming_the_flag(tmp_path, args,
 
 
 def test_an_env_of_your_own_trains_with_its_keyword_arguments_and_evaluates_with_them_again(tmp_path):
-    finished = launch("python", SCRIPTS["fabric"], [*OWN_ENV, "--env-kwarg", "length=7"], tmp_path)
+    finished = run_ranks("python", SCRIPTS["fabric"], [*OWN_ENV, "--env-kwarg", "length=7"], tmp_path)
     assert finished.returncode == 0, finished.stderr[-2000:]
     assert "evaluation over 2 greedy episodes: return 7.00 ± 0.00, length 7.0" in finished.stdout
     agent = run_dir(tmp_path, "fabric") / "agent.ckpt"

@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import SCRIPTS, launch, load_agent, read_scalars, run_dir
+from conftest import SCRIPTS, load_agent, read_scalars, run_dir, run_ranks
 
 from rl.algos.ppo.algorithm import PPO
 from rl.algos.ppo.config import PPOConfig
@@ -260,8 +260,8 @@ def test_one_decoupled_trainer_sharing_data_equals_one_coupled_process_on_pixels
     args = [*args, "--torch-threads", "1", "--share-data"]
     (tmp_path / "coupled").mkdir()
     (tmp_path / "decoupled").mkdir()
-    coupled = launch("python", SCRIPTS["fabric"], args, tmp_path / "coupled")
-    decoupled = launch("fabric run", SCRIPTS["decoupled"], args, tmp_path / "decoupled", nproc=2)
+    coupled = run_ranks("python", SCRIPTS["fabric"], args, tmp_path / "coupled")
+    decoupled = run_ranks("fabric run", SCRIPTS["decoupled"], args, tmp_path / "decoupled", nproc=2)
     assert coupled.returncode == 0 and decoupled.returncode == 0, (coupled.stderr + decoupled.stderr)[-3000:]
     coupled_dir, decoupled_dir = run_dir(tmp_path / "coupled", "fabric"), run_dir(tmp_path / "decoupled", "decoupled")
     coupled_agent, decoupled_agent = load_agent(coupled_dir)["agent"], load_agent(decoupled_dir)["agent"]

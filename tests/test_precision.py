@@ -5,7 +5,7 @@ import os
 
 import pytest
 import torch
-from conftest import SCRIPTS, launch, load_agent, read_scalars, refusal_line, run_dir
+from conftest import SCRIPTS, load_agent, read_scalars, refusal_line, run_dir, run_ranks
 
 from rl.algos.ppo.policy import CNNActorCritic, MLPActorCritic
 from rl.algos.ppo.rollout import Batch
@@ -154,8 +154,8 @@ def test_the_compiled_minibatch_loss_and_gradients_equal_eager_ones():
 def test_a_compiled_run_reports_its_compile_time_and_learns_as_an_eager_run(tmp_path):
     args = ["--total-timesteps", "1024", "--update-epochs", "2", "--eval-episodes", "0", "--no-progress-bar"]
     (tmp_path / "eager").mkdir(), (tmp_path / "compiled").mkdir()
-    eager = launch("python", SCRIPTS["fabric"], args, tmp_path / "eager", timeout=120)
-    compiled_run = launch("python", SCRIPTS["fabric"], [*args, "--compile"], tmp_path / "compiled", timeout=300)
+    eager = run_ranks("python", SCRIPTS["fabric"], args, tmp_path / "eager", timeout=120)
+    compiled_run = run_ranks("python", SCRIPTS["fabric"], [*args, "--compile"], tmp_path / "compiled", timeout=300)
     assert eager.returncode == 0 and compiled_run.returncode == 0, compiled_run.stderr[-3000:]
     assert "torch.compile: " in compiled_run.stdout and "left out of the env steps/s" in compiled_run.stdout
     assert "torch.compile" not in eager.stdout
@@ -182,7 +182,7 @@ def test_a_checkpoint_is_float32_resumes_exactly_and_at_another_precision(tmp_pa
         args = ["sac", "--total-timesteps", "240", "--learning-starts", "80", "--checkpoint-every", "160",
                 "--save-buffer", "--batch-size", "32", "--log-every", "80"]  # fmt: skip
     args += ["--precision", precision, "--eval-episodes", "0", "--no-progress-bar"]
-    assert launch("python", SCRIPTS["fabric"], args, tmp_path).returncode == 0
+    assert run_ranks("python", SCRIPTS["fabric"], args, tmp_path).returncode == 0
     folder = run_dir(tmp_path, "fabric")
     uninterrupted = load_agent(folder)
     checkpoints = sorted(glob.glob(str(folder / "checkpoints" / "step_*.ckpt")))
@@ -193,13 +193,13 @@ def test_a_checkpoint_is_float32_resumes_exactly_and_at_another_precision(tmp_pa
     assert all(t.dtype == torch.float32 for t in first["agent"].values())
 
     os.remove(folder / "agent.ckpt")
-    resumed = launch("python", SCRIPTS["fabric"], [*args, "--resume-from", checkpoints[0]], tmp_path)
+    resumed = run_ranks("python", SCRIPTS["fabric"], [*args, "--resume-from", checkpoints[0]], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming a" not in resumed.stdout  # the same precision: nothing to say
     for name, tensor in uninterrupted["agent"].items():
         assert torch.equal(tensor, load_agent(folder)["agent"][name]), name
 
-    other = launch("python", SCRIPTS["fabric"], [*args, "--precision", "32-true", "--resume-from", checkpoints[0]],
+    other = run_ranks("python", SCRIPTS["fabric"], [*args, "--precision", "32-true", "--resume-from", checkpoints[0]],
                    tmp_path)  # fmt: skip
     assert other.returncode == 0, other.stderr[-3000:]
     assert f"resuming a {precision} checkpoint at --precision 32-true" in other.stdout

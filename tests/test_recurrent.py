@@ -4,7 +4,16 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import SCRIPTS, all_scalars, launch, launch_together, load_agent, read_scalars, refusal_line, run_dir
+from conftest import (
+    SCRIPTS,
+    all_scalars,
+    launch_together,
+    load_agent,
+    read_scalars,
+    refusal_line,
+    run_dir,
+    run_ranks,
+)
 
 from rl.algos.ppo.algorithm import PPO
 from rl.algos.ppo.config import PPOConfig
@@ -147,7 +156,8 @@ def test_fabric_and_torchrun_are_bit_identical_with_shared_data(tmp_path):
     args = [*RECURRENT, "--total-timesteps", "1024", "--share-data", "--eval-episodes", "2"]
     (tmp_path / "fabric").mkdir(), (tmp_path / "torch").mkdir()
     fabric, torchrun = launch_together(("fabric run", SCRIPTS["fabric"], args, tmp_path / "fabric", 2),
-                                       ("torchrun", SCRIPTS["torch"], args, tmp_path / "torch", 2))  # fmt: skip
+                                       ("torchrun", SCRIPTS["torch"], args, tmp_path / "torch", 2),
+                                       via=run_ranks)  # fmt: skip
     assert fabric.returncode == 0 and torchrun.returncode == 0, (fabric.stderr + torchrun.stderr)[-3000:]
     fabric_dir, torch_dir = run_dir(tmp_path / "fabric", "fabric"), run_dir(tmp_path / "torch", "torch")
     fabric_agent, torch_agent = load_agent(fabric_dir)["agent"], load_agent(torch_dir)["agent"]
@@ -167,7 +177,7 @@ def test_fabric_and_torchrun_are_bit_identical_with_shared_data(tmp_path):
 )
 def test_decoupled_players_send_sequences_the_trainers_replay(tmp_path, nproc, args):
     args = [*RECURRENT, "--total-timesteps", "1536", "--eval-episodes", "2", *args]
-    finished = launch("fabric run", SCRIPTS["decoupled"], args, tmp_path, nproc=nproc)
+    finished = run_ranks("fabric run", SCRIPTS["decoupled"], args, tmp_path, nproc=nproc)
     assert finished.returncode == 0, finished.stderr[-3000:]
     scalars = read_scalars(run_dir(tmp_path, "decoupled"))
     assert np.isfinite([value for _, value in scalars["Loss/policy_loss"]]).all()
@@ -176,7 +186,7 @@ def test_decoupled_players_send_sequences_the_trainers_replay(tmp_path, nproc, a
 
 @pytest.mark.parametrize("sync", ["shared", "synced"])
 def test_hogwild_workers_carry_their_own_states(tmp_path, sync):
-    finished = launch("python", SCRIPTS["hogwild"], [*RECURRENT, "--total-timesteps", "2048", "--workers", "2",
+    finished = run_ranks("python", SCRIPTS["hogwild"], [*RECURRENT, "--total-timesteps", "2048", "--workers", "2",
                                                       "--sync", sync, "--eval-episodes", "2"], tmp_path)  # fmt: skip
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "evaluation over 2 greedy episodes" in finished.stdout
@@ -190,13 +200,14 @@ def test_resuming_mid_episode_equals_an_uninterrupted_run(tmp_path, script, npro
     full, part = launch_together(
         ("fabric run", SCRIPTS[script], [*args, "--total-timesteps", "2048"], tmp_path / "full", nproc),
         ("fabric run", SCRIPTS[script], [*args, "--total-timesteps", "1024"], tmp_path / "part", nproc),
+        via=run_ranks,
     )
     assert full.returncode == 0 and part.returncode == 0, (full.stderr + part.stderr)[-3000:]
     part_dir = run_dir(tmp_path / "part", script)
     (saved,) = sorted((part_dir / "checkpoints").glob("step_*.ckpt"))
     state = torch.load(saved, weights_only=True)
     assert state["rank_states"][0]["memory"].abs().sum() > 0  # a state mid-episode, not a fresh one
-    resumed = launch("fabric run", SCRIPTS[script], [*args, "--total-timesteps", "2048", "--resume-from",
+    resumed = run_ranks("fabric run", SCRIPTS[script], [*args, "--total-timesteps", "2048", "--resume-from",
                                                       str(saved)], tmp_path / "part", nproc=nproc)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     whole, continued = load_agent(run_dir(tmp_path / "full", script)), load_agent(part_dir)

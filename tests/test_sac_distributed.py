@@ -19,6 +19,7 @@ from conftest import (
     read_scalars,
     refusal_line,
     run_dir,
+    run_ranks,
 )
 from test_sac import random_transitions
 
@@ -110,13 +111,12 @@ def test_scale_lr_multiplies_every_learning_rate_by_the_number_of_learners(synce
 
 @pytest.fixture(scope="module")
 def fabric_and_torch_sac_runs(tmp_path_factory):
-    runs = {}
-    for mode, launcher in (("fabric", "fabric run"), ("torch", "torchrun")):
-        cwd = tmp_path_factory.mktemp(f"sac-{mode}")
-        finished = launch(launcher, SCRIPTS[mode], SHORT, cwd)
+    folders = {mode: tmp_path_factory.mktemp(f"sac-{mode}") for mode in ("fabric", "torch")}
+    fabric, torchrun = launch_together(("fabric run", SCRIPTS["fabric"], SHORT, folders["fabric"], 2),
+                                       ("torchrun", SCRIPTS["torch"], SHORT, folders["torch"], 2))  # fmt: skip
+    for finished in (fabric, torchrun):
         assert finished.returncode == 0, finished.stderr[-3000:]
-        runs[mode] = run_dir(cwd, mode)
-    return runs
+    return {mode: run_dir(cwd, mode) for mode, cwd in folders.items()}
 
 
 def test_fabric_and_torchrun_sac_give_identical_losses_and_weights(fabric_and_torch_sac_runs):
@@ -145,7 +145,7 @@ def test_sac_runs_log_every_expected_scalar(fabric_and_torch_sac_runs):
 )
 def test_decoupled_sac_runs_every_data_path(tmp_path, nproc, args):
     decoupled_short = [*SHORT, "--total-timesteps", "800", "--learning-starts", "200", "--log-every", "200"]
-    finished = launch("fabric run", SCRIPTS["decoupled"], decoupled_short + args, tmp_path, nproc=nproc)
+    finished = run_ranks("fabric run", SCRIPTS["decoupled"], decoupled_short + args, tmp_path, nproc=nproc)
     assert finished.returncode == 0, finished.stderr[-3000:]
     scalars = read_scalars(run_dir(tmp_path, "decoupled"))
     assert [step for step, _ in scalars["Loss/critic_loss"]] == [400, 600, 800]
@@ -164,6 +164,7 @@ def test_resuming_with_the_buffer_equals_an_uninterrupted_run(tmp_path):
     full, part = launch_together(
         ("fabric run", SCRIPTS["fabric"], base, tmp_path / "full", 2),
         ("fabric run", SCRIPTS["fabric"], [*base, "--total-timesteps", "800"], tmp_path / "part", 2),
+        via=run_ranks,
     )
     assert full.returncode == 0 and part.returncode == 0, (full.stderr + part.stderr)[-3000:]
     part_dir = run_dir(tmp_path / "part", "fabric")
@@ -172,7 +173,7 @@ def test_resuming_with_the_buffer_equals_an_uninterrupted_run(tmp_path):
     assert state["counters"]["global_step"] == 800 and len(state["rank_states"]) == 2
     assert state["rank_states"][1]["buffer"]["size"] == 400  # each rank's own transitions
     assert {"critic", "critic_target", "log_alpha", "critic_optimizer"} <= set(state["learner"])
-    resumed = launch("fabric run", SCRIPTS["fabric"], [*base, "--resume-from", str(saved)], tmp_path / "part")
+    resumed = run_ranks("fabric run", SCRIPTS["fabric"], [*base, "--resume-from", str(saved)], tmp_path / "part")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     whole, continued = load_agent(run_dir(tmp_path / "full", "fabric")), load_agent(part_dir)
     assert all(torch.equal(whole["agent"][name], continued["agent"][name]) for name in whole["agent"])
