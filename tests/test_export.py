@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import gymnasium as gym
@@ -23,18 +24,22 @@ AGENTS = {
     "sac-box": ["sac", "--env-id", "Pendulum-v1", "--total-timesteps", "300", "--learning-starts", "100",
                 "--batch-size", "32"],
 }  # fmt: skip
+FORMATS = {"torchscript": "pt", "onnx": "onnx"}
+# Acts with every exported policy given as (policy, observations, actions out) triples, in a process where any
+# import of this project fails.
 RUN_WITHOUT_THE_PROJECT = """
 import sys
-sys.modules["rl"] = None  # any import of this project fails
+sys.modules["rl"] = None
 import numpy as np
-obs = np.load(sys.argv[2])
-if sys.argv[1].endswith(".onnx"):
-    import onnxruntime
-    actions = onnxruntime.InferenceSession(sys.argv[1]).run(None, {"obs": obs})[0]
-else:
-    import torch
-    actions = torch.jit.load(sys.argv[1])(torch.from_numpy(obs)).numpy()
-np.save(sys.argv[3], actions)
+for policy, obs_file, actions_file in zip(*[iter(sys.argv[1:])] * 3):
+    obs = np.load(obs_file)
+    if policy.endswith(".onnx"):
+        import onnxruntime
+        actions = onnxruntime.InferenceSession(policy).run(None, {"obs": obs})[0]
+    else:
+        import torch
+        actions = torch.jit.load(policy)(torch.from_numpy(obs)).numpy()
+    np.save(actions_file, actions)
 """
 
 
@@ -67,27 +72,41 @@ def checkpoint_actions(checkpoint: Path, obs: np.ndarray) -> np.ndarray:
     return np.clip(actions, space.low, space.high) if isinstance(space, gym.spaces.Box) else actions
 
 
-@pytest.mark.parametrize("name", list(AGENTS))
-@pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
-def test_the_exported_policy_acts_as_the_checkpoint_does_without_this_project(agents, name, fmt, tmp_path):
-    out = tmp_path / ("policy.onnx" if fmt == "onnx" else "policy.pt")
-    command = [sys.executable, "-m", "rl.export", str(agents[name]), "--format", fmt, "--out", str(out)]
-    done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    state = load_checkpoint(str(agents[name]))
-    obs = observations(state["env_id"], restore_agent(state, state["env_id"])[2])
-    np.save(tmp_path / "obs.npy", obs.astype(np.float32) if obs.dtype != np.uint8 else obs)
-    runner = [
-        sys.executable,
-        "-c",
-        RUN_WITHOUT_THE_PROJECT,
-        str(out),
-        str(tmp_path / "obs.npy"),
-        str(tmp_path / "a.npy"),
-    ]
-    ran = subprocess.run(runner, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+@pytest.fixture(scope="module")
+def acted(agents, tmp_path_factory) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
+    """For every agent and format: the exported policy's actions, run without this project, and the
+    checkpoint's actions on the same observations. `python -m rl.export` runs once per policy, two at a time."""
+    folder = tmp_path_factory.mktemp("exported")
+    cases = [(name, fmt) for name in AGENTS for fmt in FORMATS]
+    policies = {case: folder / f"{case[0]}.{FORMATS[case[1]]}" for case in cases}
+
+    def export(case: tuple[str, str]) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "rl.export", str(agents[case[0]]), "--format", case[1], "--out",
+                   str(policies[case])]  # fmt: skip
+        return subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=120)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for done in pool.map(export, cases):
+            assert done.returncode == 0, done.stderr[-2000:]
+    expected, triples = {}, []
+    for name in AGENTS:
+        state = load_checkpoint(str(agents[name]))
+        obs = observations(state["env_id"], restore_agent(state, state["env_id"])[2])
+        np.save(folder / f"{name}.npy", obs.astype(np.float32) if obs.dtype != np.uint8 else obs)
+        expected[name] = checkpoint_actions(agents[name], obs)
+        for fmt in FORMATS:
+            actions = folder / f"{name}-{fmt}-actions.npy"
+            triples += [str(policies[name, fmt]), str(folder / f"{name}.npy"), str(actions)]
+    ran = subprocess.run([sys.executable, "-c", RUN_WITHOUT_THE_PROJECT, *triples], cwd=folder, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
     assert ran.returncode == 0, ran.stderr[-2000:]
-    exported, expected = np.load(tmp_path / "a.npy"), checkpoint_actions(agents[name], obs)
+    return {(name, fmt): (np.load(folder / f"{name}-{fmt}-actions.npy"), expected[name]) for name, fmt in cases}
+
+
+@pytest.mark.parametrize("name", list(AGENTS))
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_the_exported_policy_acts_as_the_checkpoint_does_without_this_project(acted, name, fmt):
+    exported, expected = acted[name, fmt]
     assert exported.shape == expected.shape
     if np.issubdtype(expected.dtype, np.integer):
         assert np.array_equal(exported, expected)
