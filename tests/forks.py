@@ -59,6 +59,7 @@ def worker_env(launcher: str, rank: int, nproc: int, port: int, run_id: str) -> 
 
 def run_rank(script: str, args: list[str], cwd: str, env: dict[str, str], stdout: str, stderr: str) -> None:
     """In the forked rank: run `script` as `python script args` would, with its output appended to the job's files."""
+    os.environ.clear()  # exactly the test's environment now, not the server's when it started
     os.environ.update(env)
     os.chdir(cwd)
     for fd, path in ((1, stdout), (2, stderr)):
