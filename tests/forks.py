@@ -72,10 +72,12 @@ def run_rank(script: str, args: list[str], cwd: str, env: dict[str, str], stdout
     code = 0
     try:
         runpy.run_path(script, run_name="__main__")
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-        if not isinstance(stop.code, int | None):
+    except SystemExit as stop:  # as the interpreter ends: an int is the code, a message goes to stderr with 1
+        if stop.code is None or isinstance(stop.code, int):
+            code = stop.code or 0
+        else:
             print(stop.code, file=sys.stderr)
+            code = 1
     except BaseException:  # reported as the interpreter would; the rank fails
         traceback.print_exc()
         code = 1
@@ -97,10 +99,10 @@ def launch_forked(
         stdout, stderr = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
         Path(stdout).touch()
         Path(stderr).touch()
-        ranks = []
+        ranks, server = [], _server()
         for rank in range(nproc):
             rank_env = env | worker_env(launcher, rank, nproc, store.port if store else 0, run_id)
-            process = _server().Process(target=run_rank, args=(str(script), args, str(cwd), rank_env, stdout, stderr))
+            process = server.Process(target=run_rank, args=(str(script), args, str(cwd), rank_env, stdout, stderr))
             process.start()
             ranks.append(process)
         codes = wait_for(ranks, timeout)
