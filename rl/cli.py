@@ -189,6 +189,12 @@ def check_mode_flags(cfg: RunConfig, mode: Mode) -> None:
     hogwild_flags = {"--workers": cfg.workers != 1, "--sync": cfg.sync != "shared", "--sync-every": cfg.sync_every != 1}
     decoupled_flags = {"--evaluator": cfg.evaluator, "--num-players": cfg.num_players != 1,
                        "--async": cfg.asynchronous, "--max-policy-lag": cfg.max_policy_lag != 1}  # fmt: skip
+    coupled_flags = {"--eval-every": cfg.eval_every != 0, "--stop-at-return": cfg.stop_at_return is not None}
+    if mode != "coupled":
+        for flag, given in coupled_flags.items():
+            if given:
+                evaluator = " (decoupled mode evaluates as it goes with --evaluator)" if mode == "decoupled" else ""
+                raise UsageError(flag, f"belongs to coupled mode: fabric run ... train_fabric.py ...{evaluator}")
     if mode != "decoupled":
         for flag, given in decoupled_flags.items():
             if given:

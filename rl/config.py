@@ -93,6 +93,13 @@ class RunConfig:
 
     eval_episodes: int = 10
     """greedy evaluation episodes at the end of training (0 skips the evaluation)"""
+    eval_every: int = 0
+    """coupled mode: also evaluate --eval-episodes greedy episodes every this many env steps during training,
+    on rank 0 while the others wait (within --collective-timeout), logged as Eval/return_mean (0: only at the
+    end)"""
+    stop_at_return: float | None = None
+    """coupled mode: end training, as at its last step, once an --eval-every evaluation's mean return reaches
+    this"""
     log_dir: str = "logs"
     """root folder of the TensorBoard logs and run folders"""
     progress_bar: bool = True
@@ -145,7 +152,7 @@ class RunConfig:
         "num_envs", "total_timesteps", "keep_last", "collective_timeout", "workers", "sync_every", "num_players",
         "frame_stack", "frame_skip",
     )  # fmt: skip
-    NON_NEGATIVE = ("eval_episodes", "torch_threads", "max_policy_lag", "resize", "noop_max")
+    NON_NEGATIVE = ("eval_episodes", "eval_every", "torch_threads", "max_policy_lag", "resize", "noop_max")
 
     @property
     def steps_per_row(self) -> int:
@@ -270,10 +277,18 @@ def validate(cfg: RunConfig, world_size: int, gpu_count: int, env_ranks: int | N
     if cfg.player_on_gpu and not cfg.cuda:
         raise UsageError("--player-on-gpu", "needs --cuda as well")
     check_precision(cfg.precision, cfg.cuda)
+    check_periodic_evaluation(cfg)
     if cfg.compile_mode != "default" and not cfg.compile:
         raise UsageError("--compile-mode", "chooses how --compile compiles; add --compile (or drop the flag)")
     if cfg.compile:  # every role on a GPU compiles with Triton; a CPU role needs a C++ compiler
         check_compiler(cfg.cuda and (cfg.player_on_gpu or env_ranks == world_size) and not cfg.evaluator)
+
+
+def check_periodic_evaluation(cfg: RunConfig) -> None:
+    if cfg.eval_every and cfg.eval_episodes == 0:
+        raise UsageError("--eval-every", "evaluates --eval-episodes episodes each time; give at least 1")
+    if cfg.stop_at_return is not None and not cfg.eval_every:
+        raise UsageError("--stop-at-return", "is checked at each --eval-every evaluation; add --eval-every STEPS")
 
 
 def iteration_name(cfg: RunConfig) -> str:

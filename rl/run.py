@@ -245,6 +245,15 @@ def report_resources(runtime: Runtime, run: Run, loop_seconds: float, global_ste
         )
 
 
+def greedy_returns(
+    cfg: RunConfig, env_id: str, policy: nn.Module, obs_normalizer: ObservationNormalizer, video_dir: str | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Returns and lengths of --eval-episodes greedy episodes, on the policy's device."""
+    device = next(policy.parameters()).device
+    return evaluate_greedy(policy, env_id, cfg.eval_episodes, cfg.seed, obs_normalizer, device, video_dir,
+                           preprocessing=cfg.preprocessing())  # fmt: skip
+
+
 def report_evaluation(
     cfg: RunConfig,
     env_id: str,
@@ -256,11 +265,7 @@ def report_evaluation(
     if cfg.eval_episodes == 0:
         return
     video_dir = video_folder(run.dir, "test") if cfg.capture_video else None
-    device = next(policy.parameters()).device
-    returns, lengths = evaluate_greedy(
-        policy, env_id, cfg.eval_episodes, cfg.seed, obs_normalizer, device, video_dir,
-        preprocessing=cfg.preprocessing(),
-    )  # fmt: skip
+    returns, lengths = greedy_returns(cfg, env_id, policy, obs_normalizer, video_dir)
     summary = {
         "Test/return_mean": float(np.mean(returns)),
         "Test/return_std": float(np.std(returns)),
@@ -273,3 +278,36 @@ def report_evaluation(
         f"length {summary['Test/length_mean']:.1f}",
         flush=True,
     )
+
+
+class PeriodicEvaluation:
+    """`--eval-every`: greedy episodes during training, on the main process, logged as Eval/ scalars;
+    with `--stop-at-return`, whether the newest evaluation reached that return.
+
+    The time it takes is kept apart (`seconds`), so that the loop's env steps/s measure training.
+    """
+
+    def __init__(self, cfg: RunConfig, env_id: str, run: Run, is_main: bool, start_step: int) -> None:
+        self.cfg, self.env_id, self.run, self.is_main = cfg, env_id, run, is_main
+        self.last_step, self.seconds = start_step, 0.0
+
+    def reached_target(self, policy: nn.Module, obs_normalizer: ObservationNormalizer, global_step: int) -> bool:
+        """Evaluate if an --eval-every boundary has passed since the last call (main process only); whether the
+        mean return reached --stop-at-return."""
+        due = checkpoint_due(self.cfg.eval_every, global_step, global_step - self.last_step)
+        self.last_step = global_step
+        if not (due and self.is_main):
+            return False
+        started = time.perf_counter()
+        returns, lengths = greedy_returns(self.cfg, self.env_id, policy, obs_normalizer)
+        self.seconds += time.perf_counter() - started
+        mean, target = float(np.mean(returns)), self.cfg.stop_at_return
+        self.run.sink.log_scalars({"Eval/return_mean": mean, "Eval/return_std": float(np.std(returns)),
+                                   "Eval/length_mean": float(np.mean(lengths))}, global_step)  # fmt: skip
+        print(f"step {global_step}: greedy return {mean:.2f} ± {np.std(returns):.2f} over {len(returns)} episodes",
+              flush=True)  # fmt: skip
+        if target is None or mean < target:
+            return False
+        print(f"step {global_step}: the greedy return reached --stop-at-return {target:g}; training ends here",
+              flush=True)  # fmt: skip
+        return True

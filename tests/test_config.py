@@ -34,6 +34,9 @@ def check(cfg, world_size=1, gpu_count=0):
         ({"vf_coef": -1.0}, "--vf-coef"),
         ({"max_grad_norm": -1.0}, "--max-grad-norm"),
         ({"eval_episodes": -1}, "--eval-episodes"),
+        ({"eval_every": -1}, "--eval-every"),
+        ({"eval_every": 1000, "eval_episodes": 0}, "--eval-every"),
+        ({"stop_at_return": 100.0}, "--stop-at-return"),
         ({"gamma": 1.5}, "--gamma"),
         ({"gae_lambda": -0.5}, "--gae-lambda"),
         ({"seed": -1}, "--seed"),
@@ -190,6 +193,18 @@ def test_decoupled_topology_flags_are_refused_in_other_modes():
             with pytest.raises(UsageError, match="belongs to decoupled mode") as error:
                 check_mode_flags(parse_config(argv), mode)
             assert error.value.flag == refused
+
+
+def test_periodic_evaluation_flags_are_refused_outside_coupled_mode():
+    from rl.cli import check_mode_flags
+
+    for argv, refused in [(["--eval-every", "1000"], "--eval-every"),
+                          (["--eval-every", "1000", "--stop-at-return", "5"], "--eval-every")]:  # fmt: skip
+        for mode in ("decoupled", "hogwild"):
+            with pytest.raises(UsageError, match="belongs to coupled mode") as error:
+                check_mode_flags(parse_config(argv), mode)
+            assert error.value.flag == refused
+    check_mode_flags(parse_config(["--eval-every", "1000", "--stop-at-return", "5"]), "coupled")
 
 
 def test_a_leading_algorithm_name_picks_its_config_and_ppo_is_the_default():

@@ -111,3 +111,31 @@ def test_log_dir_moves_the_run_folder(tmp_path):
     (folder,) = (tmp_path / "elsewhere" / "fabric_logs").iterdir()
     assert folder.name.startswith("named_CartPole-v1_42_") and (folder / "agent.ckpt").exists()
     assert not (tmp_path / "logs").exists()
+
+
+def test_a_run_ends_at_the_first_periodic_evaluation_that_reaches_the_target(tmp_path):
+    """--stop-at-return: rank 0's evaluation ends every rank's loop, which then closes as at its last step."""
+    args = ["--total-timesteps", "8192", "--update-epochs", "2", "--eval-episodes", "2", "--eval-every", "1024",
+            "--stop-at-return", "-1e9"]  # fmt: skip
+    finished = run_ranks("python", SCRIPTS["fabric"], args, tmp_path)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "step 1024: the greedy return reached --stop-at-return -1e+09; training ends here" in finished.stdout
+    assert "training loop: 1024 steps" in finished.stdout and "evaluation over 2 greedy episodes" in finished.stdout
+    directory = run_dir(tmp_path, "fabric")
+    assert [step for step, _ in read_scalars(directory)["Eval/return_mean"]] == [1024]
+    assert (directory / "agent.ckpt").exists() and (directory / "checkpoints" / "step_000000001024.ckpt").exists()
+
+
+def test_periodic_evaluations_leave_the_training_unchanged(tmp_path):
+    """Evaluating every 512 steps neither consumes the training's randomness nor moves its losses."""
+    losses = []
+    for eval_every in ("0", "512"):
+        cwd = tmp_path / eval_every
+        cwd.mkdir()
+        finished = run_ranks("python", SCRIPTS["fabric"], [*SHORT_RUN, "--eval-every", eval_every], cwd)
+        assert finished.returncode == 0, finished.stderr[-3000:]
+        scalars = read_scalars(run_dir(cwd, "fabric"))
+        losses.append(scalars["Loss/policy_loss"])
+        if eval_every != "0":
+            assert [step for step, _ in scalars["Eval/return_mean"]] == [512, 1024, 1536]  # 2048: the closing one
+    assert losses[0] == losses[1]

@@ -17,6 +17,7 @@ from rl.run import (
     CheckpointClock,
     InterruptFlag,
     LoopClock,
+    PeriodicEvaluation,
     agent_state,
     agreed,
     checkpoint_due,
@@ -89,6 +90,7 @@ def _train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None) 
             prune_checkpoints(run.dir, cfg.keep_last)
 
     start_step, loop_clock, iteration = global_step, LoopClock(), first_iteration - 1
+    evaluation = PeriodicEvaluation(cfg, env_id, run, runtime.is_main, global_step)
     reported_step = global_step
     for iteration in range(first_iteration, num_iterations + 1):
         episodes = source.collect(policy, global_step)
@@ -104,17 +106,22 @@ def _train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None) 
         if not report_due(iteration, report_every, num_iterations):
             continue
 
-        steps_per_second = (global_step - start_step) / loop_clock.seconds()
+        steps_per_second = (global_step - start_step) / loop_clock.seconds(evaluation.seconds)
         scalars = metrics.compute() | {"Time/steps_per_second": steps_per_second, "Info/replay_ratio": replay_ratio}
         run.sink.log_scalars(scalars, global_step)
         progress.advance(global_step - reported_step, steps_per_second, scalars.get(EPISODE_RETURN))
-        interrupted, time_due = agreed(runtime, interrupt.requested, runtime.is_main and clock.due())  # rank 0's clock
-        if interrupted:
+        # Rank 0 evaluates (but not at the last step: the closing evaluation does) and keeps the checkpoint
+        # clock; the others learn both in the all-reduce.
+        last = iteration == num_iterations
+        target_reached = not last and evaluation.reached_target(policy, source.obs_normalizer, global_step)
+        interrupted, time_due, target_reached = agreed(runtime, interrupt.requested,
+                                                       runtime.is_main and clock.due(), target_reached)  # fmt: skip
+        if interrupted or target_reached:
             break
         if time_due or checkpoint_due(cfg.checkpoint_steps, global_step, global_step - reported_step):
             save_checkpoint(iteration)
         reported_step = global_step
-    loop_seconds = loop_clock.seconds()
+    loop_seconds = loop_clock.seconds(evaluation.seconds)
     progress.close()
     if saved_at != global_step:
         save_checkpoint(iteration)
