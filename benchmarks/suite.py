@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launch import fabric_run
-from resumable import Run, curve, row_file, run_all
+from resumable import Run, curve, row_file, run_all, segments
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -238,6 +238,15 @@ def figures(runs: list[Run], out: Path) -> None:
         plt.close(figure)
 
 
+def compute_spent(runs: list[Run], out: Path) -> str:
+    """Every launch of every run so far, finished or not: wall hours, and core hours (one thread per process)."""
+    wall = core = 0.0
+    for run in runs:
+        hours = sum(segment["wall_time_s"] for segment in segments(out, run.name)) / 3600
+        wall, core = wall + hours, core + hours * ROWS[run.keys["row"]].devices
+    return f"compute spent so far: {wall:,.1f} run-hours, {core:,.1f} core-hours"
+
+
 def report(runs: list[Run], rows: list[str], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     results = finished_rows(runs, out)
@@ -245,6 +254,8 @@ def report(runs: list[Run], rows: list[str], out: Path) -> None:
     print(markdown(results, rows))
     print()
     print(aggregate(results, rows))
+    print()
+    print(compute_spent(runs, out))
     figures(runs, out)
 
 

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import SCRIPTS, run_ranks
 
 from rl.cli import parse_config
 from rl.config import validate
@@ -15,22 +16,53 @@ import resumable
 import suite
 
 
+def row_config(row: str, tmp_path: Path):
+    """The config a row's run trains with, whether it runs as one process or under `fabric run`."""
+    command = suite.plan([row], [1], tmp_path)[0].command()
+    script = next(i for i, part in enumerate(command) if part.endswith("train_fabric.py"))
+    return parse_config(command[script + 1 :]), command[:script]
+
+
 @pytest.mark.parametrize("row", list(suite.ROWS))
 def test_each_row_runs_its_preset_on_the_published_env_for_the_published_steps(row, tmp_path):
-    (run,) = suite.plan([row], [1], tmp_path)
-    command = run.command()
-    assert command[1].endswith("train_fabric.py")
-    cfg = parse_config(command[2:])
+    cfg, launcher = row_config(row, tmp_path)
+    devices = suite.ROWS[row].devices
+    assert launcher == [sys.executable] if devices == 1 else f"--devices={devices}" in launcher
     assert (cfg.env_id, cfg.total_timesteps, cfg.seed) == (suite.ROWS[row].env_id, suite.ROWS[row].steps, 1)
     assert cfg.run_name == suite.run_name(row, 1)
-    validate(cfg, world_size=1, gpu_count=0)
+    validate(cfg, world_size=devices, gpu_count=0)
     assert cfg.checkpoint_seconds > 0  # checkpoints by time: a stopped session costs one interval at most
 
 
 def test_sac_rows_keep_the_published_replay_ratio_of_one_gradient_step_of_256_per_env_step(tmp_path):
     for row in [name for name in suite.ROWS if name.startswith("sac/")]:
-        cfg = parse_config(suite.plan([row], [1], tmp_path)[0].command()[2:])
+        cfg, _ = row_config(row, tmp_path)
         assert (cfg.num_envs, cfg.train_freq, cfg.gradient_steps, cfg.batch_size) == (1, 1, 1, 256)
+
+
+def test_pong_splits_cleanrls_rollout_over_its_ranks_and_stops_at_its_target(tmp_path):
+    cfg, _ = row_config("ppo/pong", tmp_path)
+    devices = suite.ROWS["ppo/pong"].devices
+    rollout, minibatch = devices * cfg.num_envs * cfg.num_steps, devices * cfg.per_rank_batch_size
+    assert (rollout, minibatch, cfg.update_epochs) == (1024, 256, 4)  # ppo_atari.py: 8 envs x 128, 4 minibatches
+    assert (cfg.stop_at_return, cfg.eval_every) == (18.0, 250_000)
+
+
+MUJOCO_ROWS = [name for name, row in suite.ROWS.items() if row.group.endswith("MuJoCo")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row", MUJOCO_ROWS)
+def test_each_mujoco_preset_trains_a_few_hundred_steps_of_its_env(row, tmp_path):
+    algorithm, preset = row.split("/")
+    short = (["sac", "--total-timesteps", "300", "--learning-starts", "100"] if algorithm == "sac" else
+             ["--num-steps", "256", "--total-timesteps", "256", "--update-epochs", "1"])  # fmt: skip
+    args = [*short, "--preset", preset, "--eval-episodes", "1", "--torch-threads", "1", "--no-progress-bar"]
+    finished = run_ranks("python", SCRIPTS["fabric"], args, tmp_path)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    steps = 300 if algorithm == "sac" else 256
+    assert f"training loop: {steps} steps" in finished.stdout
+    assert "evaluation over 1 greedy episodes" in finished.stdout
 
 
 def test_the_table_reports_rows_without_runs_and_judges_by_the_first_published_figure():
@@ -42,6 +74,9 @@ def test_the_table_reports_rows_without_runs_and_judges_by_the_first_published_f
     assert "not yet run" in ant and "0 of 3" in ant
     missed = [{**result, "eval_return": 2000.0} for result in results]
     assert "| no |" in suite.markdown(missed, ["ppo/hopper"])
+    pong = {"row": "ppo/pong", "seed": 1, "steps": 4_000_000, "wall_time_s": 9000.0, "env_steps_per_s": 400}
+    assert "| yes |" in suite.markdown([{**pong, "eval_return": 18.5}], ["ppo/pong"])  # its target, not 20.99 - 0.11
+    assert "| no |" in suite.markdown([{**pong, "eval_return": 17.9}], ["ppo/pong"])
 
 
 def test_scores_are_normalized_by_the_published_mean_over_the_seeds_every_row_has():
