@@ -118,12 +118,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "sb3")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    results = []
+    results_file = args.out / "results.json"
+    # Rows measured by earlier launches are kept: each row is one uninterrupted launch, often in a session of its own.
+    results = {r["row"]: r for r in json.loads(results_file.read_text())} if results_file.exists() else {}
     for row in args.rows:
-        results.append(side_by_side(row, args.steps, args.seed, args.sb3_python, args.out))
-        (args.out / "results.json").write_text(json.dumps(results, indent=2))
-        print(markdown(results[-1:]), flush=True)
-    print(markdown(results))
+        results[row] = side_by_side(row, args.steps, args.seed, args.sb3_python, args.out)
+        results_file.write_text(json.dumps(list(results.values()), indent=2))
+        print(markdown([results[row]]), flush=True)
+    print(markdown(list(results.values())))
 
 
 if __name__ == "__main__":
