@@ -35,6 +35,17 @@ def test_value_loss_unclipped_and_clipped():
     assert value_loss(new, old, returns, 0.2, clip_vloss=True).item() == pytest.approx(0.5 * 0.8**2)
 
 
+def test_mujoco_presets_weigh_the_value_loss_as_stable_baselines3_does():
+    """SB3's loss is vf_coef x MSE; with half the squared error here, the presets carry twice rl-zoo's vf_coef."""
+    from rl.algos.ppo.presets import PPO_PRESETS
+
+    new, returns = torch.tensor([0.3, -1.2, 2.0]), torch.tensor([1.0, 0.5, -0.5])
+    rl_zoo_vf_coef = {"halfcheetah": 0.58096, "hopper": 0.835671, "walker2d": 0.871923, "ant": 0.5, "swimmer": 0.5}
+    for name, coefficient in rl_zoo_vf_coef.items():
+        ours = PPO_PRESETS[name]["vf_coef"] * value_loss(new, new, returns, 0.2, clip_vloss=False)
+        assert ours.item() == pytest.approx(coefficient * torch.nn.functional.mse_loss(new, returns).item()), name
+
+
 def test_entropy_loss_and_advantage_normalization():
     assert entropy_loss(torch.tensor([1.0, 3.0])).item() == -2.0
     normalized = normalize(torch.tensor([1.0, 2.0, 3.0, 4.0]))

@@ -4,7 +4,8 @@ The classic-control presets are tuned and measured with `fabric run --devices=2`
 rl-baselines3-zoo's tuned hyperparameters for its env where rl-zoo has them, with half of rl-zoo's
 env count per rank, so that the two ranks together collect rl-zoo's rollout
 (`benchmarks/presets.py`). The MuJoCo presets are rl-zoo's values exactly, for one process: rl-zoo
-runs them on a single env, which two ranks cannot halve (`benchmarks/suite.py`). `atari-ppo` is
+runs them on a single env, which two ranks cannot halve (`benchmarks/suite.py`); their value-loss
+coefficients are doubled to give SB3's loss (`_sb3_vf_coef`). `atari-ppo` is
 CleanRL's Atari PPO per rank.
 """
 
@@ -20,6 +21,13 @@ _SB3_STYLE_PPO: dict[str, Any] = {
     "vf_coef": 0.5,
     "max_grad_norm": 0.5,
 }
+
+def _sb3_vf_coef(coefficient: float) -> float:
+    """Stable-Baselines3's value loss is the mean squared error, this project's half of it (as CleanRL's and
+    Lightning's): twice SB3's coefficient gives SB3's loss, whose weight against the policy loss sets how
+    the shared gradient-norm clip scales both."""
+    return 2 * coefficient
+
 
 # rl-zoo's tuned MuJoCo PPO: one env of 512-step rollouts, separate ReLU 256x256 actor and critic
 # without orthogonal init, an initial log-std of -2, observations and rewards normalized.
@@ -39,6 +47,7 @@ _RL_ZOO_TUNED_MUJOCO: dict[str, Any] = {
 # rl-zoo's untuned MuJoCo entries: Stable-Baselines3's PPO defaults on one env, normalized.
 _SB3_DEFAULT_MUJOCO: dict[str, Any] = {
     **_SB3_STYLE_PPO,
+    "vf_coef": _sb3_vf_coef(0.5),
     "total_timesteps": 1_000_000,
     "num_envs": 1,
     "num_steps": 2048,
@@ -158,7 +167,7 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "gae_lambda": 0.92,
         "clip_coef": 0.1,
         "ent_coef": 0.000401762,
-        "vf_coef": 0.58096,
+        "vf_coef": _sb3_vf_coef(0.58096),
         "max_grad_norm": 0.8,
     },
     "hopper": {
@@ -171,7 +180,7 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "gae_lambda": 0.99,
         "clip_coef": 0.2,
         "ent_coef": 0.00229519,
-        "vf_coef": 0.835671,
+        "vf_coef": _sb3_vf_coef(0.835671),
         "max_grad_norm": 0.7,
     },
     "walker2d": {
@@ -184,7 +193,7 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "gae_lambda": 0.95,
         "clip_coef": 0.1,
         "ent_coef": 0.000585045,
-        "vf_coef": 0.871923,
+        "vf_coef": _sb3_vf_coef(0.871923),
         "max_grad_norm": 1.0,
     },
     "ant": {**_SB3_DEFAULT_MUJOCO, "env_id": "Ant-v5"},
