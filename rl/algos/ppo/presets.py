@@ -22,6 +22,7 @@ _SB3_STYLE_PPO: dict[str, Any] = {
     "max_grad_norm": 0.5,
 }
 
+
 def _sb3_vf_coef(coefficient: float) -> float:
     """Stable-Baselines3's value loss is the mean squared error, this project's half of it (as CleanRL's and
     Lightning's): twice SB3's coefficient gives SB3's loss, whose weight against the policy loss sets how
