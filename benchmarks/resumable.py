@@ -5,6 +5,10 @@ launches the run (which resumes by itself where its folder holds a checkpoint) a
 launch's figures to OUT/segments/NAME.jsonl; when the run finishes, its row (summed over every
 launch) goes to OUT/rows/NAME.json and its checkpoints are deleted, so a finished run is never
 launched again. A session that ends mid-run loses at most one checkpoint interval.
+
+A launch stopped by Ctrl-C prints its figures and checkpoints. A launch killed outright (the
+session ended) leaves OUT/segments/NAME.open behind; the next launch of the run closes it as a
+segment that ran from its start to the newest checkpoint, the work after which is lost.
 """
 
 from __future__ import annotations
@@ -22,8 +26,11 @@ from pathlib import Path
 
 from launch import SUMMARY, run_in_folder
 
+from rl.elastic import newest_checkpoint
+
 EVALUATION = re.compile(r"evaluation over \d+ greedy episodes: return (-?[\d.]+) ± ([\d.]+)")
 COMPILE = re.compile(r"torch\.compile: ([\d.]+) s compiling")
+INTERRUPTED = re.compile(r"^interrupted at step \d+", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -39,19 +46,59 @@ def run_folder(out: Path, name: str) -> Path:
     return out / "runs" / "fabric_logs" / name
 
 
+class Interrupted(Exception):
+    """A launch stopped by Ctrl-C: its run checkpointed and resumes when the study starts again."""
+
+
+def saved_step(out: Path, name: str) -> tuple[int, float]:
+    """The step of the run's newest checkpoint and the time it was written; (0, 0.0) before the first."""
+    newest = newest_checkpoint(str(run_folder(out, name)))
+    if newest is None:
+        return 0, 0.0
+    return int(Path(newest).stem.removeprefix("step_")), Path(newest).stat().st_mtime
+
+
+def open_launch_file(out: Path, name: str) -> Path:
+    return out / "segments" / f"{name}.open"
+
+
+def append_segment(out: Path, name: str, segment: dict) -> None:
+    segments_file = out / "segments" / f"{name}.jsonl"
+    segments_file.parent.mkdir(parents=True, exist_ok=True)
+    with segments_file.open("a") as segments:
+        segments.write(json.dumps(segment) + "\n")
+
+
+def close_killed_launch(out: Path, name: str) -> None:
+    """Record a launch that was killed before it could: it counts from its start to its newest checkpoint."""
+    marker = open_launch_file(out, name)
+    if not marker.exists():
+        return
+    opened = json.loads(marker.read_text())
+    step, written = saved_step(out, name)
+    ended = max(opened["started"], written) if step > opened["from_step"] else opened["started"]
+    seconds = round(ended - opened["started"], 1)
+    append_segment(out, name, {"started": opened["started"], "ended": round(ended, 1), "wall_time_s": seconds,
+                               "exit": "killed", "steps": step - opened["from_step"], "loop_s": seconds,
+                               "compile_s": 0.0})  # fmt: skip
+    marker.unlink()
+
+
 def launch_segment(run: Run, out: Path) -> tuple[dict, str]:
-    """One launch of the run, to its end or until it fails; its figures and its stdout."""
+    """One launch of the run, to its end or until it fails or is interrupted; its figures and its stdout."""
+    close_killed_launch(out, run.name)
     started = time.time()
+    marker = open_launch_file(out, run.name)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(json.dumps({"started": round(started, 1), "from_step": saved_step(out, run.name)[0]}))
     done, wall_time = run_in_folder(run.command(), out / "launches" / run.name)
     summary, compiling = SUMMARY.search(done.stdout), COMPILE.search(done.stdout)
     segment = {"started": round(started, 1), "ended": round(time.time(), 1), "wall_time_s": round(wall_time, 1),
                "exit": done.returncode, "steps": int(summary.group(1)) if summary else 0,
                "loop_s": float(summary.group(2)) if summary else 0.0,
                "compile_s": float(compiling.group(1)) if compiling else 0.0}  # fmt: skip
-    segments_file = out / "segments" / f"{run.name}.jsonl"
-    segments_file.parent.mkdir(parents=True, exist_ok=True)
-    with segments_file.open("a") as segments:
-        segments.write(json.dumps(segment) + "\n")
+    append_segment(out, run.name, segment)
+    marker.unlink()
     return segment, done.stdout
 
 
@@ -64,6 +111,8 @@ def train(run: Run, out: Path) -> dict:
     """Launch (or resume) the run until it finishes; its row, summed over every launch it took."""
     segment, stdout = launch_segment(run, out)
     evaluation = EVALUATION.search(stdout)
+    if INTERRUPTED.search(stdout):
+        raise Interrupted(f"{run.name} was interrupted; it resumes from its checkpoint when the study starts again")
     if segment["exit"] != 0 or evaluation is None:
         sys.exit(f"{run.name} failed (exit {segment['exit']}); see {out / 'launches' / run.name}")
     launches = segments(out, run.name)
@@ -107,11 +156,14 @@ def run_all(plan: list[Run], out: Path, parallel: int = 1) -> list[dict]:
         try:
             for future in futures:
                 future.result()
-        except BaseException:  # a failed run, or Ctrl-C, stops the study; runs already going finish their launch
+        except BaseException as stop:  # a failed run, or Ctrl-C, stops the study; runs already going end their launch
             stopping.set()
             for future in futures:
                 future.cancel()
-            raise
+            if not isinstance(stop, (Interrupted, KeyboardInterrupt)):
+                raise
+            pool.shutdown(wait=True)  # Ctrl-C reached the runs too: each writes its checkpoint
+            sys.exit("interrupted: every unfinished run resumes from its newest checkpoint when the study starts again")
     return [json.loads(row_file(out, run.name).read_text()) for run in plan]
 
 

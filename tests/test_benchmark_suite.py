@@ -103,7 +103,32 @@ def test_a_stopped_run_resumes_from_its_checkpoint_and_its_row_sums_the_launches
 
     segment, _ = resumable.launch_segment(resumable.Run("run", lambda: command(256), {}), tmp_path)
     assert segment["exit"] == 0 and segment["steps"] == 256
+    assert not resumable.open_launch_file(tmp_path, "run").exists()  # a launch that ended is closed
     (row,) = resumable.run_all([resumable.Run("run", lambda: command(512), {"row": "demo"})], tmp_path)
     assert (row["row"], row["launches"], row["steps"]) == ("demo", 2, 512)
     assert not (resumable.run_folder(tmp_path, "run") / "checkpoints").exists()  # finished: never resumed again
     assert resumable.run_all([resumable.Run("run", lambda: ["false"], {})], tmp_path) == [row]  # not launched again
+
+
+def test_a_killed_launch_counts_from_its_start_to_its_newest_checkpoint(tmp_path):
+    """A session that ends kills the study outright: the next launch records what the killed one saved."""
+    checkpoints = resumable.run_folder(tmp_path, "run") / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "step_000000000128.ckpt").write_bytes(b"")
+    marker = resumable.open_launch_file(tmp_path, "run")
+    marker.parent.mkdir()
+    saved_at = resumable.saved_step(tmp_path, "run")[1]
+    marker.write_text(json.dumps({"started": saved_at - 30.0, "from_step": 64}))
+    resumable.close_killed_launch(tmp_path, "run")
+    (segment,) = resumable.segments(tmp_path, "run")
+    assert (segment["exit"], segment["steps"], segment["wall_time_s"]) == ("killed", 64, 30.0)
+    assert not marker.exists()
+    resumable.close_killed_launch(tmp_path, "run")  # closed once: nothing more to record
+    assert len(resumable.segments(tmp_path, "run")) == 1
+
+
+def test_an_interrupted_launch_stops_the_study_with_one_line_and_no_row(tmp_path):
+    interrupted = [sys.executable, "-c", "print('interrupted at step 64: checkpoint written to runs/run')"]
+    with pytest.raises(SystemExit, match="resumes from its newest checkpoint"):
+        resumable.run_all([resumable.Run("run", lambda: interrupted, {})], tmp_path)
+    assert not resumable.row_file(tmp_path, "run").exists()

@@ -184,6 +184,7 @@ def test_ctrl_c_on_the_launcher_writes_a_checkpoint_and_exits_cleanly(tmp_path):
     assert all(not Path(f"/proc/{pid}").exists() for pid in ranks)
     (saved,) = checkpoints(tmp_path)
     step = torch.load(saved, weights_only=True)["counters"]["global_step"]
+    assert f"training loop: {step} steps in" in stdout  # the launch's own figures, for a study that sums them
     resumed = run_ranks("fabric run", SCRIPTS["fabric"], [*QUICK, "--total-timesteps", str(step + 1024),
                                                        "--resume-from", str(saved)], tmp_path)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -286,6 +287,7 @@ def test_ctrl_c_on_asynchronous_decoupled_players_checkpoints_and_stops(tmp_path
     assert all(not Path(f"/proc/{pid}").exists() for pid in ranks)
     (saved,) = checkpoints(tmp_path, "decoupled")
     step = torch.load(saved, weights_only=True)["counters"]["global_step"]
+    assert f"training loop: {step} steps in" in stdout
     assert len(torch.load(saved, weights_only=True)["rank_states"]) == 2  # each player's envs and streams
     resumed = run_ranks("fabric run", SCRIPTS["decoupled"], [*QUICK, *players, "--total-timesteps", str(step + 1024),
                                                            "--resume-from", str(saved)], tmp_path, nproc=3)  # fmt: skip

@@ -182,6 +182,7 @@ def test_ctrl_c_checkpoints_every_worker_and_stops(tmp_path):
     assert job.returncode == 0, stderr[-3000:]
     match = re.search(r"interrupted at step (\d+): checkpoint written", stdout)
     assert match, stdout
+    assert f"training loop: {match.group(1)} steps in" in stdout
     folder = run_dir(tmp_path, "hogwild")
     state = torch.load(folder / "checkpoints" / f"step_{int(match.group(1)):012d}.ckpt", weights_only=True)
     assert len(state["workers"]) == 2 and sum(worker["frames"] for worker in state["workers"]) == int(match.group(1))

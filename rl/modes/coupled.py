@@ -126,6 +126,7 @@ def _train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None) 
     if saved_at != global_step:
         save_checkpoint(iteration)
     source.close()
+    report_resources(runtime, run, loop_seconds, global_step - start_step)
     if interrupt.requested:
         if runtime.is_main:
             print(f"interrupted at step {global_step}: checkpoint written to {run.dir}", flush=True)
@@ -133,7 +134,6 @@ def _train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None) 
         runtime.shutdown()
         return
 
-    report_resources(runtime, run, loop_seconds, global_step - start_step)
     if runtime.is_main:
         report_compile_time(cfg, loop_clock.compile_seconds(), "rank 0")
     assert_finite(policy)

@@ -278,13 +278,13 @@ class Player:
         global_step = iteration * self.steps_per_iteration
         if self.evaluator is not None:
             self.evaluator.finish(global_step, policy, source.obs_normalizer)
+        loop_seconds = self.loop_clock.seconds(self.trainer_compile_seconds)
+        steps = global_step - self.start_step
+        print(f"training loop: {steps} steps in {loop_seconds:.2f} s ({steps / loop_seconds:,.0f} steps/s)", flush=True)
         if self.stop.stop_at is not None:
             print(f"interrupted at step {global_step}: checkpoint written to {run.dir}", flush=True)
             run.sink.close()
             return
-        loop_seconds = self.loop_clock.seconds(self.trainer_compile_seconds)
-        steps = global_step - self.start_step
-        print(f"training loop: {steps} steps in {loop_seconds:.2f} s ({steps / loop_seconds:,.0f} steps/s)", flush=True)
         report_compile_time(self.cfg, self.loop_clock.compile_seconds(), "the lead player")
         report_compile_time(self.cfg, self.trainer_compile_seconds, "each trainer (mean)")
         assert_finite(policy)

@@ -403,6 +403,7 @@ def train_hogwild(algorithm: Algorithm, resume: dict | None = None) -> None:
     if final is None:  # every worker ended without a checkpoint: cannot happen, each ends with one
         raise RuntimeError("the workers ended without handing in their final checkpoint")
     if interrupted:
+        print(writer.loop_report, flush=True)
         print(f"interrupted at step {final['counters']['global_step']}: checkpoint written to {run.dir}", flush=True)
     else:
         finish(algorithm, writer.agent, final, writer.loop_report, run)
