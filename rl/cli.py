@@ -87,7 +87,7 @@ def prepare(argv: list[str], log_subdir: str, mode: Mode = "coupled") -> tuple[A
     decoupled = mode == "decoupled"
     if decoupled:
         validate_decoupled(cfg, world_size)
-        validate(cfg, world_size, gpu_count, env_ranks=cfg.num_players)
+        validate(cfg, world_size, gpu_count, env_ranks=cfg.num_players, decoupled=True)
     else:
         validate(cfg, world_size, gpu_count)
     check_mode_flags(cfg, mode)

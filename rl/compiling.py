@@ -33,7 +33,27 @@ def compiled(function: Function, mode: CompileMode) -> Function:
     """`function` compiled by torch.compile (lazily, at its first call for each input shape)."""
     import torch
 
-    return torch.compile(function, mode=None if mode == "default" else mode)  # type: ignore[return-value]
+    compiled_function = torch.compile(function, mode=None if mode == "default" else mode)
+    if mode != "reduce-overhead":
+        return compiled_function  # type: ignore[return-value]
+
+    def replayed(*args, **kwargs):
+        # A CUDA graph writes each call's outputs into the same memory: what a caller keeps past the
+        # next call (an update's per-minibatch losses) must be a copy.
+        torch.compiler.cudagraph_mark_step_begin()
+        return _copies(compiled_function(*args, **kwargs))
+
+    return replayed  # type: ignore[return-value]
+
+
+def _copies(outputs):
+    import torch
+
+    if isinstance(outputs, torch.Tensor):
+        return outputs.clone()
+    if isinstance(outputs, tuple | list):
+        return type(outputs)(_copies(output) for output in outputs)
+    return outputs
 
 
 def compile_seconds() -> float:

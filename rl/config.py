@@ -245,13 +245,16 @@ def check_signs(cfg: RunConfig, positive: tuple[str, ...], non_negative: tuple[s
             raise UsageError(flag(name), f"must not be negative, got {getattr(cfg, name)}")
 
 
-def validate(cfg: RunConfig, world_size: int, gpu_count: int, env_ranks: int | None = None) -> None:
+def validate(
+    cfg: RunConfig, world_size: int, gpu_count: int, env_ranks: int | None = None, decoupled: bool = False
+) -> None:
     """Check everything that does not need an environment; raise `UsageError` naming the flag.
 
     `env_ranks` is how many processes run environments: all of them unless given (decoupled
     mode runs them on the player alone).
     """
     env_ranks = world_size if env_ranks is None else env_ranks
+    gpu_ranks_here = [rank for rank in ranks_on_this_node() if uses_gpu(cfg, rank, world_size, decoupled)]
     if cfg.seed < 0:
         raise UsageError("--seed", f"must not be negative, got {cfg.seed}")
     check_signs(cfg, cfg.POSITIVE, cfg.NON_NEGATIVE)
@@ -272,8 +275,11 @@ def validate(cfg: RunConfig, world_size: int, gpu_count: int, env_ranks: int | N
         )
     if cfg.cuda and gpu_count == 0:
         raise UsageError("--cuda", "no CUDA GPU is available on this machine")
-    if cfg.cuda and gpu_count < local_world_size_from_env():
-        raise UsageError("--cuda", f"needs a GPU per local process ({local_world_size_from_env()}), found {gpu_count}")
+    if cfg.cuda and gpu_count < len(gpu_ranks_here):
+        raise UsageError(
+            "--cuda",
+            f"needs a GPU for each of the {len(gpu_ranks_here)} processes here that compute on one, found {gpu_count}",
+        )
     if cfg.player_on_gpu and not cfg.cuda:
         raise UsageError("--player-on-gpu", "needs --cuda as well")
     check_precision(cfg.precision, cfg.cuda)
@@ -407,3 +413,27 @@ def world_size_from_env() -> int:
 
 def local_world_size_from_env() -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+def ranks_on_this_node() -> range:
+    """The global ranks the launcher started on this machine (it numbers a node's ranks consecutively)."""
+    rank = int(os.environ.get("RANK", "0"))
+    first = rank - int(os.environ.get("LOCAL_RANK", "0"))
+    return range(first, first + local_world_size_from_env())
+
+
+def uses_gpu(cfg: RunConfig, rank: int, world_size: int, decoupled: bool) -> bool:
+    """Whether `rank` computes on a GPU: with --cuda every coupled rank does; in decoupled mode the
+    trainers do, the players only with --player-on-gpu, and the evaluator never."""
+    if not cfg.cuda:
+        return False
+    if not decoupled:
+        return True
+    is_evaluator = cfg.evaluator and rank == world_size - 1
+    return not is_evaluator and (rank >= cfg.num_players or cfg.player_on_gpu)
+
+
+def local_gpu_index(cfg: RunConfig, rank: int, world_size: int, decoupled: bool) -> int:
+    """This rank's GPU on its machine: how many GPU ranks come before it there, so that CPU players
+    beside a trainer leave the GPUs to the trainers."""
+    return sum(uses_gpu(cfg, other, world_size, decoupled) for other in ranks_on_this_node() if other < rank)

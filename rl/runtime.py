@@ -171,7 +171,7 @@ def _device(cfg: RunConfig, local_rank: int) -> torch.device:
     return torch.device(f"cuda:{local_rank}") if cfg.cuda else torch.device("cpu")
 
 
-def _fabric_ddp_strategy(cfg: RunConfig, process_group: dist.ProcessGroup | None) -> Any:
+def _fabric_ddp_strategy(cfg: RunConfig, process_group: dist.ProcessGroup | None, device: torch.device | None) -> Any:
     """Fabric's DDP strategy, for its process group and collectives; no module is wrapped in DDP,
     since the learners average their flat gradient buffers through `Runtime.start_mean`."""
     from lightning.fabric.strategies import DDPStrategy
@@ -180,7 +180,9 @@ def _fabric_ddp_strategy(cfg: RunConfig, process_group: dist.ProcessGroup | None
     # a strategy object that differs from the launcher's string.
     if os.environ.get("LT_STRATEGY") == "ddp":
         del os.environ["LT_STRATEGY"]
-    ddp_kwargs = {"process_group": process_group} if process_group is not None else {}
+    ddp_kwargs: dict[str, Any] = {"process_group": process_group} if process_group is not None else {}
+    if device is not None:  # Fabric picks entry LOCAL_RANK of this list, which CPU players beside us would skew
+        ddp_kwargs["parallel_devices"] = [device] * local_world_size_from_env()
     return DDPStrategy(timeout=collective_timeout(cfg), **ddp_kwargs)
 
 
@@ -193,7 +195,14 @@ class FabricRuntime(Runtime):
 
     log_subdir = "fabric_logs"
 
-    def __init__(self, cfg: RunConfig, world_size: int, process_group: dist.ProcessGroup | None = None) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        world_size: int,
+        process_group: dist.ProcessGroup | None = None,
+        device: torch.device | None = None,
+    ) -> None:
+        """`device`: this process's device where the mode chose it (a decoupled trainer); else Fabric's."""
         from lightning.fabric.connector import _is_using_cli
 
         if under_torchelastic() and process_group is None and world_size > 1:
@@ -201,7 +210,7 @@ class FabricRuntime(Runtime):
                 init_default_process_group("nccl" if cfg.cuda else "gloo", collective_timeout(cfg))
         self.scaler = grad_scaler(cfg.precision, _device(cfg, 0))
         with naming_a_taken_port():
-            self.fabric = self._make_fabric(cfg, world_size, process_group, self.scaler)
+            self.fabric = self._make_fabric(cfg, world_size, process_group, self.scaler, device)
         if not _is_using_cli():  # `fabric run` has already created the processes
             with naming_a_taken_port():
                 self.fabric.launch()
@@ -212,13 +221,20 @@ class FabricRuntime(Runtime):
 
     @staticmethod
     def _make_fabric(
-        cfg: RunConfig, world_size: int, process_group: dist.ProcessGroup | None, scaler: torch.amp.GradScaler | None
+        cfg: RunConfig,
+        world_size: int,
+        process_group: dist.ProcessGroup | None,
+        scaler: torch.amp.GradScaler | None,
+        device: torch.device | None,
     ) -> Any:
         from lightning.fabric import Fabric
         from lightning.fabric.plugins import MixedPrecision
 
         accelerator = "cuda" if cfg.cuda else "cpu"
         os.environ.pop("LT_PRECISION", None)  # `fabric run --precision`: already the config's (parse_config_flags)
+        if device is not None:  # the mode chose this role's device; the launcher's flags speak for the CPU roles too
+            os.environ.pop("LT_ACCELERATOR", None)
+            os.environ.pop("LT_DEVICES", None)
         # fp16's plugin gets our scaler, which the learners' optimizer steps share; the other precisions by name.
         precision: dict[str, Any] = {"plugins": MixedPrecision("16-mixed", accelerator, scaler)} if scaler else {
             "precision": cfg.precision}  # fmt: skip
@@ -226,12 +242,13 @@ class FabricRuntime(Runtime):
             # A lone trainer has no one to average with: no process group of its own, as in a one-process run.
             from lightning.fabric.strategies import SingleDeviceStrategy
 
-            device = _device(cfg, int(os.environ.get("LOCAL_RANK", "0")))
+            device = device or _device(cfg, int(os.environ.get("LOCAL_RANK", "0")))
             return Fabric(accelerator=accelerator, strategy=SingleDeviceStrategy(device=device), **precision)
         return Fabric(
             accelerator=accelerator,
-            strategy=_fabric_ddp_strategy(cfg, process_group) if world_size > 1 else "auto",
-            devices=local_world_size_from_env(),
+            strategy=_fabric_ddp_strategy(cfg, process_group, device) if world_size > 1 else "auto",
+            # a GPU the mode chose passes Fabric's check of the GPUs asked for; the strategy places us on it
+            devices=[device.index] if device is not None and device.type == "cuda" else local_world_size_from_env(),
             num_nodes=max(1, world_size // local_world_size_from_env()),
             **precision,
         )

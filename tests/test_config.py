@@ -10,7 +10,7 @@ import pytest
 
 from rl.algos.ppo.config import PPOConfig
 from rl.cli import parse_config
-from rl.config import flag, validate, validate_decoupled
+from rl.config import flag, local_gpu_index, uses_gpu, validate, validate_decoupled
 from rl.envs import inspect_env
 from rl.errors import UsageError
 from rl.seeds import derive_seed
@@ -360,3 +360,28 @@ def test_no_hint_where_a_preset_is_given_or_the_env_is_not_of_a_tuned_family(arg
 
     cfg = parse_config(argv)
     assert preset_hint(cfg, inspect_env(cfg.env_id, cfg.preprocessing())) is None
+
+
+@pytest.mark.parametrize(
+    ("players", "evaluator", "player_on_gpu", "gpus_needed", "trainer_gpus"),
+    [
+        (1, False, False, 2, [0, 1]),  # a CPU player before the trainers leaves them GPUs 0 and 1
+        (1, True, False, 2, [0, 1]),  # and the evaluator, last, takes none
+        (2, True, False, 2, [0, 1]),
+        (1, False, True, 3, [1, 2]),  # players on GPUs take the first ones
+    ],
+)
+def test_decoupled_roles_on_the_cpu_take_no_gpu(monkeypatch, players, evaluator, player_on_gpu, gpus_needed,
+                                                trainer_gpus):  # fmt: skip
+    world_size = players + 2 + int(evaluator)  # two trainers
+    cfg = PPOConfig(cuda=True, num_players=players, evaluator=evaluator, player_on_gpu=player_on_gpu,
+                    total_timesteps=4096)  # fmt: skip
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(world_size))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    trainers = range(players, players + 2)
+    assert [local_gpu_index(cfg, rank, world_size, True) for rank in trainers] == trainer_gpus
+    assert uses_gpu(cfg, world_size - 1, world_size, True) is not evaluator  # the last rank: trainer or evaluator
+    validate(cfg, world_size, gpus_needed, env_ranks=players, decoupled=True)
+    with pytest.raises(UsageError, match=f"each of the {gpus_needed} processes here that compute on one"):
+        validate(cfg, world_size, gpus_needed - 1, env_ranks=players, decoupled=True)

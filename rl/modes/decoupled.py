@@ -26,7 +26,7 @@ from rl.checkpoint import (
     prune_checkpoints,
     save_file_atomically,
 )
-from rl.config import RunConfig
+from rl.config import RunConfig, local_gpu_index, uses_gpu
 from rl.elastic import init_default_process_group, reached
 from rl.envs import video_folder
 from rl.errors import progress_line
@@ -298,7 +298,7 @@ def run_trainer(
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the players' to handle: they checkpoint and stop us
     cfg = algorithm.cfg
-    runtime = FabricRuntime(cfg, topology.world_size, process_group=trainer_group)
+    runtime = FabricRuntime(cfg, topology.world_size, process_group=trainer_group, device=topology.device)
     policy = algorithm.build_policy(runtime.device)
     codec = algorithm.batch_codec()
     from_players = rows_per_player(algorithm, topology)
@@ -334,14 +334,13 @@ def run_trainer(
     outbox.drain()
 
 
-def role_devices(cfg: RunConfig, rank: int) -> tuple[torch.device, torch.device, str, str]:
+def role_devices(cfg: RunConfig, rank: int, world_size: int) -> tuple[torch.device, torch.device, str, str]:
     """(this role's device, message-buffer device, world backend, trainer-group backend).
 
     NCCL only where every rank of a group is on a GPU; gloo wherever a CPU rank takes part.
     """
-    local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    on_gpu = cfg.cuda and (rank >= cfg.num_players or cfg.player_on_gpu)
-    device = torch.device(f"cuda:{local_rank}") if on_gpu else torch.device("cpu")
+    on_gpu = uses_gpu(cfg, rank, world_size, decoupled=True)
+    device = torch.device(f"cuda:{local_gpu_index(cfg, rank, world_size, True)}") if on_gpu else torch.device("cpu")
     world_backend = "nccl" if cfg.cuda and cfg.player_on_gpu and not cfg.evaluator else "gloo"  # the evaluator: CPU
     comm_device = device if world_backend == "nccl" else torch.device("cpu")
     return device, comm_device, world_backend, "nccl" if cfg.cuda else "gloo"
@@ -365,7 +364,7 @@ def train_decoupled(algorithm: Algorithm, world_size: int, resume: dict | None =
 
     cfg = algorithm.cfg
     rank = int(os.environ.get("RANK", "0"))
-    device, comm_device, world_backend, trainer_backend = role_devices(cfg, rank)
+    device, comm_device, world_backend, trainer_backend = role_devices(cfg, rank, world_size)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     timeout = collective_timeout(cfg)

@@ -1,0 +1,101 @@
+"""Env steps/s on one CUDA GPU at each precision, eager and compiled, beside LeanRL's H100 figures.
+
+    python benchmarks/gpu.py [--configs atari sac] [--variants 32-true bf16-mixed+compile ...] [--rounds 1]
+
+Each config runs as one process (`fabric run --devices=1 ... --cuda`) at every variant, the variants
+alternating round by round; a row gives the loop's env steps/s as the run prints it (compile time
+left out, as the run reports it), the compile seconds, and the ratio to the float32 eager row.
+The configs are LeanRL's: PPO on ALE/Breakout-v5 with CleanRL's Atari settings (8 envs x 128
+steps, 4 epochs of 4 minibatches; here ale-py's threaded vector env, LeanRL's runs use envpool),
+and SAC on HalfCheetah (1 env, a batch of 256, one gradient step per env step; -v5 here, -v4 in
+LeanRL). LeanRL's published H100 figures, with torch.compile and CUDA graphs: SAC 725 and Atari
+PPO 6,809 env steps/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from launch import SUMMARY, free_port
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+COMPILE = re.compile(r"torch\.compile: ([\d.]+) s")
+
+CONFIGS: dict[str, list[str]] = {
+    "atari": ["--preset", "atari-ppo", "--env-id", "ALE/Breakout-v5", "--total-timesteps", "61440"],
+    "sac": ["sac", "--preset", "halfcheetah", "--learning-starts", "1000", "--total-timesteps", "8000"],
+}
+LEANRL_H100 = {"atari": 6809, "sac": 725}
+VARIANTS = ["32-true", "bf16-mixed", "16-mixed", "32-true+compile", "bf16-mixed+compile",
+            "bf16-mixed+reduce-overhead"]  # fmt: skip
+
+
+def variant_flags(variant: str) -> list[str]:
+    """`bf16-mixed+reduce-overhead` as flags: the precision, then --compile and its mode if any."""
+    precision, _, compiling = variant.partition("+")
+    flags = ["--precision", precision]
+    if compiling:
+        flags += ["--compile", *(["--compile-mode", compiling] if compiling != "compile" else [])]
+    return flags
+
+
+def run(config: str, variant: str) -> tuple[float | None, float, str]:
+    """(loop env steps/s, compile seconds, the last line of stderr if it failed) of one run."""
+    command = [str(BIN / "fabric"), "run", "--devices=1", f"--main-port={free_port()}", str(REPO / "train_fabric.py"),
+               *CONFIGS[config], *variant_flags(variant), "--cuda", "--eval-episodes", "0",
+               "--no-progress-bar"]  # fmt: skip
+    with tempfile.TemporaryDirectory() as cwd:
+        done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
+    loop, compiled = SUMMARY.search(done.stdout), COMPILE.search(done.stdout)
+    if done.returncode != 0 or loop is None:
+        return None, 0.0, (done.stderr.strip().splitlines() or ["no output"])[-1]
+    return int(loop.group(1)) / float(loop.group(2)), float(compiled.group(1)) if compiled else 0.0, ""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--variants", nargs="+", default=VARIANTS)
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+    import torch
+
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    speeds: dict[tuple[str, str], list[float]] = {}
+    compile_s: dict[tuple[str, str], list[float]] = {}
+    for round_ in range(1, args.rounds + 1):
+        for config in args.configs:
+            for variant in args.variants:
+                started = time.perf_counter()
+                steps, seconds, failure = run(config, variant)
+                wall = time.perf_counter() - started
+                print(f"round {round_}: {config} {variant}: "
+                      f"{f'{steps:,.0f} env steps/s' if steps else f'failed: {failure}'}, "
+                      f"compile {seconds:.0f} s, wall {wall:.0f} s", flush=True)  # fmt: skip
+                if steps:
+                    speeds.setdefault((config, variant), []).append(steps)
+                    compile_s.setdefault((config, variant), []).append(seconds)
+    print("\n| config | variant | env steps/s (median) | x float32 eager | x LeanRL H100 | compile s |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for config in args.configs:
+        base = statistics.median(speeds.get((config, args.variants[0]), [0])) or None
+        for variant in args.variants:
+            if (config, variant) not in speeds:
+                print(f"| {config} | {variant} | failed | | | |")
+                continue
+            median = statistics.median(speeds[(config, variant)])
+            ratio = f"{median / base:.2f}" if base else ""
+            print(f"| {config} | {variant} | {median:,.0f} | {ratio} | {median / LEANRL_H100[config]:.2f} | "
+                  f"{statistics.median(compile_s[(config, variant)]):.0f} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""The GPU paths, on a CUDA GPU: each precision, --compile, the torchrun baseline and decoupled roles.
+
+Skipped where torch sees no CUDA GPU (CI's machines); run them on one with `pytest tests/test_gpu.py`.
+"""
+
+import glob
+import subprocess
+import time
+
+import pytest
+import torch
+from conftest import BIN, SCRIPTS, Finished, child_env, free_port, load_agent, read_scalars, run_dir
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+SHORT_PPO = ["--env-id", "Pendulum-v1", "--total-timesteps", "2048", "--update-epochs", "2", "--eval-episodes", "2",
+             "--no-progress-bar", "--cuda"]  # fmt: skip
+SHORT_SAC = ["sac", "--env-id", "Pendulum-v1", "--total-timesteps", "600", "--learning-starts", "200",
+             "--batch-size", "64", "--log-every", "200", "--eval-episodes", "2", "--no-progress-bar",
+             "--cuda"]  # fmt: skip
+PRECISIONS = ["32-true", "bf16-mixed", "16-mixed", "bf16-true"]
+
+
+def launch_on_gpu(launcher: str, script: str, args: list[str], cwd, nproc: int = 1, timeout: float = 600) -> Finished:
+    """`fabric run` or `torchrun`, as a user would. More processes than GPUs (decoupled roles on the CPU)
+    need `fabric run --accelerator=cpu`, which only starts the processes: each role picks its device."""
+    if launcher == "fabric run":
+        accelerator = "cpu" if nproc > torch.cuda.device_count() else "cuda"
+        command = [str(BIN / "fabric"), "run", f"--accelerator={accelerator}", f"--devices={nproc}",
+                   f"--main-port={free_port()}"]  # fmt: skip
+    else:
+        command = [str(BIN / "torchrun"), f"--nproc_per_node={nproc}", "--standalone"]
+    started = time.monotonic()
+    done = subprocess.run([*command, str(SCRIPTS[script]), *args], cwd=cwd, env=child_env(), capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+    return Finished(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "16-mixed"])
+def test_fabric_and_torchrun_agree_on_a_gpu(tmp_path, precision):
+    args = [*SHORT_PPO, "--precision", precision]
+    runs = {}
+    for launcher, mode in (("fabric run", "fabric"), ("torchrun", "torch")):
+        (tmp_path / mode).mkdir()
+        finished = launch_on_gpu(launcher, mode, args, tmp_path / mode)
+        assert finished.returncode == 0, finished.stderr[-3000:]
+        runs[mode] = load_agent(run_dir(tmp_path / mode, mode))
+    for name, tensor in runs["fabric"]["agent"].items():
+        torch.testing.assert_close(tensor, runs["torch"]["agent"][name], rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "sac"])
+@pytest.mark.parametrize("precision", PRECISIONS[1:])
+def test_each_precision_trains_checkpoints_in_float32_and_resumes_at_another(tmp_path, algorithm, precision):
+    args = [*(SHORT_PPO if algorithm == "ppo" else SHORT_SAC), "--precision", precision, "--checkpoint-every",
+            "1024" if algorithm == "ppo" else "400", "--eval-episodes", "0"]  # fmt: skip
+    first = launch_on_gpu("fabric run", "fabric", args, tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    folder = run_dir(tmp_path, "fabric")
+    checkpoint = sorted(glob.glob(str(folder / "checkpoints" / "step_*.ckpt")))[0]
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    assert saved["config"]["precision"] == precision
+    assert all(tensor.dtype == torch.float32 for tensor in saved["agent"].values())
+    resumed = launch_on_gpu("fabric run", "fabric", [*args, "--precision", "32-true", "--resume-from", checkpoint],
+                            tmp_path)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resuming a {precision} checkpoint at --precision 32-true" in resumed.stdout
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "sac"])
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_a_compiled_run_on_a_gpu_starts_as_the_eager_run_does(tmp_path, algorithm, mode):
+    args = [*(SHORT_PPO if algorithm == "ppo" else SHORT_SAC), "--eval-episodes", "0"]
+    (tmp_path / "eager").mkdir(), (tmp_path / "compiled").mkdir()
+    eager = launch_on_gpu("fabric run", "fabric", args, tmp_path / "eager")
+    compiled = launch_on_gpu("fabric run", "fabric", [*args, "--compile", "--compile-mode", mode],
+                             tmp_path / "compiled")  # fmt: skip
+    assert eager.returncode == 0 and compiled.returncode == 0, compiled.stderr[-8000:]
+    assert "torch.compile: " in compiled.stdout
+    tags = ("Loss/policy_loss", "Loss/value_loss") if algorithm == "ppo" else ("Loss/critic_loss", "Loss/actor_loss")
+    eager_scalars = read_scalars(run_dir(tmp_path / "eager", "fabric"))
+    compiled_scalars = read_scalars(run_dir(tmp_path / "compiled", "fabric"))
+    for tag in tags:
+        assert compiled_scalars[tag][0][1] == pytest.approx(eager_scalars[tag][0][1], rel=1e-3, abs=1e-5), tag
+
+
+@pytest.mark.parametrize("launcher", ["fabric run", "torchrun"])
+@pytest.mark.parametrize("evaluator", [False, True])
+def test_decoupled_players_on_the_cpu_leave_the_one_gpu_to_the_trainer(tmp_path, launcher, evaluator):
+    args = [*SHORT_PPO, "--precision", "bf16-mixed", *(["--evaluator"] if evaluator else [])]
+    finished = launch_on_gpu(launcher, "decoupled", args, tmp_path, nproc=3 if evaluator else 2)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert load_agent(run_dir(tmp_path, "decoupled"))["config"]["cuda"] is True
