@@ -14,6 +14,7 @@ segment that ran from its start to the newest checkpoint, the work after which i
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import sys
@@ -177,6 +178,9 @@ def curve(out: Path, name: str) -> tuple[list[float], list[float], list[float]]:
     """The run's logged training return: env steps, training seconds and return at each point."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+    # A resumed launch logs again from its checkpoint's step; TensorBoard then warns that it drops the
+    # points the earlier launch logged past that step ("out of order event.step"), which is what we want.
+    logging.getLogger("tensorboard").setLevel(logging.ERROR)
     folder = run_folder(out, name)
     if not folder.exists():
         return [], [], []

@@ -280,6 +280,10 @@ def validate(
             "--cuda",
             f"needs a GPU for each of the {len(gpu_ranks_here)} processes here that compute on one, found {gpu_count}",
         )
+    launcher_accelerator = os.environ.get("LT_ACCELERATOR")
+    if launcher_accelerator in ("cuda", "gpu") and not cfg.cuda:
+        raise UsageError("--cuda", f"fabric run --accelerator={launcher_accelerator} was given, but without --cuda "
+                         "every process trains on the CPU: add --cuda")  # fmt: skip
     if cfg.player_on_gpu and not cfg.cuda:
         raise UsageError("--player-on-gpu", "needs --cuda as well")
     check_precision(cfg.precision, cfg.cuda)

@@ -232,8 +232,11 @@ class FabricRuntime(Runtime):
 
         accelerator = "cuda" if cfg.cuda else "cpu"
         os.environ.pop("LT_PRECISION", None)  # `fabric run --precision`: already the config's (parse_config_flags)
-        if device is not None:  # the mode chose this role's device; the launcher's flags speak for the CPU roles too
-            os.environ.pop("LT_ACCELERATOR", None)
+        # --cuda chooses the device (the config refused `fabric run --accelerator=cuda` without it): the
+        # launcher's --accelerator only started the processes, and would conflict with a decoupled
+        # trainer's GPU beside CPU players.
+        os.environ.pop("LT_ACCELERATOR", None)
+        if device is not None:  # the mode chose this role's device; the launcher's --devices counts the CPU roles too
             os.environ.pop("LT_DEVICES", None)
         # fp16's plugin gets our scaler, which the learners' optimizer steps share; the other precisions by name.
         precision: dict[str, Any] = {"plugins": MixedPrecision("16-mixed", accelerator, scaler)} if scaler else {

@@ -385,3 +385,13 @@ def test_decoupled_roles_on_the_cpu_take_no_gpu(monkeypatch, players, evaluator,
     validate(cfg, world_size, gpus_needed, env_ranks=players, decoupled=True)
     with pytest.raises(UsageError, match=f"each of the {gpus_needed} processes here that compute on one"):
         validate(cfg, world_size, gpus_needed - 1, env_ranks=players, decoupled=True)
+
+
+def test_fabric_run_on_gpus_without_cuda_is_refused_and_the_script_flag_chooses_the_device(monkeypatch):
+    monkeypatch.setenv("LT_ACCELERATOR", "cuda")
+    with pytest.raises(UsageError, match="fabric run --accelerator=cuda was given, but without --cuda") as error:
+        check(PPOConfig())
+    assert error.value.flag == "--cuda"
+    check(PPOConfig(cuda=True), gpu_count=1)
+    monkeypatch.setenv("LT_ACCELERATOR", "cpu")  # the launcher only starts the processes; --cuda places them
+    check(PPOConfig(cuda=True), gpu_count=1)
