@@ -18,15 +18,11 @@ import argparse
 import re
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-from launch import SUMMARY, free_port
+from launch import SUMMARY, fabric_run
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 COMPILE = re.compile(r"torch\.compile: ([\d.]+) s")
 
 CONFIGS: dict[str, list[str]] = {
@@ -49,9 +45,8 @@ def variant_flags(variant: str) -> list[str]:
 
 def run(config: str, variant: str) -> tuple[float | None, float, str]:
     """(loop env steps/s, compile seconds, the last line of stderr if it failed) of one run."""
-    command = [str(BIN / "fabric"), "run", "--devices=1", f"--main-port={free_port()}", str(REPO / "train_fabric.py"),
-               *CONFIGS[config], *variant_flags(variant), "--cuda", "--eval-episodes", "0",
-               "--no-progress-bar"]  # fmt: skip
+    flags = [*CONFIGS[config], *variant_flags(variant), "--cuda", "--eval-episodes", "0", "--no-progress-bar"]
+    command = fabric_run(flags, devices=1, accelerator="cuda")
     with tempfile.TemporaryDirectory() as cwd:
         done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
     loop, compiled = SUMMARY.search(done.stdout), COMPILE.search(done.stdout)

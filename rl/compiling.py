@@ -7,7 +7,7 @@ import os
 import shutil
 import sys
 from collections.abc import Callable
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from rl.errors import UsageError
 
@@ -46,7 +46,7 @@ def compiled(function: Function, mode: CompileMode) -> Function:
     return replayed  # type: ignore[return-value]
 
 
-def _copies(outputs):
+def _copies(outputs: Any) -> Any:
     import torch
 
     if isinstance(outputs, torch.Tensor):

@@ -254,7 +254,6 @@ def validate(
     mode runs them on the player alone).
     """
     env_ranks = world_size if env_ranks is None else env_ranks
-    gpu_ranks_here = [rank for rank in ranks_on_this_node() if uses_gpu(cfg, rank, world_size, decoupled)]
     if cfg.seed < 0:
         raise UsageError("--seed", f"must not be negative, got {cfg.seed}")
     check_signs(cfg, cfg.POSITIVE, cfg.NON_NEGATIVE)
@@ -275,10 +274,11 @@ def validate(
         )
     if cfg.cuda and gpu_count == 0:
         raise UsageError("--cuda", "no CUDA GPU is available on this machine")
-    if cfg.cuda and gpu_count < len(gpu_ranks_here):
+    gpu_ranks_here = sum(uses_gpu(cfg, rank, world_size, decoupled) for rank in ranks_on_this_node())
+    if gpu_count < gpu_ranks_here:
         raise UsageError(
             "--cuda",
-            f"needs a GPU for each of the {len(gpu_ranks_here)} processes here that compute on one, found {gpu_count}",
+            f"needs a GPU for each of the {gpu_ranks_here} processes here that compute on one, found {gpu_count}",
         )
     launcher_accelerator = os.environ.get("LT_ACCELERATOR")
     if launcher_accelerator in ("cuda", "gpu") and not cfg.cuda:

@@ -45,9 +45,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch_command(launcher: str, script: Path, args: list[str], nproc: int) -> list[str]:
+def launch_command(launcher: str, script: Path, args: list[str], nproc: int, accelerator: str = "cpu") -> list[str]:
     if launcher == "fabric run":
-        return [str(BIN / "fabric"), "run", "--accelerator=cpu", f"--devices={nproc}",
+        return [str(BIN / "fabric"), "run", f"--accelerator={accelerator}", f"--devices={nproc}",
                 f"--main-port={free_port()}", str(script), *args]  # fmt: skip
     if launcher == "torchrun":
         return [str(BIN / "torchrun"), f"--nproc_per_node={nproc}", "--standalone", str(script), *args]
@@ -64,11 +64,19 @@ class Finished:
     seconds: float
 
 
-def launch(launcher: str, script: Path, args: list[str], cwd: Path, nproc: int = 2, timeout: float = 240) -> Finished:
+def launch(
+    launcher: str,
+    script: Path,
+    args: list[str],
+    cwd: Path,
+    nproc: int = 2,
+    timeout: float = 240,
+    accelerator: str = "cpu",
+) -> Finished:
     start_time = time.monotonic()
     done = subprocess.run(
-        launch_command(launcher, script, args, nproc), cwd=cwd, env=child_env(), capture_output=True, text=True,
-        timeout=timeout,
+        launch_command(launcher, script, args, nproc, accelerator), cwd=cwd, env=child_env(), capture_output=True,
+        text=True, timeout=timeout,
     )  # fmt: skip
     return Finished(done.returncode, done.stdout, done.stderr, time.monotonic() - start_time)
 

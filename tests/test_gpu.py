@@ -4,12 +4,10 @@ Skipped where torch sees no CUDA GPU (CI's machines); run them on one with `pyte
 """
 
 import glob
-import subprocess
-import time
 
 import pytest
 import torch
-from conftest import BIN, SCRIPTS, Finished, child_env, free_port, load_agent, read_scalars, run_dir
+from conftest import SCRIPTS, Finished, launch, load_agent, read_scalars, run_dir
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -24,16 +22,8 @@ PRECISIONS = ["32-true", "bf16-mixed", "16-mixed", "bf16-true"]
 def launch_on_gpu(launcher: str, script: str, args: list[str], cwd, nproc: int = 1, timeout: float = 600) -> Finished:
     """`fabric run` or `torchrun`, as a user would. More processes than GPUs (decoupled roles on the CPU)
     need `fabric run --accelerator=cpu`, which only starts the processes: each role picks its device."""
-    if launcher == "fabric run":
-        accelerator = "cpu" if nproc > torch.cuda.device_count() else "cuda"
-        command = [str(BIN / "fabric"), "run", f"--accelerator={accelerator}", f"--devices={nproc}",
-                   f"--main-port={free_port()}"]  # fmt: skip
-    else:
-        command = [str(BIN / "torchrun"), f"--nproc_per_node={nproc}", "--standalone"]
-    started = time.monotonic()
-    done = subprocess.run([*command, str(SCRIPTS[script]), *args], cwd=cwd, env=child_env(), capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
-    return Finished(done.returncode, done.stdout, done.stderr, time.monotonic() - started)
+    accelerator = "cpu" if nproc > torch.cuda.device_count() else "cuda"
+    return launch(launcher, SCRIPTS[script], args, cwd, nproc, timeout, accelerator)
 
 
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "16-mixed"])
