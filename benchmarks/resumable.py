@@ -85,9 +85,22 @@ def close_killed_launch(out: Path, name: str) -> None:
     marker.unlink()
 
 
+def forget_launches_without_a_checkpoint(out: Path, name: str) -> None:
+    """A run whose earlier launches left no checkpoint here (killed before its first, or a fresh clone: large
+    checkpoints are not committed) starts again from step 0, in a clean folder, and those launches no longer count."""
+    earlier = [out / "segments" / f"{name}.jsonl", open_launch_file(out, name)]
+    if saved_step(out, name)[0] > 0 or not any(path.exists() for path in earlier):
+        return
+    print(f"{name}: no checkpoint of its earlier launches is left; it starts again from step 0", flush=True)
+    for path in earlier:
+        path.unlink(missing_ok=True)
+    shutil.rmtree(run_folder(out, name), ignore_errors=True)
+
+
 def launch_segment(run: Run, out: Path) -> tuple[dict, str]:
     """One launch of the run, to its end or until it fails or is interrupted; its figures and its stdout."""
     close_killed_launch(out, run.name)
+    forget_launches_without_a_checkpoint(out, run.name)
     started = time.time()
     marker = open_launch_file(out, run.name)
     marker.parent.mkdir(parents=True, exist_ok=True)

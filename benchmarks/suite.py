@@ -84,18 +84,22 @@ def _rl_zoo(mean: float, std: float) -> Published:
     return Published("rl-zoo v3", mean, std)
 
 
+SAVE_BUFFER = ("--save-buffer",)
 ROWS: dict[str, Row] = {
     "ppo/halfcheetah": Row("ppo", "halfcheetah", "HalfCheetah-v5", 1_000_000, (_rl_zoo(5819, 664),), "PPO MuJoCo"),
     "ppo/hopper": Row("ppo", "hopper", "Hopper-v5", 1_000_000, (_rl_zoo(2410, 10),), "PPO MuJoCo"),
     "ppo/walker2d": Row("ppo", "walker2d", "Walker2d-v5", 1_000_000, (_rl_zoo(3479, 822),), "PPO MuJoCo"),
     "ppo/ant": Row("ppo", "ant", "Ant-v5", 1_000_000, (_rl_zoo(1327, 452),), "PPO MuJoCo"),
     "ppo/swimmer": Row("ppo", "swimmer", "Swimmer-v5", 1_000_000, (_rl_zoo(282, 10),), "PPO MuJoCo"),
+    # SAC checkpoints its replay buffer: a run resumed without it would refill --learning-starts transitions
+    # before training again, off the published replay ratio, and train on a buffer that forgot its past.
     "sac/halfcheetah": Row("sac", "halfcheetah", "HalfCheetah-v5", 1_000_000,
-                           (_rl_zoo(9535, 100), Published("CleanRL v2", 9635, 1424)), "SAC MuJoCo", (1,)),
+                           (_rl_zoo(9535, 100), Published("CleanRL v2", 9635, 1424)), "SAC MuJoCo", (1,),
+                           SAVE_BUFFER),
     "sac/hopper": Row("sac", "hopper", "Hopper-v5", 1_000_000,
-                      (_rl_zoo(2326, 1130), Published("CleanRL v2", 2310, 343)), "SAC MuJoCo", (1,)),
+                      (_rl_zoo(2326, 1130), Published("CleanRL v2", 2310, 343)), "SAC MuJoCo", (1,), SAVE_BUFFER),
     "sac/walker2d": Row("sac", "walker2d", "Walker2d-v5", 1_000_000,
-                        (_rl_zoo(3863, 254), Published("CleanRL v2", 3591, 911)), "SAC MuJoCo", (1,)),
+                        (_rl_zoo(3863, 254), Published("CleanRL v2", 3591, 911)), "SAC MuJoCo", (1,), SAVE_BUFFER),
     # The published Pong figures are PongNoFrameskip-v4's (no sticky actions), at 10M steps. The run stops at the
     # first greedy return of 18 or more (evaluated every 250k steps), which judges the row. CleanRL's rollout (8
     # envs x 128 steps, minibatches of 256) is split over 2 ranks: 4 envs and minibatches of 128 per rank.

@@ -233,13 +233,34 @@ def launching_functions(path: str) -> frozenset[str]:
     return frozenset(launching)
 
 
+def uses_a_module_fixture(item: pytest.Item) -> bool:
+    fixtures = getattr(item, "_fixtureinfo", None)
+    definitions = fixtures.name2fixturedefs.values() if fixtures else []
+    return any(definition.scope == "module" for chain in definitions for definition in chain)
+
+
+# Before pytest-xdist reads the groups (it appends each to the test's id in its own hook).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         launching = launching_functions(str(item.path))
         requested = {item.originalname, *item.fixturenames} if isinstance(item, pytest.Function) else set()
         if requested & launching:
             item.add_marker(pytest.mark.launched)
-    # The modules that hold slow tests start first: pytest-xdist hands each worker whole modules in this
-    # order (`--dist loadfile`), and a long module started last would be the suite's tail.
-    slow_modules = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_modules)
+        # The tests that share a module's fixture run on one worker, which computes it once
+        # (`--dist loadgroup`); every other test is handed out on its own.
+        if uses_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    # pytest-xdist hands out work in this order (`--no-loadscope-reorder`): the longest first, so that the
+    # suite's tail is short tests spread over every worker.
+    items.sort(key=expected_length)
+
+
+def expected_length(item: pytest.Item) -> int:
+    """0 for the learning tests, 1 for the groups that share a module's runs, 2 for the other tests that
+    start processes and 3 for the rest: the order to start them in."""
+    if item.get_closest_marker("slow"):
+        return 0
+    if item.get_closest_marker("xdist_group"):
+        return 1
+    return 2 if item.get_closest_marker("launched") else 3

@@ -38,6 +38,7 @@ def test_sac_rows_keep_the_published_replay_ratio_of_one_gradient_step_of_256_pe
     for row in [name for name in suite.ROWS if name.startswith("sac/")]:
         cfg, _ = row_config(row, tmp_path)
         assert (cfg.num_envs, cfg.train_freq, cfg.gradient_steps, cfg.batch_size) == (1, 1, 1, 256)
+        assert cfg.save_buffer  # a resumed run trains on at once, on its whole buffer, as an uninterrupted one
 
 
 def test_pong_splits_cleanrls_rollout_over_its_ranks_and_stops_at_its_target(tmp_path):
@@ -124,6 +125,22 @@ def test_a_killed_launch_counts_from_its_start_to_its_newest_checkpoint(tmp_path
     assert (segment["exit"], segment["steps"], segment["wall_time_s"]) == ("killed", 64, 30.0)
     assert not marker.exists()
     resumable.close_killed_launch(tmp_path, "run")  # closed once: nothing more to record
+    assert len(resumable.segments(tmp_path, "run")) == 1
+
+
+def test_a_run_whose_checkpoints_are_gone_starts_again_and_forgets_its_earlier_launches(tmp_path, capsys):
+    """A fresh clone holds a run's logs and launches but not its large checkpoints: the run starts over, clean."""
+    folder = resumable.run_folder(tmp_path, "run")
+    folder.mkdir(parents=True)
+    (folder / "events.out.tfevents.0").write_bytes(b"")
+    resumable.append_segment(tmp_path, "run", {"steps": 5000, "wall_time_s": 60.0})
+    resumable.forget_launches_without_a_checkpoint(tmp_path, "run")
+    assert resumable.segments(tmp_path, "run") == [] and not folder.exists()
+    assert capsys.readouterr().out.startswith("run: no checkpoint of its earlier launches is left; it starts again")
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "checkpoints" / "step_000000000128.ckpt").write_bytes(b"")
+    resumable.append_segment(tmp_path, "run", {"steps": 128, "wall_time_s": 1.0})
+    resumable.forget_launches_without_a_checkpoint(tmp_path, "run")  # a checkpoint: the launches stand
     assert len(resumable.segments(tmp_path, "run")) == 1
 
 

@@ -24,19 +24,20 @@ def test_a_cnn_learns_cartpole_from_pixels_alone_within_30000_steps(tmp_path):
     # 40 x 40 drawings of the cart and pole, two stacked frames; a random policy scores about 22.
     args = (
         "--env-id rl/PixelCartPole-v1 --resize 0 --frame-stack 2 --total-timesteps 30000 --num-envs 4 "
-        "--num-steps 128 --update-epochs 4 --per-rank-batch-size 128 --learning-rate 1e-3 --seed 1"
+        "--num-steps 128 --update-epochs 4 --per-rank-batch-size 128 --learning-rate 1e-3 --seed 1 --torch-threads 1"
     ).split()
     finished = run_ranks("python", SCRIPTS["fabric"], args, tmp_path)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert greedy_evaluation(tmp_path) >= 100
 
 
-def test_a_recurrent_policy_learns_cartpole_without_its_velocities_within_150000_steps(tmp_path):
-    # rl/MaskedCartPole-v1 shows positions only: balancing needs the velocities an LSTM infers from them.
-    args = ["--preset", "masked-cartpole", "--seed", "1", "--no-progress-bar"]
-    finished = run_ranks("fabric run", SCRIPTS["fabric"], args, tmp_path, timeout=1500)
+def test_a_recurrent_policy_balances_cartpole_without_its_velocities_within_30000_steps(tmp_path):
+    # rl/MaskedCartPole-v1 shows positions only: a feed-forward policy stays near 43 however long it trains
+    # (docs/algorithms/recurrent.md), while the LSTM infers the velocities. Seeds 1-3 reach 304, 355 and 213.
+    args = ["--preset", "masked-cartpole", "--total-timesteps", "30000", "--seed", "1", "--no-progress-bar"]
+    finished = run_ranks("fabric run", SCRIPTS["fabric"], args, tmp_path, timeout=900)
     assert finished.returncode == 0, finished.stderr[-3000:]
-    assert greedy_evaluation(tmp_path) >= 475
+    assert greedy_evaluation(tmp_path) >= 150
 
 
 def random_policy_return(episodes: int = 10) -> float:
@@ -68,8 +69,9 @@ def test_pendulum_improves_clearly_over_random_within_102400_steps(tmp_path):
 
 
 def test_sac_pendulum_reaches_minus_300_within_6000_steps_on_one_rank(tmp_path):
-    # rl-zoo's Pendulum settings: lr 1e-3, batch 256, 100 random steps, one gradient step per env step.
-    args = "sac --env-id Pendulum-v1 --total-timesteps 6000 --policy-lr 1e-3 --q-lr 1e-3 --seed 1".split()
-    finished = run_ranks("python", SCRIPTS["fabric"], args, tmp_path, timeout=900)
+    # rl-zoo's Pendulum settings: lr 1e-3, batch 256, 100 random steps, one gradient step per env step. One
+    # thread: the suite's other processes leave no core free. (At 4,000 steps, seed 3 still scored -541.)
+    args = "sac --env-id Pendulum-v1 --total-timesteps 6000 --policy-lr 1e-3 --q-lr 1e-3 --seed 1 --torch-threads 1"
+    finished = run_ranks("python", SCRIPTS["fabric"], args.split(), tmp_path, timeout=900)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert greedy_evaluation(tmp_path) >= -300
