@@ -114,6 +114,13 @@ def test_the_buffer_wraps_around_and_samples_what_it_holds():
                        buffer.sample(7, torch.Generator().manual_seed(1))["x"])  # fmt: skip
 
 
+def test_a_saved_buffer_holds_its_filled_rows_only(tmp_path):
+    buffer = ReplayBuffer(100_000, {"obs": Column((17,))}, torch.device("cpu"))
+    buffer.add(obs=torch.ones(10, 17))
+    torch.save(buffer.state_dict(), tmp_path / "buffer.pt")
+    assert (tmp_path / "buffer.pt").stat().st_size < 10_000  # 10 rows of 68 bytes, not the 6.8 MB allocated
+
+
 def test_a_buffer_that_cannot_fit_is_refused_before_allocation():
     with pytest.raises(UsageError, match="lower --buffer-size") as error:
         check_buffer_fits(10**13, {"obs": Column((100,))}, processes_here=2)

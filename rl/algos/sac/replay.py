@@ -55,7 +55,8 @@ class ReplayBuffer:
         return {
             "position": self.position,
             "size": self.size,
-            "storage": {name: values[: self.size].cpu() for name, values in self.storage.items()},
+            # A copy of the rows held: torch.save writes a view's whole storage, the empty rows included.
+            "storage": {name: values[: self.size].to("cpu", copy=True) for name, values in self.storage.items()},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
