@@ -112,8 +112,10 @@ def test_scale_lr_multiplies_every_learning_rate_by_the_number_of_learners(synce
 @pytest.fixture(scope="module")
 def fabric_and_torch_sac_runs(tmp_path_factory):
     folders = {mode: tmp_path_factory.mktemp(f"sac-{mode}") for mode in ("fabric", "torch")}
+    # Forked ranks (conftest.run_ranks): what the launchers themselves do is checked with PPO's runs.
     fabric, torchrun = launch_together(("fabric run", SCRIPTS["fabric"], SHORT, folders["fabric"], 2),
-                                       ("torchrun", SCRIPTS["torch"], SHORT, folders["torch"], 2))  # fmt: skip
+                                       ("torchrun", SCRIPTS["torch"], SHORT, folders["torch"], 2),
+                                       via=run_ranks)  # fmt: skip
     for finished in (fabric, torchrun):
         assert finished.returncode == 0, finished.stderr[-3000:]
     return {mode: run_dir(cwd, mode) for mode, cwd in folders.items()}
