@@ -11,9 +11,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 USAGE_EXIT_CODE = 2
-# torchrun's agent stops every rank as soon as one exits. A rank that finds bad input waits
-# until every rank has reported it too, or this long at most, so that its peers, checking the
-# same input a moment later, print their own line.
+# torchrun's agent stops every rank as soon as one exits. A rank that finds bad input therefore
+# waits for its peers, checking the same input a moment later, to print their own line: it counts
+# their reports in the launcher's store and leaves once all are in, or after this long at most.
+# Ranks start at different times on a loaded machine (their imports alone take seconds of CPU),
+# so the wait is generous; it runs out only where some rank found no problem (a file missing on
+# one node), and then delays the exit by this much.
+PEER_REPORT_TIMEOUT_SECONDS = 30.0
+# Without a launcher's store nothing can be counted: the rank waits this long for its peers.
 PEER_GRACE_SECONDS = 3.0
 
 
@@ -82,19 +87,19 @@ def exit_after_peers_report() -> None:
     """
     sys.stdout.flush()
     signal.signal(signal.SIGTERM, lambda *_: os._exit(USAGE_EXIT_CODE))
-    deadline = time.monotonic() + PEER_GRACE_SECONDS
-    if not every_rank_reported(deadline):
-        time.sleep(max(0.0, deadline - time.monotonic()))
+    if not wait_for_every_rank_report(time.monotonic() + PEER_REPORT_TIMEOUT_SECONDS):
+        time.sleep(PEER_GRACE_SECONDS)
     os._exit(USAGE_EXIT_CODE)
 
 
-def every_rank_reported(deadline: float) -> bool:
+def wait_for_every_rank_report(deadline: float) -> bool:
     """Count this rank's report in the launcher's store and wait, until `deadline`, for every rank's.
+    False where there is no launcher's store to count in.
 
     Only where torchrun (or `fabric run`) says its agent's store at `MASTER_ADDR:MASTER_PORT` is up
     before any worker starts. Elsewhere rank 0 would host it only later, and whatever holds that
-    port meanwhile may not be a store at all: the full grace applies. Keyed by the restart, so an
-    earlier round's count never stands in.
+    port meanwhile may not be a store at all. Keyed by the restart, so an earlier round's count
+    never stands in.
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
         return False
@@ -106,11 +111,11 @@ def every_rank_reported(deadline: float) -> bool:
     key = f"rl/usage_errors/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     try:
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                              timeout=timedelta(seconds=max(0.1, deadline - time.monotonic())))  # fmt: skip
+                              timeout=timedelta(seconds=10))  # fmt: skip
         reported = store.add(key, 1)
         while reported < world_size and time.monotonic() < deadline:
             time.sleep(0.02)
             reported = store.add(key, 0)
     except (KeyError, ValueError, RuntimeError):  # no launcher's store to count in (DistError is a RuntimeError)
         return False
-    return reported >= world_size
+    return True

@@ -1,11 +1,16 @@
 """Bad input ends every rank with one line naming the flag and exit code 2, before any collective."""
 
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
-from conftest import SCRIPTS, launch, refusal_line
+from conftest import SCRIPTS, free_port, launch, refusal_line
+from torch.distributed import TCPStore
+
+from rl.errors import PEER_GRACE_SECONDS
 
 BAD_INPUTS = [
     (["--env-id", "NoSuchEnv-v0"], "--env-id"),
@@ -68,6 +73,24 @@ def test_every_torchrun_rank_exits_2_with_one_line(tmp_path):
     lines = error_lines(finished.stderr)
     assert len(lines) == 2 and all(line.startswith("error: --env-id: ") for line in lines)
     assert "[rank" not in finished.stderr
+
+
+def test_a_rank_that_finds_bad_input_waits_for_a_peer_that_starts_seconds_later(tmp_path):
+    """Under load one rank can reach the check seconds after another; the launcher stops every rank once the
+    first exits, so the first must wait for the late one's report rather than for a fixed grace."""
+    port = free_port()
+    agent_store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "TORCHELASTIC_USE_AGENT_STORE": "True"}  # fmt: skip
+    first = subprocess.Popen([sys.executable, "-c", "from rl.errors import exit_after_peers_report as e; e()"],
+                             cwd=tmp_path, env=env)  # fmt: skip
+    try:
+        time.sleep(PEER_GRACE_SECONDS + 3)
+        assert first.poll() is None, "the first rank left before its peer reported"
+        agent_store.add("rl/usage_errors/0", 1)  # the late rank's report
+        assert first.wait(timeout=10) == 2
+    finally:
+        first.kill()
 
 
 @pytest.mark.parametrize("tool", ["rl.evaluate", "rl.export", "rl.slurm"])
