@@ -23,17 +23,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
+from launch import BIN, REPO
 
-REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rl.algos.ppo.policy import CNNActorCritic  # noqa: E402
-from rl.encoders import nature_flops_per_sample  # noqa: E402
+from rl.algos.ppo.policy import CNNActorCritic
+from rl.encoders import nature_flops_per_sample
 
-BIN = Path(sys.executable).parent
 OBS_SHAPE = (4, 84, 84)
 NUM_ENVS, NUM_STEPS, MINIBATCH, EPOCHS = 8, 128, 256, 4
 LOOP = re.compile(r"training loop: \d+ steps in ([\d.]+) s \(([\d,]+) steps/s\)")

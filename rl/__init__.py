@@ -1,6 +1,15 @@
-"""Distributed PPO on Lightning Fabric and raw torch.distributed."""
+"""Distributed PPO and SAC on Lightning Fabric and raw torch.distributed."""
 
+import os
 import time
 
 # When this process started its Python work: the end-of-run summary reports the time since.
 PROCESS_STARTED = time.monotonic()
+
+# torch's OpenMP threads wait for their next op by spinning, unless told otherwise. On a machine whose cores
+# other processes also use (runs side by side, a shared node), a spinning thread holds a core that the thread it
+# waits for needs: one process on 2 threads trained 2-9.5x slower, or worse, than with sleeping threads. On a
+# machine it has to itself, sleeping costs it 14-20% (benchmarks/omp_wait.py). So threads sleep, unless the user
+# chose a wait. Set here: OpenMP reads it once, as torch loads it, and the entry points import this package first.
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"

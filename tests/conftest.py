@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 
-# Every process of the suite waits for work without spinning: OpenMP's threads otherwise spin on the
-# cores that the test's other processes (and the other pytest workers') need, which made a
-# two-thread SAC run here 3 to 4 times slower beside one other busy process. Set before torch loads
-# OpenMP, and inherited by every process a test starts.
+# Every process of the suite waits for work without spinning, as the entry points' processes do (rl/__init__.py):
+# set before torch loads OpenMP, which this process may do before it imports the project.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import ast

@@ -1,0 +1,113 @@
+"""How torch's OpenMP threads wait for work, on a quiet machine and on one that other processes share.
+
+    python benchmarks/omp_wait.py [--rounds 2] [--busy 0 1] [--load spin|training] [--cases ...] [--timeout 120]
+
+Each case is one process with the default thread count (the cores divided by the local processes),
+run with libgomp's own default wait (spin about 300,000 times, then sleep: `GOMP_SPINCOUNT=300000`)
+and with `OMP_WAIT_POLICY=PASSIVE` (sleep at once), alternating, `--rounds` times each. `--busy N`
+adds N processes that keep one core each busy for the whole measurement, as other jobs on a shared
+machine would: `--load spin`, a Python loop that only spins, or `--load training`, a SAC
+HalfCheetah-v5 run on one thread, as runs side by side are. It prints the training loop's env
+steps/s of each run and the medians' ratio. A run that does not finish within `--timeout` seconds
+counts as its steps over that time (an upper bound).
+
+Coupled ranks of one thread each form no OpenMP team, so the wait does not apply to them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from launch import REPO, SUMMARY
+
+QUIET = "--eval-episodes 0 --no-progress-bar".split()
+CASES: dict[str, list[str]] = {
+    "ppo-cartpole": ["--total-timesteps", "8192", *QUIET],
+    "sac-halfcheetah": ["sac", "--preset", "halfcheetah", "--total-timesteps", "1500", "--learning-starts", "1000",
+                        *QUIET],
+    "ppo-pixels": ["--env-id", "rl/PixelCartPole-v1", "--resize", "0", "--frame-stack", "2", "--num-envs", "4",
+                   "--total-timesteps", "4096", *QUIET],
+}  # fmt: skip
+WAITS: dict[str, dict[str, str]] = {
+    "libgomp default": {"GOMP_SPINCOUNT": "300000"},  # what libgomp does when neither variable is set
+    "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
+}
+
+
+def environment(wait: str) -> dict[str, str]:
+    inherited = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    return inherited | WAITS[wait]
+
+
+def steps_per_second(case: str, wait: str, timeout: float) -> tuple[float, bool]:
+    """The loop's env steps/s, and whether it finished in time (if not, its steps over `timeout`)."""
+    command = [sys.executable, str(REPO / "train_fabric.py"), *CASES[case]]
+    with tempfile.TemporaryDirectory() as cwd:
+        try:
+            done = subprocess.run(command, cwd=cwd, env=environment(wait), capture_output=True, text=True,
+                                  timeout=timeout, check=False)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return float(CASES[case][CASES[case].index("--total-timesteps") + 1]) / timeout, False
+    match = SUMMARY.search(done.stdout)
+    if done.returncode != 0 or match is None:
+        sys.exit(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+    return int(match.group(1)) / float(match.group(2)), True
+
+
+LOADS = {
+    "spin": [sys.executable, "-c", "while True: pass"],
+    "training": [sys.executable, str(REPO / "train_fabric.py"), "sac", "--preset", "halfcheetah", "--total-timesteps",
+                 "100000000", "--torch-threads", "1", *QUIET],
+}  # fmt: skip
+LOAD_STARTUP_SECONDS = 15  # a training load's imports and env checks, before it trains
+
+
+def measure(case: str, busy: int, load: str, rounds: int, timeout: float) -> None:
+    with tempfile.TemporaryDirectory() as cwd:
+        loads = [subprocess.Popen(LOADS[load], cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                 for _ in range(busy)]  # fmt: skip
+        try:
+            if busy and load == "training":
+                time.sleep(LOAD_STARTUP_SECONDS)
+            compare(case, f"{busy} busy ({load})" if busy else "quiet", rounds, timeout)
+        finally:
+            for process in loads:
+                process.kill()
+                process.wait()
+
+
+def compare(case: str, condition: str, rounds: int, timeout: float) -> None:
+    results: dict[str, list[float]] = {wait: [] for wait in WAITS}
+    for _ in range(rounds):
+        for wait in WAITS:
+            speed, finished = steps_per_second(case, wait, timeout)
+            results[wait].append(speed)
+            late = "" if finished else f" (at most: did not finish in {timeout:.0f} s)"
+            print(f"  {case}, {condition}: {wait}: {speed:,.0f} env steps/s{late}", flush=True)
+    medians = {wait: statistics.median(values) for wait, values in results.items()}
+    print(f"{case}, {condition}: passive / libgomp default = "
+          f"{medians['passive'] / medians['libgomp default']:.2f}x", flush=True)  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
+    parser.add_argument("--busy", nargs="+", type=int, default=[0, 1], help="busy cores to measure beside")
+    parser.add_argument("--load", choices=list(LOADS), default="spin", help="what keeps the busy cores busy")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds a run may take")
+    args = parser.parse_args()
+    print(f"{os.cpu_count()} cores; default thread count per process", flush=True)
+    for busy in args.busy:
+        for case in args.cases:
+            measure(case, busy, args.load, args.rounds, args.timeout)
+
+
+if __name__ == "__main__":
+    main()
