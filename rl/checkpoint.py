@@ -79,6 +79,11 @@ def load_checkpoint(path: str, flag: str = "--resume-from") -> dict[str, Any]:
     return state
 
 
+def resumed_step(resume: dict[str, Any] | None) -> int:
+    """The env step a run starts from: its checkpoint's, or 0 for a fresh run."""
+    return resume["counters"]["global_step"] if resume else 0
+
+
 def saved_algorithm(state: dict[str, Any]) -> str:
     return state.get("algorithm", "ppo")  # files written before SAC existed are PPO's
 

@@ -12,7 +12,7 @@ from typing import Literal
 import torch
 
 from rl.algos.base import Algorithm
-from rl.checkpoint import CHECKPOINT_DIR, check_resumable, load_checkpoint
+from rl.checkpoint import CHECKPOINT_DIR, check_resumable, load_checkpoint, resumed_step
 from rl.compiling import compile_failure
 from rl.config import (
     RunConfig,
@@ -115,8 +115,7 @@ def prepare(argv: list[str], log_subdir: str, mode: Mode = "coupled") -> tuple[A
     check_writable(os.path.join(run_dir, CHECKPOINT_DIR) if run_dir else os.path.join(cfg.log_dir, log_subdir),
                    "--log-dir")  # fmt: skip
     if run_dir is not None:
-        resume_step = resume["counters"]["global_step"] if resume else 0
-        begin_round(run_dir, resume_step, cfg.resume_from, int(os.environ.get("RANK", "0")))
+        begin_round(run_dir, resumed_step(resume), cfg.resume_from, int(os.environ.get("RANK", "0")))
     configure_torch_threads(cfg.torch_threads)
     torch.backends.cudnn.deterministic = cfg.torch_deterministic
     return algorithm, world_size, resume

@@ -401,5 +401,13 @@ def choose_vector_mode(
     return mode
 
 
-def video_folder(run_dir: str, prefix: str) -> str:
-    return os.path.join(run_dir, f"{prefix}_videos")
+def video_folder(run_dir: str, kind: str, label: str) -> str:
+    """A folder no recording has used, `<run>/<kind>_videos/<label>` (then `<label>_2`, ...): gymnasium's
+    RecordVideo numbers episodes from 0 in every folder, so a resumed run, or a checkpoint evaluated twice,
+    would otherwise write over the earlier videos."""
+    base = os.path.join(run_dir, f"{kind}_videos", label)
+    folder, copies = base, 1
+    while os.path.exists(folder):
+        copies += 1
+        folder = f"{base}_{copies}"
+    return folder

@@ -21,7 +21,7 @@ from torch import nn
 from rl.checkpoint import CHECKPOINT_DIR, load_checkpoint, saved_algorithm
 from rl.cli import check_video_support
 from rl.config import parse_dataclass
-from rl.envs import Preprocessing, inspect_env
+from rl.envs import Preprocessing, inspect_env, video_folder
 from rl.errors import UsageError, exit_on_usage_error
 from rl.evaluation import evaluate_greedy
 from rl.normalization import ObservationNormalizer
@@ -116,7 +116,7 @@ def main(argv: list[str]) -> None:
     env_id = cfg.env_id or state["env_id"]
     agent, normalizer, preprocessing = restore_agent(state, env_id)
     folder = run_folder(cfg.checkpoint)
-    video_dir = str(folder / "eval_videos") if cfg.capture_video else None
+    video_dir = video_folder(str(folder), "eval", Path(cfg.checkpoint).stem) if cfg.capture_video else None
     returns, lengths = evaluate_greedy(
         agent, env_id, cfg.episodes, cfg.seed, normalizer, torch.device("cpu"), video_dir, cfg.deterministic,
         preprocessing,

@@ -18,7 +18,7 @@ from torch import nn
 
 from rl import PROCESS_STARTED
 from rl.algos.base import Algorithm, Learner
-from rl.checkpoint import FORMAT, run_dir_of
+from rl.checkpoint import FORMAT, resumed_step, run_dir_of
 from rl.compiling import compile_seconds
 from rl.config import RunConfig
 from rl.elastic import job_id, start_logged, under_torchelastic
@@ -227,6 +227,11 @@ def restore_run_state(
         print_error(f"warning: rank {rank}: these envs cannot be saved; they restart from fresh resets")
 
 
+def training_video_folder(run_dir: str, resume: dict | None) -> str:
+    """Where a launch records its training episodes: a folder of its own, named by the step it starts from."""
+    return video_folder(run_dir, "train", f"from_step_{resumed_step(resume)}")
+
+
 def report_resources(runtime: Runtime, run: Run, loop_seconds: float, global_step: int) -> None:
     """Loop speed, and each rank's process time and peak memory, printed and logged by rank 0."""
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
@@ -264,7 +269,7 @@ def report_evaluation(
 ) -> None:
     if cfg.eval_episodes == 0:
         return
-    video_dir = video_folder(run.dir, "test") if cfg.capture_video else None
+    video_dir = video_folder(run.dir, "test", f"step_{global_step}") if cfg.capture_video else None
     returns, lengths = greedy_returns(cfg, env_id, policy, obs_normalizer, video_dir)
     summary = {
         "Test/return_mean": float(np.mean(returns)),

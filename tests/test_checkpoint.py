@@ -226,8 +226,13 @@ def test_evaluation_cli_prints_scores_and_writes_a_video(runs):
     done = evaluate([str(folder / "agent.ckpt"), "--episodes", "3", "--capture-video"], folder)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "CartPole-v1, 3 deterministic episodes: return " in done.stdout and " ± " in done.stdout
-    videos = list((folder / "eval_videos").glob("*.mp4"))
+    videos = list((folder / "eval_videos" / "agent").glob("*.mp4"))
     assert videos and videos[0].stat().st_size > 1000
+    recorded = {video: video.read_bytes() for video in videos}
+    again = evaluate([str(folder / "agent.ckpt"), "--episodes", "1", "--capture-video"], folder)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert list((folder / "eval_videos" / "agent_2").glob("*.mp4")), "a second evaluation records into a new folder"
+    assert {video: video.read_bytes() for video in videos} == recorded, "and keeps the first's videos"
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(folder / "evaluation"))
@@ -294,10 +299,18 @@ def test_ctrl_c_on_asynchronous_decoupled_players_checkpoints_and_stops(tmp_path
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
 
-def test_capture_video_during_training_records_rank_zeros_first_env(tmp_path):
-    args = [*QUICK, "--total-timesteps", "1024", "--capture-video", "--eval-episodes", "1"]
-    finished = run_ranks("fabric run", SCRIPTS["fabric"], args, tmp_path)
+def test_capture_video_records_rank_zeros_first_env_and_a_resumed_run_keeps_the_earlier_videos(tmp_path):
+    args = [*QUICK, "--capture-video", "--eval-episodes", "1", "--run-name", "filmed"]
+    finished = run_ranks("fabric run", SCRIPTS["fabric"], [*args, "--total-timesteps", "1024"], tmp_path)
     assert finished.returncode == 0, finished.stderr[-3000:]
     folder = run_dir(tmp_path, "fabric")
-    assert list((folder / "train_videos").glob("*.mp4")), "rank 0's first env records its episodes"
-    assert list((folder / "test_videos").glob("*.mp4")), "the final evaluation records its first episode"
+    assert list((folder / "train_videos" / "from_step_0").glob("*.mp4")), "rank 0's first env records its episodes"
+    assert list((folder / "test_videos" / "step_1024").glob("*.mp4")), "the final evaluation records its first episode"
+    first_videos = {path: path.read_bytes() for path in folder.glob("*_videos/*/*.mp4")}
+    # Trained on from its final checkpoint: gymnasium numbers the new episodes from 0 again, in folders of their own.
+    resumed = run_ranks("fabric run", SCRIPTS["fabric"], [*args, "--total-timesteps", "2048"], tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Overwriting existing videos" not in resumed.stderr
+    assert list((folder / "train_videos" / "from_step_1024").glob("*.mp4"))
+    assert list((folder / "test_videos" / "step_2048").glob("*.mp4"))
+    assert {path: path.read_bytes() for path in first_videos} == first_videos

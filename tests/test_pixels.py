@@ -234,8 +234,8 @@ def test_videos_show_the_envs_own_frames_not_the_agents_input(tmp_path):
     cfg = PPOConfig(env_id="rl/PixelCartPole-v1", resize=0, frame_stack=2, encoder="mlp")
     policy = PPO(cfg, spaces).build_policy(CPU)
     normalizer = ObservationNormalizer(spaces.obs_dim, False, CPU)
-    evaluate_greedy(policy, cfg.env_id, 1, 0, normalizer, CPU, str(tmp_path), preprocessing=SMALL_FRAMES)
-    video = sorted(glob.glob(str(tmp_path / "*.mp4")))[0]
+    evaluate_greedy(policy, cfg.env_id, 1, 0, normalizer, CPU, str(tmp_path / "videos"), preprocessing=SMALL_FRAMES)
+    video = sorted(glob.glob(str(tmp_path / "videos" / "*.mp4")))[0]
     with VideoFileClip(video) as clip:
         assert tuple(clip.size) == (600, 400)  # CartPole's own rendering, not the 40 x 40 observation
 

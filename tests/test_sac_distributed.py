@@ -190,7 +190,7 @@ def test_evaluation_cli_on_a_sac_checkpoint_with_video(fabric_and_torch_sac_runs
     done = subprocess.run(command, cwd=folder, env=child_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Pendulum-v1, 2 deterministic episodes: return " in done.stdout
-    assert list((folder / "eval_videos").glob("*.mp4"))
+    assert list((folder / "eval_videos" / "agent").glob("*.mp4"))
 
 
 SAC_BAD_INPUTS = [

@@ -10,7 +10,6 @@ from rl.algos.base import Algorithm
 from rl.batch import DataShard
 from rl.checkpoint import agent_path, assert_finite, checkpoint_path, prune_checkpoints
 from rl.elastic import reached
-from rl.envs import video_folder
 from rl.faults import gather_process_ids, peer, report_lost_peers
 from rl.logger import EPISODE_RETURN, ProgressBar, TrainingMetrics
 from rl.run import (
@@ -28,6 +27,7 @@ from rl.run import (
     restore_run_state,
     start_run,
     training_state,
+    training_video_folder,
 )
 from rl.runtime import Runtime
 
@@ -58,7 +58,7 @@ def _train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None) 
     learner = algorithm.make_learner(policy, runtime, learner_shard(batch_rows, cfg.share_data, rank, world_size),
                                      env_ranks=world_size)  # fmt: skip
     record_video = cfg.capture_video and runtime.is_main
-    video_dir = video_folder(run.dir, "train") if record_video else None
+    video_dir = training_video_folder(run.dir, resume) if record_video else None
     source = algorithm.make_source(rank, device, video_dir, env_ranks=world_size, batch_rows=batch_rows)
     first_iteration, global_step = 1, 0
     if resume:

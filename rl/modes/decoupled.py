@@ -28,7 +28,6 @@ from rl.checkpoint import (
 )
 from rl.config import RunConfig, local_gpu_index, uses_gpu
 from rl.elastic import init_default_process_group, reached
-from rl.envs import video_folder
 from rl.errors import progress_line
 from rl.faults import gather_process_ids, peer, report_lost_peers
 from rl.logger import EPISODE_LENGTH, EPISODE_RETURN, FabricSink, MeanOverRanks, ProgressBar, TrainingMetrics
@@ -64,6 +63,7 @@ from rl.run import (
     restore_run_state,
     run_name,
     training_state,
+    training_video_folder,
 )
 from rl.runtime import FabricRuntime, close_process_group, collective_timeout, naming_a_taken_port
 
@@ -124,7 +124,7 @@ class Player:
         tags = stat_tags(algorithm)
         self.stats_message = StatsMessage(list(tags))
         num_rows = rows_per_player(algorithm, topology)[topology.rank]
-        video_dir = video_folder(self.run.dir, "train") if cfg.capture_video and self.run else None
+        video_dir = training_video_folder(self.run.dir, resume) if cfg.capture_video and self.run else None
         self.source = algorithm.make_source(topology.rank, topology.device, video_dir, env_ranks=topology.num_players,
                                             batch_rows=num_rows)  # fmt: skip
         self.outbox = PlayerOutbox(cfg, topology, num_rows, self.codec.width, lag)

@@ -36,7 +36,6 @@ from rl.algos.base import Algorithm, Learner
 from rl.batch import DataShard
 from rl.checkpoint import agent_path, checkpoint_path, prune_checkpoints, save_file_atomically
 from rl.config import RunConfig
-from rl.envs import video_folder
 from rl.errors import print_error
 from rl.experience import ExperienceSource
 from rl.logger import EPISODE_RETURN, ProgressBar, SummaryWriterSink, TrainingMetrics
@@ -53,6 +52,7 @@ from rl.run import (
     restored_agent,
     run_state,
     start_run,
+    training_video_folder,
 )
 from rl.runtime import LocalRuntime, available_cores, configure_torch_threads
 
@@ -225,7 +225,7 @@ class WorkerLoop:
         self.policy = algorithm.build_policy(runtime.device)
         batch_rows = algorithm.batch_rows(1)
         self.learner = algorithm.make_learner(self.policy, runtime, DataShard(batch_rows), env_ranks=cfg.workers)
-        video_dir = video_folder(run_dir, "train") if cfg.capture_video and index == 0 else None
+        video_dir = training_video_folder(run_dir, resume) if cfg.capture_video and index == 0 else None
         self.source: ExperienceSource = algorithm.make_source(
             index, runtime.device, video_dir, env_ranks=cfg.workers, batch_rows=batch_rows
         )
