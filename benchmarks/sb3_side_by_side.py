@@ -4,15 +4,13 @@
                                           [--sb3-python .venv-sb3/bin/python] [--out docs/benchmarks/sb3]
 
 For each row, ours (`python train_fabric.py [sac] --preset NAME`, one process) and SB3's `learn`
-with the same hyperparameters (rl-zoo's, which the presets are) start together, one torch thread
-each, so both meet the same machine load. Each reports its training loop's env steps/s and wall
-time, then the greedy (deterministic) return over 10 episodes at the same step count. SB3 lives
-in its own virtual environment and is never a dependency of this project:
+with the same hyperparameters (read off the preset, `benchmarks/sb3.py`) start together, one
+torch thread each, so both meet the same machine load. Each reports its training loop's env
+steps/s and wall time, then the greedy (deterministic) return over 10 episodes at the same step
+count. SB3 lives in its own virtual environment (`benchmarks/sb3.py` gives the install line) and
+is never a dependency of this project.
 
-    python3 -m venv .venv-sb3 && .venv-sb3/bin/pip install torch==2.13.0 stable-baselines3==2.9.2 \\
-        "gymnasium[mujoco]==1.4.0" mujoco==4.0.0
-
-A row takes one uninterrupted launch (SB3 has no resume here): PPO's 200k steps take minutes,
+A row takes one uninterrupted launch of each side, whose loop times it compares: PPO's 200k steps take minutes,
 SAC's take about two hours on a 2-core machine.
 """
 
@@ -28,39 +26,11 @@ from pathlib import Path
 
 from launch import REPO, SUMMARY
 from resumable import EVALUATION
+from sb3 import SB3_PYTHON, run_sb3, sb3_spec
+from suite import ROWS as SUITE_ROWS
 
-ENV_IDS = {"ppo/halfcheetah": "HalfCheetah-v5", "sac/hopper": "Hopper-v5"}
-
-# Stable-Baselines3 with rl-zoo's hyperparameters for each row (the presets' values), timed around `learn`.
-SB3_RUN = """
-import json, sys, time
-import gymnasium as gym, torch
-from torch import nn
-from stable_baselines3 import PPO, SAC
-from stable_baselines3.common.env_util import make_vec_env
-from stable_baselines3.common.evaluation import evaluate_policy
-from stable_baselines3.common.vec_env import VecNormalize
-
-row, env_id, steps, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-torch.set_num_threads(1)
-env = make_vec_env(env_id, n_envs=1, seed=seed)
-if row == "ppo/halfcheetah":
-    env = VecNormalize(env, gamma=0.98)
-    model = PPO("MlpPolicy", env, n_steps=512, batch_size=64, gamma=0.98, learning_rate=2.0633e-05,
-                ent_coef=0.000401762, clip_range=0.1, n_epochs=20, gae_lambda=0.92, max_grad_norm=0.8,
-                vf_coef=0.58096, seed=seed, device="cpu",
-                policy_kwargs=dict(log_std_init=-2, ortho_init=False, activation_fn=nn.ReLU,
-                                   net_arch=dict(pi=[256, 256], vf=[256, 256])))
-else:
-    model = SAC("MlpPolicy", env, learning_starts=10_000, seed=seed, device="cpu")
-started = time.perf_counter()
-model.learn(total_timesteps=steps)
-seconds = time.perf_counter() - started
-if isinstance(env, VecNormalize):
-    env.training, env.norm_reward = False, False
-returns, _ = evaluate_policy(model, env, n_eval_episodes=10, deterministic=True, return_episode_rewards=True)
-print(json.dumps({"steps": steps, "loop_s": seconds, "eval_return": sum(returns) / len(returns)}))
-"""
+DEFAULT_ROWS = ["ppo/halfcheetah", "sac/hopper"]
+MUJOCO_ROWS = [name for name, row in SUITE_ROWS.items() if row.env_id.endswith("-v5")]
 
 
 def ours(row: str, steps: int, seed: int, out: Path) -> dict:
@@ -76,20 +46,18 @@ def ours(row: str, steps: int, seed: int, out: Path) -> dict:
     return {"steps": steps, "loop_s": loop_seconds, "eval_return": float(evaluation.group(1))}
 
 
-def stable_baselines3(python: str, row: str, steps: int, seed: int) -> dict:
-    done = subprocess.run([python, "-c", SB3_RUN, row, ENV_IDS[row], str(steps), str(seed)], capture_output=True,
-                          text=True, check=False)  # fmt: skip
-    if done.returncode != 0:
-        sys.exit(f"Stable-Baselines3 failed on {row} (is it installed in {python}?):\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def side_by_side(row: str, steps: int, seed: int, python: str, out: Path) -> dict:
     started = time.perf_counter()
     with ThreadPoolExecutor(max_workers=2) as pool:
         mine = pool.submit(ours, row, steps, seed, out)
-        theirs = pool.submit(stable_baselines3, python, row, steps, seed)
-        result = {"row": row, "env": ENV_IDS[row], "seed": seed, "ours": mine.result(), "sb3": theirs.result()}
+        theirs = pool.submit(run_sb3, python, row, steps, seed)
+        result = {
+            "row": row,
+            "env": sb3_spec(row, steps, seed)["env_id"],
+            "seed": seed,
+            "ours": mine.result(),
+            "sb3": theirs.result(),
+        }
     result["wall_time_s"] = round(time.perf_counter() - started, 1)
     return result
 
@@ -111,10 +79,10 @@ def markdown(results: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", nargs="+", default=list(ENV_IDS), choices=list(ENV_IDS))
+    parser.add_argument("--rows", nargs="+", default=DEFAULT_ROWS, choices=MUJOCO_ROWS)
     parser.add_argument("--steps", type=int, default=200_000)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--sb3-python", default=str(REPO / ".venv-sb3" / "bin" / "python"))
+    parser.add_argument("--sb3-python", default=str(SB3_PYTHON))
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "sb3")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ from rl.config import validate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import resumable
+import sb3
 import suite
 
 
@@ -64,6 +65,31 @@ def test_each_mujoco_preset_trains_a_few_hundred_steps_of_its_env(row, tmp_path)
     steps = 300 if algorithm == "sac" else 256
     assert f"training loop: {steps} steps" in finished.stdout
     assert "evaluation over 1 greedy episodes" in finished.stdout
+
+
+@pytest.mark.parametrize("row", MUJOCO_ROWS)
+def test_stable_baselines3_trains_each_mujoco_row_with_the_values_of_its_preset(row, tmp_path):
+    cfg, _ = row_config(row, tmp_path)
+    spec = sb3.sb3_spec(row, suite.ROWS[row].steps, 1)
+    assert (spec["env_id"], spec["steps"], spec["seed"]) == (suite.ROWS[row].env_id, cfg.total_timesteps, 1)
+    model = spec["model"]
+    if row.startswith("ppo/"):
+        assert (model["n_steps"], model["batch_size"], model["n_epochs"]) == (
+            cfg.num_steps, cfg.per_rank_batch_size, cfg.update_epochs)  # fmt: skip
+        assert (model["learning_rate"], model["gamma"], model["gae_lambda"], model["clip_range"]) == (
+            cfg.learning_rate, cfg.gamma, cfg.gae_lambda, cfg.clip_coef)  # fmt: skip
+        assert model["vf_coef"] * 2 == cfg.vf_coef  # SB3's value loss is the whole squared error, this one's half
+        layers = [cfg.hidden_size, cfg.hidden_size]
+        network = (cfg.activation_function, cfg.ortho_init, cfg.log_std_init, {"pi": layers, "vf": layers})
+        assert (
+            tuple(spec["policy"][key] for key in ("activation_fn", "ortho_init", "log_std_init", "net_arch")) == network
+        )
+        assert spec["normalize"] == {"norm_obs": True, "norm_reward": True, "gamma": cfg.gamma}
+    else:
+        assert (model["learning_starts"], model["batch_size"], model["train_freq"], model["gradient_steps"]) == (
+            cfg.learning_starts, cfg.batch_size, cfg.train_freq, cfg.gradient_steps)  # fmt: skip
+        assert model["learning_rate"] == cfg.policy_lr == cfg.q_lr
+        assert spec["normalize"] is None
 
 
 def test_the_table_reports_rows_without_runs_and_judges_by_the_first_published_figure():

@@ -30,8 +30,8 @@ def _sb3_vf_coef(coefficient: float) -> float:
     return 2 * coefficient
 
 
-# rl-zoo's tuned MuJoCo PPO: one env of 512-step rollouts, separate ReLU 256x256 actor and critic
-# without orthogonal init, an initial log-std of -2, observations and rewards normalized.
+# rl-zoo's tuned MuJoCo PPO for HalfCheetah and Hopper: one env of 512-step rollouts, separate ReLU 256x256 actor
+# and critic without orthogonal init, an initial log-std of -2, observations and rewards normalized.
 _RL_ZOO_TUNED_MUJOCO: dict[str, Any] = {
     "total_timesteps": 1_000_000,
     "num_envs": 1,
@@ -184,9 +184,14 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "vf_coef": _sb3_vf_coef(0.835671),
         "max_grad_norm": 0.7,
     },
+    # rl-zoo tunes Walker2d's optimisation but not its network: SB3's default policy (tanh, 64x64, orthogonal
+    # init, log-std 0), on one env, with observations and rewards normalized.
     "walker2d": {
-        **_RL_ZOO_TUNED_MUJOCO,
+        **_SB3_STYLE_PPO,
         "env_id": "Walker2d-v5",
+        "total_timesteps": 1_000_000,
+        "num_envs": 1,
+        "num_steps": 512,
         "per_rank_batch_size": 32,
         "update_epochs": 20,
         "learning_rate": 5.05041e-05,
@@ -196,6 +201,8 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "ent_coef": 0.000585045,
         "vf_coef": _sb3_vf_coef(0.871923),
         "max_grad_norm": 1.0,
+        "normalize_observations": True,
+        "normalize_rewards": True,
     },
     "ant": {**_SB3_DEFAULT_MUJOCO, "env_id": "Ant-v5"},
     "swimmer": {**_SB3_DEFAULT_MUJOCO, "env_id": "Swimmer-v5", "gamma": 0.9999},
