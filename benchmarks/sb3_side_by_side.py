@@ -10,8 +10,8 @@ steps/s and wall time, then the greedy (deterministic) return over 10 episodes a
 count. SB3 lives in its own virtual environment (`benchmarks/sb3.py` gives the install line) and
 is never a dependency of this project.
 
-A row takes one uninterrupted launch of each side, whose loop times it compares: PPO's 200k steps take minutes,
-SAC's take about two hours on a 2-core machine.
+A row takes one uninterrupted launch of each side, whose loop times it compares: PPO's 200k
+steps take minutes, SAC's take about two hours on a 2-core machine.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from launch import REPO, SUMMARY
 from resumable import EVALUATION
-from sb3 import SB3_PYTHON, run_sb3, sb3_spec
+from sb3 import SB3_PYTHON, run_sb3
 from suite import ROWS as SUITE_ROWS
 
 DEFAULT_ROWS = ["ppo/halfcheetah", "sac/hopper"]
@@ -53,7 +53,7 @@ def side_by_side(row: str, steps: int, seed: int, python: str, out: Path) -> dic
         theirs = pool.submit(run_sb3, python, row, steps, seed)
         result = {
             "row": row,
-            "env": sb3_spec(row, steps, seed)["env_id"],
+            "env": SUITE_ROWS[row].env_id,
             "seed": seed,
             "ours": mine.result(),
             "sb3": theirs.result(),

@@ -184,13 +184,10 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "vf_coef": _sb3_vf_coef(0.835671),
         "max_grad_norm": 0.7,
     },
-    # rl-zoo tunes Walker2d's optimisation but not its network: SB3's default policy (tanh, 64x64, orthogonal
-    # init, log-std 0), on one env, with observations and rewards normalized.
+    # rl-zoo tunes Walker2d's optimisation but not its network, which stays SB3's default (tanh 64x64).
     "walker2d": {
-        **_SB3_STYLE_PPO,
+        **_SB3_DEFAULT_MUJOCO,
         "env_id": "Walker2d-v5",
-        "total_timesteps": 1_000_000,
-        "num_envs": 1,
         "num_steps": 512,
         "per_rank_batch_size": 32,
         "update_epochs": 20,
@@ -201,8 +198,6 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "ent_coef": 0.000585045,
         "vf_coef": _sb3_vf_coef(0.871923),
         "max_grad_norm": 1.0,
-        "normalize_observations": True,
-        "normalize_rewards": True,
     },
     "ant": {**_SB3_DEFAULT_MUJOCO, "env_id": "Ant-v5"},
     "swimmer": {**_SB3_DEFAULT_MUJOCO, "env_id": "Swimmer-v5", "gamma": 0.9999},
