@@ -36,8 +36,9 @@ _running: set[subprocess.Popen] = set()  # SB3 runs in flight, which `interrupt_
 
 # The program SB3's interpreter runs: argv[1] is the JSON of `sb3_spec`, plus "checkpoint_dir" (or null).
 SB3_PROGRAM = """
-import json, os, signal, sys, time
+import functools, json, os, signal, sys, time
 import torch
+from gymnasium.wrappers import TimeAwareObservation
 from torch import nn
 from stable_baselines3 import PPO, SAC
 from stable_baselines3.common.callbacks import BaseCallback
@@ -52,7 +53,9 @@ Algorithm = {"ppo": PPO, "sac": SAC}[spec["algorithm"]]
 folder = spec["checkpoint_dir"]
 path = lambda name: os.path.join(folder, name)
 resumed = folder is not None and os.path.exists(path("model.zip"))
-env = make_vec_env(spec["env_id"], n_envs=1, seed=spec["seed"])
+# rl-zoo's TimeFeatureWrapper, as gymnasium gives it: this project's --time-feature.
+time_feature = functools.partial(TimeAwareObservation, normalize_time=True) if spec["time_feature"] else None
+env = make_vec_env(spec["env_id"], n_envs=1, seed=spec["seed"], wrapper_class=time_feature)
 if spec["normalize"] is not None:
     env = VecNormalize.load(path("vecnormalize.pkl"), env) if resumed else VecNormalize(env, **spec["normalize"])
 if resumed:
@@ -150,7 +153,8 @@ def sb3_spec(row: str, steps: int, seed: int) -> dict[str, Any]:
     else:
         config = SACConfig(**preset_values(SACConfig, preset))
         spec = _sac_spec(config)
-    return {"algorithm": algorithm, "env_id": config.env_id, "steps": steps, "seed": seed, **spec}
+    return {"algorithm": algorithm, "env_id": config.env_id, "time_feature": config.time_feature, "steps": steps,
+            "seed": seed, **spec}  # fmt: skip
 
 
 def run_sb3(python: str | Path, row: str, steps: int, seed: int, checkpoint_dir: Path | None = None) -> dict:

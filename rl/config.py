@@ -69,6 +69,9 @@ class RunConfig:
     encoder: EncoderKind = "auto"
     """how observations become features: cnn (the Nature-DQN CNN, for image observations), mlp, or
     auto (cnn for images, mlp for vectors)"""
+    time_feature: bool = False
+    """vector observations: append the elapsed fraction of the env's time limit to each observation (rl-zoo's
+    TimeFeatureWrapper), so the critic can tell how much of the episode is left"""
     grayscale: bool = True
     """image observations: convert colour frames to grayscale"""
     resize: int = 84
@@ -145,7 +148,7 @@ class RunConfig:
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
     # Fields a resumed run must share with its checkpoint: they shape the envs or the networks.
     IMMUTABLE = ("env_id", "env_kwargs", "env_kwarg", "num_envs", "vector_mode", "num_players", "encoder", "grayscale",
-                 "resize", "frame_stack", "frame_skip")  # fmt: skip
+                 "resize", "time_feature", "frame_stack", "frame_skip")  # fmt: skip
     # Fields that hold one rank's share: a run resumed at another world size rescales them (torchrun).
     PER_RANK: ClassVar[tuple[str, ...]] = ("num_envs",)
     POSITIVE = (
@@ -167,7 +170,7 @@ class RunConfig:
     def preprocessing(self) -> Preprocessing:
         """How the envs are made: gym.make's keyword arguments, and how image observations are prepared."""
         return Preprocessing(self.grayscale, self.resize, self.frame_stack, self.noop_max, self.frame_skip,
-                             tuple(sorted(self.make_kwargs().items())))  # fmt: skip
+                             tuple(sorted(self.make_kwargs().items())), self.time_feature)  # fmt: skip
 
     def make_kwargs(self) -> dict[str, Any]:
         """--env-kwargs with each --env-kwarg added; raises `UsageError` naming the flag that does not parse."""

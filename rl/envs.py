@@ -50,6 +50,14 @@ class Preprocessing:
     noop_max: int = 30  # ALE: up to this many no-op actions after a reset
     frame_skip: int = 4  # ALE: each action repeats this many frames (the last two max-pooled)
     env_kwargs: tuple[tuple[str, Any], ...] = ()  # (key, value) pairs for gym.make
+    time_feature: bool = False  # vector observations: append the elapsed fraction of the episode's time limit
+
+    def single_env_flag(self) -> str | None:
+        """The flag that native and envpool vector envs cannot honour: they are made whole, without
+        gym.make's keyword arguments or gymnasium's wrappers."""
+        if self.env_kwargs:
+            return "--env-kwargs"
+        return "--time-feature" if self.time_feature else None
 
 
 ATARI_PREPROCESSING = Preprocessing()
@@ -242,10 +250,22 @@ def make_env(env_id: str, video_dir: str | None, preprocessing: Preprocessing, c
         env = _preprocess_images(env, preprocessing, is_atari(env_id))
     elif isinstance(env.observation_space, gym.spaces.Box) and len(env.observation_space.shape) != 1:
         env = gym.wrappers.FlattenObservation(env)
+    if preprocessing.time_feature:
+        env = _with_time_feature(env, env_id)
     if clip_actions and isinstance(env.action_space, gym.spaces.Box):
         # The policy's log-prob is that of the unclipped sample; only the env sees the clip.
         env = gym.wrappers.ClipAction(env)
     return env
+
+
+def _with_time_feature(env: gym.Env, env_id: str) -> gym.Env:
+    """Append the elapsed fraction of the time limit to each observation (rl-zoo's TimeFeatureWrapper, as
+    gymnasium's own wrapper gives it): the critic then sees how much of the episode the limit leaves."""
+    if not isinstance(env.observation_space, gym.spaces.Box) or is_image_space(env.observation_space):
+        raise UsageError("--time-feature", f"needs vector observations; {env_id} gives {env.observation_space}")
+    if env.spec is None or env.spec.max_episode_steps is None:
+        raise UsageError("--time-feature", f"{env_id} has no time limit to measure the episode against")
+    return gym.wrappers.TimeAwareObservation(env, normalize_time=True)
 
 
 def _preprocess_images(env: gym.Env, steps: Preprocessing, atari: bool) -> gym.Env:
@@ -376,18 +396,23 @@ def has_envpool(env_id: str) -> bool:
 
 
 def choose_vector_mode(
-    mode: VectorMode, env_id: str, capture_video: bool, algorithm_allows_native: bool, env_kwargs: bool = False
+    mode: VectorMode,
+    env_id: str,
+    capture_video: bool,
+    algorithm_allows_native: bool,
+    single_env_flag: str | None = None,
 ) -> VectorMode:
     """The mode to build: `auto` is `native` where the env has it (and video, the algorithm and the absence
-    of --env-kwargs allow), else `sync`.
+    of a `single_env_flag` such as --env-kwargs allow), else `sync`.
 
     Raises `UsageError` when `native` or `envpool` was asked for and cannot be had.
     """
     native_ok = has_native_vector_env(env_id)
     if mode == "auto":
-        return "native" if native_ok and not capture_video and algorithm_allows_native and not env_kwargs else "sync"
-    if mode in ("native", "envpool") and env_kwargs:
-        raise UsageError("--vector-mode", f"{mode} envs are made without --env-kwargs here; use sync or async")
+        whole = native_ok and not capture_video and algorithm_allows_native and not single_env_flag
+        return "native" if whole else "sync"
+    if mode in ("native", "envpool") and single_env_flag:
+        raise UsageError("--vector-mode", f"{mode} envs are made without {single_env_flag} here; use sync or async")
     if mode == "native" and not native_ok:
         raise UsageError("--vector-mode", f"{env_id} has no native vector env here; use sync or async")
     if mode == "envpool" and not has_envpool(env_id):

@@ -26,6 +26,8 @@ BAD_INPUTS = [
     (["--precision", "fp8"], "--precision"),
     (["--precision", "16-true"], "--precision"),  # a Fabric precision this project does not train at
     (["--compile-mode", "max-autotune"], "--compile-mode"),  # without --compile
+    (["--env-id", "envs_for_tests:FixedLength-v0", "--time-feature"], "--time-feature"),  # no time limit
+    (["--env-id", "rl/PixelCartPole-v1", "--time-feature"], "--time-feature"),  # image observations
 ]
 if not torch.cuda.is_available():
     BAD_INPUTS.append((["--cuda"], "--cuda"))

@@ -307,6 +307,23 @@ def test_auto_vector_mode_is_native_only_where_the_env_algorithm_and_video_allow
         assert error.value.flag == "--vector-mode"
 
 
+def test_the_time_feature_appends_the_elapsed_fraction_of_the_time_limit_and_needs_envs_made_one_by_one():
+    from rl.envs import Preprocessing, choose_vector_mode, make_env
+
+    timed = Preprocessing(time_feature=True)
+    assert inspect_env("Pendulum-v1", timed).obs_dim == 3 + 1
+    env = make_env("Pendulum-v1", None, timed)
+    obs, _ = env.reset(seed=0)
+    fractions = [obs[-1]]
+    for _ in range(200):  # Pendulum's time limit
+        obs, _, _, truncated, _ = env.step(env.action_space.sample())
+        fractions.append(obs[-1])
+    assert truncated and fractions == pytest.approx([step / 200 for step in range(201)])
+    assert choose_vector_mode("auto", "CartPole-v1", False, True, timed.single_env_flag()) == "sync"
+    with pytest.raises(UsageError, match="without --time-feature"):
+        choose_vector_mode("native", "CartPole-v1", False, True, timed.single_env_flag())
+
+
 def test_sac_is_refused_native_envs_with_the_modes_it_takes():
     from rl.algos.sac.algorithm import SAC
     from rl.algos.sac.config import SACConfig

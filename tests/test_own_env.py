@@ -53,6 +53,19 @@ def test_an_env_of_your_own_trains_with_its_keyword_arguments_and_evaluates_with
     assert "3 deterministic episodes: return 7.00 ± 0.00, length 7.0 ± 0.0" in done.stdout
 
 
+def test_a_run_with_the_time_feature_evaluates_with_it_again(tmp_path):
+    args = ["--env-id", "Pendulum-v1", "--time-feature", "--num-steps", "64", "--total-timesteps", "256",
+            "--no-progress-bar", "--eval-episodes", "1"]  # fmt: skip
+    finished = run_ranks("python", SCRIPTS["fabric"], args, tmp_path)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    agent = run_dir(tmp_path, "fabric") / "agent.ckpt"
+    assert load_agent(agent.parent)["config"]["time_feature"]
+    command = [sys.executable, "-m", "rl.evaluate", str(agent), "--episodes", "1"]
+    done = subprocess.run(command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "1 deterministic episodes: return" in done.stdout and "length 200.0" in done.stdout
+
+
 @pytest.mark.parametrize(
     ("env", "says"),
     [

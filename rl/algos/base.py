@@ -80,7 +80,7 @@ class Algorithm(ABC):
         self.spaces = spaces
         self.vector_mode: VectorMode = choose_vector_mode(
             cfg.vector_mode, spaces.env_id, cfg.capture_video, self.handles_late_resets,
-            bool(spaces.preprocessing.env_kwargs),
+            spaces.preprocessing.single_env_flag(),
         )  # fmt: skip
         self.cnn = uses_cnn(cfg.encoder, spaces.observation_space)  # else an MLP
 

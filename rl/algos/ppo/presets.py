@@ -199,6 +199,8 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "vf_coef": _sb3_vf_coef(0.871923),
         "max_grad_norm": 1.0,
     },
-    "ant": {**_SB3_DEFAULT_MUJOCO, "env_id": "Ant-v5"},
-    "swimmer": {**_SB3_DEFAULT_MUJOCO, "env_id": "Swimmer-v5", "gamma": 0.9999},
+    # rl-zoo's published Ant and Swimmer agents were trained with SB3's defaults and its time feature (their saved
+    # configs name sb3_contrib's TimeFeatureWrapper); Swimmer's 0.9999 discount reaches past the 1,000-step limit.
+    "ant": {**_SB3_DEFAULT_MUJOCO, "env_id": "Ant-v5", "time_feature": True},
+    "swimmer": {**_SB3_DEFAULT_MUJOCO, "env_id": "Swimmer-v5", "gamma": 0.9999, "time_feature": True},
 }
