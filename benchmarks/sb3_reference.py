@@ -35,6 +35,7 @@ def reference_run(python: str, row: str, seed: int, out: Path, results: dict, lo
     checkpoint_dir = out / "sb3" / "checkpoints" / name
     result = run_sb3(python, row, ROWS[row].steps, seed, checkpoint_dir)
     with lock:
+        results.update(read_results(out))  # another launch of this script may have finished runs of its own
         results[name] = {"row": row, "seed": seed, **result}
         write_results(out, results)
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
