@@ -70,6 +70,23 @@ def append_segment(out: Path, name: str, segment: dict) -> None:
         segments.write(json.dumps(segment) + "\n")
 
 
+CHECKPOINT_WATCH_S = 10.0
+
+
+def watch_checkpoints(out: Path, name: str, opened: dict, stop: threading.Event) -> None:
+    """Note in the launch's marker, by this machine's clock, when each new checkpoint of the run appears.
+
+    A killed launch counts up to its newest checkpoint, and a checkpoint file's own time cannot say when that
+    was once its folder has been copied or restored: the file then carries the time of the copy."""
+    seen = opened["from_step"]
+    while not stop.wait(CHECKPOINT_WATCH_S):
+        step = saved_step(out, name)[0]
+        if step > seen:
+            seen = step
+            noted = {**opened, "checkpoint_step": step, "checkpoint_seen": round(time.time(), 1)}
+            open_launch_file(out, name).write_text(json.dumps(noted))
+
+
 def close_killed_launch(out: Path, name: str) -> None:
     """Record a launch that was killed before it could: it counts from its start to its newest checkpoint."""
     marker = open_launch_file(out, name)
@@ -77,6 +94,8 @@ def close_killed_launch(out: Path, name: str) -> None:
         return
     opened = json.loads(marker.read_text())
     step, written = saved_step(out, name)
+    if step == opened.get("checkpoint_step"):  # else it was written in the launch's last seconds: its file's time
+        written = opened["checkpoint_seen"]
     ended = max(opened["started"], written) if step > opened["from_step"] else opened["started"]
     seconds = round(ended - opened["started"], 1)
     append_segment(out, name, {"started": opened["started"], "ended": round(ended, 1), "wall_time_s": seconds,
@@ -104,8 +123,16 @@ def launch_segment(run: Run, out: Path) -> tuple[dict, str]:
     started = time.time()
     marker = open_launch_file(out, run.name)
     marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps({"started": round(started, 1), "from_step": saved_step(out, run.name)[0]}))
-    done, wall_time = run_in_folder(run.command(), out / "launches" / run.name)
+    opened = {"started": round(started, 1), "from_step": saved_step(out, run.name)[0]}
+    marker.write_text(json.dumps(opened))
+    stop_watching = threading.Event()
+    watcher = threading.Thread(target=watch_checkpoints, args=(out, run.name, opened, stop_watching), daemon=True)
+    watcher.start()
+    try:
+        done, wall_time = run_in_folder(run.command(), out / "launches" / run.name)
+    finally:
+        stop_watching.set()
+        watcher.join()
     summary, compiling = SUMMARY.search(done.stdout), COMPILE.search(done.stdout)
     segment = {"started": round(started, 1), "ended": round(time.time(), 1), "wall_time_s": round(wall_time, 1),
                "exit": done.returncode, "steps": int(summary.group(1)) if summary else 0,

@@ -2,7 +2,10 @@
 stopped run resumes from its checkpoint, and the table reports every row."""
 
 import json
+import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -153,6 +156,32 @@ def test_a_killed_launch_counts_from_its_start_to_its_newest_checkpoint(tmp_path
     assert not marker.exists()
     resumable.close_killed_launch(tmp_path, "run")  # closed once: nothing more to record
     assert len(resumable.segments(tmp_path, "run")) == 1
+
+
+def test_a_killed_launch_in_a_restored_folder_counts_to_when_its_checkpoint_appeared(tmp_path, monkeypatch):
+    """A folder copied into a new checkout carries the copy's file times: the launch's own note dates the checkpoint."""
+    monkeypatch.setattr(resumable, "CHECKPOINT_WATCH_S", 0.01)
+    checkpoints = resumable.run_folder(tmp_path, "run") / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    marker = resumable.open_launch_file(tmp_path, "run")
+    marker.parent.mkdir()
+    opened = {"started": round(time.time() - 30.0, 1), "from_step": 0}
+    marker.write_text(json.dumps(opened))
+    stop = threading.Event()
+    watcher = threading.Thread(target=resumable.watch_checkpoints, args=(tmp_path, "run", opened, stop))
+    watcher.start()
+    checkpoint = checkpoints / "step_000000000128.ckpt"
+    checkpoint.write_bytes(b"")
+    deadline = time.monotonic() + 10
+    while "checkpoint_step" not in json.loads(marker.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stop.set()
+    watcher.join()
+    an_hour_later = time.time() + 3600
+    os.utime(checkpoint, (an_hour_later, an_hour_later))  # the checkout was restored an hour after the kill
+    resumable.close_killed_launch(tmp_path, "run")
+    (segment,) = resumable.segments(tmp_path, "run")
+    assert segment["steps"] == 128 and 30.0 <= segment["wall_time_s"] < 35.0
 
 
 def test_a_run_whose_checkpoints_are_gone_starts_again_and_forgets_its_earlier_launches(tmp_path, capsys):

@@ -33,11 +33,13 @@ def test_a_cnn_learns_cartpole_from_pixels_alone_within_30000_steps(tmp_path):
 
 def test_a_recurrent_policy_balances_cartpole_without_its_velocities_within_30000_steps(tmp_path):
     # rl/MaskedCartPole-v1 shows positions only: a feed-forward policy stays near 43 however long it trains
-    # (docs/algorithms/recurrent.md), while the LSTM infers the velocities. Seeds 1-3 reach 304, 355 and 213.
+    # (docs/algorithms/recurrent.md), while the LSTM infers the velocities. 30,000 steps is mid-climb, where the
+    # CPU's kernels decide the trajectory: seeds 1-3 reach 304, 355 and 213 where oneDNN runs AVX2, and 148, 244
+    # and 495 where it runs AVX-512. The bar is well over twice the feed-forward ceiling and below both.
     args = ["--preset", "masked-cartpole", "--total-timesteps", "30000", "--seed", "1", "--no-progress-bar"]
     finished = run_ranks("fabric run", SCRIPTS["fabric"], args, tmp_path, timeout=900)
     assert finished.returncode == 0, finished.stderr[-3000:]
-    assert greedy_evaluation(tmp_path) >= 150
+    assert greedy_evaluation(tmp_path) >= 120
 
 
 def random_policy_return(episodes: int = 10) -> float:
