@@ -55,7 +55,8 @@ path = lambda name: os.path.join(folder, name)
 resumed = folder is not None and os.path.exists(path("model.zip"))
 # rl-zoo's TimeFeatureWrapper, as gymnasium gives it: this project's --time-feature.
 time_feature = functools.partial(TimeAwareObservation, normalize_time=True) if spec["time_feature"] else None
-env = make_vec_env(spec["env_id"], n_envs=1, seed=spec["seed"], wrapper_class=time_feature)
+env = make_vec_env(spec["env_id"], n_envs=1, seed=spec["seed"], env_kwargs=spec["env_kwargs"],
+                   wrapper_class=time_feature)
 if spec["normalize"] is not None:
     env = VecNormalize.load(path("vecnormalize.pkl"), env) if resumed else VecNormalize(env, **spec["normalize"])
 if resumed:
@@ -153,8 +154,8 @@ def sb3_spec(row: str, steps: int, seed: int) -> dict[str, Any]:
     else:
         config = SACConfig(**preset_values(SACConfig, preset))
         spec = _sac_spec(config)
-    return {"algorithm": algorithm, "env_id": config.env_id, "time_feature": config.time_feature, "steps": steps,
-            "seed": seed, **spec}  # fmt: skip
+    return {"algorithm": algorithm, "env_id": config.env_id, "env_kwargs": config.make_kwargs(),
+            "time_feature": config.time_feature, "steps": steps, "seed": seed, **spec}  # fmt: skip
 
 
 def run_sb3(python: str | Path, row: str, steps: int, seed: int, checkpoint_dir: Path | None = None) -> dict:

@@ -75,7 +75,7 @@ def test_stable_baselines3_trains_each_mujoco_row_with_the_values_of_its_preset(
     cfg, _ = row_config(row, tmp_path)
     spec = sb3.sb3_spec(row, suite.ROWS[row].steps, 1)
     assert (spec["env_id"], spec["steps"], spec["seed"]) == (suite.ROWS[row].env_id, cfg.total_timesteps, 1)
-    assert spec["time_feature"] == cfg.time_feature
+    assert (spec["time_feature"], spec["env_kwargs"]) == (cfg.time_feature, cfg.make_kwargs())
     model = spec["model"]
     if row.startswith("ppo/"):
         assert (model["n_steps"], model["batch_size"], model["n_epochs"]) == (

@@ -49,7 +49,7 @@ def test_mujoco_presets_weigh_the_value_loss_as_stable_baselines3_does():
 def test_mujoco_presets_build_the_network_rl_zoo_gives_each_env():
     """rl-zoo's HalfCheetah and Hopper entries set a ReLU 256x256 policy with log-std -2 and no orthogonal init;
     its Walker2d, Ant and Swimmer entries set no policy, so SB3's default applies: tanh 64x64, orthogonal, log-std 0.
-    Its published Ant and Swimmer agents also saw the time feature."""
+    Its published Ant and Swimmer agents also saw the time feature, and its Ant agent no contact forces."""
     from rl.algos.ppo.config import PPOConfig
     from rl.config import preset_values
 
@@ -60,6 +60,8 @@ def test_mujoco_presets_build_the_network_rl_zoo_gives_each_env():
         assert network == (("relu", 256, -2.0, False) if tuned else ("tanh", 64, 0.0, True)), name
         assert (cfg.num_envs, cfg.normalize_observations, cfg.normalize_rewards) == (1, True, True), name
         assert cfg.time_feature == (name in ("ant", "swimmer")), name
+        contact_forces = {"include_cfrc_ext_in_observation": False} if name == "ant" else {}
+        assert cfg.make_kwargs() == contact_forces, name
 
 
 def test_entropy_loss_and_advantage_normalization():

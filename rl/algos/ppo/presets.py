@@ -201,6 +201,13 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
     },
     # rl-zoo's published Ant and Swimmer agents were trained with SB3's defaults and its time feature (their saved
     # configs name sb3_contrib's TimeFeatureWrapper); Swimmer's 0.9999 discount reaches past the 1,000-step limit.
-    "ant": {**_SB3_DEFAULT_MUJOCO, "env_id": "Ant-v5", "time_feature": True},
+    # Ant-v3 on MuJoCo 2 read its contact forces as zeros, so the published Ant agent observed none: Ant-v5 leaves
+    # them out of the observation too (its reward, contact cost included, is unchanged).
+    "ant": {
+        **_SB3_DEFAULT_MUJOCO,
+        "env_id": "Ant-v5",
+        "env_kwargs": '{"include_cfrc_ext_in_observation": false}',
+        "time_feature": True,
+    },
     "swimmer": {**_SB3_DEFAULT_MUJOCO, "env_id": "Swimmer-v5", "gamma": 0.9999, "time_feature": True},
 }
