@@ -1,7 +1,11 @@
 """Envs that only tests need, registered on import: `--env-id envs_for_tests:UnboundedActions-v0`."""
 
+import os
+import time
+
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.classic_control import CartPoleEnv
 
 
 class UnboundedActions(gym.Env):
@@ -86,6 +90,23 @@ class FixedLength(gym.Env):
 
 
 gym.register("FixedLength-v0", entry_point=FixedLength)
+
+
+class HeldCartPole(CartPoleEnv):
+    """CartPole whose `step` waits while the file `hold` exists: a test holds a run at a point of its choosing,
+    however fast the machine trains."""
+
+    def __init__(self, hold: str) -> None:
+        super().__init__()
+        self.hold = hold
+
+    def step(self, action):
+        while os.path.exists(self.hold):
+            time.sleep(0.01)
+        return super().step(action)
+
+
+gym.register("HeldCartPole-v0", entry_point=HeldCartPole, max_episode_steps=500)
 
 
 class StepReturnsFourValues(FixedLength):

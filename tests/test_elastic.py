@@ -288,23 +288,33 @@ def agent(cwd: Path, port: int, args: list[str]) -> subprocess.Popen:
 
 
 def test_a_node_lost_leaves_the_job_on_fewer_nodes_and_a_node_that_joins_is_taken_in(tmp_path):
-    args = [*QUICK_PPO, "--total-timesteps", "32768", "--checkpoint-every", "1024"]
+    hold = tmp_path / "hold"  # while it exists, every env waits: the host cannot finish before the joiner is in
+    held_env = ["--env-id", "envs_for_tests:HeldCartPole-v0", "--env-kwargs", json.dumps({"hold": str(hold)})]
+    args = [*QUICK_PPO, *held_env, "--total-timesteps", "32768", "--checkpoint-every", "1024"]
     port = free_port()
     host = agent(tmp_path, port, args)  # hosts the rendezvous store: started first
     time.sleep(1.0)
-    other = agent(tmp_path, port, args)
+    other, joiner = agent(tmp_path, port, args), None
     try:
         wait_for_new_checkpoint(host, tmp_path, newest_step(tmp_path))
         kill_node(other)  # the node is gone, agent and worker alike, and does not come back
         journal = lambda: Journal(str(next(tmp_path.glob("logs/*/*")))).entries()  # noqa: E731
-        wait_until(lambda: [e["world_size"] for e in journal() if e["event"] == "start"] == [2, 1], host)
+        world_sizes = lambda: [e["world_size"] for e in journal() if e["event"] == "start"]  # noqa: E731
+        wait_until(lambda: world_sizes() == [2, 1], host)
         wait_for_new_checkpoint(host, tmp_path, newest_step(tmp_path))  # training again, alone
+        hold.touch()
         joiner = agent(tmp_path, port, args)
+        # torchrun stops the held worker to take the joiner in; the next round's ranks step their envs before
+        # they journal its start, so the hold ends here.
+        stopped = lambda: [e["kind"] for e in journal() if e["event"] == "fault"] == ["lost", "stopped"]  # noqa: E731
+        wait_until(stopped, host)
+        hold.unlink()
         _, host_err = finish(host, timeout=300)
         _, joiner_err = finish(joiner, timeout=60)
     finally:
-        for job in (host, other):
-            kill_node(job)
+        for job in (host, other, joiner):
+            if job is not None:
+                kill_node(job)
     assert host.returncode == 0, host_err[-3000:]
     # The joiner's workers finish; its agent may then find the store gone with the host's (torchrun's exit barrier).
     assert joiner.returncode == 0 or "Error waiting on exit barrier" in joiner_err, joiner_err[-3000:]
