@@ -13,6 +13,7 @@ segment that ran from its start to the newest checkpoint, the work after which i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
@@ -20,7 +21,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,18 +74,30 @@ def append_segment(out: Path, name: str, segment: dict) -> None:
 CHECKPOINT_WATCH_S = 10.0
 
 
-def watch_checkpoints(out: Path, name: str, opened: dict, stop: threading.Event) -> None:
-    """Note in the launch's marker, by this machine's clock, when each new checkpoint of the run appears.
+@contextlib.contextmanager
+def checkpoints_watched(out: Path, name: str, opened: dict) -> Iterator[None]:
+    """While in the block, note in the launch's marker, by this machine's clock, when each new checkpoint appears.
 
     A killed launch counts up to its newest checkpoint, and a checkpoint file's own time cannot say when that
     was once its folder has been copied or restored: the file then carries the time of the copy."""
-    seen = opened["from_step"]
-    while not stop.wait(CHECKPOINT_WATCH_S):
-        step = saved_step(out, name)[0]
-        if step > seen:
-            seen = step
-            noted = {**opened, "checkpoint_step": step, "checkpoint_seen": round(time.time(), 1)}
-            open_launch_file(out, name).write_text(json.dumps(noted))
+    stop = threading.Event()
+
+    def watch() -> None:
+        seen = opened["from_step"]
+        while not stop.wait(CHECKPOINT_WATCH_S):
+            step = saved_step(out, name)[0]
+            if step > seen:
+                seen = step
+                noted = {**opened, "checkpoint_step": step, "checkpoint_seen": round(time.time(), 1)}
+                open_launch_file(out, name).write_text(json.dumps(noted))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join()
 
 
 def close_killed_launch(out: Path, name: str) -> None:
@@ -125,14 +138,8 @@ def launch_segment(run: Run, out: Path) -> tuple[dict, str]:
     marker.parent.mkdir(parents=True, exist_ok=True)
     opened = {"started": round(started, 1), "from_step": saved_step(out, run.name)[0]}
     marker.write_text(json.dumps(opened))
-    stop_watching = threading.Event()
-    watcher = threading.Thread(target=watch_checkpoints, args=(out, run.name, opened, stop_watching), daemon=True)
-    watcher.start()
-    try:
+    with checkpoints_watched(out, run.name, opened):
         done, wall_time = run_in_folder(run.command(), out / "launches" / run.name)
-    finally:
-        stop_watching.set()
-        watcher.join()
     summary, compiling = SUMMARY.search(done.stdout), COMPILE.search(done.stdout)
     segment = {"started": round(started, 1), "ended": round(time.time(), 1), "wall_time_s": round(wall_time, 1),
                "exit": done.returncode, "steps": int(summary.group(1)) if summary else 0,

@@ -4,7 +4,6 @@ stopped run resumes from its checkpoint, and the table reports every row."""
 import json
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -167,16 +166,12 @@ def test_a_killed_launch_in_a_restored_folder_counts_to_when_its_checkpoint_appe
     marker.parent.mkdir()
     opened = {"started": round(time.time() - 30.0, 1), "from_step": 0}
     marker.write_text(json.dumps(opened))
-    stop = threading.Event()
-    watcher = threading.Thread(target=resumable.watch_checkpoints, args=(tmp_path, "run", opened, stop))
-    watcher.start()
     checkpoint = checkpoints / "step_000000000128.ckpt"
-    checkpoint.write_bytes(b"")
-    deadline = time.monotonic() + 10
-    while "checkpoint_step" not in json.loads(marker.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    stop.set()
-    watcher.join()
+    with resumable.checkpoints_watched(tmp_path, "run", opened):
+        checkpoint.write_bytes(b"")
+        deadline = time.monotonic() + 10
+        while "checkpoint_step" not in json.loads(marker.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.01)
     an_hour_later = time.time() + 3600
     os.utime(checkpoint, (an_hour_later, an_hour_later))  # the checkout was restored an hour after the kill
     resumable.close_killed_launch(tmp_path, "run")
