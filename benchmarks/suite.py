@@ -130,6 +130,14 @@ def finished_rows(runs: list[Run], out: Path) -> list[dict]:
     return [json.loads(row_file(out, run.name).read_text()) for run in runs if row_file(out, run.name).exists()]
 
 
+def every_finished_run(out: Path) -> list[dict]:
+    """Every finished run of every row under `out`, whichever rows and seeds this launch planned, in the
+    table's order: results.csv is the whole table's, so a launch of one row never drops the others."""
+    results = [json.loads(path.read_text()) for path in (out / "rows").glob("*.json")]
+    order = list(ROWS)
+    return sorted((r for r in results if r.get("row") in ROWS), key=lambda r: (order.index(r["row"]), r["seed"]))
+
+
 def write_csv(results: list[dict], path: Path) -> None:
     columns = ["algorithm", "env", "topology", "seed", "steps", "greedy_return", "wall_time_s", "env_steps_per_s"]
     with path.open("w", newline="") as file:
@@ -254,7 +262,7 @@ def compute_spent(runs: list[Run], out: Path) -> str:
 def report(runs: list[Run], rows: list[str], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     results = finished_rows(runs, out)
-    write_csv(results, out / "results.csv")
+    write_csv(every_finished_run(out), out / "results.csv")
     print(markdown(results, rows))
     print()
     print(aggregate(results, rows))

@@ -1,6 +1,7 @@
 """The learning benchmark's harness: its commands are valid runs of the published configurations, a
 stopped run resumes from its checkpoint, and the table reports every row."""
 
+import csv
 import json
 import os
 import sys
@@ -107,6 +108,18 @@ def test_the_table_reports_rows_without_runs_and_judges_by_the_first_published_f
     pong = {"row": "ppo/pong", "seed": 1, "steps": 4_000_000, "wall_time_s": 9000.0, "env_steps_per_s": 400}
     assert "| yes |" in suite.markdown([{**pong, "eval_return": 18.5}], ["ppo/pong"])  # its target, not 20.99 - 0.11
     assert "| no |" in suite.markdown([{**pong, "eval_return": 17.9}], ["ppo/pong"])
+
+
+def test_results_csv_holds_every_finished_run_even_when_one_row_was_launched(tmp_path):
+    (tmp_path / "rows").mkdir()
+    for row, seed in (("ppo/pong", 1), ("sac/walker2d", 1), ("ppo/hopper", 2), ("ppo/hopper", 1)):
+        result = {"row": row, "seed": seed, "eval_return": 1.0, "steps": 10, "wall_time_s": 1.0, "env_steps_per_s": 10}
+        (tmp_path / "rows" / f"{suite.run_name(row, seed)}.json").write_text(json.dumps(result))
+    (tmp_path / "rows" / "another-study.json").write_text(json.dumps({"row": "not/a-row", "seed": 1}))
+    suite.report(suite.plan(["ppo/pong"], None, tmp_path), ["ppo/pong"], tmp_path)
+    with (tmp_path / "results.csv").open() as file:
+        written = [(line["env"], line["seed"]) for line in csv.DictReader(file)]
+    assert written == [("Hopper-v5", "1"), ("Hopper-v5", "2"), ("Walker2d-v5", "1"), ("PongNoFrameskip-v4", "1")]
 
 
 def test_scores_are_normalized_by_the_published_mean_over_the_seeds_every_row_has():
