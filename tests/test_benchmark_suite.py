@@ -110,13 +110,13 @@ def test_the_table_reports_rows_without_runs_and_judges_by_the_first_published_f
     assert "| no |" in suite.markdown([{**pong, "eval_return": 17.9}], ["ppo/pong"])
 
 
-def test_results_csv_holds_every_finished_run_even_when_one_row_was_launched(tmp_path):
+def test_results_csv_holds_every_finished_run_of_every_row(tmp_path):
     (tmp_path / "rows").mkdir()
     for row, seed in (("ppo/pong", 1), ("sac/walker2d", 1), ("ppo/hopper", 2), ("ppo/hopper", 1)):
         result = {"row": row, "seed": seed, "eval_return": 1.0, "steps": 10, "wall_time_s": 1.0, "env_steps_per_s": 10}
         (tmp_path / "rows" / f"{suite.run_name(row, seed)}.json").write_text(json.dumps(result))
     (tmp_path / "rows" / "another-study.json").write_text(json.dumps({"row": "not/a-row", "seed": 1}))
-    suite.report(suite.plan(["ppo/pong"], None, tmp_path), ["ppo/pong"], tmp_path)
+    suite.write_csv(suite.every_finished_run(tmp_path), tmp_path / "results.csv")
     with (tmp_path / "results.csv").open() as file:
         written = [(line["env"], line["seed"]) for line in csv.DictReader(file)]
     assert written == [("Hopper-v5", "1"), ("Hopper-v5", "2"), ("Walker2d-v5", "1"), ("PongNoFrameskip-v4", "1")]
