@@ -100,7 +100,7 @@ class HeldCartPole(CartPoleEnv):
         super().__init__()
         self.hold = hold
 
-    def step(self, action):
+    def step(self, action: int) -> tuple:
         while os.path.exists(self.hold):
             time.sleep(0.01)
         return super().step(action)
