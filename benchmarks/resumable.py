@@ -29,6 +29,7 @@ from pathlib import Path
 from launch import SUMMARY, run_in_folder
 
 from rl.elastic import newest_checkpoint
+from rl.logger import EPISODE_COUNT, EPISODE_LENGTH, EPISODE_RETURN
 
 EVALUATION = re.compile(r"evaluation over \d+ greedy episodes: return (-?[\d.]+) ± ([\d.]+)")
 COMPILE = re.compile(r"torch\.compile: ([\d.]+) s compiling")
@@ -170,6 +171,7 @@ def train(run: Run, out: Path) -> dict:
         "steps": steps, "wall_time_s": round(sum(s["wall_time_s"] for s in launches), 1), "launches": len(launches),
         "env_steps_per_s": round(steps / loop_seconds) if loop_seconds else None,
         "compile_s": round(sum(s["compile_s"] for s in launches), 1),
+        "training_return_last100": training_return_of_last(out, run.name),
     }  # fmt: skip
 
 
@@ -221,8 +223,8 @@ def training_seconds(out: Path, name: str, wall_clock: float) -> float:
                if s["started"] <= wall_clock)  # fmt: skip
 
 
-def curve(out: Path, name: str) -> tuple[list[float], list[float], list[float]]:
-    """The run's logged training return: env steps, training seconds and return at each point."""
+def logged_scalars(out: Path, name: str, tags: list[str]) -> dict[str, dict[int, tuple[float, float]]]:
+    """Per tag, the run's logged points: step -> (value, wall time); the newest launch's where launches overlap."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     # A resumed launch logs again from its checkpoint's step; TensorBoard then warns that it drops the
@@ -230,11 +232,47 @@ def curve(out: Path, name: str) -> tuple[list[float], list[float], list[float]]:
     logging.getLogger("tensorboard").setLevel(logging.ERROR)
     folder = run_folder(out, name)
     if not folder.exists():
-        return [], [], []
+        return {}
     events = EventAccumulator(str(folder), size_guidance={"scalars": 0})
     events.Reload()
-    if "Rewards/rew_avg" not in events.Tags()["scalars"]:
-        return [], [], []
-    points = sorted({p.step: p for p in events.Scalars("Rewards/rew_avg")}.values(), key=lambda p: p.step)
-    seconds = [training_seconds(out, name, p.wall_time) for p in points]
-    return [p.step for p in points], seconds, [p.value for p in points]
+    logged = set(events.Tags()["scalars"])
+    return {tag: {p.step: (p.value, p.wall_time) for p in events.Scalars(tag)} for tag in tags if tag in logged}
+
+
+def curve(out: Path, name: str) -> tuple[list[float], list[float], list[float]]:
+    """The run's logged training return: env steps, training seconds and return at each point."""
+    points = logged_scalars(out, name, [EPISODE_RETURN]).get(EPISODE_RETURN, {})
+    steps = sorted(points)
+    seconds = [training_seconds(out, name, points[step][1]) for step in steps]
+    return steps, seconds, [points[step][0] for step in steps]
+
+
+def mean_of_last_episodes(steps: list[int], returns: list[float], episodes: list[float], last: int) -> float | None:
+    """The mean return of the last `last` training episodes, from reports of (step, mean return, episodes ended):
+    the newest reports' means weighted by their episodes, the oldest of them by only the episodes it adds."""
+    total = weight = 0.0
+    for _, mean, count in sorted(zip(steps, returns, episodes, strict=True), reverse=True):
+        taken = min(count, last - weight)
+        total, weight = total + mean * taken, weight + taken
+        if weight >= last:
+            break
+    return total / weight if weight else None
+
+
+def training_return_of_last(out: Path, name: str, last: int = 100) -> float | None:
+    """The mean of the run's last `last` training episodes, as CleanRL reports a run, from its logs.
+
+    Each report logs the mean return of the episodes that ended since the last and their number. Runs
+    logged before that number was counted are weighed by the steps between reports over the mean
+    episode length, the number of episodes that ended on average."""
+    scalars = logged_scalars(out, name, [EPISODE_RETURN, EPISODE_COUNT, EPISODE_LENGTH])
+    returns = scalars.get(EPISODE_RETURN, {})
+    steps = sorted(returns)
+    if not steps:
+        return None
+    if EPISODE_COUNT in scalars:
+        counts = [scalars[EPISODE_COUNT][step][0] for step in steps]
+    else:
+        lengths, previous = scalars[EPISODE_LENGTH], [0, *steps[:-1]]
+        counts = [(step - before) / lengths[step][0] for step, before in zip(steps, previous, strict=True)]
+    return mean_of_last_episodes(steps, [returns[step][0] for step in steps], counts, last)

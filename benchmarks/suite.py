@@ -11,18 +11,20 @@ every 5 minutes, so a suite that is stopped picks each run up from its newest ch
 started again; finished runs are never launched again (`benchmarks/resumable.py`).
 
 After the runs it writes, from every finished run:
-- OUT/results.csv: one line per run (algorithm, env, topology, seed, steps, greedy return over 10
-  episodes, wall time, env steps/s);
+- OUT/results.csv: one line per run (algorithm, env, config, topology, seed, steps, greedy return over
+  10 episodes, mean return of the last 100 training episodes, wall time, env steps/s);
 - OUT/suite/ENV-ALGORITHM.png: the training return against env steps and against training wall
   time, mean and min-max over seeds, with the published figure as a line;
 - the Markdown table (docs/benchmarks/learning.md's), and rliable's IQM of the scores normalized by the published
   means, with stratified-bootstrap 95% confidence intervals, per group of rows
   (`pip install -e ".[bench]"`).
 
-A row matches when its mean greedy return over seeds is at least the published mean minus one
-published std, at the same or fewer env steps. Pong's row has a target of its own instead: its
-run ends at the first greedy return of 18 or more (evaluated every 250k steps), and it matches
-when the closing evaluation holds 18 within the published 10M steps.
+Every run has two figures: its greedy return over 10 episodes (rl-zoo's metric), and the mean return
+of its last 100 training episodes (CleanRL's; on Atari an episode is a whole game). A row matches
+when the mean over seeds of the figure that its first published source reports is at least that
+source's mean minus one published std, at the same or fewer env steps. Pong's row has a target of
+its own instead: its run ends at the first greedy return of 18 or more (evaluated every 250k
+steps), and it matches when the closing evaluation holds 18 within the published 10M steps.
 """
 
 from __future__ import annotations
@@ -37,9 +39,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launch import fabric_run
-from resumable import Run, curve, row_file, run_all, segments
+from resumable import Run, curve, row_file, run_all, segments, training_return_of_last
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+GREEDY = "eval_return"  # rl-zoo's figures: the mean return of greedy evaluation episodes
+TRAINING = "training_return_last100"  # CleanRL's: the mean return of the last 100 training episodes of a seed
+METRIC_NAMES = {GREEDY: "greedy", TRAINING: "last 100 training episodes"}
 
 
 @dataclass(frozen=True)
@@ -47,9 +54,11 @@ class Published:
     source: str
     mean: float
     std: float
+    metric: str = GREEDY  # a run's figure that compares with this one
 
     def __str__(self) -> str:
-        return f"{self.source}: {self.mean:,.2f} ± {self.std:,.2f}".replace(".00 ", " ").replace(".00", "")
+        figure = f"{self.source}: {self.mean:,.2f} ± {self.std:,.2f}".replace(".00 ", " ").replace(".00", "")
+        return f"{figure} ({METRIC_NAMES[self.metric]})"
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,14 @@ class Row:
     flags: tuple[str, ...] = field(default_factory=tuple)
     devices: int = 1  # coupled processes of one torch thread each
     target: float | None = None  # a greedy return that ends the run early and judges the row instead
+
+    @property
+    def rule(self) -> str:
+        """What judges the row, in words."""
+        if self.target is not None:
+            return f"its own target: a greedy {self.target:g} within {self.steps:,} steps"
+        judge = self.published[0]
+        return f"{judge.source}'s mean − std, {METRIC_NAMES[judge.metric]}"
 
     @property
     def topology(self) -> str:
@@ -94,19 +111,31 @@ ROWS: dict[str, Row] = {
     # SAC checkpoints its replay buffer: a run resumed without it would refill --learning-starts transitions
     # before training again, off the published replay ratio, and train on a buffer that forgot its past.
     "sac/halfcheetah": Row("sac", "halfcheetah", "HalfCheetah-v5", 1_000_000,
-                           (_rl_zoo(9535, 100), Published("CleanRL v2", 9635, 1424)), "SAC MuJoCo", (1,),
+                           (_rl_zoo(9535, 100), Published("CleanRL v2", 9635, 1424, TRAINING)), "SAC MuJoCo", (1,),
                            SAVE_BUFFER),
     "sac/hopper": Row("sac", "hopper", "Hopper-v5", 1_000_000,
-                      (_rl_zoo(2326, 1130), Published("CleanRL v2", 2310, 343)), "SAC MuJoCo", (1,), SAVE_BUFFER),
+                      (_rl_zoo(2326, 1130), Published("CleanRL v2", 2310, 343, TRAINING)), "SAC MuJoCo", (1,),
+                      SAVE_BUFFER),
     "sac/walker2d": Row("sac", "walker2d", "Walker2d-v5", 1_000_000,
-                        (_rl_zoo(3863, 254), Published("CleanRL v2", 3591, 911)), "SAC MuJoCo", (1,), SAVE_BUFFER),
+                        (_rl_zoo(3863, 254), Published("CleanRL v2", 3591, 911, TRAINING)), "SAC MuJoCo", (1, 2, 3),
+                        SAVE_BUFFER),
     # The published Pong figures are PongNoFrameskip-v4's (no sticky actions), at 10M steps. The run stops at the
     # first greedy return of 18 or more (evaluated every 250k steps), which judges the row. CleanRL's rollout (8
     # envs x 128 steps, minibatches of 256) is split over 2 ranks: 4 envs and minibatches of 128 per rank.
     "ppo/pong": Row("ppo", "atari-ppo", "PongNoFrameskip-v4", 10_000_000,
-                    (Published("rl-zoo", 20.99, 0.11), Published("CleanRL", 20.36, 0.20)), "PPO Atari", (1,),
+                    (Published("rl-zoo", 20.99, 0.11), Published("CleanRL", 20.36, 0.20, TRAINING)), "PPO Atari", (1,),
                     ("--env-id", "PongNoFrameskip-v4", "--total-timesteps", "10000000", "--num-envs", "4",
                      "--per-rank-batch-size", "128"), devices=2, target=18.0),
+    # A second round: rl-zoo's retuned Swimmer entry, CleanRL's continuous PPO on Hopper beside rl-zoo's, and
+    # Breakout for the whole 10M steps, split over 2 ranks as Pong is.
+    "ppo/swimmer-tuned": Row("ppo", "swimmer-tuned", "Swimmer-v5", 1_000_000, (_rl_zoo(282, 10),), "PPO MuJoCo"),
+    "ppo/hopper-cleanrl": Row("ppo", "cleanrl-mujoco", "Hopper-v5", 1_000_000,
+                              (Published("CleanRL", 2382.86, 271.74, TRAINING),), "PPO MuJoCo"),
+    "ppo/breakout": Row("ppo", "atari-ppo", "BreakoutNoFrameskip-v4", 10_000_000,
+                        (Published("CleanRL", 414.66, 28.09, TRAINING), Published("rl-zoo", 398.0, 33.3)),
+                        "PPO Atari", (1,),
+                        ("--env-id", "BreakoutNoFrameskip-v4", "--num-envs", "4", "--per-rank-batch-size", "128"),
+                        devices=2),
 }  # fmt: skip
 
 
@@ -139,48 +168,83 @@ def every_finished_run(out: Path) -> list[dict]:
 
 
 def write_csv(results: list[dict], path: Path) -> None:
-    columns = ["algorithm", "env", "topology", "seed", "steps", "greedy_return", "wall_time_s", "env_steps_per_s"]
+    columns = ["algorithm", "env", "config", "topology", "seed", "steps", "greedy_return", "training_return_last100",
+               "wall_time_s", "env_steps_per_s"]  # fmt: skip
     with path.open("w", newline="") as file:
         writer = csv.DictWriter(file, columns)
         writer.writeheader()
         for result in results:
             row = ROWS[result["row"]]
             writer.writerow({
-                "algorithm": row.algorithm, "env": row.env_id, "topology": row.topology, "seed": result["seed"],
-                "steps": result["steps"], "greedy_return": result["eval_return"], "wall_time_s": result["wall_time_s"],
+                "algorithm": row.algorithm, "env": row.env_id, "config": row.preset, "topology": row.topology,
+                "seed": result["seed"], "steps": result["steps"], "greedy_return": result["eval_return"],
+                "training_return_last100": result.get(TRAINING), "wall_time_s": result["wall_time_s"],
                 "env_steps_per_s": result["env_steps_per_s"],
             })  # fmt: skip
 
 
-def matched(row: Row, returns: list[float], steps: int) -> bool:
-    reference = row.published[0]
-    needed = reference.mean - reference.std if row.target is None else row.target
-    return statistics.mean(returns) >= needed and steps <= row.steps
+def with_training_returns(out: Path, results: list[dict]) -> list[dict]:
+    """Each finished run with its mean over the last 100 training episodes: runs that finished before the
+    figure was kept get it from their logs, written into their row file so that it outlives the logs."""
+    for result in results:
+        if result.get(TRAINING) is None:
+            result[TRAINING] = training_return_of_last(out, run_name(result["row"], result["seed"]))
+            if result[TRAINING] is not None:
+                row_file(out, run_name(result["row"], result["seed"])).write_text(json.dumps(result))
+    return results
+
+
+def judged_figures(row: Row, members: list[dict], source: Published | None = None) -> list[float]:
+    """Each run's figure in the metric of `source` (default: the published figure that judges the row)."""
+    metric = GREEDY if row.target is not None and source is None else (source or row.published[0]).metric
+    return [member[metric] for member in members if member.get(metric) is not None]
+
+
+def meets(source: Published, figures: list[float]) -> bool:
+    return bool(figures) and statistics.mean(figures) >= source.mean - source.std
+
+
+def matched(row: Row, members: list[dict], steps: int) -> bool:
+    if steps > row.steps:
+        return False
+    if row.target is not None:
+        return bool(judged_figures(row, members)) and statistics.mean(judged_figures(row, members)) >= row.target
+    return meets(row.published[0], judged_figures(row, members))
+
+
+def verdicts(row: Row, members: list[dict]) -> str:
+    """Whether the row meets each published figure by that figure's own metric and rule (mean − std)."""
+    return "; ".join(f"{source.source}: {'yes' if meets(source, judged_figures(row, members, source)) else 'no'}"
+                     for source in row.published)  # fmt: skip
 
 
 def markdown(results: list[dict], rows: list[str]) -> str:
     """One line per row, finished or not: a row that misses is reported, never dropped."""
-    lines = ["| algorithm | env | steps | seeds | greedy return | per seed | published | matched | wall time per run "
-             "| env steps/s |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = ["| algorithm | env | config | steps | seeds | greedy return | last 100 training episodes "
+             "| greedy per seed | published | judged by | matched | each source's mean − std | wall time per run "
+             "| env steps/s |", "|" + " --- |" * 14]  # fmt: skip
     for name in rows:
         row, members = ROWS[name], [r for r in results if r["row"] == name]
         published = "; ".join(str(p) for p in row.published)
-        if row.target is not None:
-            published += f" (target here: {row.target:g})"
+        start = f"| {row.algorithm.upper()} | {row.env_id} | {row.preset} |"
         if not members:
-            lines.append(f"| {row.algorithm.upper()} | {row.env_id} | {row.steps:,} | 0 of {len(row.seeds)} | "
-                         f"not yet run | | {published} | | | |")  # fmt: skip
+            lines.append(f"{start} {row.steps:,} | 0 of {len(row.seeds)} | not yet run | | | {published} | "
+                         f"{row.rule} | | | | |")  # fmt: skip
             continue
         returns, steps = [r["eval_return"] for r in members], max(r["steps"] for r in members)
+        training = [r[TRAINING] for r in members if r.get(TRAINING) is not None]
         lines.append(
-            f"| {row.algorithm.upper()} | {row.env_id} | {steps:,} | {len(members)} of {len(row.seeds)} | "
-            f"{statistics.mean(returns):,.1f} ± {statistics.pstdev(returns):,.1f} | "
-            f"{', '.join(f'{r:,.1f}' for r in returns)} | {published} | "
-            f"{'yes' if matched(row, returns, steps) else 'no'} | "
+            f"{start} {steps:,} | {len(members)} of {len(row.seeds)} | {mean_and_std(returns)} | "
+            f"{mean_and_std(training)} | {', '.join(f'{r:,.1f}' for r in returns)} | {published} | {row.rule} | "
+            f"{'yes' if matched(row, members, steps) else 'no'} | {verdicts(row, members)} | "
             f"{statistics.mean(r['wall_time_s'] for r in members) / 3600:.1f} h | "
             f"{statistics.mean(r['env_steps_per_s'] for r in members):,.0f} |"
         )
     return "\n".join(lines)
+
+
+def mean_and_std(values: list[float]) -> str:
+    return f"{statistics.mean(values):,.1f} ± {statistics.pstdev(values):,.1f}" if values else ""
 
 
 def normalized_scores(results: list[dict], rows: list[str]) -> dict[str, list[list[float]]]:
@@ -191,7 +255,8 @@ def normalized_scores(results: list[dict], rows: list[str]) -> dict[str, list[li
         members = [name for name in rows if ROWS[name].group == group and any(r["row"] == name for r in results)]
         if not members:
             continue
-        by_run = {(r["row"], r["seed"]): r["eval_return"] for r in results}
+        by_run = {(r["row"], r["seed"]): judged_figures(ROWS[r["row"]], [r])[0] for r in results
+                  if judged_figures(ROWS[r["row"]], [r])}  # fmt: skip
         seeds = sorted(set.intersection(*({s for (n, s) in by_run if n == name} for name in members)))
         groups[group] = [[by_run[(name, seed)] / ROWS[name].published[0].mean for name in members] for seed in seeds]
     return groups
@@ -261,8 +326,8 @@ def compute_spent(runs: list[Run], out: Path) -> str:
 
 def report(runs: list[Run], rows: list[str], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    results = finished_rows(runs, out)
-    write_csv(every_finished_run(out), out / "results.csv")
+    results = with_training_returns(out, finished_rows(runs, out))
+    write_csv(with_training_returns(out, every_finished_run(out)), out / "results.csv")
     print(markdown(results, rows))
     print()
     print(aggregate(results, rows))

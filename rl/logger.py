@@ -94,8 +94,16 @@ class MeanOverRanks:
     any rank are left out of the result.
     """
 
-    def __init__(self, names: Iterable[str], device: torch.device, all_reduce_sum: AllReduceSum) -> None:
+    def __init__(
+        self,
+        names: Iterable[str],
+        device: torch.device,
+        all_reduce_sum: AllReduceSum,
+        counted: dict[str, str] | None = None,
+    ) -> None:
+        """`counted`: mean name -> the name under which `compute` also returns its number of samples."""
         self._index = {name: i for i, name in enumerate(names)}
+        self._counted = counted or {}
         self._sums = torch.zeros(len(self._index), 2, dtype=torch.float64, device=device)  # (sum, count)
         self._all_reduce_sum = all_reduce_sum
 
@@ -108,11 +116,17 @@ class MeanOverRanks:
     def compute(self) -> dict[str, float]:
         pooled = self._all_reduce_sum(self._sums).tolist()
         self._sums.zero_()
-        return {name: total / count for name, (total, count) in zip(self._index, pooled, strict=True) if count > 0}
+        means = {name: total / count for name, (total, count) in zip(self._index, pooled, strict=True) if count > 0}
+        counts = {tag: pooled[self._index[name]][1] for name, tag in self._counted.items() if name in means}
+        return means | counts
 
 
 EPISODE_RETURN = "Rewards/rew_avg"
 EPISODE_LENGTH = "Game/ep_len_avg"
+# How many episodes ended in a report's interval: the weight of its mean return, from which a study
+# recovers the mean of the last N training episodes (the figure CleanRL publishes).
+EPISODE_COUNT = "Game/episodes"
+EPISODE_STATISTICS = (EPISODE_RETURN, EPISODE_LENGTH)
 
 
 class TrainingMetrics(MeanOverRanks):
@@ -120,7 +134,8 @@ class TrainingMetrics(MeanOverRanks):
 
     def __init__(self, device: torch.device, all_reduce_sum: AllReduceSum, stat_tags: dict[str, str]) -> None:
         self.stat_tags = stat_tags  # statistic name -> TensorBoard tag
-        super().__init__([EPISODE_RETURN, EPISODE_LENGTH, *stat_tags.values()], device, all_reduce_sum)
+        super().__init__([*EPISODE_STATISTICS, *stat_tags.values()], device, all_reduce_sum,
+                         counted={EPISODE_RETURN: EPISODE_COUNT})  # fmt: skip
 
     def record_episodes(self, returns: list[float], lengths: list[int]) -> None:
         self.update(EPISODE_RETURN, returns)

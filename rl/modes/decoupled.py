@@ -30,7 +30,16 @@ from rl.config import RunConfig, local_gpu_index, uses_gpu
 from rl.elastic import init_default_process_group, reached
 from rl.errors import progress_line
 from rl.faults import gather_process_ids, peer, report_lost_peers
-from rl.logger import EPISODE_LENGTH, EPISODE_RETURN, FabricSink, MeanOverRanks, ProgressBar, TrainingMetrics
+from rl.logger import (
+    EPISODE_COUNT,
+    EPISODE_LENGTH,
+    EPISODE_RETURN,
+    EPISODE_STATISTICS,
+    FabricSink,
+    MeanOverRanks,
+    ProgressBar,
+    TrainingMetrics,
+)
 from rl.modes.decoupled_links import (
     LEAD_PLAYER,
     Command,
@@ -135,7 +144,8 @@ class Player:
             self._restore(resume)
         self.rows = self.codec.empty_rows(num_rows, topology.device)
         self.metrics = TrainingMetrics(topology.device, lambda tensor: tensor, tags)  # the lead's updates
-        self.episodes = MeanOverRanks([EPISODE_RETURN, EPISODE_LENGTH], topology.device, players_sum)
+        self.episodes = MeanOverRanks(EPISODE_STATISTICS, topology.device, players_sum,
+                                      counted={EPISODE_RETURN: EPISODE_COUNT})  # fmt: skip
         self.num_iterations = cfg.num_iterations(topology.num_players)
         self.steps_per_iteration = cfg.steps_per_iteration * topology.num_players  # every player's steps
         self.report_every = algorithm.iterations_per_report(topology.num_players)

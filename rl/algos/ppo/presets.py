@@ -6,7 +6,7 @@ env count per rank, so that the two ranks together collect rl-zoo's rollout
 (`benchmarks/presets.py`). The MuJoCo presets are rl-zoo's values exactly, for one process: rl-zoo
 runs them on a single env, which two ranks cannot halve (`benchmarks/suite.py`); their value-loss
 coefficients are doubled to give SB3's loss (`_sb3_vf_coef`). `atari-ppo` is
-CleanRL's Atari PPO per rank.
+CleanRL's Atari PPO per rank, and `cleanrl-mujoco` CleanRL's continuous-action PPO.
 """
 
 from __future__ import annotations
@@ -210,4 +210,36 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "time_feature": True,
     },
     "swimmer": {**_SB3_DEFAULT_MUJOCO, "env_id": "Swimmer-v5", "gamma": 0.9999, "time_feature": True},
+    # rl-zoo's current Swimmer entry, retuned after its published agent (rl-baselines3-zoo PR #335): 4 envs of
+    # 1,024 steps, no time feature.
+    "swimmer-tuned": {
+        **_SB3_DEFAULT_MUJOCO,
+        "env_id": "Swimmer-v5",
+        "num_envs": 4,
+        "num_steps": 1024,
+        "per_rank_batch_size": 256,
+        "learning_rate": 6e-4,
+        "gamma": 0.9999,
+        "gae_lambda": 0.98,
+    },
+    # CleanRL's ppo_continuous_action.py defaults, for any MuJoCo env (Hopper-v5 unless --env-id says otherwise):
+    # one env of 2,048 steps in 32 minibatches, an annealed learning rate, the clipped value loss, and CleanRL's
+    # value loss as it is (half the squared error, as here).
+    "cleanrl-mujoco": {
+        **_SB3_STYLE_PPO,
+        "env_id": "Hopper-v5",
+        "total_timesteps": 1_000_000,
+        "num_envs": 1,
+        "num_steps": 2048,
+        "per_rank_batch_size": 64,
+        "update_epochs": 10,
+        "learning_rate": 3e-4,
+        "anneal_lr": True,
+        "gamma": 0.99,
+        "gae_lambda": 0.95,
+        "clip_coef": 0.2,
+        "clip_vloss": True,
+        "normalize_observations": True,
+        "normalize_rewards": True,
+    },
 }
