@@ -55,7 +55,7 @@ path = lambda name: os.path.join(folder, name)
 resumed = folder is not None and os.path.exists(path("model.zip"))
 # rl-zoo's TimeFeatureWrapper, as gymnasium gives it: this project's --time-feature.
 time_feature = functools.partial(TimeAwareObservation, normalize_time=True) if spec["time_feature"] else None
-env = make_vec_env(spec["env_id"], n_envs=1, seed=spec["seed"], env_kwargs=spec["env_kwargs"],
+env = make_vec_env(spec["env_id"], n_envs=spec["n_envs"], seed=spec["seed"], env_kwargs=spec["env_kwargs"],
                    wrapper_class=time_feature)
 if spec["normalize"] is not None:
     env = VecNormalize.load(path("vecnormalize.pkl"), env) if resumed else VecNormalize(env, **spec["normalize"])
@@ -118,8 +118,8 @@ print(json.dumps({"steps": model.num_timesteps, "loop_s": loop_s, "eval_return":
 
 
 def _ppo_spec(config: PPOConfig) -> dict[str, Any]:
-    if config.num_envs != 1 or config.anneal_lr or config.clip_vloss:
-        raise ValueError(f"preset {config.preset!r}: only one env, a constant learning rate and no value clipping map")
+    if config.anneal_lr or config.clip_vloss:
+        raise ValueError(f"preset {config.preset!r}: only a constant learning rate and no value clipping map")
     # SB3's value loss is twice this project's (rl/algos/ppo/presets.py): half the coefficient gives the same loss.
     model = {"n_steps": config.num_steps, "batch_size": config.per_rank_batch_size, "n_epochs": config.update_epochs,
              "learning_rate": config.learning_rate, "gamma": config.gamma, "gae_lambda": config.gae_lambda,
@@ -154,8 +154,9 @@ def sb3_spec(row: str, steps: int, seed: int) -> dict[str, Any]:
     else:
         config = SACConfig(**preset_values(SACConfig, preset))
         spec = _sac_spec(config)
-    return {"algorithm": algorithm, "env_id": config.env_id, "env_kwargs": config.make_kwargs(),
-            "time_feature": config.time_feature, "steps": steps, "seed": seed, **spec}  # fmt: skip
+    return {"algorithm": algorithm, "env_id": config.env_id, "n_envs": config.num_envs,
+            "env_kwargs": config.make_kwargs(), "time_feature": config.time_feature, "steps": steps, "seed": seed,
+            **spec}  # fmt: skip
 
 
 def run_sb3(python: str | Path, row: str, steps: int, seed: int, checkpoint_dir: Path | None = None) -> dict:

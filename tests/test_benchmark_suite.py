@@ -53,6 +53,34 @@ def test_pong_splits_cleanrls_rollout_over_its_ranks_and_stops_at_its_target(tmp
     assert (cfg.stop_at_return, cfg.eval_every) == (18.0, 250_000)
 
 
+def test_breakout_splits_cleanrls_rollout_over_its_ranks_for_the_published_steps(tmp_path):
+    cfg, _ = row_config("ppo/breakout", tmp_path)
+    devices = suite.ROWS["ppo/breakout"].devices
+    rollout, minibatch = devices * cfg.num_envs * cfg.num_steps, devices * cfg.per_rank_batch_size
+    assert (rollout, minibatch, cfg.update_epochs, cfg.total_timesteps) == (1024, 256, 4, 10_000_000)
+    assert cfg.stop_at_return is None  # judged by its last 100 training games at 10M, as CleanRL's figure
+
+
+def test_the_cleanrl_hopper_row_trains_with_cleanrls_continuous_defaults(tmp_path):
+    cfg, _ = row_config("ppo/hopper-cleanrl", tmp_path)
+    rollout = (cfg.num_envs, cfg.num_steps, cfg.num_steps // cfg.per_rank_batch_size, cfg.update_epochs)
+    assert rollout == (1, 2048, 32, 10)  # ppo_continuous_action.py: 1 env x 2,048 steps, 32 minibatches, 10 epochs
+    optimisation = (cfg.learning_rate, cfg.anneal_lr, cfg.gamma, cfg.gae_lambda, cfg.clip_coef, cfg.clip_vloss,
+                    cfg.ent_coef, cfg.vf_coef, cfg.max_grad_norm, cfg.normalize_advantages)  # fmt: skip
+    assert optimisation == (3e-4, True, 0.99, 0.95, 0.2, True, 0.0, 0.5, 0.5, True)
+    network = (cfg.activation_function, cfg.hidden_size, cfg.ortho_init, cfg.log_std_init)
+    assert network == ("tanh", 64, True, 0.0)
+    assert (cfg.normalize_observations, cfg.normalize_rewards) == (True, True)  # each clipped to +-10, as CleanRL's
+
+
+def test_the_mean_of_the_last_training_episodes_weighs_each_report_by_its_episodes():
+    # reports at steps 10, 20, 30: means 0, 10 and 20 over 50, 60 and 40 episodes; the last 100 take 60 from the
+    # middle one and all 40 of the last
+    assert resumable.mean_of_last_episodes([10, 20, 30], [0.0, 10.0, 20.0], [50, 60, 40], 100) == 14.0
+    assert resumable.mean_of_last_episodes([10, 20], [1.0, 3.0], [5, 5], 100) == 2.0  # fewer than 100 in all
+    assert resumable.mean_of_last_episodes([], [], [], 100) is None
+
+
 MUJOCO_ROWS = [name for name, row in suite.ROWS.items() if row.group.endswith("MuJoCo")]
 
 
@@ -70,11 +98,17 @@ def test_each_mujoco_preset_trains_a_few_hundred_steps_of_its_env(row, tmp_path)
     assert "evaluation over 1 greedy episodes" in finished.stdout
 
 
-@pytest.mark.parametrize("row", MUJOCO_ROWS)
+# The rows of rl-zoo's configurations, which SB3 runs; CleanRL's continuous PPO anneals its learning rate and
+# clips its value loss, which SB3's PPO does not.
+SB3_ROWS = [name for name in MUJOCO_ROWS if suite.ROWS[name].preset != "cleanrl-mujoco"]
+
+
+@pytest.mark.parametrize("row", SB3_ROWS)
 def test_stable_baselines3_trains_each_mujoco_row_with_the_values_of_its_preset(row, tmp_path):
     cfg, _ = row_config(row, tmp_path)
     spec = sb3.sb3_spec(row, suite.ROWS[row].steps, 1)
-    assert (spec["env_id"], spec["steps"], spec["seed"]) == (suite.ROWS[row].env_id, cfg.total_timesteps, 1)
+    assert (spec["env_id"], spec["n_envs"], spec["steps"], spec["seed"]) == (
+        suite.ROWS[row].env_id, cfg.num_envs, cfg.total_timesteps, 1)  # fmt: skip
     assert (spec["time_feature"], spec["env_kwargs"]) == (cfg.time_feature, cfg.make_kwargs())
     model = spec["model"]
     if row.startswith("ppo/"):
