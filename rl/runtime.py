@@ -72,12 +72,19 @@ class Runtime(ABC):
     def backward(self, loss: Tensor) -> None:
         (loss if self.scaler is None else self.scaler.scale(loss)).backward()
 
-    def backward_and_average(self, loss: Tensor, gradients: list[Tensor]) -> None:
+    def backward_and_average(
+        self, loss: Tensor, gradients: list[Tensor], before_average: Callable[[], None] | None = None
+    ) -> None:
         """Write the gradient of `loss` into `gradients` (`FlatGradients` spans that the parameters'
-        `.grad` view) and average them over the learners, in one collective per span (per dtype)."""
+        `.grad` view) and average them over the learners, in one collective per span (per dtype).
+
+        `before_average` runs between the backward pass and the collective: what it writes into the
+        spans (a statistic riding along with the gradients) is averaged with them, at no extra message."""
         for span in gradients:
             span.zero_()
         self.backward(loss)
+        if before_average is not None:
+            before_average()
         waits = [self.start_mean(span) for span in gradients]
         for wait in waits:
             wait()

@@ -139,3 +139,24 @@ def test_periodic_evaluations_leave_the_training_unchanged(tmp_path):
         if eval_every != "0":
             assert [step for step, _ in scalars["Eval/return_mean"]] == [512, 1024, 1536]  # 2048: the closing one
     assert losses[0] == losses[1]
+
+
+def test_a_target_kl_stops_every_rank_at_the_same_minibatch_and_fabric_and_torchrun_agree(tmp_path):
+    """Each rank trains on its own data, so its own KL would stop it elsewhere: the decision is the average's."""
+    args = [*SHORT_RUN, "--env-id", "Pendulum-v1", "--no-share-data", "--per-rank-batch-size", "32",
+            "--target-kl", "0.002", "--eval-episodes", "0"]  # fmt: skip
+    jobs = [(launcher, SCRIPTS[mode], args, tmp_path / mode, 2) for mode, launcher in
+            (("fabric", "fabric run"), ("torch", "torchrun"))]  # fmt: skip
+    for job in jobs:
+        job[3].mkdir()
+    finished = launch_together(*jobs, via=run_ranks)
+    assert all(done.returncode == 0 for done in finished), [done.stderr[-2000:] for done in finished]
+    scalars = {mode: read_scalars(run_dir(tmp_path / mode, mode)) for mode in ("fabric", "torch")}
+    stops = scalars["fabric"]["Info/kl_stop_minibatch"]
+    assert len(stops) == 4  # each of the 4 updates stopped early at this target
+    # a mean over the ranks: a whole number only where both stopped at the same minibatch
+    assert all(value == int(value) for _, value in stops + scalars["fabric"]["Info/kl_stop_epoch"])
+    for tag in ("Info/kl_stop_epoch", "Info/kl_stop_minibatch", "Loss/policy_loss", "Loss/approx_kl"):
+        assert scalars["fabric"][tag] == scalars["torch"][tag], tag
+    fabric_agent, torch_agent = (load_agent(run_dir(tmp_path / mode, mode))["agent"] for mode in ("fabric", "torch"))
+    assert all(torch.equal(fabric_agent[name], torch_agent[name]) for name in fabric_agent)

@@ -37,6 +37,7 @@ def hyperparameters(cfg: PPOConfig, skip_reset_steps: bool = False) -> PPOHyperp
         minibatch_size=cfg.per_rank_batch_size,
         normalize_advantages=cfg.normalize_advantages,
         skip_reset_steps=skip_reset_steps,
+        target_kl=cfg.target_kl,
     )
 
 
@@ -61,7 +62,11 @@ class PPOLearner(Learner):
         self.cfg, self.num_updates = cfg, num_updates
         # The fused kernel is several times faster than the per-tensor loop on CPU for these small nets.
         self.optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=ADAM_EPS, fused=True)
-        self.gradients = FlatGradients(list(agent.parameters()))
+        # With --target-kl each minibatch's KL rides at the end of the gradient buffer, averaged in its collective.
+        self.kl_carrier = None if cfg.target_kl is None else torch.zeros(1, device=next(agent.parameters()).device)
+        carried = [] if self.kl_carrier is None else [[self.kl_carrier]]
+        self.gradients = FlatGradients(list(agent.parameters()), *carried)
+        self.averaged_groups = len(carried)  # the last group that each collective averages
         self.trained = [parameter for parameter in agent.parameters() if parameter.requires_grad]
         self.runtime = runtime
         self.hp = hyperparameters(cfg, skip_reset_steps)
@@ -80,8 +85,16 @@ class PPOLearner(Learner):
                            self.loss_of)  # fmt: skip
         return stats | {"learning_rate": torch.tensor(lr)}
 
-    def backward_and_average(self, loss: Tensor) -> None:
-        self.runtime.backward_and_average(loss, self.gradients.spans(0, 0))
+    def backward_and_average(self, loss: Tensor, kl: Tensor | None = None) -> Tensor | None:
+        """The averaged gradient of `loss`; and, given the minibatch's KL, the KL averaged over the learners."""
+        spans = self.gradients.spans(0, self.averaged_groups)
+        if kl is None or self.kl_carrier is None:
+            self.runtime.backward_and_average(loss, spans)
+            return None
+        carried = self.kl_carrier.grad
+        assert carried is not None  # a view into the gradient buffer, which FlatGradients set
+        self.runtime.backward_and_average(loss, spans, before_average=lambda: carried.copy_(kl.reshape(1)))
+        return carried[0]
 
     def step(self) -> None:
         clip_and_step([self.optimizer], self.trained, self.hp.max_grad_norm, self.runtime.scaler)
@@ -111,6 +124,8 @@ class PPO(Algorithm):
         "clip_fraction": "Loss/clip_fraction",
         "explained_variance": "Loss/explained_variance",
         "learning_rate": "Info/learning_rate",
+        "kl_stop_epoch": "Info/kl_stop_epoch",
+        "kl_stop_minibatch": "Info/kl_stop_minibatch",
     }
     cfg: PPOConfig
 

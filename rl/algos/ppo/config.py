@@ -56,6 +56,9 @@ class PPOConfig(RunConfig):
     """the coefficient of the value loss"""
     max_grad_norm: float = 0.5
     """the maximum global gradient norm, applied after DDP averaging (0 disables clipping)"""
+    target_kl: float | None = None
+    """stop an update's epochs at the first minibatch whose approximate KL divergence from the rollout's policy,
+    averaged over the ranks, passes 1.5 x this (Stable-Baselines3's rule); every rank stops at the same minibatch"""
     normalize_observations: bool = False
     """normalize observations with running statistics synchronized across ranks"""
     normalize_rewards: bool = False
@@ -93,6 +96,8 @@ class PPOConfig(RunConfig):
             positive=("num_steps", "per_rank_batch_size", "update_epochs", "learning_rate", "clip_coef", "hidden_size"),
             non_negative=("ent_coef", "vf_coef", "max_grad_norm"),
         )
+        if self.target_kl is not None and not self.target_kl > 0:
+            raise UsageError("--target-kl", f"must be positive, got {self.target_kl}")
         if not 0.0 <= self.gae_lambda <= 1.0:
             raise UsageError("--gae-lambda", f"must be in [0, 1], got {self.gae_lambda}")
         if self.per_rank_batch_size > self.rollout_steps_per_rank:

@@ -51,6 +51,12 @@ def entropy_loss(entropy: Tensor, mask: Tensor | None = None) -> Tensor:
     return -mean(entropy, mask)
 
 
+def approximate_kl(new_logprobs: Tensor, old_logprobs: Tensor, mask: Tensor | None = None) -> Tensor:
+    """The low-variance estimator of KL(old || new) from Schulman's note on KL estimators."""
+    log_ratio = new_logprobs - old_logprobs
+    return mean((log_ratio.exp() - 1) - log_ratio, mask)
+
+
 def normalize(advantages: Tensor, mask: Tensor | None = None) -> Tensor:
     """Zero mean and unit (sample) std over the rows `mask` keeps (all rows without one)."""
     if mask is not None:
@@ -74,9 +80,17 @@ class PPOHyperparameters:
     minibatch_size: int
     normalize_advantages: bool
     skip_reset_steps: bool = False  # NEXT_STEP envs: leave the reset steps out of every loss
+    target_kl: float | None = None  # stop the update at a minibatch whose approximate KL passes 1.5 x this
+
+    @property
+    def kl_limit(self) -> float | None:
+        """Stable-Baselines3's rule: the epochs stop at the first minibatch whose KL passes 1.5 x the target."""
+        return None if self.target_kl is None else 1.5 * self.target_kl
 
 
 UPDATE_STATS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction")
+# Where --target-kl stopped an update, 1-based; left out of the statistics of an update that ran its course.
+KL_STOP_STATS = ("kl_stop_epoch", "kl_stop_minibatch")
 
 
 class MinibatchSchedule:
@@ -136,30 +150,48 @@ def minibatch_loss(
 MinibatchLoss = Callable[[nn.Module, Batch, PPOHyperparameters], tuple[Tensor, Tensor, Tensor, Tensor, Tensor]]
 
 
+# backward(loss, kl): the gradient of `loss` averaged over the learners into the parameters' `.grad`; given the
+# minibatch's KL (a 0-d tensor), it returns the KL averaged over the learners in the same collective.
+Backward = Callable[[Tensor, Tensor | None], Tensor | None]
+
+
 def ppo_update(
     model: nn.Module,
     batch: Batch,
     schedule: MinibatchSchedule,
     hp: PPOHyperparameters,
-    backward: Callable[[Tensor], None],
+    backward: Backward,
     step: Callable[[], None],
     loss_of: MinibatchLoss = minibatch_loss,
 ) -> dict[str, Tensor]:
     """`update_epochs` passes of minibatch gradient steps over `batch`.
 
-    `backward(loss)` writes the gradient of `loss`, averaged over the learners, into the
-    parameters' `.grad`; `step()` then clips the averaged gradients and steps the optimizer.
-    `loss_of` is `minibatch_loss`, or its compiled form. Returns the mean of each of
-    `UPDATE_STATS` as tensors, so a GPU run syncs once per update.
+    `backward` writes the averaged gradient (`Backward`); `step()` then clips the averaged gradients
+    and steps the optimizer. `loss_of` is `minibatch_loss`, or its compiled form. With a target KL,
+    the update stops before the step of the first minibatch whose KL, averaged over the learners,
+    passes `hp.kl_limit`: every learner reads the same average, so all stop at the same minibatch.
+    Returns the mean of each of `UPDATE_STATS` as tensors, so a GPU run syncs once per update
+    (and once per minibatch with a target KL, to decide).
     """
     stats = UpdateStats()
-    for _ in range(hp.update_epochs):
-        for minibatch in batch.minibatches(schedule.next_epoch()):
+    for epoch in range(1, hp.update_epochs + 1):
+        for index, minibatch in enumerate(batch.minibatches(schedule.next_epoch()), start=1):
             loss, pg_loss, v_loss, ent_loss, new_logprobs = loss_of(model, minibatch, hp)
-            backward(loss)
+            old_logprobs = minibatch.logprobs.reshape(-1)
+            stats.record(pg_loss, v_loss, ent_loss, new_logprobs, old_logprobs)
+            kl = None
+            if hp.kl_limit is not None:
+                mask = minibatch.is_transition.reshape(-1) if hp.skip_reset_steps else None
+                kl = approximate_kl(new_logprobs.detach(), old_logprobs, mask)
+            averaged_kl = backward(loss, kl)
+            if averaged_kl is not None and hp.kl_limit is not None and float(averaged_kl) > hp.kl_limit:
+                return stats.means(hp.clip_coef) | stopped_at(epoch, index, loss)
             step()
-            stats.record(pg_loss, v_loss, ent_loss, new_logprobs, minibatch.logprobs.reshape(-1))
     return stats.means(hp.clip_coef)
+
+
+def stopped_at(epoch: int, minibatch: int, like: Tensor) -> dict[str, Tensor]:
+    return dict(zip(KL_STOP_STATS, (like.new_tensor(float(epoch)), like.new_tensor(float(minibatch))), strict=True))
 
 
 class UpdateStats:
@@ -181,9 +213,7 @@ class UpdateStats:
     def means(self, clip_coef: float) -> dict[str, Tensor]:
         """Losses averaged over minibatches; approx_kl and clip_fraction over every row trained on."""
         policy, value, entropy = torch.stack(self.losses).view(-1, 3).mean(0)
-        log_ratio = torch.cat(self.new_logprobs) - torch.cat(self.old_logprobs)
-        ratio = log_ratio.exp()
-        # approx_kl is the low-variance estimator of KL(old || new) from Schulman's note on KL estimators
-        approx_kl = ((ratio - 1) - log_ratio).mean()
-        clip_fraction = ((ratio - 1.0).abs() > clip_coef).float().mean()
+        new_logprobs, old_logprobs = torch.cat(self.new_logprobs), torch.cat(self.old_logprobs)
+        approx_kl = approximate_kl(new_logprobs, old_logprobs)
+        clip_fraction = (((new_logprobs - old_logprobs).exp() - 1.0).abs() > clip_coef).float().mean()
         return dict(zip(UPDATE_STATS, (policy, value, entropy, approx_kl, clip_fraction), strict=True))
