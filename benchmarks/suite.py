@@ -68,7 +68,7 @@ class Row:
     env_id: str
     steps: int
     published: tuple[Published, ...]  # the first is the one a row is judged by
-    group: str  # rows aggregated together
+    group: str  # rows aggregated together ("": left out of the aggregate)
     seeds: tuple[int, ...] = (1, 2, 3)
     flags: tuple[str, ...] = field(default_factory=tuple)
     devices: int = 1  # coupled processes of one torch thread each
@@ -136,6 +136,14 @@ ROWS: dict[str, Row] = {
                         "PPO Atari", (1,),
                         ("--env-id", "BreakoutNoFrameskip-v4", "--num-envs", "4", "--per-rank-batch-size", "128"),
                         devices=2),
+    # gSDE on rl-zoo's configurations that use it, each beside the same configuration without it (not aggregated).
+    "ppo/pendulum-gsde": Row("ppo", "pendulum-gsde", "Pendulum-v1", 100_000, (_rl_zoo(-172.2, 104.2),), ""),
+    "ppo/pendulum-no-gsde": Row("ppo", "pendulum-gsde", "Pendulum-v1", 100_000, (_rl_zoo(-172.2, 104.2),), "",
+                                flags=("--no-use-sde",)),
+    "sac/bipedalwalker-gsde": Row("sac", "bipedalwalker", "BipedalWalker-v3", 500_000, (_rl_zoo(297.7, 33.1),), "",
+                                  (1,), SAVE_BUFFER),
+    "sac/bipedalwalker-no-gsde": Row("sac", "bipedalwalker", "BipedalWalker-v3", 500_000, (_rl_zoo(297.7, 33.1),),
+                                     "", (1,), (*SAVE_BUFFER, "--no-use-sde")),
 }  # fmt: skip
 
 
@@ -251,7 +259,7 @@ def normalized_scores(results: list[dict], rows: list[str]) -> dict[str, list[li
     """Per group, a (seeds x rows) matrix of greedy returns over the published means, over the seeds
     that every finished row of the group has (rliable needs a full matrix)."""
     groups: dict[str, list[list[float]]] = {}
-    for group in dict.fromkeys(ROWS[name].group for name in rows):
+    for group in dict.fromkeys(ROWS[name].group for name in rows if ROWS[name].group):
         members = [name for name in rows if ROWS[name].group == group and any(r["row"] == name for r in results)]
         if not members:
             continue

@@ -93,6 +93,13 @@ class RunConfig:
     """total environment steps, counted across all ranks"""
     gamma: float = 0.99
     """the discount factor"""
+    use_sde: bool = False
+    """explore with generalized state-dependent exploration (gSDE, continuous actions): the noise is a function of
+    the policy's features through a random matrix, redrawn every --sde-sample-freq steps and at each rollout's start
+    (PPO) or learning phase's start (SAC), as in Stable-Baselines3"""
+    sde_sample_freq: int = -1
+    """with --use-sde: env steps between two draws of the noise matrix within a rollout; -1 draws it only at the
+    rollout's (or learning phase's) start"""
 
     eval_episodes: int = 10
     """greedy evaluation episodes at the end of training (0 skips the evaluation)"""
@@ -147,8 +154,8 @@ class RunConfig:
     # Tuned starting points by name (`--preset`), each a mapping of field names to values.
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
     # Fields a resumed run must share with its checkpoint: they shape the envs or the networks.
-    IMMUTABLE = ("env_id", "env_kwargs", "env_kwarg", "num_envs", "vector_mode", "num_players", "encoder", "grayscale",
-                 "resize", "time_feature", "frame_stack", "frame_skip")  # fmt: skip
+    IMMUTABLE = ("env_id", "env_kwargs", "env_kwarg", "num_envs", "vector_mode", "num_players", "encoder", "use_sde",
+                 "grayscale", "resize", "time_feature", "frame_stack", "frame_skip")  # fmt: skip
     # Fields that hold one rank's share: a run resumed at another world size rescales them (torchrun).
     PER_RANK: ClassVar[tuple[str, ...]] = ("num_envs",)
     POSITIVE = (
@@ -265,6 +272,9 @@ def validate(
         raise UsageError("--run-name", f"must be a folder name, without {os.sep}; got {cfg.run_name!r}")
     if not 0.0 < cfg.gamma <= 1.0:
         raise UsageError("--gamma", f"must be in (0, 1], got {cfg.gamma}")
+    if cfg.sde_sample_freq == 0 or cfg.sde_sample_freq < -1:
+        raise UsageError("--sde-sample-freq", f"must be positive, or -1 for one draw per rollout; "
+                         f"got {cfg.sde_sample_freq}")  # fmt: skip
     cfg.make_kwargs()
     cfg.validate_algorithm()
     global_iteration = cfg.steps_per_iteration * env_ranks

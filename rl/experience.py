@@ -39,6 +39,25 @@ class Policy(Protocol):
     def greedy_action(self, obs: Tensor) -> Tensor: ...
 
 
+class StateDependentExploration:
+    """gSDE's noise matrices for one rank's envs, on Stable-Baselines3's schedule: drawn afresh from the acting
+    stream at the start of each collection and, with `sample_freq` > 0, every `sample_freq` steps within it.
+
+    Checkpoints fall between collections, so the acting stream's saved state redraws them exactly on resume.
+    """
+
+    def __init__(self, sample_freq: int) -> None:
+        self.sample_freq = sample_freq
+        self.matrices: Tensor | None = None
+
+    def for_step(self, policy: Any, step: int, rows: int, generator: torch.Generator) -> Tensor | None:
+        """The matrices to act with at the collection's `step` (0: its first)."""
+        due = step == 0 or self.matrices is None or (self.sample_freq > 0 and step % self.sample_freq == 0)
+        if due:
+            self.matrices = policy.exploration_matrices(rows, generator)
+        return self.matrices
+
+
 class EnvStep(NamedTuple):
     next_obs: np.ndarray
     reward: np.ndarray  # as the learner sees it (clipped, with --clip-rewards on Atari)

@@ -24,7 +24,7 @@ from rl.config import RunConfig
 from rl.encoders import uses_cnn
 from rl.envs import EnvSpaces, VectorMode, choose_vector_mode, make_vector_env
 from rl.errors import UsageError
-from rl.experience import ExperienceSource, TrainingSignal
+from rl.experience import ExperienceSource, StateDependentExploration, TrainingSignal
 from rl.normalization import ObservationNormalizer
 from rl.optim import flat_parameters
 from rl.precision import Precision
@@ -99,6 +99,10 @@ class Algorithm(ABC):
         """What the learner sees differently from the game: Atari's episodic life and clipped rewards."""
         atari = self.spaces.atari
         return TrainingSignal(atari and self.cfg.episodic_life, atari and self.cfg.clip_rewards)
+
+    def exploration(self) -> StateDependentExploration | None:
+        """gSDE's noise schedule for a rank's envs, with --use-sde."""
+        return StateDependentExploration(self.cfg.sde_sample_freq) if self.cfg.use_sde else None
 
     def obs_column(self) -> Column:
         """How one observation is stored and sent: uint8 images in their shape, or a float32 vector."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, ClassVar
 
+import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
@@ -139,6 +140,9 @@ class PPO(Algorithm):
 
     def __init__(self, cfg: PPOConfig, spaces: EnvSpaces) -> None:
         super().__init__(cfg, spaces)
+        if cfg.use_sde and not isinstance(spaces.action_space, gym.spaces.Box):
+            raise UsageError("--use-sde", f"state-dependent exploration perturbs continuous actions; "
+                             f"{spaces.env_id}'s are {spaces.action_space}: drop the flag")  # fmt: skip
         if cfg.normalize_observations and spaces.pixels:
             raise UsageError(
                 "--normalize-observations", "image observations are scaled to [0, 1] by the encoder; drop the flag"
@@ -153,13 +157,15 @@ class PPO(Algorithm):
             agent = RecurrentActorCritic(
                 spaces.obs_dim, spaces.obs_shape, spaces.action_space, self.cnn, spaces.pixels, cfg.lstm_hidden_size,
                 cfg.lstm_layers, cfg.activation_function, cfg.ortho_init, precision, cfg.hidden_size, cfg.log_std_init,
+                cfg.use_sde,
             )  # fmt: skip
         elif self.cnn:
-            agent = CNNActorCritic(spaces.obs_shape, spaces.action_space, cfg.ortho_init, precision, cfg.log_std_init)
+            agent = CNNActorCritic(spaces.obs_shape, spaces.action_space, cfg.ortho_init, precision, cfg.log_std_init,
+                                   cfg.use_sde)  # fmt: skip
         else:
             agent = MLPActorCritic(
                 spaces.obs_dim, spaces.action_space, cfg.activation_function, cfg.ortho_init, spaces.pixels, precision,
-                cfg.hidden_size, cfg.log_std_init,
+                cfg.hidden_size, cfg.log_std_init, cfg.use_sde,
             )  # fmt: skip
         if cfg.compile:
             agent.compile_acting(cfg.compile_mode)
@@ -186,6 +192,7 @@ class PPO(Algorithm):
             cfg.gae_lambda,
             self.training_signal(),
             (cfg.lstm_layers, cfg.lstm_hidden_size) if cfg.recurrent else None,
+            self.exploration(),
         )
 
     def make_learner(self, policy: nn.Module, runtime: Runtime, shard: DataShard, env_ranks: int) -> PPOLearner:

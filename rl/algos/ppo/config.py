@@ -15,14 +15,15 @@ class PPOConfig(RunConfig):
     """Proximal Policy Optimization trained across processes (the default algorithm; `sac --help` for SAC)."""
 
     preset: (
-        Literal["cartpole", "acrobot", "lunarlander", "masked-cartpole", "pendulum", "atari-ppo", "halfcheetah",
-                "hopper", "walker2d", "ant", "swimmer", "swimmer-tuned", "cleanrl-mujoco"] | None
+        Literal["cartpole", "acrobot", "lunarlander", "masked-cartpole", "pendulum", "pendulum-gsde", "atari-ppo",
+                "halfcheetah", "hopper", "walker2d", "ant", "swimmer", "swimmer-tuned", "cleanrl-mujoco"] | None
     ) = None  # fmt: skip
     """start from tuned settings for an env (flags given as well override them), per process: the classic-control
-    ones tuned for 2 processes (masked-cartpole: rl/MaskedCartPole-v1 with --recurrent); the MuJoCo ones
-    (halfcheetah, hopper, walker2d, ant, swimmer: the -v5 envs) are rl-zoo's for 1 process, swimmer-tuned its
-    current Swimmer entry (4 envs); cleanrl-mujoco: CleanRL's continuous-action settings (Hopper-v5; give --env-id
-    for another env); atari-ppo: CleanRL's Atari settings (ALE/Breakout-v5; give --env-id for another game)"""
+    ones tuned for 2 processes (masked-cartpole: rl/MaskedCartPole-v1 with --recurrent; pendulum-gsde: rl-zoo's
+    gSDE entry, for 1 process); the MuJoCo ones (halfcheetah, hopper, walker2d, ant, swimmer: the -v5 envs) are
+    rl-zoo's for 1 process, swimmer-tuned its current Swimmer entry (4 envs); cleanrl-mujoco: CleanRL's
+    continuous-action settings (Hopper-v5; give --env-id for another env); atari-ppo: CleanRL's Atari settings
+    (ALE/Breakout-v5; give --env-id for another game)"""
 
     per_rank_batch_size: int = 64
     """the minibatch size on each rank"""

@@ -115,18 +115,86 @@ class GaussianHead(nn.Module):
         return _linear(self.linear, features)
 
 
-ActionHead = CategoricalHead | MultiCategoricalHead | GaussianHead
+class StateDependentGaussianHead(nn.Module):
+    """Generalized state-dependent exploration (gSDE, Raffin et al. 2022), as Stable-Baselines3 defines it.
+
+    An action is the mean plus `features @ E`, where E is a (features x actions) matrix of
+    N(0, std^2) entries that stays fixed for several steps: within that span the noise is a smooth
+    function of the state rather than a fresh draw per step. Its Gaussian has the variance
+    `features^2 @ std^2`; the features are detached there, so only the mean's loss trains them.
+    """
+
+    VARIANCE_FLOOR = 1e-6  # SB3's epsilon under the square root
+
+    def __init__(self, hidden: int, action_dim: int, log_std_init: float = 0.0) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden, action_dim)
+        self.log_std = nn.Parameter(torch.full((hidden, action_dim), log_std_init))
+
+    def exploration_matrices(self, rows: int, generator: torch.Generator | None) -> Tensor:
+        """One noise matrix per env, [rows, features, actions]."""
+        std = self.log_std.exp()
+        draws = torch.randn((rows, *std.shape), generator=generator, device=std.device, dtype=std.dtype)
+        return std * draws
+
+    def _scale(self, features: Tensor) -> Tensor:
+        variance = features.detach().pow(2) @ self.log_std.exp().pow(2)
+        return (variance + self.VARIANCE_FLOOR).sqrt()
+
+    def sample(
+        self, features: Tensor, generator: torch.Generator | None, exploration: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        if exploration is None:
+            raise ValueError("gSDE acts through exploration matrices: draw them with `exploration_matrices`")
+        mean = _linear(self.linear, features)
+        action = mean + torch.bmm(features.unsqueeze(1), exploration).squeeze(1)
+        return action, _gaussian_log_prob(action, mean, self._scale(features))
+
+    def log_prob_entropy(self, features: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
+        mean, scale = _linear(self.linear, features), self._scale(features)
+        entropy = (0.5 + 0.5 * math.log(2 * math.pi) + scale.log()).sum(-1)
+        return _gaussian_log_prob(action, mean, scale), entropy
+
+    def mode(self, features: Tensor) -> Tensor:
+        return _linear(self.linear, features)
 
 
-def make_action_head(action_space: gym.Space, hidden: int, log_std_init: float = 0.0) -> ActionHead:
-    """The distribution over `action_space`; `log_std_init` is a Gaussian's initial log-std (Box actions)."""
+def _gaussian_log_prob(action: Tensor, mean: Tensor, scale: Tensor) -> Tensor:
+    z = (action - mean) / scale
+    return (-0.5 * z.pow(2) - scale.log() - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+
+ActionHead = CategoricalHead | MultiCategoricalHead | GaussianHead | StateDependentGaussianHead
+
+
+def make_action_head(
+    action_space: gym.Space, hidden: int, log_std_init: float = 0.0, state_dependent: bool = False
+) -> ActionHead:
+    """The distribution over `action_space`; `log_std_init` is a Gaussian's initial log-std (Box actions), and
+    `state_dependent` makes its exploration gSDE's."""
     if isinstance(action_space, gym.spaces.Discrete):
         return CategoricalHead(hidden, int(action_space.n))
     if isinstance(action_space, gym.spaces.MultiDiscrete):
         return MultiCategoricalHead(hidden, [int(n) for n in action_space.nvec])
     if isinstance(action_space, gym.spaces.Box):
-        return GaussianHead(hidden, int(np.prod(action_space.shape)), log_std_init)
+        head = StateDependentGaussianHead if state_dependent else GaussianHead
+        return head(hidden, int(np.prod(action_space.shape)), log_std_init)
     raise TypeError(f"unsupported action space {action_space}")
+
+
+def exploration_matrices(head: ActionHead, rows: int, generator: torch.Generator | None) -> Tensor | None:
+    if isinstance(head, StateDependentGaussianHead):
+        return head.exploration_matrices(rows, generator)
+    return None
+
+
+def sample_action(
+    head: ActionHead, features: Tensor, generator: torch.Generator | None, exploration: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """A head's sampled actions and log-probs: gSDE's through its exploration matrices, the others' fresh."""
+    if isinstance(head, StateDependentGaussianHead):
+        return head.sample(features, generator, exploration)
+    return head.sample(features, generator)
 
 
 def action_shape_and_dtype(action_space: gym.Space) -> tuple[tuple[int, ...], torch.dtype]:
@@ -196,11 +264,18 @@ class ActorCritic(nn.Module):
         return logprob, entropy, self._value(critic_features)
 
     @torch.no_grad()
-    def act(self, obs: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
-        """Sample actions; returns (action, log-prob, value)."""
+    def act(
+        self, obs: Tensor, generator: torch.Generator | None, exploration: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Sample actions (through gSDE's `exploration` matrices, with --use-sde); returns (action, log-prob, value)."""
         actor_features, critic_features = (self.acting_features or self.features)(obs)
-        action, logprob = self.action_head.sample(actor_features, generator)
+        action, logprob = sample_action(self.action_head, actor_features, generator, exploration)
         return action, logprob, self._value(critic_features)
+
+    @torch.no_grad()
+    def exploration_matrices(self, rows: int, generator: torch.Generator | None) -> Tensor | None:
+        """gSDE's noise matrices for `rows` envs; None for a head without state-dependent exploration."""
+        return exploration_matrices(self.action_head, rows, generator)
 
     @torch.no_grad()
     def greedy_action(self, obs: Tensor) -> Tensor:
@@ -216,13 +291,14 @@ class MLPActorCritic(ActorCritic):
     def __init__(
         self, obs_dim: int, action_space: gym.Space, activation: str = "relu", ortho_init: bool = False,
         pixels: bool = False, precision: Precision = FLOAT32, hidden: int = HIDDEN_SIZE, log_std_init: float = 0.0,
+        state_dependent: bool = False,
     ) -> None:  # fmt: skip
         super().__init__()
         self.precision = precision
         self.actor_body = MLP(obs_dim, activation, hidden)
         self.critic_body = MLP(obs_dim, activation, hidden)
         self.critic_head = nn.Linear(hidden, 1)
-        self.action_head = make_action_head(action_space, hidden, log_std_init)
+        self.action_head = make_action_head(action_space, hidden, log_std_init, state_dependent)
         self.flat_pixels = FlatPixels() if pixels else None
         if ortho_init:
             orthogonal_init(self.actor_body, math.sqrt(2))
@@ -248,13 +324,13 @@ class CNNActorCritic(ActorCritic):
 
     def __init__(
         self, obs_shape: tuple[int, ...], action_space: gym.Space, ortho_init: bool = False,
-        precision: Precision = FLOAT32, log_std_init: float = 0.0,
+        precision: Precision = FLOAT32, log_std_init: float = 0.0, state_dependent: bool = False,
     ) -> None:  # fmt: skip
         super().__init__()
         self.precision = precision
         self.encoder = NatureCNN(obs_shape)
         self.critic_head = nn.Linear(self.encoder.features, 1)
-        self.action_head = make_action_head(action_space, self.encoder.features, log_std_init)
+        self.action_head = make_action_head(action_space, self.encoder.features, log_std_init, state_dependent)
         if ortho_init:
             orthogonal_init(self.encoder, math.sqrt(2))
             orthogonal_init(self.critic_head, 1.0)

@@ -21,7 +21,7 @@ import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
-from rl.algos.ppo.policy import HIDDEN_SIZE, MLP, make_action_head
+from rl.algos.ppo.policy import HIDDEN_SIZE, MLP, exploration_matrices, make_action_head, sample_action
 from rl.encoders import FlatPixels, NatureCNN, orthogonal_init
 from rl.precision import FLOAT32, Precision
 
@@ -45,6 +45,7 @@ class RecurrentActorCritic(nn.Module):
         self, obs_dim: int, obs_shape: tuple[int, ...], action_space: gym.Space, cnn: bool, pixels: bool,
         lstm_hidden: int, lstm_layers: int, activation: str = "relu", ortho_init: bool = False,
         precision: Precision = FLOAT32, hidden: int = HIDDEN_SIZE, log_std_init: float = 0.0,
+        state_dependent: bool = False,
     ) -> None:  # fmt: skip
         super().__init__()
         self.precision = precision
@@ -56,7 +57,7 @@ class RecurrentActorCritic(nn.Module):
             features = hidden
         self.lstm = nn.LSTM(features, lstm_hidden, lstm_layers)
         self.critic_head = nn.Linear(lstm_hidden, 1)
-        self.action_head = make_action_head(action_space, lstm_hidden, log_std_init)
+        self.action_head = make_action_head(action_space, lstm_hidden, log_std_init, state_dependent)
         if ortho_init:
             orthogonal_init(self.encoder, math.sqrt(2))
             orthogonal_init(self.critic_head, 1.0)
@@ -93,12 +94,18 @@ class RecurrentActorCritic(nn.Module):
 
     @torch.no_grad()
     def act(
-        self, obs: Tensor, generator: torch.Generator | None, memory: Memory, starts: Tensor
-    ) -> tuple[Tensor, Tensor, Tensor, Memory]:
-        """Sample actions; returns (action, log-prob, value, next memory)."""
+        self, obs: Tensor, generator: torch.Generator | None, memory: Memory, starts: Tensor,
+        exploration: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor, Memory]:  # fmt: skip
+        """Sample actions (through gSDE's `exploration` matrices, with --use-sde); returns (action, log-prob,
+        value, next memory)."""
         features, memory = self._step(obs, memory, starts)
-        action, logprob = self.action_head.sample(features, generator)
+        action, logprob = sample_action(self.action_head, features, generator, exploration)
         return action, logprob, self._value(features), memory
+
+    @torch.no_grad()
+    def exploration_matrices(self, rows: int, generator: torch.Generator | None) -> Tensor | None:
+        return exploration_matrices(self.action_head, rows, generator)
 
     @torch.no_grad()
     def value(self, obs: Tensor, memory: Memory, starts: Tensor) -> Tensor:

@@ -14,7 +14,7 @@ from rl.algos.ppo.policy import ActorCritic, action_shape_and_dtype
 from rl.algos.ppo.recurrent import Memory, RecurrentActorCritic, initial_memory
 from rl.batch import TensorBatch
 from rl.envs import EnvSpaces
-from rl.experience import GAME_SIGNAL, EpisodeLog, ExperienceSource, TrainingSignal
+from rl.experience import GAME_SIGNAL, EpisodeLog, ExperienceSource, StateDependentExploration, TrainingSignal
 from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
 
 
@@ -92,8 +92,10 @@ class RolloutCollector(ExperienceSource):
         gae_lambda: float,
         signal: TrainingSignal = GAME_SIGNAL,
         memory_shape: tuple[int, int] | None = None,
+        exploration: StateDependentExploration | None = None,
     ) -> None:
         self.num_steps = num_steps
+        self.exploration = exploration
         self.gamma, self.gae_lambda = gamma, gae_lambda
         self.buffer = Rollout.allocate(num_steps, envs.num_envs, spaces, device, obs_normalizer.enabled, memory_shape)
         # Recurrent: each env's state before its next observation, and whether that observation begins
@@ -150,10 +152,16 @@ class RolloutCollector(ExperienceSource):
         return episodes
 
     def _act(self, policy: ActorCritic | RecurrentActorCritic, obs: Tensor, step: int) -> tuple[Tensor, Tensor, Tensor]:
+        exploration = None
+        if self.exploration is not None:
+            exploration = self.exploration.for_step(policy, step, self.envs.num_envs, self.generator)
         if self.memory is None:
-            return policy.act(obs, self.generator)
+            assert isinstance(policy, ActorCritic)
+            return policy.act(obs, self.generator, exploration)
+        assert isinstance(policy, RecurrentActorCritic)
         self.buffer.starts[step] = self.starts
-        action, logprob, value, self.stepped_memory = policy.act(obs, self.generator, self.memory, self.starts)
+        action, logprob, value, self.stepped_memory = policy.act(obs, self.generator, self.memory, self.starts,
+                                                                 exploration)  # fmt: skip
         return action, logprob, value
 
     def _advance_memory(self, ended: np.ndarray) -> None:

@@ -22,7 +22,7 @@ from rl.compiling import compiled
 from rl.encoders import FlatPixels, NatureCNN
 from rl.envs import EnvSpaces
 from rl.errors import UsageError
-from rl.experience import EpisodeLog, ExperienceSource, TrainingSignal
+from rl.experience import EpisodeLog, ExperienceSource, StateDependentExploration, TrainingSignal
 from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
 from rl.optim import FlatGradients, clip_grad_norm, optimizer_steps
 from rl.runtime import Runtime
@@ -61,8 +61,10 @@ class ReplayCollector(ExperienceSource):
     def __init__(
         self, cfg: SACConfig, envs: gym.vector.VectorEnv, action_space: gym.spaces.Box, buffer: ReplayBuffer,
         rank: int, env_ranks: int, batch_rows: int, device: torch.device, signal: TrainingSignal,
+        exploration: StateDependentExploration | None = None,
     ) -> None:  # fmt: skip
         self.cfg, self.buffer, self.batch_rows = cfg, buffer, batch_rows
+        self.exploration = exploration
         self.steps_per_vector_step = cfg.num_envs * env_ranks  # global env steps per step of this rank's envs
         self.rows_before_training = cfg.batch_size
         self.sampler = seeded_generator(device, cfg.seed, REPLAY_STREAM, rank)
@@ -76,13 +78,16 @@ class ReplayCollector(ExperienceSource):
 
     def collect(self, policy: SquashedGaussianActor, global_step: int) -> EpisodeLog:
         episodes = EpisodeLog()
-        for _ in range(self.cfg.train_freq):
+        for step in range(self.cfg.train_freq):
             if global_step < self.cfg.learning_starts:  # uniform exploration first, as SB3 and CleanRL
                 actions = self.action_low + self.action_range * torch.rand(
                     (self.envs.num_envs, *self.action_low.shape), generator=self.generator, device=self.device
                 )
             else:
-                actions, _ = policy.act(self.raw_obs, self.generator)
+                exploration = None
+                if self.exploration is not None:
+                    exploration = self.exploration.for_step(policy, step, self.envs.num_envs, self.generator)
+                actions, _ = policy.act(self.raw_obs, self.generator, exploration)
             next_obs, rewards, terminated, _, info, _, ended = self.step_envs(actions.cpu().numpy())
             self.buffer.add(
                 obs=self.raw_obs,
@@ -153,7 +158,8 @@ class SACLearner(Learner):
         device = runtime.device
         lr_scale = runtime.world_size if cfg.scale_lr else 1
         torch.manual_seed(derive_seed(cfg.seed, CRITIC_STREAM))  # the same critics on every learner
-        self.critic = CriticEnsemble(actor.feature_dim, actor.action_dim, precision=actor.precision).to(device)
+        self.critic = CriticEnsemble(actor.feature_dim, actor.action_dim, cfg.net_arch,
+                                     precision=actor.precision).to(device)  # fmt: skip
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         # An image encoder belongs to the critics' side: their loss trains it, their target has a copy.
         self.encoder_parameters = [] if actor.encoder is None else list(actor.encoder.parameters())
@@ -194,7 +200,9 @@ class SACLearner(Learner):
         self.gradient_steps += 1
         trains_actor = self.gradient_steps % cfg.policy_frequency == 0
         next_noise = self.policy.noise(len(batch), self.noise)
-        actor_noise = self.policy.noise(len(batch), self.noise) if trains_actor else None
+        actor_noise = None
+        if trains_actor:  # gSDE draws one noise matrix per gradient step, for both samples (as SB3)
+            actor_noise = next_noise if self.policy.state_dependent else self.policy.noise(len(batch), self.noise)
         loss, features, step_stats = self.losses(batch, next_noise, actor_noise)
         stats.add(**step_stats)
         self.backward_and_average(loss, self.CRITIC, self.ACTOR if trains_actor else self.CRITIC)
@@ -351,8 +359,8 @@ class SAC(Algorithm):
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every rank and in every mode
         spaces = self.spaces
         encoder = NatureCNN(spaces.obs_shape) if self.cnn else FlatPixels() if spaces.pixels else None
-        actor = SquashedGaussianActor(spaces.obs_dim, spaces.action_space, encoder=encoder,
-                                      precision=self.precision(device))  # fmt: skip
+        actor = SquashedGaussianActor(spaces.obs_dim, spaces.action_space, self.cfg.net_arch, encoder,
+                                      self.precision(device), self.cfg.use_sde, self.cfg.log_std_init)  # fmt: skip
         if self.cfg.compile:
             actor.compile_acting(self.cfg.compile_mode)
         return actor.to(device)
@@ -363,7 +371,7 @@ class SAC(Algorithm):
         buffer = ReplayBuffer(self.capacity_per_rank(env_ranks), transition_columns(self.spaces), device)
         envs = self.make_envs(video_dir, env_seeds(self.cfg.seed, rank, self.cfg.num_envs)[0])
         return ReplayCollector(self.cfg, envs, self.spaces.action_space, buffer, rank, env_ranks, batch_rows, device,
-                               self.training_signal())  # fmt: skip
+                               self.training_signal(), self.exploration())  # fmt: skip
 
     def make_learner(self, policy: nn.Module, runtime: Runtime, shard: DataShard, env_ranks: int) -> SACLearner:
         assert isinstance(policy, SquashedGaussianActor)

@@ -16,9 +16,10 @@ AUTO = "auto"
 class SACConfig(RunConfig):
     """Soft Actor-Critic trained across processes (continuous actions)."""
 
-    preset: Literal["pendulum", "halfcheetah", "hopper", "walker2d"] | None = None
+    preset: Literal["pendulum", "halfcheetah", "hopper", "walker2d", "bipedalwalker"] | None = None
     """start from tuned settings for an env (flags given as well override them), per process: pendulum tuned for
-    2 processes; the MuJoCo ones (halfcheetah, hopper, walker2d: the -v5 envs) are rl-zoo's for 1 process"""
+    2 processes; the MuJoCo ones (halfcheetah, hopper, walker2d: the -v5 envs) and bipedalwalker (gSDE) are
+    rl-zoo's for 1 process"""
 
     env_id: str = "Pendulum-v1"
     """the id of the gymnasium environment (its action space must be a bounded Box)"""
@@ -58,8 +59,13 @@ class SACConfig(RunConfig):
     a resumed run collects --learning-starts transitions with its policy before it trains again)"""
     log_every: int = 1000
     """env steps (across all ranks) between two logged points"""
+    net_arch: tuple[int, int] = (256, 256)
+    """units of the two hidden layers of the actor and of each critic (Stable-Baselines3's net_arch)"""
+    log_std_init: float = -3.0
+    """with --use-sde: the initial log of every entry of gSDE's noise std matrix (Stable-Baselines3's default)"""
 
     PRESETS = SAC_PRESETS
+    IMMUTABLE = (*RunConfig.IMMUTABLE, "net_arch")
     PER_RANK = (*RunConfig.PER_RANK, "batch_size")
     ITERATION_NAME = "learning phase"
 
@@ -93,6 +99,8 @@ class SACConfig(RunConfig):
             raise UsageError("--ent-coef", f"must be positive or 'auto', got {self.ent_coef}")
         if self.target_entropy != AUTO:
             parse_number(self.target_entropy, "--target-entropy")
+        if min(self.net_arch) <= 0:
+            raise UsageError("--net-arch", f"each layer needs a positive number of units, got {self.net_arch}")
         if self.buffer_size < self.batch_size:
             raise UsageError("--buffer-size", f"{self.buffer_size} cannot hold one batch of {self.batch_size}")
 

@@ -15,6 +15,15 @@ from rl.precision import FLOAT32, Precision
 
 HIDDEN_SIZE = 256
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # Stable-Baselines3's clamp of the actor's log-std
+SDE_MEAN_CLIP = 2.0  # with gSDE, SB3 clips the mean before the squash, so the perturbation keeps tanh unsaturated
+SDE_VARIANCE_FLOOR = 1e-6
+Hidden = int | tuple[int, int]  # units of the two hidden layers (one number: both)
+
+
+def _layer_sizes(hidden: Hidden) -> tuple[int, int]:
+    return (hidden, hidden) if isinstance(hidden, int) else (int(hidden[0]), int(hidden[1]))
+
+
 NUM_CRITICS = 2
 LOG_2 = math.log(2.0)
 
@@ -41,23 +50,35 @@ class SquashedGaussianActor(nn.Module):
     and `greedy_action`. With an `encoder` (images), obs -> encoder -> features -> 256 ...;
     the encoder is the critics' too, and trained by their loss alone: the actor's loss starts
     from detached features (`from_features`), as SAC-AE and DrQ train pixel SAC.
+
+    `state_dependent` explores with gSDE, as Stable-Baselines3's SAC does: the log-std is a
+    (hidden x actions) parameter, the perturbation before the squash is `hidden @ (std * noise)`
+    for a standard-normal noise matrix (one per env when acting, one per gradient step when
+    training), and the mean is clipped to +-2.
     """
 
     acting: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None  # compiled `forward`, with --compile
     recurrent = False
 
     def __init__(
-        self, obs_dim: int, action_space: gym.spaces.Box, hidden: int = HIDDEN_SIZE, encoder: nn.Module | None = None,
-        precision: Precision = FLOAT32,
+        self, obs_dim: int, action_space: gym.spaces.Box, hidden: Hidden = HIDDEN_SIZE,
+        encoder: nn.Module | None = None, precision: Precision = FLOAT32, state_dependent: bool = False,
+        log_std_init: float = -3.0,
     ) -> None:  # fmt: skip
         super().__init__()
         action_dim = int(action_space.shape[0])
+        first, second = _layer_sizes(hidden)
         self.precision = precision
         self.encoder = encoder
-        self.hidden1 = nn.Linear(getattr(encoder, "features", obs_dim), hidden)
-        self.hidden2 = nn.Linear(hidden, hidden)
-        self.mean = nn.Linear(hidden, action_dim)
-        self.log_std = nn.Linear(hidden, action_dim)
+        self.state_dependent = state_dependent
+        self.hidden1 = nn.Linear(getattr(encoder, "features", obs_dim), first)
+        self.hidden2 = nn.Linear(first, second)
+        self.mean = nn.Linear(second, action_dim)
+        self.log_std: nn.Linear | nn.Parameter
+        if state_dependent:  # gSDE: SB3's log_std_init (-3 for SAC) for every entry of the noise's std matrix
+            self.log_std = nn.Parameter(torch.full((second, action_dim), log_std_init))
+        else:
+            self.log_std = nn.Linear(second, action_dim)
         precision.convert_trunk(encoder, self.hidden1, self.hidden2)
         low = torch.as_tensor(action_space.low, dtype=torch.float32)
         high = torch.as_tensor(action_space.high, dtype=torch.float32)
@@ -87,10 +108,14 @@ class SquashedGaussianActor(nn.Module):
         return [parameter for parameter in self.parameters() if parameter not in encoder]
 
     def distribution(self, features: Tensor) -> tuple[Tensor, Tensor]:
-        """Mean and log-std of the Gaussian before the squash."""
+        """Mean and log-std of the Gaussian before the squash (without gSDE)."""
         hidden = self.precision.trunk(self._hidden, features)
+        assert isinstance(self.log_std, nn.Linear)
         log_std = _linear(self.log_std, hidden).clamp(LOG_STD_MIN, LOG_STD_MAX)
         return _linear(self.mean, hidden), log_std
+
+    def _sde_mean(self, hidden: Tensor) -> Tensor:
+        return _linear(self.mean, hidden).clamp(-SDE_MEAN_CLIP, SDE_MEAN_CLIP)
 
     def _hidden(self, features: Tensor) -> Tensor:
         features = features.to(self.hidden1.weight.dtype)  # bf16 weights (bf16-true) take bf16 inputs
@@ -101,24 +126,55 @@ class SquashedGaussianActor(nn.Module):
         return self.from_features(self.encode(obs), noise)
 
     def from_features(self, features: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        if self.state_dependent:
+            return self._state_dependent_sample(features, noise)
         mean, log_std = self.distribution(features)
         pre_tanh = mean + log_std.exp() * noise
         noise_logprob = (-0.5 * noise.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
         return squash(pre_tanh, noise_logprob, self.action_scale, self.action_bias)
 
+    def _state_dependent_sample(self, features: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
+        """gSDE's reparameterized sample for a noise matrix [hidden, actions] (the whole batch's) or one per row
+        [rows, hidden, actions]; its Gaussian has the variance hidden^2 @ std^2, through which the features learn."""
+        hidden = self.precision.trunk(self._hidden, features)
+        assert isinstance(self.log_std, nn.Parameter)
+        std = self.log_std.exp()
+        weights = std * noise
+        perturbation = (hidden.unsqueeze(-2) @ weights).squeeze(-2)  # a shared matrix broadcasts over the rows
+        scale = (hidden.pow(2) @ std.pow(2) + SDE_VARIANCE_FLOOR).sqrt()
+        z = perturbation / scale
+        noise_logprob = (-0.5 * z.pow(2) - scale.log() - 0.5 * math.log(2 * math.pi)).sum(-1)
+        return squash(self._sde_mean(hidden) + perturbation, noise_logprob, self.action_scale, self.action_bias)
+
     def noise(self, rows: int, generator: torch.Generator | None) -> Tensor:
-        return torch.randn(
-            (rows, self.action_dim), generator=generator, device=self.action_scale.device, dtype=torch.float32
-        )
+        """Standard-normal noise for `rows` reparameterized samples: with gSDE, one noise matrix that they share."""
+        shape = tuple(self.log_std.shape) if self.state_dependent else (rows, self.action_dim)
+        return torch.randn(shape, generator=generator, device=self.action_scale.device, dtype=torch.float32)
 
     @torch.no_grad()
-    def act(self, obs: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-        """Sampled actions within the bounds, and their log-probs."""
-        return (self.acting or self.forward)(obs, self.noise(obs.shape[0], generator))
+    def exploration_matrices(self, rows: int, generator: torch.Generator | None) -> Tensor | None:
+        """gSDE's standard-normal noise matrices for `rows` envs (`act` scales them by the std); None without gSDE."""
+        if not self.state_dependent:
+            return None
+        shape = (rows, *self.log_std.shape)
+        return torch.randn(shape, generator=generator, device=self.action_scale.device, dtype=torch.float32)
+
+    @torch.no_grad()
+    def act(
+        self, obs: Tensor, generator: torch.Generator | None, exploration: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Sampled actions within the bounds (through gSDE's `exploration` matrices, with --use-sde), and their
+        log-probs."""
+        noise = self.noise(obs.shape[0], generator) if exploration is None else exploration
+        return (self.acting or self.forward)(obs, noise)
 
     @torch.no_grad()
     def greedy_action(self, obs: Tensor) -> Tensor:
-        mean, _ = self.distribution(self.encode(obs))
+        features = self.encode(obs)
+        if self.state_dependent:
+            mean = self._sde_mean(self.precision.trunk(self._hidden, features))
+        else:
+            mean, _ = self.distribution(features)
         return torch.tanh(mean) * self.action_scale + self.action_bias
 
 
@@ -135,15 +191,16 @@ class CriticEnsemble(nn.Module):
     """
 
     def __init__(
-        self, feature_dim: int, action_dim: int, hidden: int = HIDDEN_SIZE, members: int = NUM_CRITICS,
+        self, feature_dim: int, action_dim: int, hidden: Hidden = HIDDEN_SIZE, members: int = NUM_CRITICS,
         precision: Precision = FLOAT32,
     ) -> None:  # fmt: skip
         super().__init__()
         inputs = feature_dim + action_dim
+        first, second = _layer_sizes(hidden)
         self.precision = precision
-        self.w1, self.b1 = _uniform((members, inputs, hidden), inputs), _uniform((members, 1, hidden), inputs)
-        self.w2, self.b2 = _uniform((members, hidden, hidden), hidden), _uniform((members, 1, hidden), hidden)
-        self.w3, self.b3 = _uniform((members, hidden, 1), hidden), _uniform((members, 1, 1), hidden)
+        self.w1, self.b1 = _uniform((members, inputs, first), inputs), _uniform((members, 1, first), inputs)
+        self.w2, self.b2 = _uniform((members, first, second), first), _uniform((members, 1, second), first)
+        self.w3, self.b3 = _uniform((members, second, 1), second), _uniform((members, 1, 1), second)
         for trunk in (self.w1, self.b1, self.w2, self.b2):  # the hidden layers; the output layer stays float32
             trunk.data = trunk.data.to(precision.trunk_dtype)
 

@@ -29,4 +29,22 @@ SAC_PRESETS: dict[str, dict[str, Any]] = {
     "halfcheetah": {**_RL_ZOO_MUJOCO, "env_id": "HalfCheetah-v5"},
     "hopper": {**_RL_ZOO_MUJOCO, "env_id": "Hopper-v5"},
     "walker2d": {**_RL_ZOO_MUJOCO, "env_id": "Walker2d-v5"},
+    # rl-zoo's tuned BipedalWalker-v3 entry, which explores with gSDE: 64 env steps then 64 gradient steps,
+    # a 400 x 300 network, one process.
+    "bipedalwalker": {
+        "env_id": "BipedalWalker-v3",
+        "total_timesteps": 500_000,
+        "learning_starts": 10_000,
+        "buffer_size": 300_000,
+        "batch_size": 256,
+        "policy_lr": 7.3e-4,
+        "q_lr": 7.3e-4,
+        "gamma": 0.98,
+        "tau": 0.02,
+        "train_freq": 64,
+        "gradient_steps": 64,
+        "net_arch": (400, 300),
+        "use_sde": True,
+        "log_std_init": -3.0,
+    },
 }
