@@ -137,9 +137,9 @@ def test_minibatches_take_the_listed_rows_in_order():
 
 def test_every_statistic_ppo_reports_has_a_tensorboard_tag():
     from rl.algos.ppo.algorithm import PPO
-    from rl.algos.ppo.update import UPDATE_STATS
+    from rl.algos.ppo.update import KL_STOP_STATS, UPDATE_STATS
 
-    assert {*UPDATE_STATS, "learning_rate", "explained_variance"} == set(PPO.stat_tags)
+    assert {*UPDATE_STATS, *KL_STOP_STATS, "learning_rate", "explained_variance"} == set(PPO.stat_tags)
 
 
 def test_masked_losses_equal_the_losses_of_the_kept_rows_alone():

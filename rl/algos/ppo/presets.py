@@ -103,23 +103,6 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "learning_rate": 3e-4,
         "ent_coef": 0.01,
     },
-    # rl-zoo's tuned PPO Pendulum-v1 entry, which explores with gSDE: 4 envs of 1,024 steps, SB3's default network
-    # and minibatch, one process.
-    "pendulum-gsde": {
-        **_SB3_STYLE_PPO,
-        "vf_coef": _sb3_vf_coef(0.5),
-        "env_id": "Pendulum-v1",
-        "total_timesteps": 100_000,
-        "num_envs": 4,
-        "num_steps": 1024,
-        "per_rank_batch_size": 64,
-        "update_epochs": 10,
-        "gamma": 0.9,
-        "gae_lambda": 0.95,
-        "learning_rate": 1e-3,
-        "use_sde": True,
-        "sde_sample_freq": 4,
-    },
     # CartPole without its velocities, through an LSTM: the cartpole preset (rl-zoo's CartPoleNoVel-v1 for
     # RecurrentPPO is the same), with observations and rewards normalized and 10 epochs, measured here:
     # the LSTM that the critic shares would otherwise take gradients dominated by unscaled returns.
@@ -152,6 +135,23 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "learning_rate": 1e-3,
         "normalize_observations": True,
         "normalize_rewards": True,
+    },
+    # rl-zoo's tuned PPO Pendulum-v1 entry, which explores with gSDE: 4 envs of 1,024 steps, SB3's default network
+    # and minibatch, one process.
+    "pendulum-gsde": {
+        **_SB3_STYLE_PPO,
+        "vf_coef": _sb3_vf_coef(0.5),
+        "env_id": "Pendulum-v1",
+        "total_timesteps": 100_000,
+        "num_envs": 4,
+        "num_steps": 1024,
+        "per_rank_batch_size": 64,
+        "update_epochs": 10,
+        "gamma": 0.9,
+        "gae_lambda": 0.95,
+        "learning_rate": 1e-3,
+        "use_sde": True,
+        "sde_sample_freq": 4,
     },
     # CleanRL's ppo_atari.py (Huang et al. 2022, "The 37 implementation details of PPO"), per rank.
     "atari-ppo": {
