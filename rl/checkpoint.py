@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -72,11 +71,29 @@ def load_checkpoint(path: str, flag: str = "--resume-from") -> dict[str, Any]:
         raise UsageError(flag, f"no checkpoint at {path}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError) as error:
-        raise UsageError(flag, f"cannot read {path} (truncated or corrupt?): {str(error).splitlines()[0]}") from None
+    except Exception as error:  # torch.load raises many kinds for a file it cannot read; each is told as what it is
+        raise UsageError(flag, unreadable(path, error)) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise UsageError(flag, f"{path} is not a {FORMAT} checkpoint")
     return state
+
+
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format: a zip archive
+PICKLE_MAGIC = b"\x80"  # a pickle (protocol 2 or later): torch's legacy format, or another program's file
+
+
+def unreadable(path: str, error: Exception) -> str:
+    """Why a weights-only read of `path` failed, told apart: a file that holds Python objects, one cut short, or
+    one that is not a checkpoint at all."""
+    with open(path, "rb") as file:
+        start = file.read(4)
+    if not (start == ZIP_MAGIC or start.startswith(PICKLE_MAGIC)):
+        return f"{path} is not a checkpoint: torch.save did not write it"
+    if isinstance(error, pickle.UnpicklingError) and str(error).startswith("Weights only load failed"):
+        return (f"{path} holds Python objects (classes or code) that a weights-only read refuses to run; checkpoints "
+                "of this program hold tensors and numbers only, so another program wrote it or it was altered: "
+                "load only files you trust")  # fmt: skip
+    return f"cannot read {path}: it is cut short or corrupt"
 
 
 def resumed_step(resume: dict[str, Any] | None) -> int:

@@ -12,7 +12,7 @@ import json
 import os
 import re
 from contextlib import redirect_stderr, redirect_stdout
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args
 
 import tyro
@@ -153,6 +153,7 @@ class RunConfig:
 
     # Tuned starting points by name (`--preset`), each a mapping of field names to values.
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
+    REPORT_FLAG: ClassVar[str | None] = None  # the flag that sets the steps between reports, where there is one
     # Fields a resumed run must share with its checkpoint: they shape the envs or the networks.
     IMMUTABLE = ("env_id", "env_kwargs", "env_kwarg", "num_envs", "vector_mode", "num_players", "encoder", "use_sde",
                  "grayscale", "resize", "time_feature", "frame_stack", "frame_skip")  # fmt: skip
@@ -209,6 +210,13 @@ class RunConfig:
 
     def num_iterations(self, env_ranks: int) -> int:
         return self.total_timesteps // (self.steps_per_iteration * env_ranks)
+
+    def iterations_per_report(self, env_ranks: int) -> int:
+        """Iterations between two logged points (and interrupt and checkpoint checks)."""
+        return 1
+
+    def fill_defaults(self, given: set[str]) -> None:
+        """Defaults that follow from other fields; `given`: the fields set by the command line or the preset."""
 
     def validate_algorithm(self) -> None:
         """The algorithm's own checks; raise `UsageError` naming the flag."""
@@ -277,6 +285,7 @@ def validate(
                          f"got {cfg.sde_sample_freq}")  # fmt: skip
     cfg.make_kwargs()
     cfg.validate_algorithm()
+    check_checkpoint_steps(cfg, env_ranks)
     global_iteration = cfg.steps_per_iteration * env_ranks
     if cfg.total_timesteps < global_iteration:
         raise UsageError(
@@ -305,6 +314,16 @@ def validate(
         raise UsageError("--compile-mode", "chooses how --compile compiles; add --compile (or drop the flag)")
     if cfg.compile:  # every role on a GPU compiles with Triton; a CPU role needs a C++ compiler
         check_compiler(cfg.cuda and (cfg.player_on_gpu or env_ranks == world_size) and not cfg.evaluator)
+
+
+def check_checkpoint_steps(cfg: RunConfig, env_ranks: int) -> None:
+    """A checkpoint interval in steps no finer than the reports, where every mode checks whether one is due."""
+    report = cfg.iterations_per_report(env_ranks) * cfg.steps_per_iteration * env_ranks
+    if 0 < cfg.checkpoint_steps < report:
+        shorter = f"; or report more often with {cfg.REPORT_FLAG}" if cfg.REPORT_FLAG else ""
+        raise UsageError("--checkpoint-every", f"{cfg.checkpoint_steps} steps is finer than the run's reports, every "
+                         f"{report} env steps, which is when checkpoints are written: give {report} or more"
+                         f"{shorter}")  # fmt: skip
 
 
 def check_periodic_evaluation(cfg: RunConfig) -> None:
@@ -353,10 +372,22 @@ RunConfigT = TypeVar("RunConfigT", bound=RunConfig)
 def parse_config_flags(config_type: type[RunConfigT], argv: list[str], prog: str | None = None) -> RunConfigT:
     """A run config from the command line; `--preset NAME` replaces the defaults with the preset's values."""
     name = preset_from_argv(argv)
-    default = None if name is None else config_type(**preset_values(config_type, name))
-    cfg = parse_dataclass(config_type, argv, prog, default)
+    preset = {} if name is None else preset_values(config_type, name)
+    cfg = parse_dataclass(config_type, argv, prog, None if name is None else config_type(**preset))
     cfg.precision = launcher_precision() or cfg.precision
+    cfg.fill_defaults(set(preset) | fields_on_command_line(config_type, argv))
     return cfg
+
+
+def fields_on_command_line(config_type: type[RunConfig], argv: list[str]) -> set[str]:
+    """The config fields whose flags (or their --no- forms) `argv` gives."""
+    spelled = {arg.split("=", 1)[0] for arg in argv if arg.startswith("--")}
+    given = set()
+    for member in fields(config_type):
+        name = flag(member.name)
+        if {name, name.replace("-", "_"), "--no-" + name[2:], "--no_" + name[2:].replace("-", "_")} & spelled:
+            given.add(member.name)
+    return given
 
 
 def launcher_precision() -> PrecisionName | None:

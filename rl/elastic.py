@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import time
 import uuid
 from dataclasses import dataclass
@@ -144,7 +145,10 @@ class RoundRecord:
     started_at: int  # the step it resumed from (0: from scratch)
     reached: int  # the furthest step it reported
     faults: list[dict[str, Any]]  # why it ended, from its survivors and failing ranks
-    redone_before: int  # steps redone by the restarts before it
+    redone_before: int  # steps redone by the restarts up to it, its own included
+    began_training: bool = True  # False: it ended during start-up, between its launch and its first iteration
+    restart: int | None = None  # torchrun's restart count where its rank 0 ran (None: not journaled)
+    host: str | None = None  # the machine of its rank 0
 
 
 class Journal:
@@ -189,16 +193,30 @@ class Journal:
             os.close(descriptor)
 
     def rounds(self) -> list[RoundRecord]:
-        """Every round journaled so far, oldest first: its start, how far it got, and its faults."""
-        entries = self.entries()
-        starts = [i for i, entry in enumerate(entries) if entry["event"] == "start"]
-        records = []
-        for first, end in zip(starts, [*starts[1:], len(entries)][: len(starts)], strict=True):
-            start, during = entries[first], entries[first + 1 : end]
-            faults = [entry for entry in during if entry["event"] == "fault"]
-            reached = max([start["step"], *(fault["step"] for fault in faults)])
-            records.append(RoundRecord(start["step"], reached, faults, start.get("redone", 0)))
+        """Every round journaled so far, oldest first: its start, how far it got, and its faults.
+
+        A round opens with its `launch` entry (written once its rank 0 has read its command line and
+        checkpoint) and begins training at its `start` entry; journals written before rounds were
+        launched open each round at its start."""
+        records: list[RoundRecord] = []
+        for entry in self.entries():
+            opens_a_round = entry["event"] == "launch" or (
+                entry["event"] == "start" and (not records or records[-1].began_training)
+            )
+            if opens_a_round:
+                records.append(opened_round(entry))
+            if entry["event"] == "start":
+                records[-1].began_training = True
+            elif entry["event"] == "fault" and records:
+                records[-1].faults.append(entry)
+                records[-1].reached = max(records[-1].reached, entry["step"])
         return records
+
+
+def opened_round(entry: dict[str, Any]) -> RoundRecord:
+    """A round as its first entry (its launch, or its start) tells it, before it trains."""
+    step = entry["step"]
+    return RoundRecord(step, step, [], entry.get("redone", 0), False, entry.get("restart"), entry.get("host"))
 
 
 class RepeatedFailure(Exception):
@@ -228,11 +246,15 @@ def begin_round(run_dir: str, resume_step: int, checkpoint: str | None, rank: in
     journal = Journal(run_dir)
     rounds = journal.rounds()
     last = rounds[-1] if rounds else None
-    if last is not None:  # the reached file is the last round's, finer than its faults
+    if last is not None and last.began_training:  # the reached file is the last round's, finer than its faults
         last.reached = max(last.reached, journal.read_reached())
     redone = max(0, last.reached - resume_step) if last else 0
     redone_total = (last.redone_before if last else 0) + redone
-    _this_round = ThisRound(journal, resume_step, len(rounds), redone_total, resume_step)
+    unjournaled = rounds_without_a_launch(last) if last else 0
+    _this_round = ThisRound(journal, resume_step, len(rounds) + unjournaled, redone_total, resume_step)
+    if rank == 0 and under_torchelastic():
+        journal.append({"event": "launch", "step": resume_step, "restart": restart_count(), "host": HOST,
+                        "redone": redone_total})  # fmt: skip
     if last is None:
         return
     if len(rounds) >= 2 and same_failure(rounds[-2], last):
@@ -243,10 +265,26 @@ def begin_round(run_dir: str, resume_step: int, checkpoint: str | None, rank: in
     if rank != 0:
         return
     where = f"resumes from step {resume_step} ({checkpoint})" if checkpoint else "no checkpoint yet: starts from step 0"
+    before = f"the round before ended at step {last.reached}: {describe_end(last)}"
+    if unjournaled:
+        before = (f"{unjournaled} round{'s' if unjournaled > 1 else ''} before this one ended during start-up, before "
+                  f"writing to the run folder (killed, or its node lost); the last round that did ended at step "
+                  f"{last.reached}: {describe_end(last)}")  # fmt: skip
     print_error(
-        f"restart {len(rounds)} of the job ({this_node_restarts()}): the round before ended at step {last.reached}: "
-        f"{describe_end(last)}; {where}; {redone} steps are done twice ({redone_total} in this job so far)"
+        f"restart {_this_round.restarts} of the job ({this_node_restarts()}): {before}; {where}; {redone} steps "
+        f"are done twice ({redone_total} in this job so far)"
     )
+
+
+HOST = socket.gethostname()
+
+
+def rounds_without_a_launch(last: RoundRecord) -> int:
+    """Rounds since `last` that ended before their rank 0 journaled their launch, as this node's torchrun counts
+    them: only where `last` ran on this node too (a node that joined later counts its restarts from its joining)."""
+    if last.restart is None or last.host != HOST:
+        return 0
+    return max(0, restart_count() - last.restart - 1)
 
 
 def this_node_restarts() -> str:
@@ -271,6 +309,9 @@ def describe_end(record: RoundRecord) -> str:
         return f"{lost[0]['role']} lost {lost[0]['what']}"
     if record.faults:
         return f"{record.faults[0]['role']} was {record.faults[0]['what']}"
+    if not record.began_training:
+        return ("it ended during start-up, before its first iteration, and no process recorded why (killed, or the "
+                "node that held it was lost)")  # fmt: skip
     return "no process recorded why (all were stopped at once, or the node that held them was lost)"
 
 

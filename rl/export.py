@@ -44,8 +44,14 @@ class ExportConfig:
     """the file to export"""
     out: str
     """the file to write"""
-    format: ExportFormat = "torchscript"
-    """torchscript (plain torch) or onnx (onnxruntime)"""
+    format: ExportFormat | None = None
+    """torchscript (plain torch) or onnx (onnxruntime); by default onnx for a .onnx file, else torchscript"""
+
+    @property
+    def chosen_format(self) -> ExportFormat:
+        if self.format is not None:
+            return self.format
+        return "onnx" if Path(self.out).suffix.lower() == ".onnx" else "torchscript"
 
 
 class GreedyPolicy(nn.Module):
@@ -86,8 +92,27 @@ def greedy_policy(state: dict) -> tuple[GreedyPolicy, Tensor]:
     return module, example if pixels else example.float()
 
 
+def check_output_file(out: str) -> None:
+    """Make the folders of `out` and check that a file can be written there, or raise `UsageError`."""
+    path = Path(out)
+    if path.is_dir():
+        raise UsageError("--out", f"{out} is a folder; give the file to write, such as {path / 'policy.pt'}")
+    ancestor = next(folder for folder in path.parents if folder.exists())
+    if not ancestor.is_dir():
+        raise UsageError("--out", f"cannot write {out}: {ancestor} is a file, not a folder")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    except OSError as error:  # no permission, a read-only disk
+        raise UsageError("--out", f"cannot write {out}: {error.strerror or error}") from None
+
+
 def export(module: GreedyPolicy, example: Tensor, out: str, format: ExportFormat) -> None:
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    check_output_file(out)
+    write(module, example, out, format)
+
+
+def write(module: GreedyPolicy, example: Tensor, out: str, format: ExportFormat) -> None:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's deprecation notes on TorchScript and on tracing
         if format == "torchscript":
@@ -105,10 +130,11 @@ def main(argv: list[str]) -> None:
     cfg = parse_dataclass(ExportConfig, argv)
     state = load_checkpoint(cfg.checkpoint, flag="CHECKPOINT")
     module, example = greedy_policy(state)
-    export(module, example, cfg.out, cfg.format)
+    export(module, example, cfg.out, cfg.chosen_format)
     kind = "uint8 images" if module.pixels else "float32 vectors"
-    print(f"{cfg.out}: the greedy policy of {state['env_id']} ({cfg.format}); it takes a batch of {kind} of shape "
-          f"[batch, {', '.join(str(side) for side in example.shape[1:])}]")  # fmt: skip
+    shape = ", ".join(str(side) for side in example.shape[1:])
+    print(f"{cfg.out}: the greedy policy of {state['env_id']} ({cfg.chosen_format}); it takes a batch of {kind} of "
+          f"shape [batch, {shape}]")  # fmt: skip
 
 
 if __name__ == "__main__":

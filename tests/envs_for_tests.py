@@ -1,6 +1,7 @@
 """Envs that only tests need, registered on import: `--env-id envs_for_tests:UnboundedActions-v0`."""
 
 import os
+import signal
 import time
 
 import gymnasium as gym
@@ -132,3 +133,19 @@ class ObservationsOutsideTheSpace(FixedLength):
 gym.register("StepReturnsFourValues-v0", entry_point=StepReturnsFourValues)
 gym.register("ResetTakesNoSeed-v0", entry_point=ResetTakesNoSeed)
 gym.register("ObservationsOutsideTheSpace-v0", entry_point=ObservationsOutsideTheSpace)
+
+
+class KilledOnceAtStartup(CartPoleEnv):
+    """CartPole whose first construction after the file `marker` appears deletes it and kills its own process
+    outright: a test makes one round of a job die during start-up, before it trains."""
+
+    def __init__(self, marker: str) -> None:
+        super().__init__()
+        try:
+            os.remove(marker)
+        except FileNotFoundError:
+            return
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+gym.register("KilledOnceAtStartup-v0", entry_point=KilledOnceAtStartup, max_episode_steps=500)

@@ -1,5 +1,6 @@
 """Checkpoints, exact resume, faults and the evaluation CLI, with real processes on CPU."""
 
+import collections
 import os
 import shutil
 import signal
@@ -123,22 +124,34 @@ def bad_files(runs, folder: Path) -> dict[str, Path]:
     (folder / "garbage.ckpt").write_bytes(b"not a checkpoint at all" * 100)
     (folder / "truncated.ckpt").write_bytes(good[: len(good) // 2])
     torch.save({"weights": torch.zeros(3)}, folder / "foreign.ckpt")
+    torch.save({"format": "fabric-rl/1", "code": collections.OrderedDict, "callback": print}, folder / "code.ckpt")
     return {
         "garbage": folder / "garbage.ckpt",
         "truncated": folder / "truncated.ckpt",
         "foreign": folder / "foreign.ckpt",
+        "holds code": folder / "code.ckpt",
         "saved agent": runs["fabric-half"] / "agent.ckpt",
         "missing": folder / "nothing-here.ckpt",
     }
 
 
-@pytest.mark.parametrize("kind", ["garbage", "truncated", "foreign", "saved agent", "missing"])
-def test_bad_checkpoints_end_with_one_line_and_exit_2(runs, tmp_path, kind):
+BAD_FILE_LINES = {
+    "garbage": "is not a checkpoint: torch.save did not write it",
+    "truncated": "it is cut short or corrupt",
+    "foreign": "is not a fabric-rl/1 checkpoint",
+    "holds code": "holds Python objects (classes or code) that a weights-only read refuses to run",
+    "saved agent": "this file holds a saved agent, not a training checkpoint",
+    "missing": "no checkpoint at",
+}
+
+
+@pytest.mark.parametrize("kind", list(BAD_FILE_LINES))
+def test_bad_checkpoints_end_with_one_line_that_says_what_the_file_is_and_exit_2(runs, tmp_path, kind):
     path = bad_files(runs, tmp_path)[kind]
     finished = run_ranks("python", SCRIPTS["fabric"], ["--resume-from", str(path)], tmp_path)
     assert finished.returncode == 2, finished.stderr[-2000:]
     (line,) = finished.stderr.strip().splitlines()
-    assert line.startswith("error: --resume-from: ")
+    assert line.startswith("error: --resume-from: ") and BAD_FILE_LINES[kind] in line, line
 
 
 def test_a_non_finite_loss_stops_training_without_a_nan_checkpoint(tmp_path):

@@ -412,3 +412,29 @@ def test_fabric_run_on_gpus_without_cuda_is_refused_and_the_script_flag_chooses_
     check(PPOConfig(cuda=True), gpu_count=1)
     monkeypatch.setenv("LT_ACCELERATOR", "cpu")  # the launcher only starts the processes; --cuda places them
     check(PPOConfig(cuda=True), gpu_count=1)
+
+
+def test_recurrent_runs_train_with_every_other_flag_at_its_default():
+    cfg = parse_config(["--recurrent"])
+    assert cfg.per_rank_batch_size == cfg.num_steps  # one env sequence per minibatch
+    validate(cfg, world_size=1, gpu_count=0)
+    assert parse_config(["--recurrent", "--num-steps", "32"]).per_rank_batch_size == 32
+
+
+def test_a_recurrent_batch_size_the_user_gave_is_kept_and_still_refused_when_it_cannot_work():
+    given = parse_config(["--recurrent", "--per-rank-batch-size", "64"])
+    assert given.per_rank_batch_size == 64
+    with pytest.raises(UsageError, match="give a multiple of 128"):
+        validate(given, world_size=1, gpu_count=0)
+    assert parse_config(["--preset", "masked-cartpole"]).per_rank_batch_size == 128  # the preset's own
+    assert parse_config(["--per-rank-batch-size=256", "--recurrent"]).per_rank_batch_size == 256
+
+
+@pytest.mark.parametrize(
+    ("args", "report"),
+    [(["sac", "--checkpoint-every", "500"], 1000), (["--num-envs", "4", "--checkpoint-every", "256"], 512)],
+)
+def test_a_checkpoint_interval_finer_than_the_reports_is_refused(args, report):
+    with pytest.raises(UsageError, match=f"finer than the run's reports, every {report} env steps"):
+        validate(parse_config(args), world_size=1, gpu_count=0)
+    validate(parse_config([*args[:-1], str(report)]), world_size=1, gpu_count=0)

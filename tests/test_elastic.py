@@ -160,6 +160,36 @@ def test_a_restart_without_a_checkpoint_starts_again_and_says_so(tmp_path):
     assert len(list(tmp_path.glob("logs/*/*"))) == 1  # the same folder, not a new one named by the time
 
 
+def test_a_round_killed_during_start_up_is_named_and_the_restart_counts_agree(tmp_path):
+    marker = tmp_path / "kill-the-next-start"
+    args = [*QUICK_PPO, "--env-id", "envs_for_tests:KilledOnceAtStartup-v0", "--env-kwargs",
+            json.dumps({"marker": str(marker)}), "--total-timesteps", "16384", "--checkpoint-every", "512"]  # fmt: skip
+    job = start(torchrun(SCRIPTS["fabric"], args, max_restarts=3), tmp_path)
+    wait_until(lambda: newest_step(tmp_path) > 0, job)
+    marker.touch()  # round 1 dies while it makes its envs, before it writes anything
+    os.kill(rank_pid(job.pid, 1), signal.SIGKILL)
+    _, stderr = finish(job)
+    assert job.returncode == 0, stderr[-3000:]
+    (line,) = [line for line in stderr.splitlines() if line.startswith("restart ")]
+    assert line.startswith("restart 2 of the job (this node's restart 2 of at most 3): 1 round before this one ended "
+                           "during start-up"), line  # fmt: skip
+    assert "the last round that did ended at step" in line and "lost rank 1" in line, line
+
+
+def test_a_journaled_round_that_never_trained_is_told_apart(tmp_path):
+    journal = Journal(str(tmp_path))
+    for entry in (
+        {"event": "launch", "step": 0, "restart": 0, "host": "a", "redone": 0},
+        {"event": "start", "step": 0, "redone": 0},
+        {"event": "launch", "step": 512, "restart": 1, "host": "a", "redone": 100},
+    ):
+        journal.append(entry)
+    trained, died = journal.rounds()
+    assert trained.began_training and not died.began_training
+    assert (died.started_at, died.reached, died.restart, died.host) == (512, 512, 1, "a")
+    assert describe_end(died).startswith("it ended during start-up, before its first iteration")
+
+
 def test_a_run_that_fails_in_the_same_place_stops_after_max_restarts_with_the_cause(tmp_path):
     args = [*QUICK_PPO, "--env-id", "envs_for_tests:FailsAfter-v0", "--num-envs", "1", "--num-steps", "64",
             "--per-rank-batch-size", "32", "--total-timesteps", "8192", "--checkpoint-every", "128"]  # fmt: skip

@@ -131,8 +131,27 @@ def test_a_file_that_would_run_code_when_unpickled_is_refused_unread(tmp_path, m
                           text=True, timeout=120)  # fmt: skip
     assert done.returncode == 2
     (line,) = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
-    assert line.startswith("error: CHECKPOINT: cannot read")
+    assert line.startswith(f"error: CHECKPOINT: {evil} holds Python objects (classes or code)") and "trust" in line
     assert not marker.exists()
+
+
+def export_to(agent: Path, out: str, cwd: Path, *extra: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "rl.export", str(agent), "--out", out, *extra]
+    return subprocess.run(command, cwd=cwd, env=child_env(), capture_output=True, text=True, timeout=120)
+
+
+def test_bad_output_paths_end_with_one_line_and_a_onnx_file_is_onnx(agents, tmp_path):
+    agent = next(iter(agents.values()))
+    (tmp_path / "a-file").write_text("in the way")
+    for out, told in ((str(tmp_path), "is a folder; give the file to write"),
+                      (str(tmp_path / "a-file" / "policy.pt"), "a-file is a file, not a folder")):  # fmt: skip
+        done = export_to(agent, out, tmp_path)
+        assert done.returncode == 2, done.stderr[-2000:]
+        (line,) = done.stderr.strip().splitlines()
+        assert line.startswith("error: --out: ") and told in line, line
+    done = export_to(agent, str(tmp_path / "new" / "folder" / "policy.onnx"), tmp_path)
+    assert done.returncode == 0 and "(onnx)" in done.stdout, done.stderr[-2000:]
+    assert (tmp_path / "new" / "folder" / "policy.onnx").read_bytes()[:2] != b"PK"  # ONNX, not a TorchScript zip
 
 
 def test_a_recurrent_policy_evaluates_with_its_state_and_is_refused_by_export_with_one_line(tmp_path):

@@ -26,7 +26,7 @@ class PPOConfig(RunConfig):
     (ALE/Breakout-v5; give --env-id for another game)"""
 
     per_rank_batch_size: int = 64
-    """the minibatch size on each rank"""
+    """the minibatch size on each rank (with --recurrent, by default one sequence: --num-steps)"""
     num_steps: int = 128
     """the number of steps each environment runs per rollout"""
     learning_rate: float = 1e-3
@@ -90,6 +90,11 @@ class PPOConfig(RunConfig):
     def steps_per_row(self) -> int:
         """Env steps in one row of a batch: a recurrent policy's row is an env's whole rollout."""
         return self.num_steps if self.recurrent else 1
+
+    def fill_defaults(self, given: set[str]) -> None:
+        # A recurrent minibatch holds whole env sequences: by default one rollout's sequence of --num-steps.
+        if self.recurrent and "per_rank_batch_size" not in given:
+            self.per_rank_batch_size = self.num_steps
 
     def validate_algorithm(self) -> None:
         check_signs(

@@ -352,9 +352,6 @@ class SAC(Algorithm):
         """Each rank that runs envs holds its share of --buffer-size, as in the DSAC reference."""
         return max(self.cfg.buffer_size // env_ranks, self.cfg.batch_size)
 
-    def iterations_per_report(self, env_ranks: int) -> int:
-        return max(1, self.cfg.log_every // (self.cfg.steps_per_iteration * env_ranks))
-
     def build_policy(self, device: torch.device) -> nn.Module:
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every rank and in every mode
         spaces = self.spaces

@@ -65,6 +65,7 @@ class SACConfig(RunConfig):
     """with --use-sde: the initial log of every entry of gSDE's noise std matrix (Stable-Baselines3's default)"""
 
     PRESETS = SAC_PRESETS
+    REPORT_FLAG = "--log-every"
     IMMUTABLE = (*RunConfig.IMMUTABLE, "net_arch")
     PER_RANK = (*RunConfig.PER_RANK, "batch_size")
     ITERATION_NAME = "learning phase"
@@ -72,6 +73,9 @@ class SACConfig(RunConfig):
     @property
     def steps_per_iteration(self) -> int:
         return self.num_envs * self.train_freq
+
+    def iterations_per_report(self, env_ranks: int) -> int:
+        return max(1, self.log_every // (self.steps_per_iteration * env_ranks))
 
     @property
     def autotune(self) -> bool:
