@@ -39,10 +39,36 @@ def test_each_row_runs_its_preset_on_the_published_env_for_the_published_steps(r
 
 
 def test_sac_rows_keep_the_published_replay_ratio_of_one_gradient_step_of_256_per_env_step(tmp_path):
-    for row in [name for name in suite.ROWS if name.startswith("sac/")]:
+    for row in [name for name, row in suite.ROWS.items() if row.group == "SAC MuJoCo"]:
         cfg, _ = row_config(row, tmp_path)
         assert (cfg.num_envs, cfg.train_freq, cfg.gradient_steps, cfg.batch_size) == (1, 1, 1, 256)
         assert cfg.save_buffer  # a resumed run trains on at once, on its whole buffer, as an uninterrupted one
+
+
+def test_the_gsde_rows_train_rl_zoos_entries_and_differ_from_their_baselines_in_gsde_alone(tmp_path):
+    walker, _ = row_config("sac/bipedalwalker-gsde", tmp_path)
+    values = (
+        walker.policy_lr,
+        walker.q_lr,
+        walker.buffer_size,
+        walker.batch_size,
+        walker.gamma,
+        walker.tau,
+        walker.train_freq,
+        walker.gradient_steps,
+        walker.learning_starts,
+        walker.net_arch,
+        walker.log_std_init,
+    )
+    assert values == (7.3e-4, 7.3e-4, 300_000, 256, 0.98, 0.02, 64, 64, 10_000, (400, 300), -3.0)  # fmt: skip
+    pendulum, _ = row_config("ppo/pendulum-gsde", tmp_path)
+    rollout = (pendulum.num_envs, pendulum.num_steps, pendulum.gamma, pendulum.learning_rate, pendulum.update_epochs)
+    assert rollout == (4, 1024, 0.9, 1e-3, 10) and (pendulum.use_sde, pendulum.sde_sample_freq) == (True, 4)
+    for with_gsde, without in (("ppo/pendulum-gsde", "ppo/pendulum-no-gsde"),
+                               ("sac/bipedalwalker-gsde", "sac/bipedalwalker-no-gsde")):  # fmt: skip
+        one, other = (row_config(name, tmp_path)[0].to_dict() for name in (with_gsde, without))
+        differ = {key for key in one if one[key] != other[key]}
+        assert differ == {"use_sde", "run_name"}, differ
 
 
 def test_pong_splits_cleanrls_rollout_over_its_ranks_and_stops_at_its_target(tmp_path):
@@ -247,3 +273,9 @@ def test_an_interrupted_launch_stops_the_study_with_one_line_and_no_row(tmp_path
     with pytest.raises(SystemExit, match="resumes from its newest checkpoint"):
         resumable.run_all([resumable.Run("run", lambda: interrupted, {})], tmp_path)
     assert not resumable.row_file(tmp_path, "run").exists()
+
+
+def test_the_hyperparameters_page_is_generated_from_the_rows_as_they_are():
+    written = suite.HYPERPARAMETERS_PAGE.read_text()
+    assert written == suite.hyperparameters_page(), "regenerate: python benchmarks/suite.py --hyperparameters"
+    assert "| --use-sde | " in written and "| --net-arch | 256 256 | 256 256 | 256 256 | 400 300 | 400 300 |" in written
