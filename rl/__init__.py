@@ -1,4 +1,7 @@
-"""Distributed PPO and SAC on Lightning Fabric and raw torch.distributed."""
+"""Distributed PPO and SAC on Lightning Fabric and raw torch.distributed.
+
+As a library: `rl.load_agent(path).predict(obs)` (see `rl.agent`).
+"""
 
 import os
 import time
@@ -13,3 +16,13 @@ PROCESS_STARTED = time.monotonic()
 # chose a wait. Set here: OpenMP reads it once, as torch loads it, and the entry points import this package first.
 if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
+
+def __getattr__(name: str):
+    # The library's names load on first use: `import rl` stays light for the entry points, which set up
+    # threads and OpenMP before torch loads.
+    if name in ("load_agent", "Agent"):
+        from rl import agent
+
+        return getattr(agent, name)
+    raise AttributeError(f"module 'rl' has no attribute {name!r}")

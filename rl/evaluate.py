@@ -14,19 +14,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 import tyro
-from torch import nn
 
-from rl.checkpoint import CHECKPOINT_DIR, load_checkpoint, saved_algorithm
+from rl.agent import load_agent
+from rl.checkpoint import CHECKPOINT_DIR
 from rl.cli import check_video_support
 from rl.config import parse_dataclass
-from rl.envs import Preprocessing, inspect_env, video_folder
+from rl.envs import video_folder
 from rl.errors import UsageError, exit_on_usage_error
 from rl.evaluation import evaluate_greedy
-from rl.normalization import ObservationNormalizer
-from rl.registry import ALGORITHMS
-from rl.run import restored_agent
 
 
 @dataclass
@@ -56,22 +52,6 @@ def run_folder(checkpoint: str) -> Path:
     """The run folder: where agent.ckpt lies, or the parent of a checkpoints/ folder."""
     folder = Path(checkpoint).resolve().parent
     return folder.parent if folder.name == CHECKPOINT_DIR else folder
-
-
-def restore_agent(state: dict, env_id: str) -> tuple[nn.Module, ObservationNormalizer, Preprocessing]:
-    """The trained policy, rebuilt by the algorithm that trained it, its observation normalizer and
-    the preprocessing of its observations."""
-    kind = ALGORITHMS[saved_algorithm(state)]
-    fields = kind.config_type.__dataclass_fields__
-    saved = {key: value for key, value in state["config"].items() if key in fields}
-    # Evaluation makes its own envs; the training envs' vector mode need not exist for `env_id`.
-    trained = kind.config_type(**saved | {"vector_mode": "sync"})
-    spaces = inspect_env(env_id, trained.preprocessing())
-    kind.check_spaces(spaces)
-    try:
-        return *restored_agent(kind(trained, spaces), state), spaces.preprocessing
-    except RuntimeError as error:
-        raise UsageError("--env-id", f"{env_id} does not fit this agent: {str(error).splitlines()[0]}") from None
 
 
 def log_to_tensorboard(folder: Path, returns: np.ndarray, lengths: np.ndarray, video_dir: str | None) -> None:
@@ -112,14 +92,13 @@ def main(argv: list[str]) -> None:
         raise UsageError("--episodes", f"must be positive, got {cfg.episodes}")
     if cfg.capture_video:
         check_video_support()
-    state = load_checkpoint(cfg.checkpoint, flag="CHECKPOINT")
-    env_id = cfg.env_id or state["env_id"]
-    agent, normalizer, preprocessing = restore_agent(state, env_id)
+    agent = load_agent(cfg.checkpoint, env_id=cfg.env_id, flag="CHECKPOINT")
     folder = run_folder(cfg.checkpoint)
     video_dir = video_folder(str(folder), "eval", Path(cfg.checkpoint).stem) if cfg.capture_video else None
+    env_id = agent.env_id
     returns, lengths = evaluate_greedy(
-        agent, env_id, cfg.episodes, cfg.seed, normalizer, torch.device("cpu"), video_dir, cfg.deterministic,
-        preprocessing,
+        agent.policy, env_id, cfg.episodes, cfg.seed, agent.normalizer, agent.device, video_dir, cfg.deterministic,
+        agent.preprocessing,
     )  # fmt: skip
     mode = "deterministic" if cfg.deterministic else "stochastic"
     print(

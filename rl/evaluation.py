@@ -60,8 +60,10 @@ def _stepper(
     agent: Policy, num_envs: int, device: torch.device, deterministic: bool, generator: torch.Generator
 ) -> Callable[[Tensor, Tensor], Tensor]:
     """`(obs, starts) -> actions` for `num_envs` envs; a recurrent policy's state is carried from call to call."""
+    # gSDE's noise matrices, one per env for the whole evaluation (stochastic play only)
+    exploration = None if deterministic else agent.exploration_matrices(num_envs, generator)
     if not agent.recurrent:
-        return lambda obs, _: agent.greedy_action(obs) if deterministic else agent.act(obs, generator)[0]
+        return lambda obs, _: agent.greedy_action(obs) if deterministic else agent.act(obs, generator, exploration)[0]
     memory = agent.initial_memory(num_envs, device)
 
     def act(obs: Tensor, starts: Tensor) -> Tensor:
@@ -69,7 +71,7 @@ def _stepper(
         if deterministic:
             action, memory = agent.greedy_action(obs, memory, starts)
         else:
-            action, _, _, memory = agent.act(obs, generator, memory, starts)
+            action, _, _, memory = agent.act(obs, generator, memory, starts, exploration)
         return action
 
     return act

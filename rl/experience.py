@@ -33,10 +33,15 @@ class Policy(Protocol):
 
     recurrent: bool
 
-    def act(self, obs: Tensor, generator: torch.Generator | None) -> tuple[Tensor, ...]:
-        """Sampled actions first, then whatever else the algorithm stores."""
+    def act(
+        self, obs: Tensor, generator: torch.Generator | None, exploration: Tensor | None = None
+    ) -> tuple[Tensor, ...]:
+        """Sampled actions first, then whatever else the algorithm stores (gSDE: through `exploration`)."""
 
     def greedy_action(self, obs: Tensor) -> Tensor: ...
+
+    def exploration_matrices(self, rows: int, generator: torch.Generator | None) -> Tensor | None:
+        """gSDE's noise matrices for `rows` envs; None for a policy that explores otherwise."""
 
 
 class StateDependentExploration:

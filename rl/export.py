@@ -26,11 +26,10 @@ import torch
 import tyro
 from torch import Tensor, nn
 
-from rl.checkpoint import load_checkpoint
+from rl.agent import Agent, load_agent
 from rl.config import parse_dataclass
-from rl.envs import inspect_env, is_image_space
+from rl.envs import is_image_space
 from rl.errors import UsageError, exit_on_usage_error
-from rl.evaluate import restore_agent
 from rl.normalization import CLIP, ObservationNormalizer
 
 ExportFormat = Literal["torchscript", "onnx"]
@@ -77,18 +76,15 @@ class GreedyPolicy(nn.Module):
         return torch.maximum(torch.minimum(action, self.high), self.low) if self.clips else action
 
 
-def greedy_policy(state: dict) -> tuple[GreedyPolicy, Tensor]:
-    """The checkpoint's policy as a `GreedyPolicy` in float32, and an example batch of observations for it."""
-    eager_float32 = {"precision": "32-true", "compile": False}  # the weights are float32 whatever the run's precision
-    state = state | {"config": state["config"] | eager_float32}
-    policy, normalizer, preprocessing = restore_agent(state, state["env_id"])
-    if policy.recurrent:
+def greedy_policy(agent: Agent) -> tuple[GreedyPolicy, Tensor]:
+    """The agent's policy as a `GreedyPolicy` in float32, and an example batch of observations for it."""
+    if agent.recurrent:
         raise UsageError("CHECKPOINT", "a recurrent policy carries state between steps; export takes feed-forward "
                          "policies only")  # fmt: skip
-    spaces = inspect_env(state["env_id"], preprocessing)
-    pixels = is_image_space(spaces.observation_space)
-    module = GreedyPolicy(policy.eval(), normalizer, pixels, spaces.action_space).eval().requires_grad_(False)
-    example = torch.as_tensor(spaces.observation_space.sample()).unsqueeze(0).repeat(2, *[1] * len(spaces.obs_shape))
+    space = agent.observation_space
+    pixels = is_image_space(space)
+    module = GreedyPolicy(agent.policy, agent.normalizer, pixels, agent.action_space).eval().requires_grad_(False)
+    example = torch.as_tensor(space.sample()).unsqueeze(0).repeat(2, *[1] * len(space.shape or ()))
     return module, example if pixels else example.float()
 
 
@@ -128,12 +124,12 @@ def write(module: GreedyPolicy, example: Tensor, out: str, format: ExportFormat)
 
 def main(argv: list[str]) -> None:
     cfg = parse_dataclass(ExportConfig, argv)
-    state = load_checkpoint(cfg.checkpoint, flag="CHECKPOINT")
-    module, example = greedy_policy(state)
+    agent = load_agent(cfg.checkpoint, flag="CHECKPOINT")
+    module, example = greedy_policy(agent)
     export(module, example, cfg.out, cfg.chosen_format)
     kind = "uint8 images" if module.pixels else "float32 vectors"
     shape = ", ".join(str(side) for side in example.shape[1:])
-    print(f"{cfg.out}: the greedy policy of {state['env_id']} ({cfg.chosen_format}); it takes a batch of {kind} of "
+    print(f"{cfg.out}: the greedy policy of {agent.env_id} ({cfg.chosen_format}); it takes a batch of {kind} of "
           f"shape [batch, {shape}]")  # fmt: skip
 
 

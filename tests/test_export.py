@@ -11,9 +11,10 @@ import pytest
 import torch
 from conftest import SCRIPTS, child_env, launch_together, run_dir, run_ranks
 
+from rl.agent import load_agent, restore_agent
 from rl.checkpoint import load_checkpoint
 from rl.envs import inspect_env, make_vector_env, observations_tensor
-from rl.evaluate import restore_agent
+from rl.errors import UsageError
 
 TINY = ["--eval-episodes", "0", "--no-progress-bar", "--torch-threads", "1"]
 AGENTS = {
@@ -122,6 +123,36 @@ class WritesAFileWhenUnpickled:
         return (Path.touch, (self.marker,))
 
 
+@pytest.mark.parametrize("name", list(AGENTS))
+def test_a_loaded_agent_predicts_the_checkpoints_greedy_actions_for_one_observation_or_a_batch(agents, name):
+    agent = load_agent(agents[name])
+    obs = observations(agent.env_id, agent.preprocessing)
+    expected = checkpoint_actions(agents[name], obs)
+    actions, state = agent.predict(obs)
+    assert state is None and actions.shape == expected.shape
+    np.testing.assert_allclose(actions, expected, rtol=1e-6, atol=1e-6)
+    one, _ = agent.predict(obs[3])
+    assert np.shape(one) == np.shape(expected[3])
+    np.testing.assert_allclose(one, expected[3], rtol=1e-5, atol=1e-5)
+    agent.seed(7)
+    sampled, _ = agent.predict(obs, deterministic=False)
+    agent.seed(7)
+    assert np.array_equal(sampled, agent.predict(obs, deterministic=False)[0])  # its own seeded stream
+    if isinstance(agent.action_space, gym.spaces.Box):
+        assert (sampled >= agent.action_space.low).all() and (sampled <= agent.action_space.high).all()
+    else:
+        assert np.array_equal(sampled, sampled.astype(np.int64))
+
+
+def test_a_loaded_agent_refuses_observations_of_another_shape_and_a_file_that_is_not_an_agent(agents, tmp_path):
+    agent = load_agent(agents["ppo-discrete-mlp"])
+    with pytest.raises(ValueError, match=r"this agent takes \(4,\), or a batch of them"):
+        agent.predict(np.zeros(3))
+    (tmp_path / "x.ckpt").write_text("no")
+    with pytest.raises(UsageError, match="is not a checkpoint"):
+        load_agent(tmp_path / "x.ckpt")
+
+
 @pytest.mark.parametrize("module", ["rl.export", "rl.evaluate"])
 def test_a_file_that_would_run_code_when_unpickled_is_refused_unread(tmp_path, module):
     marker, evil = tmp_path / "the_pickle_ran", tmp_path / "agent.ckpt"
@@ -163,6 +194,14 @@ def test_a_recurrent_policy_evaluates_with_its_state_and_is_refused_by_export_wi
     evaluate = [sys.executable, "-m", "rl.evaluate", agent, "--episodes", "2"]
     evaluated = subprocess.run(evaluate, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120)
     assert evaluated.returncode == 0 and "rl/MaskedCartPole-v1, 2 deterministic episodes" in evaluated.stdout
+    loaded = load_agent(tmp_path / agent)
+    obs = observations(loaded.env_id, loaded.preprocessing, count=3)
+    first, state = loaded.predict(obs)
+    assert state is not None and loaded.recurrent
+    again, _ = loaded.predict(obs, state=None)
+    assert np.array_equal(first, again)  # no state: every episode starts here
+    _, carried = loaded.predict(obs, state=state)
+    assert not torch.equal(carried, state)  # the state moves on from step to step
     command = [sys.executable, "-m", "rl.export", agent, "--out", "x.pt"]
     done = subprocess.run(command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2

@@ -1,0 +1,137 @@
+"""Trained agents as a library: `load_agent(path).predict(obs)`, in the manner of Stable-Baselines3's `predict`.
+
+An `Agent` is a saved agent (`RUN/agent.ckpt`) or a training checkpoint, rebuilt by the algorithm
+that trained it, with what it did to observations and actions inside: the observation
+normalization's statistics, the image layout, and Box actions clipped to the env's bounds, as
+training sent them to its envs. It reads weights only (`torch.load(weights_only=True)`), so
+loading a file runs none of its code. `rl.evaluate` and `rl.export` load agents through it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from rl.checkpoint import load_checkpoint, saved_algorithm
+from rl.envs import Preprocessing, inspect_env, is_image_space, observations_tensor
+from rl.errors import UsageError
+from rl.normalization import ObservationNormalizer
+from rl.registry import ALGORITHMS
+from rl.run import restored_agent
+
+EAGER_FLOAT32 = {"precision": "32-true", "compile": False}  # saved weights are float32 whatever the run's precision
+
+
+def restore_agent(state: dict, env_id: str) -> tuple[nn.Module, ObservationNormalizer, Preprocessing]:
+    """The trained policy, rebuilt by the algorithm that trained it, its observation normalizer and
+    the preprocessing of its observations."""
+    kind = ALGORITHMS[saved_algorithm(state)]
+    fields = kind.config_type.__dataclass_fields__
+    saved = {key: value for key, value in state["config"].items() if key in fields}
+    # Inference makes its own envs; the training envs' vector mode need not exist for `env_id`.
+    trained = kind.config_type(**saved | {"vector_mode": "sync"})
+    spaces = inspect_env(env_id, trained.preprocessing())
+    kind.check_spaces(spaces)
+    try:
+        return *restored_agent(kind(trained, spaces), state), spaces.preprocessing
+    except RuntimeError as error:
+        raise UsageError("--env-id", f"{env_id} does not fit this agent: {str(error).splitlines()[0]}") from None
+
+
+@dataclass
+class Agent:
+    """A trained policy that maps observations, as the env gives them, to actions for the env."""
+
+    policy: nn.Module
+    normalizer: ObservationNormalizer
+    env_id: str
+    preprocessing: Preprocessing  # how the env's observations were prepared in training (image wrappers)
+    observation_space: gym.Space
+    action_space: gym.Space
+    device: torch.device
+    generator: torch.Generator = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.generator = torch.Generator(device=self.device).manual_seed(0)
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether the policy carries a state from step to step (`predict` takes and returns it)."""
+        return bool(self.policy.recurrent)
+
+    def seed(self, seed: int) -> None:
+        """Seed the actions that `predict(..., deterministic=False)` samples."""
+        self.generator.manual_seed(seed)
+
+    @torch.no_grad()
+    def predict(
+        self, obs: Any, state: Tensor | None = None, deterministic: bool = True, episode_start: Any = None
+    ) -> tuple[np.ndarray, Tensor | None]:
+        """Actions for one observation (shaped as the observation space) or a batch of them; returns
+        (action, state).
+
+        `deterministic`: the distribution's mode, else a sample. A recurrent policy takes the state it
+        returned for the previous step (None: every episode starts here) and `episode_start`, whether
+        each observation is the first of an episode (default: only where `state` is None); a
+        feed-forward policy returns None as its state."""
+        batch, single = self._as_batch(obs)
+        rows = batch.shape[0]
+        inputs = self.normalizer(batch)
+        exploration = None if deterministic else self.policy.exploration_matrices(rows, self.generator)
+        if not self.recurrent:
+            if deterministic:
+                action = self.policy.greedy_action(inputs)
+            else:
+                action = self.policy.act(inputs, self.generator, exploration)[0]
+            return self._as_actions(action, single), None
+        memory = self.policy.initial_memory(rows, self.device) if state is None else state.to(self.device)
+        starts = np.broadcast_to(np.asarray(state is None if episode_start is None else episode_start, dtype=bool),
+                                 (rows,))  # fmt: skip
+        starts_t = torch.as_tensor(starts.copy(), device=self.device)
+        if deterministic:
+            action, memory = self.policy.greedy_action(inputs, memory, starts_t)
+        else:
+            action, _, _, memory = self.policy.act(inputs, self.generator, memory, starts_t, exploration)
+        return self._as_actions(action, single), memory
+
+    def _as_batch(self, obs: Any) -> tuple[Tensor, bool]:
+        """`obs` as a batch of float32 vectors or uint8 images on the agent's device, and whether it was one."""
+        array = obs.cpu().numpy() if isinstance(obs, Tensor) else np.asarray(obs)
+        shape = tuple(self.observation_space.shape or ())
+        single = array.shape == shape
+        if not single and array.shape[1:] != shape:
+            raise ValueError(f"observations of shape {array.shape}: this agent takes {shape}, or a batch of them")
+        batch = array[None] if single else array
+        return observations_tensor(batch, is_image_space(self.observation_space), self.device), single
+
+    def _as_actions(self, action: Tensor, single: bool) -> np.ndarray:
+        if isinstance(self.action_space, gym.spaces.Box):
+            low = torch.as_tensor(self.action_space.low, dtype=action.dtype, device=action.device)
+            high = torch.as_tensor(self.action_space.high, dtype=action.dtype, device=action.device)
+            action = torch.maximum(torch.minimum(action, high), low)
+        actions = action.cpu().numpy()
+        return actions[0] if single else actions
+
+
+def load_agent(path: str, device: str | torch.device = "cpu", env_id: str | None = None, flag: str = "path") -> Agent:
+    """The agent saved in `path` (a run's `agent.ckpt` or a training checkpoint), on `device`.
+
+    `env_id`: another env with the same spaces to act in (default: the one it was trained on).
+    Raises `UsageError` (naming `flag`) for a file that is missing, unreadable or not a checkpoint of
+    this program, or an env its policy does not fit.
+    """
+    state = load_checkpoint(str(path), flag=flag)
+    state = state | {"config": state["config"] | EAGER_FLOAT32}
+    env = env_id or state["env_id"]
+    policy, normalizer, preprocessing = restore_agent(state, env)
+    spaces = inspect_env(env, preprocessing)
+    target = torch.device(device)
+    normalizer.device = target
+    normalizer.load_state_dict(normalizer.state_dict())  # its tensors, moved to `target`
+    return Agent(policy.eval().requires_grad_(False).to(target), normalizer, env, preprocessing,
+                 spaces.observation_space, spaces.action_space, target)  # fmt: skip
