@@ -7,7 +7,7 @@ import importlib.util
 import os
 import sys
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, NoReturn
 
 import torch
 
@@ -22,6 +22,7 @@ from rl.config import (
     validate,
     validate_decoupled,
     world_size_from_env,
+    write_config_file,
 )
 from rl.elastic import (
     RepeatedFailure,
@@ -79,6 +80,8 @@ def prepare(argv: list[str], log_subdir: str, mode: Mode = "coupled") -> tuple[A
     is the mode's folder under --log-dir.
     """
     cfg = parse_config(argv)
+    if cfg.write_config is not None:
+        write_resolved_config(cfg, cfg.write_config)
     world_size = cfg.workers if mode == "hogwild" else world_size_from_env()
     resume, automatic = find_resume(cfg, log_subdir)
     if resume is not None and under_torchelastic() and mode == "coupled":
@@ -119,6 +122,17 @@ def prepare(argv: list[str], log_subdir: str, mode: Mode = "coupled") -> tuple[A
     configure_torch_threads(cfg.torch_threads)
     torch.backends.cudnn.deterministic = cfg.torch_deterministic
     return algorithm, world_size, resume
+
+
+def write_resolved_config(cfg: RunConfig, path: str) -> NoReturn:
+    """--write-config: the flags as resolved, for --config to take back; no training."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        try:
+            write_config_file(cfg, path)
+        except OSError as error:
+            raise UsageError("--write-config", f"cannot write {path}: {error.strerror or error}") from None
+        print(f"{path}: the resolved flags; train with them by --config {path}")
+    raise SystemExit(0)
 
 
 def find_resume(cfg: RunConfig, log_subdir: str) -> tuple[dict | None, bool]:

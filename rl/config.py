@@ -28,6 +28,12 @@ from rl.precision import DEFAULT_PRECISION, PrecisionName, check_precision
 class RunConfig:
     """What every algorithm shares: the run, its envs, its processes, logging and checkpoints."""
 
+    config: str | None = None
+    """a YAML or JSON file of flags (by their names, such as num_envs: 4); flags on the command line override it,
+    and every run folder keeps its resolved flags as config.yaml, which this flag takes back"""
+    write_config: str | None = None
+    """write the resolved flags (defaults, preset, --config, the command line) to this YAML or JSON file and
+    exit without training"""
     exp_name: str = "default"
     """the name of this experiment; part of the run folder's name"""
     seed: int = 42
@@ -371,12 +377,67 @@ RunConfigT = TypeVar("RunConfigT", bound=RunConfig)
 
 def parse_config_flags(config_type: type[RunConfigT], argv: list[str], prog: str | None = None) -> RunConfigT:
     """A run config from the command line; `--preset NAME` replaces the defaults with the preset's values."""
-    name = preset_from_argv(argv)
+    from_file = config_file_values(config_type, flag_value(argv, "--config"))
+    name = flag_value(argv, "--preset") or from_file.get("preset")
     preset = {} if name is None else preset_values(config_type, name)
-    cfg = parse_dataclass(config_type, argv, prog, None if name is None else config_type(**preset))
+    base = preset | from_file | ({} if name is None else {"preset": name})
+    cfg = parse_dataclass(config_type, argv, prog, config_type(**base) if base else None)
     cfg.precision = launcher_precision() or cfg.precision
-    cfg.fill_defaults(set(preset) | fields_on_command_line(config_type, argv))
+    cfg.fill_defaults(set(base) | fields_on_command_line(config_type, argv))
     return cfg
+
+
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+CONFIG_FILENAME = "config.yaml"  # in every run folder: the run's resolved flags
+NOT_IN_CONFIG_FILES = ("config", "write_config")  # what a config file neither sets nor keeps
+
+
+def config_file_values(config_type: type[RunConfig], path: str | None) -> dict[str, Any]:
+    """The fields a `--config` file sets, checked against `config_type`; {} without a file."""
+    if path is None:
+        return {}
+    values = read_config_file(path)
+    known = {member.name: member for member in fields(config_type)}
+    result = {}
+    for key, value in values.items():
+        name = str(key).replace("-", "_")
+        if name not in known or name in NOT_IN_CONFIG_FILES:
+            raise UsageError("--config", f"{path} sets {key!r}, which is no flag of {config_type.__name__}")
+        default = getattr(config_type(), name)
+        result[name] = tuple(value) if isinstance(default, tuple) and isinstance(value, list) else value
+    return result
+
+
+def read_config_file(path: str) -> dict[str, Any]:
+    import yaml
+
+    if not path.endswith(CONFIG_SUFFIXES):
+        raise UsageError("--config", f"{path}: give a .yaml, .yml or .json file")
+    try:
+        with open(path, encoding="utf-8") as file:
+            values = json.load(file) if path.endswith(".json") else yaml.safe_load(file)
+    except OSError as error:
+        raise UsageError("--config", f"cannot read {path}: {error.strerror or error}") from None
+    except (yaml.YAMLError, json.JSONDecodeError) as error:
+        raise UsageError("--config", f"{path} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: "
+                         f"{str(error).splitlines()[0]}") from None  # fmt: skip
+    if not isinstance(values, dict):
+        raise UsageError("--config", f"{path} must map flag names to values, as num_envs: 4")
+    return values
+
+
+def write_config_file(cfg: RunConfig, path: str) -> None:
+    """The resolved flags of `cfg` as a file that `--config` takes back (YAML, or JSON by its suffix)."""
+    import yaml
+
+    values = {key: list(value) if isinstance(value, tuple) else value for key, value in cfg.to_dict().items()
+              if key not in NOT_IN_CONFIG_FILES}  # fmt: skip
+    text = json.dumps(values, indent=2) + "\n" if path.endswith(".json") else yaml.safe_dump(values, sort_keys=False)
+    folder = os.path.dirname(path)
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as file:
+        file.write(text)
 
 
 def fields_on_command_line(config_type: type[RunConfig], argv: list[str]) -> set[str]:
@@ -401,15 +462,15 @@ def launcher_precision() -> PrecisionName | None:
     return name  # type: ignore[return-value]
 
 
-def preset_from_argv(argv: list[str]) -> str | None:
-    """The value of `--preset NAME` or `--preset=NAME` (the last, if given twice); None without one."""
-    name = None
+def flag_value(argv: list[str], name: str) -> str | None:
+    """The value of `NAME VALUE` or `NAME=VALUE` in `argv` (the last, if given twice); None without one."""
+    value = None
     for index, arg in enumerate(argv):
-        if arg == "--preset" and index + 1 < len(argv):
-            name = argv[index + 1]
-        elif arg.startswith("--preset="):
-            name = arg.split("=", 1)[1]
-    return name
+        if arg == name and index + 1 < len(argv):
+            value = argv[index + 1]
+        elif arg.startswith(f"{name}="):
+            value = arg.split("=", 1)[1]
+    return value
 
 
 def preset_values(config_type: type[RunConfig], name: str) -> dict[str, Any]:

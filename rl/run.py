@@ -20,7 +20,7 @@ from rl import PROCESS_STARTED
 from rl.algos.base import Algorithm, Learner
 from rl.checkpoint import FORMAT, resumed_step, run_dir_of
 from rl.compiling import compile_seconds
-from rl.config import RunConfig
+from rl.config import CONFIG_FILENAME, RunConfig, write_config_file
 from rl.elastic import job_id, start_logged, under_torchelastic
 from rl.envs import video_folder
 from rl.errors import print_error
@@ -67,6 +67,7 @@ def open_run(
     sink.log_hparams(cfg.to_dict())
     sink.log_text("hyperparameters", hparams_table(cfg.to_dict()))
     if is_main:
+        write_config_file(cfg, os.path.join(run_dir, CONFIG_FILENAME))  # what --config takes back
         sink.log_scalars(start_logged(world_size), resume_step or 0)
     return Run(sink.log_dir, sink)
 

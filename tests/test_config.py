@@ -438,3 +438,38 @@ def test_a_checkpoint_interval_finer_than_the_reports_is_refused(args, report):
     with pytest.raises(UsageError, match=f"finer than the run's reports, every {report} env steps"):
         validate(parse_config(args), world_size=1, gpu_count=0)
     validate(parse_config([*args[:-1], str(report)]), world_size=1, gpu_count=0)
+
+
+def test_a_config_file_sets_flags_that_the_command_line_overrides(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("preset: hopper\nnum-steps: 256\nupdate_epochs: 3\nseed: 5\n")
+    cfg = parse_config(["--config", str(path), "--seed", "9"])
+    assert (cfg.env_id, cfg.learning_rate) == ("Hopper-v5", 9.80828e-05)  # the preset the file names
+    assert (cfg.num_steps, cfg.update_epochs, cfg.seed) == (256, 3, 9)  # the file's, then the command line's
+    sac = tmp_path / "sac.json"
+    sac.write_text('{"net_arch": [32, 16], "use_sde": true}')
+    assert (parse_config(["sac", "--config", str(sac)]).net_arch) == (32, 16)
+
+
+def test_the_resolved_config_written_out_is_taken_back_whole(tmp_path):
+    from rl.config import write_config_file
+
+    original = parse_config(["sac", "--preset", "bipedalwalker", "--seed", "3", "--no-use-sde"])
+    for name in ("resolved.yaml", "resolved.json"):
+        write_config_file(original, str(tmp_path / name))
+        again = parse_config(["sac", "--config", str(tmp_path / name)])
+        assert again.to_dict() | {"config": None} == original.to_dict()
+
+
+@pytest.mark.parametrize(
+    ("text", "told"),
+    [("num_envz: 4\n", "sets 'num_envz', which is no flag of PPOConfig"), ("- 1\n", "must map flag names to values"),
+     ("a: [1\n", "is not valid YAML"), (None, "cannot read")],
+)  # fmt: skip
+def test_a_bad_config_file_is_named_in_one_line(tmp_path, text, told):
+    path = tmp_path / "bad.yaml"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(UsageError, match=re.escape(told)) as raised:
+        parse_config(["--config", str(path)])
+    assert raised.value.flag == "--config"

@@ -4,6 +4,8 @@ import pytest
 import torch
 from conftest import SCRIPTS, launch, launch_together, load_agent, read_scalars, read_text_tags, run_dir, run_ranks
 
+from rl.cli import parse_config
+
 SHORT_RUN = ["--total-timesteps", "2048", "--update-epochs", "2", "--eval-episodes", "2"]
 VARIANTS = {
     "pendulum-shared-normalized": [
@@ -70,6 +72,9 @@ def test_runs_log_every_expected_scalar_and_the_hyperparameters(fabric_and_torch
         directory = run_dir(cwd, mode)
         assert set(read_scalars(directory)) >= EXPECTED_SCALARS, mode
         assert any("hyperparameters" in tag for tag in read_text_tags(directory)), mode
+        saved = load_agent(directory)["config"]
+        again = parse_config(["--config", str(directory / "config.yaml")]).to_dict()  # the folder's flags, taken back
+        assert all(again[key] == saved[key] for key in saved if key not in ("config", "write_config")), mode
 
 
 def test_rank_zero_shows_progress_and_the_evaluation(fabric_and_torch_runs):
