@@ -113,13 +113,13 @@ MUJOCO_ROWS = [name for name, row in suite.ROWS.items() if row.group.endswith("M
 @pytest.mark.slow
 @pytest.mark.parametrize("row", MUJOCO_ROWS)
 def test_each_mujoco_preset_trains_a_few_hundred_steps_of_its_env(row, tmp_path):
-    algorithm, preset = row.split("/")
+    algorithm, preset = suite.ROWS[row].algorithm, suite.ROWS[row].preset
+    steps = 300 if algorithm == "sac" else 256 * suite.row_config(row).num_envs
     short = (["sac", "--total-timesteps", "300", "--learning-starts", "100"] if algorithm == "sac" else
-             ["--num-steps", "256", "--total-timesteps", "256", "--update-epochs", "1"])  # fmt: skip
+             ["--num-steps", "256", "--total-timesteps", str(steps), "--update-epochs", "1"])  # fmt: skip
     args = [*short, "--preset", preset, "--eval-episodes", "1", "--torch-threads", "1", "--no-progress-bar"]
     finished = run_ranks("python", SCRIPTS["fabric"], args, tmp_path)
     assert finished.returncode == 0, finished.stderr[-3000:]
-    steps = 300 if algorithm == "sac" else 256
     assert f"training loop: {steps} steps" in finished.stdout
     assert "evaluation over 1 greedy episodes" in finished.stdout
 

@@ -102,7 +102,7 @@ CASES = {
     "fabric-ppo": ("fabric", [*QUICK_PPO, "--total-timesteps", "16384", "--checkpoint-every", "1536"]),
     "torch-sac-saved-buffer": (
         "torch",
-        [*QUICK_SAC, "--total-timesteps", "1600", "--checkpoint-every", "100", "--save-buffer"],
+        [*QUICK_SAC, "--total-timesteps", "1600", "--checkpoint-every", "200", "--save-buffer"],
     ),
     "decoupled-ppo": (
         "decoupled",
@@ -170,10 +170,11 @@ def test_a_round_killed_during_start_up_is_named_and_the_restart_counts_agree(tm
     os.kill(rank_pid(job.pid, 1), signal.SIGKILL)
     _, stderr = finish(job)
     assert job.returncode == 0, stderr[-3000:]
-    (line,) = [line for line in stderr.splitlines() if line.startswith("restart ")]
-    assert line.startswith("restart 2 of the job (this node's restart 2 of at most 3): 1 round before this one ended "
-                           "during start-up"), line  # fmt: skip
-    assert "the last round that did ended at step" in line and "lost rank 1" in line, line
+    # Round 1's rank 0 may die before it writes anything, or after it journals its launch (where it also prints
+    # its own restart line): either way round 2 names the start-up death, and both counts say 2.
+    line = [line for line in stderr.splitlines() if line.startswith("restart ")][-1]
+    assert line.startswith("restart 2 of the job (this node's restart 2 of at most 3): "), line
+    assert "ended during start-up" in line, line
 
 
 def test_a_journaled_round_that_never_trained_is_told_apart(tmp_path):
