@@ -358,7 +358,8 @@ def figures(runs: list[Run], out: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for name in dict.fromkeys(run.keys["row"] for run in runs):
         row = ROWS[name]
-        curves = [curve(out, run.name) for run in runs if run.keys["row"] == name]
+        finished = [run for run in runs if run.keys["row"] == name and row_file(out, run.name).exists()]
+        curves = [curve(out, run.name) for run in finished]  # a run in progress would cut the others' short
         curves = [c for c in curves if c[0]]
         if not curves:
             continue
@@ -375,9 +376,14 @@ def figures(runs: list[Run], out: Path) -> None:
             axis.set_xlabel(label)
             axis.set_ylabel("training episode return")
         axes[0].legend(fontsize=8)
-        figure.suptitle(f"{row.algorithm.upper()} {row.env_id}, --preset {row.preset}, {row.topology}")
-        figure.savefig(folder / f"{row.env_id}-{row.algorithm}.png", dpi=110, bbox_inches="tight")
+        figure.suptitle(f"{row.algorithm.upper()} {row.env_id}, --preset {row.config}, {row.topology}")
+        figure.savefig(folder / figure_name(name), dpi=110, bbox_inches="tight")
         plt.close(figure)
+
+
+def figure_name(row: str) -> str:
+    """A row's figure: named by the row, since rows may share an env and an algorithm."""
+    return f"{row.replace('/', '-')}.png"
 
 
 def compute_spent(runs: list[Run], out: Path) -> str:
