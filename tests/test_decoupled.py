@@ -70,6 +70,17 @@ def test_player_and_trainers_run_both_data_paths(tmp_path, nproc, args):
     assert "agent" in load_agent(directory)
 
 
+def test_trainers_with_a_target_kl_stop_together_at_the_same_minibatch(tmp_path):
+    """Two trainers on their own halves of a Pendulum rollout: the stop is the averaged KL's, so theirs agree."""
+    args = [*SHORT, "--env-id", "Pendulum-v1", "--per-rank-batch-size", "32", "--target-kl", "0.002"]
+    finished = run_ranks("fabric run", SCRIPTS["decoupled"], args, tmp_path, nproc=3)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    scalars = read_scalars(run_dir(tmp_path, "decoupled"))
+    stops = scalars["Info/kl_stop_minibatch"] + scalars["Info/kl_stop_epoch"]
+    assert len(scalars["Info/kl_stop_minibatch"]) >= 2  # updates that stopped early at this target
+    assert all(value == int(value) for _, value in stops)  # a mean over both trainers: whole where they agree
+
+
 def test_two_players_feed_every_update_with_both_rollouts_as_coupled_ranks_do(tmp_path):
     """Two players and two trainers sharing data train exactly as two coupled ranks sharing data:
     each update holds both players' rollouts of the same weights, each once. Asynchronous with a
