@@ -21,6 +21,7 @@ from rl.compiling import CompileMode, check_compiler
 from rl.encoders import EncoderKind
 from rl.envs import Preprocessing, VectorMode
 from rl.errors import UsageError
+from rl.logger import LoggerName
 from rl.precision import DEFAULT_PRECISION, PrecisionName, check_precision
 
 
@@ -116,6 +117,9 @@ class RunConfig:
     stop_at_return: float | None = None
     """coupled mode: end training, as at its last step, once an --eval-every evaluation's mean return reaches
     this"""
+    logger: tuple[LoggerName, ...] = ("tensorboard",)
+    """where the run logs its scalars, one or several: tensorboard (event files) and csv (RUN/csv/metrics.csv),
+    through Lightning's loggers"""
     log_dir: str = "logs"
     """root folder of the TensorBoard logs and run folders"""
     progress_bar: bool = True

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, Protocol
+import csv
+import os
+from collections.abc import Callable, Iterable
+from typing import Any, Literal, Protocol
 
 import torch
 from tqdm import tqdm
 
 from rl.errors import progress_line
 from rl.normalization import AllReduceSum
+
+LoggerName = Literal["tensorboard", "csv"]
+CSV_METRICS_FILE = "metrics.csv"  # what Lightning's CSV logger writes
 
 
 class MetricsSink(Protocol):
@@ -74,6 +79,91 @@ class SummaryWriterSink:
     def close(self) -> None:
         if self._writer:
             self._writer.close()
+
+
+class CSVSink:
+    """Lightning's CSV logger: `<run>/<folder>/metrics.csv`, a row per logged step and a column per scalar.
+
+    A resumed run keeps what the run before logged up to its checkpoint (`purge_step`), as the
+    TensorBoard sinks do; Lightning's logger starts the file afresh, so those rows are logged again."""
+
+    def __init__(self, run_dir: str, is_main: bool, purge_step: int | None = None, folder: str = "csv") -> None:
+        from lightning.fabric.loggers import CSVLogger
+
+        self.log_dir = run_dir
+        self._logger = None
+        if not is_main:
+            return
+        earlier = _rows_before(os.path.join(run_dir, folder, CSV_METRICS_FILE), purge_step)
+        self._logger = CSVLogger(root_dir=run_dir, name=folder, version="", flush_logs_every_n_steps=1)
+        for step, metrics in earlier:
+            self._logger.log_metrics(metrics, step=step)
+
+    def log_scalars(self, metrics: dict[str, float], step: int) -> None:
+        if self._logger is not None:
+            self._logger.log_metrics(metrics, step=step)
+
+    def log_hparams(self, params: dict[str, Any]) -> None:
+        return  # Lightning's CSV logger takes none; the run folder's config.yaml holds them
+
+    def log_text(self, tag: str, text: str) -> None:
+        return  # a CSV holds numbers
+
+    def close(self) -> None:
+        if self._logger is not None:
+            self._logger.finalize("success")
+
+
+def _rows_before(path: str, purge_step: int | None) -> list[tuple[int, dict[str, float]]]:
+    """The rows of an earlier launch's metrics.csv up to `purge_step`, the checkpoint's step, which the resumed
+    run does not log again (none for a fresh run)."""
+    if purge_step is None or not os.path.isfile(path):
+        return []
+    with open(path, newline="") as file:
+        rows = list(csv.DictReader(file))
+    kept = []
+    for row in rows:
+        step = int(row.pop("step"))
+        if step <= purge_step:
+            kept.append((step, {key: float(value) for key, value in row.items() if value != ""}))
+    return kept
+
+
+class Sinks:
+    """Every logger of the run (`--logger`), behind one sink."""
+
+    def __init__(self, sinks: list[MetricsSink], log_dir: str) -> None:
+        self.sinks, self.log_dir = sinks, log_dir
+
+    def log_scalars(self, metrics: dict[str, float], step: int) -> None:
+        if not metrics:
+            return  # a CSV row of nothing but its step
+        for sink in self.sinks:
+            sink.log_scalars(metrics, step)
+
+    def log_hparams(self, params: dict[str, Any]) -> None:
+        for sink in self.sinks:
+            sink.log_hparams(params)
+
+    def log_text(self, tag: str, text: str) -> None:
+        for sink in self.sinks:
+            sink.log_text(tag, text)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
+def open_sinks(
+    loggers: Iterable[str], run_dir: str, is_main: bool, purge_step: int | None = None,
+    tensorboard: Callable[[], MetricsSink] | None = None, csv_folder: str = "csv",
+) -> Sinks:  # fmt: skip
+    """The run's sinks for `--logger`: `tensorboard` makes the TensorBoard one (a `SummaryWriter` by default)."""
+    make_tensorboard = tensorboard or (lambda: SummaryWriterSink(run_dir, is_main, purge_step))
+    sinks: list[MetricsSink] = []
+    for name in dict.fromkeys(loggers):
+        sinks.append(make_tensorboard() if name == "tensorboard" else CSVSink(run_dir, is_main, purge_step, csv_folder))
+    return Sinks(sinks, run_dir)
 
 
 def _hparam_value(value: Any) -> Any:

@@ -26,7 +26,7 @@ from rl.envs import video_folder
 from rl.errors import print_error
 from rl.evaluation import evaluate_greedy
 from rl.experience import ExperienceSource
-from rl.logger import MetricsSink, hparams_table
+from rl.logger import MetricsSink, hparams_table, open_sinks
 from rl.normalization import ObservationNormalizer
 from rl.precision import float32_state
 from rl.runtime import Runtime
@@ -57,13 +57,15 @@ def open_run(
     cfg: RunConfig, run_dir: str, make_sink: Callable[[str, str, int | None], MetricsSink],
     resume: dict[str, Any] | None, world_size: int, is_main: bool = True,
 ) -> Run:  # fmt: skip
-    """Open the run folder's TensorBoard run, log the hyperparameters and, on rank 0, a restart's scalars.
+    """Open the run folder's loggers (--logger), log the hyperparameters and, on rank 0, a restart's scalars.
 
     A resumed run writes on into its folder's TensorBoard run, which hides what the run before
     logged past the checkpoint (the steps now done again), so no step is logged twice.
     """
     resume_step = resume["counters"]["global_step"] if resume else None
-    sink = make_sink(*os.path.split(run_dir), resume_step)
+    sink = open_sinks(
+        cfg.logger, run_dir, is_main, resume_step, lambda: make_sink(*os.path.split(run_dir), resume_step)
+    )
     sink.log_hparams(cfg.to_dict())
     sink.log_text("hyperparameters", hparams_table(cfg.to_dict()))
     if is_main:

@@ -26,7 +26,7 @@ from rl.checkpoint import save_file_atomically
 from rl.elastic import job_store_client
 from rl.evaluation import evaluate_greedy
 from rl.faults import peer
-from rl.logger import SummaryWriterSink
+from rl.logger import open_sinks
 from rl.normalization import ObservationNormalizer
 from rl.optim import flat_parameters, load_flat_parameters, num_parameters
 from rl.run import saved_agent
@@ -122,7 +122,7 @@ def run_evaluator(algorithm: Algorithm, weights_rank: int) -> None:
     policy = algorithm.build_policy(torch.device("cpu"))
     message = WeightsMessage(policy, spaces.obs_dim)
     normalizer = algorithm.obs_normalizer(torch.device("cpu"))
-    sink = SummaryWriterSink(run_dir, True)
+    sink = open_sinks(cfg.logger, run_dir, True, csv_folder="csv-evaluator")  # beside the player's
     best = best_return_so_far(run_dir)
     command = Command.EVALUATE
     while command is Command.EVALUATE:

@@ -23,7 +23,7 @@ import queue
 import resource
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.context import SpawnContext, SpawnProcess
 from threading import BrokenBarrierError
 from typing import Any, Protocol
@@ -38,7 +38,7 @@ from rl.checkpoint import agent_path, checkpoint_path, prune_checkpoints, save_f
 from rl.config import RunConfig
 from rl.errors import print_error
 from rl.experience import ExperienceSource
-from rl.logger import EPISODE_RETURN, ProgressBar, SummaryWriterSink, TrainingMetrics
+from rl.logger import EPISODE_RETURN, ProgressBar, TrainingMetrics, open_sinks
 from rl.optim import TrainingDiverged
 from rl.precision import float32_state
 from rl.run import (
@@ -248,7 +248,7 @@ class WorkerLoop:
         # warm-up and a checkpoint's timing fall at the same iteration on every worker.
         steps_per_iteration = cfg.steps_per_iteration * cfg.workers
         report_every = algorithm.iterations_per_report(cfg.workers)
-        sink = self.sink = SummaryWriterSink(self.run_dir, index == 0)
+        sink = self.sink = open_sinks(cfg.logger, self.run_dir, index == 0)
         metrics = TrainingMetrics(self.runtime.device, self.runtime.all_reduce_sum, algorithm.stat_tags)
         progress = ProgressBar(num_iterations * steps_per_iteration, index == 0 and cfg.progress_bar,
                                initial=int(frames.sum()), drawn_by_job=cfg.progress_bar)  # fmt: skip
@@ -370,7 +370,9 @@ def train_hogwild(algorithm: Algorithm, resume: dict | None = None) -> None:
     cfg = algorithm.cfg
     configure_torch_threads(1)  # the supervisor waits; the cores are the workers'
     runtime = LocalRuntime(0)
-    run = start_run(cfg, runtime, resume)
+    # Worker 0 writes the training's scalars; the supervisor's own (its hyperparameters) go to TensorBoard alone,
+    # so that one process writes the run's CSV.
+    run = start_run(replace(cfg, logger=tuple(name for name in cfg.logger if name != "csv")), runtime, resume)
     policy = algorithm.build_policy(runtime.device)
     learner = algorithm.make_learner(policy, runtime, DataShard(algorithm.batch_rows(1)), env_ranks=cfg.workers)
     frames = torch.zeros(cfg.workers, dtype=torch.int64)

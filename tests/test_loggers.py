@@ -1,0 +1,60 @@
+"""--logger: Lightning's TensorBoard and CSV loggers, alone or together, in every mode, and across a resume."""
+
+import csv
+from pathlib import Path
+
+import pytest
+from conftest import SCRIPTS, read_scalars, run_dir, run_ranks
+
+RUN = ["--total-timesteps", "2048", "--eval-episodes", "0", "--no-progress-bar"]
+SHORT = [*RUN, "--update-epochs", "2"]
+
+
+def csv_rows(directory: Path, folder: str = "csv") -> list[dict[str, str]]:
+    with (directory / folder / "metrics.csv").open(newline="") as file:
+        return list(csv.DictReader(file))
+
+
+@pytest.mark.parametrize(
+    ("launcher", "script", "args", "nproc"),
+    [
+        ("fabric run", "fabric", [], 2),
+        (
+            "torchrun",
+            "torch",
+            ["sac", "--total-timesteps", "1024", "--log-every", "256", "--learning-starts", "128"],
+            2,
+        ),
+        ("fabric run", "decoupled", [], 2),
+        ("python", "hogwild", ["--workers", "2"], 1),
+    ],
+    ids=["fabric", "torchrun-sac", "decoupled", "hogwild"],
+)
+def test_csv_alone_logs_every_scalar_to_a_csv_and_writes_no_event_file(tmp_path, launcher, script, args, nproc):
+    common = RUN if args[:1] == ["sac"] else SHORT
+    finished = run_ranks(launcher, SCRIPTS[script], [*args, *common, "--logger", "csv"], tmp_path, nproc=nproc)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    directory = run_dir(tmp_path, script)
+    rows = csv_rows(directory)
+    logged = {key for row in rows for key, value in row.items() if value}
+    assert {"Rewards/rew_avg", "Game/episodes", "Time/steps_per_second"} <= logged, logged
+    assert any(key.startswith("Loss/") for key in logged)
+    assert not list(directory.glob("events.out.tfevents.*"))
+    steps = [int(row["step"]) for row in rows]
+    assert steps == sorted(steps) and len(set(steps)) > 1
+
+
+def test_csv_and_tensorboard_log_the_same_points_and_a_resume_keeps_the_rows_before_its_checkpoint(tmp_path):
+    args = [*SHORT, "--logger", "tensorboard", "csv", "--checkpoint-every", "1024"]
+    first = run_ranks("fabric run", SCRIPTS["fabric"], args, tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    directory = run_dir(tmp_path, "fabric")
+    before = {int(row["step"]): row["Loss/policy_loss"] for row in csv_rows(directory) if row["Loss/policy_loss"]}
+    assert sorted(before) == [step for step, _ in read_scalars(directory)["Loss/policy_loss"]]
+    checkpoint = directory / "checkpoints" / "step_000000001024.ckpt"
+    resumed = run_ranks("fabric run", SCRIPTS["fabric"], [*args, "--total-timesteps", "3072", "--resume-from",
+                                                        str(checkpoint)], tmp_path)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = {int(row["step"]): row["Loss/policy_loss"] for row in csv_rows(directory) if row["Loss/policy_loss"]}
+    assert sorted(after) == [512 * k for k in range(1, 7)]  # each step once: 512 and 1024 kept, the rest logged anew
+    assert all(after[step] == before[step] for step in (512, 1024))
