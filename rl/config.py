@@ -118,8 +118,8 @@ class RunConfig:
     """coupled mode: end training, as at its last step, once an --eval-every evaluation's mean return reaches
     this"""
     logger: tuple[LoggerName, ...] = ("tensorboard",)
-    """where the run logs its scalars, one or several: tensorboard (event files) and csv (RUN/csv/metrics.csv),
-    through Lightning's loggers"""
+    """where the run logs its scalars, one or several: tensorboard (event files), csv (RUN/csv/metrics.csv) and
+    wandb (Weights & Biases, offline without a network; pip install -e '.[tracking]'), through Lightning's loggers"""
     log_dir: str = "logs"
     """root folder of the TensorBoard logs and run folders"""
     progress_bar: bool = True

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import csv
+import glob
 import os
+import uuid
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, Protocol
 
 import torch
 from tqdm import tqdm
 
-from rl.errors import progress_line
+from rl.errors import UsageError, progress_line
 from rl.normalization import AllReduceSum
 
-LoggerName = Literal["tensorboard", "csv"]
+LoggerName = Literal["tensorboard", "csv", "wandb"]
 CSV_METRICS_FILE = "metrics.csv"  # what Lightning's CSV logger writes
 
 
@@ -129,6 +131,62 @@ def _rows_before(path: str, purge_step: int | None) -> list[tuple[int, dict[str,
     return kept
 
 
+WANDB_ID_FILE = "wandb_id"  # in the run folder: the W&B run that a restart or a resume continues
+VIDEO_FOLDERS = ("train_videos", "test_videos")
+
+
+class WandbSink:
+    """Weights & Biases through its Lightning Fabric logger, in the run folder (`wandb/`).
+
+    Without a network it runs offline (`WANDB_MODE=offline`), and `wandb sync` uploads the run
+    later. The run's W&B id is kept in the run folder, so an elastic restart or `--resume-from`
+    continues the same W&B run; the videos of the run folder are logged when it closes."""
+
+    def __init__(self, run_dir: str, is_main: bool) -> None:
+        self.log_dir, self._logger = run_dir, None
+        if not is_main:
+            return
+        try:
+            from wandb.integration.lightning.fabric import WandbLogger
+        except ImportError:
+            raise UsageError("--logger", "wandb needs the tracking extra: pip install -e '.[tracking]'") from None
+        self._logger = WandbLogger(name=os.path.basename(run_dir), save_dir=run_dir, id=wandb_run_id(run_dir),
+                                   project=os.environ.get("WANDB_PROJECT", "fabric-rl"))  # fmt: skip
+
+    def log_scalars(self, metrics: dict[str, float], step: int) -> None:
+        if self._logger is not None:
+            self._logger.log_metrics(metrics, step=step)
+
+    def log_hparams(self, params: dict[str, Any]) -> None:
+        if self._logger is not None:
+            self._logger.log_hyperparams(params)
+
+    def log_text(self, tag: str, text: str) -> None:
+        return  # the config is the run's W&B config already
+
+    def close(self) -> None:
+        if self._logger is None:
+            return
+        for folder in VIDEO_FOLDERS:
+            videos = sorted(glob.glob(os.path.join(self.log_dir, folder, "**", "*.mp4"), recursive=True))
+            if videos:
+                self._logger.log_video(f"video/{folder}", videos)
+        self._logger.finalize("success")
+        self._logger.experiment.finish()
+
+
+def wandb_run_id(run_dir: str) -> str:
+    """The W&B id of the run in `run_dir`: the one kept there, or a new one, kept there from now on."""
+    path = os.path.join(run_dir, WANDB_ID_FILE)
+    if os.path.isfile(path):
+        return open(path).read().strip()
+    run_id = uuid.uuid4().hex[:12]
+    os.makedirs(run_dir, exist_ok=True)
+    with open(path, "w") as file:
+        file.write(run_id + "\n")
+    return run_id
+
+
 class Sinks:
     """Every logger of the run (`--logger`), behind one sink."""
 
@@ -162,7 +220,12 @@ def open_sinks(
     make_tensorboard = tensorboard or (lambda: SummaryWriterSink(run_dir, is_main, purge_step))
     sinks: list[MetricsSink] = []
     for name in dict.fromkeys(loggers):
-        sinks.append(make_tensorboard() if name == "tensorboard" else CSVSink(run_dir, is_main, purge_step, csv_folder))
+        if name == "tensorboard":
+            sinks.append(make_tensorboard())
+        elif name == "csv":
+            sinks.append(CSVSink(run_dir, is_main, purge_step, csv_folder))
+        else:
+            sinks.append(WandbSink(run_dir, is_main and csv_folder == "csv"))  # one W&B run: the training's
     return Sinks(sinks, run_dir)
 
 

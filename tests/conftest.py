@@ -99,7 +99,8 @@ def launch_together(*jobs: tuple[str, Path, list[str], Path, int], via=launch) -
 def child_env() -> dict[str, str]:
     """The test environment plus tests/ on the path, so `--env-id envs_for_tests:...` ids resolve."""
     path = os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
+    # Weights & Biases (--logger wandb) stays offline: the tests reach no network
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
 
 
 def start(launcher: str, script: Path, args: list[str], cwd: Path, nproc: int) -> subprocess.Popen:

@@ -58,3 +58,21 @@ def test_csv_and_tensorboard_log_the_same_points_and_a_resume_keeps_the_rows_bef
     after = {int(row["step"]): row["Loss/policy_loss"] for row in csv_rows(directory) if row["Loss/policy_loss"]}
     assert sorted(after) == [512 * k for k in range(1, 7)]  # each step once: 512 and 1024 kept, the rest logged anew
     assert all(after[step] == before[step] for step in (512, 1024))
+
+
+def test_wandb_offline_keeps_the_metrics_the_config_and_the_videos_and_a_resume_continues_its_run(tmp_path):
+    args = [*SHORT, "--logger", "wandb", "--checkpoint-every", "1024", "--capture-video", "--eval-episodes", "1"]
+    first = run_ranks("python", SCRIPTS["fabric"], [*args, "--run-name", "tracked"], tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    directory = run_dir(tmp_path, "fabric")
+    run_id = (directory / "wandb_id").read_text().strip()
+    (offline,) = (directory / "wandb").glob(f"offline-run-*-{run_id}")
+    (record,) = offline.glob(f"run-{run_id}.wandb")  # W&B's own log of the run: its history and config
+    logged = record.read_bytes()
+    assert b"Rewards/rew_avg" in logged and b"Loss/policy_loss" in logged and b"num_envs" in logged
+    assert list((offline / "files" / "media" / "videos").rglob("*.mp4"))
+    checkpoint = directory / "checkpoints" / "step_000000001024.ckpt"
+    resumed = run_ranks("python", SCRIPTS["fabric"], [*args, "--run-name", "tracked", "--total-timesteps", "3072",
+                                                     "--resume-from", str(checkpoint)], tmp_path)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert len(list((directory / "wandb").glob(f"offline-run-*-{run_id}"))) == 2  # the same W&B run, continued
