@@ -1,6 +1,7 @@
 """Distributed PPO and SAC on Lightning Fabric and raw torch.distributed.
 
-As a library: `rl.load_agent(path).predict(obs)` (see `rl.agent`).
+As a library: `rl.train(rl.preset("cartpole"))` trains in this process (`rl.api`), and
+`rl.load_agent(path).predict(obs)` acts with a saved agent (`rl.agent`).
 """
 
 import os
@@ -18,11 +19,18 @@ if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
 
+LIBRARY = {  # the library's names, and the modules that hold them
+    "load_agent": "rl.agent", "Agent": "rl.agent", "train": "rl.api", "preset": "rl.api",
+    "TrainingResult": "rl.run", "PPOConfig": "rl.algos.ppo.config", "SACConfig": "rl.algos.sac.config",
+    "UsageError": "rl.errors",
+}  # fmt: skip
+
+
 def __getattr__(name: str):
     # The library's names load on first use: `import rl` stays light for the entry points, which set up
     # threads and OpenMP before torch loads.
-    if name in ("load_agent", "Agent"):
-        from rl import agent
+    if name in LIBRARY:
+        import importlib
 
-        return getattr(agent, name)
+        return getattr(importlib.import_module(LIBRARY[name]), name)
     raise AttributeError(f"module 'rl' has no attribute {name!r}")

@@ -82,6 +82,11 @@ def prepare(argv: list[str], log_subdir: str, mode: Mode = "coupled") -> tuple[A
     cfg = parse_config(argv)
     if cfg.write_config is not None:
         write_resolved_config(cfg, cfg.write_config)
+    return prepare_config(cfg, log_subdir, mode)
+
+
+def prepare_config(cfg: RunConfig, log_subdir: str, mode: Mode = "coupled") -> tuple[Algorithm, int, dict | None]:
+    """`prepare` for a config already parsed (or built in Python: `rl.train`)."""
     world_size = cfg.workers if mode == "hogwild" else world_size_from_env()
     resume, automatic = find_resume(cfg, log_subdir)
     if resume is not None and under_torchelastic() and mode == "coupled":

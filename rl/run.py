@@ -269,9 +269,10 @@ def report_evaluation(
     obs_normalizer: ObservationNormalizer,
     run: Run,
     global_step: int,
-) -> None:
+) -> dict[str, float] | None:
+    """The closing evaluation's `Test/` scalars, logged and printed (None with --eval-episodes 0)."""
     if cfg.eval_episodes == 0:
-        return
+        return None
     video_dir = video_folder(run.dir, "test", f"step_{global_step}") if cfg.capture_video else None
     returns, lengths = greedy_returns(cfg, env_id, policy, obs_normalizer, video_dir)
     summary = {
@@ -286,6 +287,18 @@ def report_evaluation(
         f"length {summary['Test/length_mean']:.1f}",
         flush=True,
     )
+    return summary
+
+
+@dataclass(frozen=True)
+class TrainingResult:
+    """What a finished (or interrupted) run left: its folder and its saved agent (absolute paths), and its
+    closing evaluation."""
+
+    run_dir: str
+    agent_path: str | None  # None: interrupted before it saved the agent (its checkpoint resumes it)
+    evaluation: dict[str, float] | None  # the Test/ scalars, on the main process (None elsewhere, or without one)
+    global_step: int
 
 
 class PeriodicEvaluation:

@@ -6,6 +6,8 @@ Ctrl-C; the algorithm behind `Algorithm` knows what an iteration collects and le
 
 from __future__ import annotations
 
+import os
+
 from rl.algos.base import Algorithm
 from rl.batch import DataShard
 from rl.checkpoint import agent_path, assert_finite, checkpoint_path, prune_checkpoints
@@ -17,6 +19,7 @@ from rl.run import (
     InterruptFlag,
     LoopClock,
     PeriodicEvaluation,
+    TrainingResult,
     agent_state,
     agreed,
     checkpoint_due,
@@ -38,9 +41,9 @@ def rank_name(rank: int) -> str:
     return f"rank {rank}"
 
 
-def train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None = None) -> None:
+def train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None = None) -> TrainingResult:
     with report_lost_peers(runtime.rank, rank_name, gather_process_ids(runtime.device)), peer("another rank"):
-        _train_coupled(algorithm, runtime, resume)
+        return _train_coupled(algorithm, runtime, resume)
 
 
 def learner_shard(batch_rows: int, share_data: bool, rank: int, world_size: int) -> DataShard:
@@ -48,7 +51,7 @@ def learner_shard(batch_rows: int, share_data: bool, rank: int, world_size: int)
     return DataShard(batch_rows * world_size, world_size, rank) if share_data else DataShard(batch_rows)
 
 
-def _train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None) -> None:
+def _train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None) -> TrainingResult:
     cfg, env_id = algorithm.cfg, algorithm.spaces.env_id
     run = start_run(cfg, runtime, resume)
     device, rank, world_size = runtime.device, runtime.rank, runtime.world_size
@@ -132,13 +135,15 @@ def _train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None) 
             print(f"interrupted at step {global_step}: checkpoint written to {run.dir}", flush=True)
         run.sink.close()
         runtime.shutdown()
-        return
+        return TrainingResult(os.path.abspath(run.dir), None, None, global_step)
 
     if runtime.is_main:
         report_compile_time(cfg, loop_clock.compile_seconds(), "rank 0")
     assert_finite(policy)
     runtime.save_atomically(agent_path(run.dir), agent_state(algorithm, policy, source))
+    evaluation = None
     if runtime.is_main:
-        report_evaluation(cfg, env_id, policy, source.obs_normalizer, run, global_step)
+        evaluation = report_evaluation(cfg, env_id, policy, source.obs_normalizer, run, global_step)
     run.sink.close()
     runtime.shutdown()
+    return TrainingResult(os.path.abspath(run.dir), os.path.abspath(agent_path(run.dir)), evaluation, global_step)

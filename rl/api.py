@@ -1,0 +1,47 @@
+"""Training from Python: `rl.train(config)` and `rl.preset(name, **overrides)`.
+
+`train` runs the coupled mode in this process: alone, or in each rank of a script that
+`fabric run` or torchrun launched (every rank calls it with the same config). It takes the same
+config classes that the command line parses (`PPOConfig`, `SACConfig`), checks them as the
+command line does, and raises `UsageError` for bad input instead of exiting.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import fields
+from typing import Any
+
+from rl.algos.ppo.config import PPOConfig
+from rl.algos.sac.config import SACConfig
+from rl.cli import prepare_config
+from rl.config import RunConfig, preset_values
+from rl.modes.coupled import train_coupled
+from rl.run import TrainingResult
+from rl.runtime import FabricRuntime
+
+CONFIG_TYPES: dict[str, type[RunConfig]] = {"ppo": PPOConfig, "sac": SACConfig}
+
+
+def preset(name: str, **overrides: Any) -> RunConfig:
+    """The config of a preset, as `--preset NAME` gives it, with `overrides` (field names) on top.
+
+    `name` is PPO's ("hopper"), or another algorithm's with its name first ("sac/hopper").
+    """
+    algorithm, _, preset_name = name.rpartition("/")
+    config_type = CONFIG_TYPES[algorithm or "ppo"]
+    values = preset_values(config_type, preset_name) | overrides
+    config = config_type(**values)
+    config.fill_defaults(set(values))
+    return config
+
+
+def train(config: RunConfig) -> TrainingResult:
+    """Train `config` in this process (one rank of the job); its run folder, saved agent and closing evaluation."""
+    cfg = copy.deepcopy(config)
+    defaults = type(cfg)()
+    cfg.fill_defaults(
+        {field.name for field in fields(cfg) if getattr(cfg, field.name) != getattr(defaults, field.name)}
+    )
+    algorithm, world_size, resume = prepare_config(cfg, FabricRuntime.log_subdir)
+    return train_coupled(algorithm, FabricRuntime(algorithm.cfg, world_size), resume)

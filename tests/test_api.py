@@ -1,0 +1,87 @@
+"""The library: `rl.train` in this process or in each rank of a launched script, `rl.preset`, `rl.load_agent`."""
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import SCRIPTS, launch_together, load_agent, run_dir, run_ranks
+
+import rl
+
+SCRIPT = """
+import sys
+import rl
+
+config = rl.preset("cartpole", total_timesteps=2048, update_epochs=2, eval_episodes=0, progress_bar=False, seed=7)
+result = rl.train(config)
+print("agent:", result.agent_path)
+"""
+
+
+def test_a_script_that_calls_train_in_each_rank_trains_as_the_command_line_does(tmp_path):
+    script = tmp_path / "train_from_python.py"
+    script.write_text(SCRIPT)
+    flags = ["--preset", "cartpole", "--total-timesteps", "2048", "--update-epochs", "2", "--eval-episodes", "0",
+             "--no-progress-bar", "--seed", "7"]  # fmt: skip
+    (tmp_path / "api").mkdir()
+    (tmp_path / "cli").mkdir()
+    from_python, from_command_line = launch_together(
+        ("fabric run", script, [], tmp_path / "api", 2), ("fabric run", SCRIPTS["fabric"], flags, tmp_path / "cli", 2),
+        via=run_ranks,
+    )  # fmt: skip
+    assert from_python.returncode == 0, from_python.stderr[-3000:]
+    assert from_command_line.returncode == 0, from_command_line.stderr[-3000:]
+    assert from_python.stdout.count("agent: ") == 2  # every rank's train() returned
+    api, cli = (load_agent(run_dir(tmp_path / name, "fabric"))["agent"] for name in ("api", "cli"))
+    assert all(torch.equal(api[name], cli[name]) for name in cli)
+
+
+IN_ONE_PROCESS = """
+import json
+import re
+from pathlib import Path
+import rl
+
+sac = rl.train(rl.SACConfig(total_timesteps=300, learning_starts=100, batch_size=32, eval_episodes=2,
+                            progress_bar=False, torch_threads=1))
+recurrent = rl.train(rl.PPOConfig(recurrent=True, total_timesteps=256, eval_episodes=0, progress_bar=False))
+print(json.dumps({"sac": sac.__dict__, "recurrent": recurrent.__dict__}))
+"""
+
+
+def test_train_in_one_process_returns_its_runs_and_the_agents_they_saved(tmp_path):
+    script = tmp_path / "in_one_process.py"
+    script.write_text(IN_ONE_PROCESS)
+    finished = run_ranks("python", script, [], tmp_path)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    results = json.loads(finished.stdout.strip().splitlines()[-1])
+    sac, recurrent = results["sac"], results["recurrent"]
+    assert sac["global_step"] == 300 and sac["agent_path"].startswith(sac["run_dir"])
+    assert set(sac["evaluation"]) == {"Test/return_mean", "Test/return_std", "Test/length_mean"}
+    action, state = rl.load_agent(sac["agent_path"]).predict(np.zeros(3, dtype=np.float32))
+    assert action.shape == (1,) and state is None
+    assert rl.load_agent(recurrent["agent_path"]).recurrent  # its minibatch defaulted to one sequence, as on the CLI
+
+
+def test_presets_and_bad_configs_as_the_command_line_has_them():
+    assert rl.preset("sac/hopper", seed=3).seed == 3 and isinstance(rl.preset("sac/hopper"), rl.SACConfig)
+    assert rl.preset("masked-cartpole").per_rank_batch_size == 128
+    with pytest.raises(rl.UsageError, match="there is no preset 'nope'"):
+        rl.preset("nope")
+    with pytest.raises(rl.UsageError, match="--num-envs: must be positive"):
+        rl.train(rl.PPOConfig(num_envs=0))
+
+
+def test_the_getting_started_walk_through_runs(tmp_path):
+    """The page's notebook-style example, shortened to 4,096 steps, in a process of its own."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "index.md").read_text()
+    code = re.search(r"## From Python.*?```python\n(.*?)```", page, re.S).group(1)
+    assert "50_000" in code
+    script = tmp_path / "walk_through.py"
+    script.write_text("import matplotlib\nmatplotlib.use('Agg')\n" + code.replace("50_000", "4_096"))
+    finished = run_ranks("python", script, [], tmp_path)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "'Test/return_mean'" in finished.stdout
