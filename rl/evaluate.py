@@ -23,6 +23,7 @@ from rl.config import parse_dataclass
 from rl.envs import video_folder
 from rl.errors import UsageError, exit_on_usage_error
 from rl.evaluation import evaluate_greedy
+from rl.logger import LoggerName, open_sinks
 
 
 @dataclass
@@ -41,6 +42,9 @@ class EvalConfig:
     """evaluate on another env with the same spaces (default: the one it was trained on)"""
     seed: int = 0
     """seed of the evaluation envs and of sampled actions"""
+    logger: tuple[LoggerName, ...] = ("tensorboard",)
+    """where the scores go, in the run folder: tensorboard (evaluation/), csv (evaluation-csv/metrics.csv), wandb
+    (the run's own W&B run)"""
 
 
 def parse(argv: list[str]) -> EvalConfig:
@@ -52,6 +56,20 @@ def run_folder(checkpoint: str) -> Path:
     """The run folder: where agent.ckpt lies, or the parent of a checkpoints/ folder."""
     folder = Path(checkpoint).resolve().parent
     return folder.parent if folder.name == CHECKPOINT_DIR else folder
+
+
+def log_scores(
+    loggers: tuple[str, ...], folder: Path, returns: np.ndarray, lengths: np.ndarray, video_dir: str | None
+) -> None:
+    """The scores to each logger: TensorBoard with the video, the others through the run's sinks."""
+    if "tensorboard" in loggers:
+        log_to_tensorboard(folder, returns, lengths, video_dir)
+    others = [name for name in loggers if name != "tensorboard"]
+    if others:
+        sinks = open_sinks(others, str(folder), True, csv_folder="evaluation-csv")
+        sinks.log_scalars({"Eval/return_mean": float(returns.mean()), "Eval/return_std": float(returns.std()),
+                           "Eval/length_mean": float(lengths.mean())}, 0)  # fmt: skip
+        sinks.close()
 
 
 def log_to_tensorboard(folder: Path, returns: np.ndarray, lengths: np.ndarray, video_dir: str | None) -> None:
@@ -105,7 +123,7 @@ def main(argv: list[str]) -> None:
         f"{env_id}, {cfg.episodes} {mode} episodes: return {returns.mean():.2f} ± {returns.std():.2f}, "
         f"length {lengths.mean():.1f} ± {lengths.std():.1f}"
     )
-    log_to_tensorboard(folder, returns, lengths, video_dir)
+    log_scores(cfg.logger, folder, returns, lengths, video_dir)
     if video_dir:
         print(f"video: {sorted(glob.glob(os.path.join(video_dir, '*.mp4')))[0]}")
 

@@ -7,6 +7,7 @@ import glob
 import os
 import uuid
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import torch
@@ -150,8 +151,12 @@ class WandbSink:
             from wandb.integration.lightning.fabric import WandbLogger
         except ImportError:
             raise UsageError("--logger", "wandb needs the tracking extra: pip install -e '.[tracking]'") from None
+        offline = not wandb_credentials()
+        if offline and os.environ.get("WANDB_MODE") is None:
+            print(f"wandb: no API key on this machine: logging offline to {run_dir}/wandb (`wandb sync` uploads "
+                  "it later)", flush=True)  # fmt: skip
         self._logger = WandbLogger(name=os.path.basename(run_dir), save_dir=run_dir, id=wandb_run_id(run_dir),
-                                   project=os.environ.get("WANDB_PROJECT", "fabric-rl"))  # fmt: skip
+                                   project=os.environ.get("WANDB_PROJECT", "fabric-rl"), offline=offline)  # fmt: skip
 
     def log_scalars(self, metrics: dict[str, float], step: int) -> None:
         if self._logger is not None:
@@ -175,11 +180,21 @@ class WandbSink:
         self._logger.experiment.finish()
 
 
+def wandb_credentials() -> bool:
+    """Whether W&B can log online: an API key in the environment or in ~/.netrc, and no WANDB_MODE saying
+    otherwise."""
+    if os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun"):
+        return False
+    netrc = os.path.expanduser("~/.netrc")
+    in_netrc = os.path.isfile(netrc) and "api.wandb.ai" in Path(netrc).read_text()
+    return bool(os.environ.get("WANDB_API_KEY")) or in_netrc
+
+
 def wandb_run_id(run_dir: str) -> str:
     """The W&B id of the run in `run_dir`: the one kept there, or a new one, kept there from now on."""
     path = os.path.join(run_dir, WANDB_ID_FILE)
     if os.path.isfile(path):
-        return open(path).read().strip()
+        return Path(path).read_text().strip()
     run_id = uuid.uuid4().hex[:12]
     os.makedirs(run_dir, exist_ok=True)
     with open(path, "w") as file:
@@ -214,9 +229,10 @@ class Sinks:
 
 def open_sinks(
     loggers: Iterable[str], run_dir: str, is_main: bool, purge_step: int | None = None,
-    tensorboard: Callable[[], MetricsSink] | None = None, csv_folder: str = "csv",
+    tensorboard: Callable[[], MetricsSink] | None = None, csv_folder: str = "csv", wandb: bool = True,
 ) -> Sinks:  # fmt: skip
-    """The run's sinks for `--logger`: `tensorboard` makes the TensorBoard one (a `SummaryWriter` by default)."""
+    """The run's sinks for `--logger`: `tensorboard` makes the TensorBoard one (a `SummaryWriter` by default);
+    `wandb` False leaves W&B to another process of the run, which writes the run's one W&B run."""
     make_tensorboard = tensorboard or (lambda: SummaryWriterSink(run_dir, is_main, purge_step))
     sinks: list[MetricsSink] = []
     for name in dict.fromkeys(loggers):
@@ -225,7 +241,7 @@ def open_sinks(
         elif name == "csv":
             sinks.append(CSVSink(run_dir, is_main, purge_step, csv_folder))
         else:
-            sinks.append(WandbSink(run_dir, is_main and csv_folder == "csv"))  # one W&B run: the training's
+            sinks.append(WandbSink(run_dir, is_main and wandb))
     return Sinks(sinks, run_dir)
 
 

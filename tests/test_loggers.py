@@ -1,10 +1,12 @@
 """--logger: Lightning's TensorBoard and CSV loggers, alone or together, in every mode, and across a resume."""
 
 import csv
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, read_scalars, run_dir, run_ranks
+from conftest import SCRIPTS, child_env, read_scalars, run_dir, run_ranks
 
 RUN = ["--total-timesteps", "2048", "--eval-episodes", "0", "--no-progress-bar"]
 SHORT = [*RUN, "--update-epochs", "2"]
@@ -76,3 +78,14 @@ def test_wandb_offline_keeps_the_metrics_the_config_and_the_videos_and_a_resume_
                                                      "--resume-from", str(checkpoint)], tmp_path)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert len(list((directory / "wandb").glob(f"offline-run-*-{run_id}"))) == 2  # the same W&B run, continued
+
+
+def test_the_evaluation_command_logs_its_scores_to_the_loggers_it_is_given(tmp_path):
+    trained = run_ranks("python", SCRIPTS["fabric"], [*SHORT, "--total-timesteps", "512"], tmp_path)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    directory = run_dir(tmp_path, "fabric")
+    command = [sys.executable, "-m", "rl.evaluate", str(directory / "agent.ckpt"), "--episodes", "2", "--logger", "csv"]
+    done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (row,) = csv_rows(directory, "evaluation-csv")
+    assert float(row["Eval/return_mean"]) > 0 and not (directory / "evaluation").exists()  # no TensorBoard asked

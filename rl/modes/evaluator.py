@@ -122,7 +122,7 @@ def run_evaluator(algorithm: Algorithm, weights_rank: int) -> None:
     policy = algorithm.build_policy(torch.device("cpu"))
     message = WeightsMessage(policy, spaces.obs_dim)
     normalizer = algorithm.obs_normalizer(torch.device("cpu"))
-    sink = open_sinks(cfg.logger, run_dir, True, csv_folder="csv-evaluator")  # beside the player's
+    sink = open_sinks(cfg.logger, run_dir, True, csv_folder="csv-evaluator", wandb=False)  # beside the player's
     best = best_return_so_far(run_dir)
     command = Command.EVALUATE
     while command is Command.EVALUATE:
