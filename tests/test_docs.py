@@ -48,3 +48,10 @@ def test_troubleshooting_explains_every_error_line():
     assert len(messages) > 80, "the scan for error lines found too few; has UsageError moved?"
     missing = [f"{where}: {chunk!r}" for where, chunk in messages if " ".join(chunk.split()) not in page]
     assert not missing, "docs/troubleshooting.md lacks these error lines:\n" + "\n".join(missing)
+
+
+def test_the_readme_opens_with_its_title_and_its_two_commands_in_at_most_120_lines():
+    lines = (DOCS.parent / "README.md").read_text().splitlines()
+    assert lines[0].startswith("# ") and lines[2] == "```bash" and lines[5] == "```"
+    assert "pip install -c constraints.txt -e . &&" in lines[3] and '-e ".[dev]" &&' in lines[4]
+    assert len(lines) <= 120
