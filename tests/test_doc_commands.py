@@ -159,6 +159,11 @@ def check_module(module: str, args: list[str]) -> None:
         parse_dataclass(EvalConfig, args)
     elif module == "rl.export":
         parse_dataclass(ExportConfig, args)
+    elif module == "rl.tune":
+        from rl.tune import parse as parse_tuning
+
+        _, training = parse_tuning(args)
+        check_training("train_fabric.py", training, processes=1)
     elif module == "rl.slurm":
         cfg = parse_dataclass(SlurmConfig, args)
         render(cfg)

@@ -1,0 +1,251 @@
+"""Hyperparameter search with Optuna: `python -m rl.tune [flags] -- [training flags]`.
+
+    python -m rl.tune --trials 20 --workers 2 --study-name cartpole -- --preset cartpole --total-timesteps 50000
+
+Each trial is an ordinary run of `train_fabric.py` (its own run folder under --out), with the
+training flags after `--`, the values the sampler drew for the search space, `--logger csv` and
+`--eval-every`: the tuner reads each periodic greedy evaluation from the run's CSV as it is
+written, reports it to the pruner, and stops a pruned run with Ctrl-C, which checkpoints it. A
+trial scores the run's closing greedy evaluation. The study lives in an Optuna storage (SQLite
+by default), so several tuners, on one machine or many, share it, and a stopped study goes on
+where it was: --trials counts every finished or pruned trial of the study (tuners running at
+once each finish the trial they are in, so a study may end a few trials past it). The best
+trial's flags are written as a file that `--config` takes back. Needs `pip install -e '.[tuning]'`.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from rl.config import CONFIG_FILENAME, flag, parse_dataclass
+from rl.errors import UsageError, exit_on_usage_error
+from rl.logger import CSV_METRICS_FILE
+
+REPO = Path(__file__).resolve().parents[1]
+EVALUATION = re.compile(r"evaluation over \d+ greedy episodes: return (-?[\d.]+)")
+POLL_SECONDS = 0.5
+USAGE_ERROR_EXIT = 2  # a training command's exit code for bad input
+# What the tuner adds to a trial's run, left out of the best config: a run from it is a new run of its own.
+TRIAL_BOOKKEEPING = ("run_name", "log_dir", "logger", "eval_every", "progress_bar", "torch_threads")
+
+# What a trial may change when no --space is given: SB3's and rl-zoo's usual ranges.
+DEFAULT_SPACES: dict[str, dict[str, dict[str, Any]]] = {
+    "ppo": {
+        "learning_rate": {"low": 1e-5, "high": 3e-3, "log": True},
+        "gamma": {"choices": [0.9, 0.95, 0.98, 0.99, 0.995, 0.999]},
+        "gae_lambda": {"choices": [0.8, 0.9, 0.92, 0.95, 0.98, 1.0]},
+        "clip_coef": {"choices": [0.1, 0.2, 0.3]},
+        "ent_coef": {"low": 1e-8, "high": 0.1, "log": True},
+        "update_epochs": {"choices": [1, 5, 10, 20]},
+    },
+    "sac": {
+        "policy_lr": {"low": 1e-5, "high": 3e-3, "log": True},
+        "q_lr": {"low": 1e-5, "high": 3e-3, "log": True},
+        "gamma": {"choices": [0.95, 0.98, 0.99, 0.995, 0.999]},
+        "tau": {"choices": [0.005, 0.01, 0.02, 0.05]},
+        "batch_size": {"choices": [64, 128, 256, 512]},
+    },
+}
+
+
+@dataclass
+class TuneConfig:
+    """Search hyperparameters with Optuna; the training flags follow `--`."""
+
+    trials: int = 20
+    """trials the study ends with, counting those of earlier tuners of the same study"""
+    workers: int = 1
+    """tuning processes on this machine, each running one trial at a time (one torch thread each)"""
+    storage: str = "sqlite:///tuning.db"
+    """the Optuna storage URL that holds the study (tuners that share it share the study)"""
+    study_name: str = "tuning"
+    """the study's name in the storage"""
+    space: str | None = None
+    """a YAML file of the search space (name: {low, high[, log]} or {choices: [...]}); default: PPO's or SAC's"""
+    sampler: Literal["tpe", "random"] = "tpe"
+    """how the next trial's values are drawn"""
+    pruner: Literal["median", "none"] = "median"
+    """how a trial is stopped early: below the median of earlier trials at the same evaluation, or never"""
+    prune_below: float | None = None
+    """prune, as well, every trial whose periodic evaluation is below this return"""
+    eval_every: int = 10_000
+    """env steps between a trial's greedy evaluations, which the pruner reads"""
+    seed: int = 0
+    """seed of the sampler (each tuning process adds its index)"""
+    out: str = "logs/tuning"
+    """the folder of the study's trial runs, and of its best config"""
+    worker: int = 0
+    """this process's index among the tuning processes (set by the tuner for the ones it starts)"""
+
+
+def search_space(cfg: TuneConfig, algorithm: str) -> dict[str, dict[str, Any]]:
+    if cfg.space is None:
+        return DEFAULT_SPACES[algorithm]
+    try:
+        space = yaml.safe_load(Path(cfg.space).read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise UsageError("--space", f"cannot read {cfg.space}: {str(error).splitlines()[0]}") from None
+    if not isinstance(space, dict) or not all(isinstance(d, dict) for d in space.values()):
+        raise UsageError("--space", f"{cfg.space} must map each flag name to {{low, high}} or {{choices}}")
+    return space
+
+
+def suggest(trial: Any, space: dict[str, dict[str, Any]]) -> list[str]:
+    """The flags of the values the trial draws from `space`."""
+    flags = []
+    for name, domain in space.items():
+        if "choices" in domain:
+            value = trial.suggest_categorical(name, domain["choices"])
+        elif isinstance(domain["low"], int) and isinstance(domain["high"], int) and not domain.get("log"):
+            value = trial.suggest_int(name, domain["low"], domain["high"])
+        else:
+            value = trial.suggest_float(name, float(domain["low"]), float(domain["high"]), log=domain.get("log", False))
+        flags += [flag(name.replace("-", "_")), str(value)]
+    return flags
+
+
+class TrialFailed(Exception):
+    """A trial's run ended with an error: the study records it as failed and goes on."""
+
+
+def run_trial(trial: Any, cfg: TuneConfig, training: list[str], space: dict[str, dict[str, Any]]) -> float:
+    import optuna
+
+    folder = Path(cfg.out) / cfg.study_name
+    name = f"trial-{trial.number}"
+    command = [sys.executable, str(REPO / "train_fabric.py"), *training, *suggest(trial, space), "--logger", "csv",
+               "--eval-every", str(cfg.eval_every), "--run-name", name, "--log-dir", str(folder),
+               "--no-progress-bar", "--torch-threads", "1"]  # fmt: skip
+    run_dir = folder / "fabric_logs" / name
+    trial.set_user_attr("run_dir", str(run_dir))
+    trial.set_user_attr("tuner_pid", os.getpid())
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
+        pruned = follow_evaluations(trial, process, run_dir / "csv" / CSV_METRICS_FILE)
+        stdout, stderr = process.communicate()
+    if pruned:
+        raise optuna.TrialPruned()
+    closing = EVALUATION.search(stdout)
+    if process.returncode == USAGE_ERROR_EXIT:  # the flags, not the trial's luck: every trial would end so
+        refusal = [line for line in stderr.splitlines() if line.startswith("error: ")][-1:] or [stderr.strip()]
+        raise UsageError("rl.tune", f"the training flags of {name} were refused: {refusal[0]}")
+    if process.returncode != 0 or closing is None:
+        raise TrialFailed(f"{name} failed (exit {process.returncode}): {stderr.strip().splitlines()[-1:]}")
+    return float(closing.group(1))
+
+
+def follow_evaluations(trial: Any, process: subprocess.Popen, metrics: Path) -> bool:
+    """Report each periodic evaluation of the running trial as it appears; Ctrl-C the run if the pruner says so."""
+    reported: set[int] = set()
+    while process.poll() is None:
+        time.sleep(POLL_SECONDS)
+        for step, value in evaluations(metrics):
+            if step in reported:
+                continue
+            reported.add(step)
+            trial.report(value, step)
+            if trial.should_prune():
+                process.send_signal(signal.SIGINT)  # it checkpoints and stops
+                return True
+    return False
+
+
+def evaluations(metrics: Path) -> list[tuple[int, float]]:
+    if not metrics.is_file():
+        return []
+    with metrics.open(newline="") as file:
+        rows = list(csv.DictReader(file))
+    return [(int(row["step"]), float(row["Eval/return_mean"])) for row in rows if row.get("Eval/return_mean")]
+
+
+def make_pruner(cfg: TuneConfig) -> Any:
+    """The pruner of --pruner, and with --prune-below a threshold beside it: a trial stops where either says so."""
+    import optuna
+
+    pruners = [optuna.pruners.MedianPruner() if cfg.pruner == "median" else optuna.pruners.NopPruner()]
+    if cfg.prune_below is not None:
+        pruners.append(optuna.pruners.ThresholdPruner(lower=cfg.prune_below))
+
+    class AnyOf(optuna.pruners.BasePruner):
+        def prune(self, study: Any, trial: Any) -> bool:
+            return any(pruner.prune(study, trial) for pruner in pruners)
+
+    return AnyOf()
+
+
+def tune(cfg: TuneConfig, training: list[str]) -> None:
+    """One tuning process: trials of the shared study until it holds --trials finished or pruned ones."""
+    import optuna
+
+    algorithm = training[0] if training and training[0] in DEFAULT_SPACES else "ppo"
+    space = search_space(cfg, algorithm)
+    seed = cfg.seed + cfg.worker
+    sampler = optuna.samplers.TPESampler(seed=seed) if cfg.sampler == "tpe" else optuna.samplers.RandomSampler(seed)
+    study = optuna.create_study(storage=cfg.storage, study_name=cfg.study_name, direction="maximize",
+                                sampler=sampler, pruner=make_pruner(cfg), load_if_exists=True)  # fmt: skip
+    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    if len(study.get_trials(states=states)) < cfg.trials:
+        study.optimize(lambda trial: run_trial(trial, cfg, training, space), catch=(TrialFailed,),
+                       callbacks=[optuna.study.MaxTrialsCallback(cfg.trials, states=states)])  # fmt: skip
+
+
+def write_best(cfg: TuneConfig) -> Path | None:
+    """The best trial's run folder's config as `<out>/<study>/best.yaml`, for --config."""
+    import optuna
+
+    study = optuna.load_study(storage=cfg.storage, study_name=cfg.study_name)
+    completed = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
+    if not completed:
+        return None
+    best = max(completed, key=lambda trial: trial.value)
+    target = Path(cfg.out) / cfg.study_name / "best.yaml"
+    flags = yaml.safe_load((Path(best.user_attrs["run_dir"]) / CONFIG_FILENAME).read_text())
+    kept = {key: value for key, value in flags.items() if key not in TRIAL_BOOKKEEPING}
+    target.write_text(yaml.safe_dump(kept, sort_keys=False))
+    print(f"best: trial {best.number}, greedy return {best.value:.2f}, {best.params}; its flags: --config {target}")
+    return target
+
+
+def parse(argv: list[str]) -> tuple[TuneConfig, list[str]]:
+    split = argv.index("--") if "--" in argv else len(argv)
+    cfg = parse_dataclass(TuneConfig, argv[:split])
+    if cfg.trials <= 0 or cfg.workers <= 0 or cfg.eval_every <= 0:
+        raise UsageError("--trials", "--trials, --workers and --eval-every must be positive")
+    return cfg, argv[split + 1 :]
+
+
+def main(argv: list[str]) -> None:
+    try:
+        import optuna
+    except ImportError:
+        raise UsageError("rl.tune", "tuning needs Optuna: pip install -e '.[tuning]'") from None
+    cfg, training = parse(argv)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    Path(cfg.out, cfg.study_name).mkdir(parents=True, exist_ok=True)
+    if cfg.worker > 0:  # a process another tuner started: trials only
+        tune(cfg, training)
+        return
+    # the study exists before the other processes open it, so that they never race to create it
+    optuna.create_study(storage=cfg.storage, study_name=cfg.study_name, direction="maximize", load_if_exists=True)
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    helpers = [subprocess.Popen([sys.executable, "-m", "rl.tune", *own, "--worker", str(index), "--", *training])
+               for index in range(1, cfg.workers)]  # fmt: skip
+    tune(cfg, training)
+    for helper in helpers:
+        helper.wait()
+    write_best(cfg)
+
+
+if __name__ == "__main__":
+    with exit_on_usage_error():
+        main(sys.argv[1:])

@@ -1,0 +1,61 @@
+"""`python -m rl.tune`: tuning processes that share one Optuna study in SQLite, pruning, and a study that resumes."""
+
+import subprocess
+import sys
+
+import optuna
+import yaml
+from conftest import child_env
+
+from rl.cli import parse_config
+
+TRAINING = ["--", "--preset", "cartpole", "--total-timesteps", "2048", "--eval-episodes", "2"]
+
+
+def tune(tmp_path, *flags: str, training: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    command = [sys.executable, "-m", "rl.tune", "--storage", storage, "--study-name", "cartpole", "--out",
+               str(tmp_path / "runs"), "--eval-every", "512", *flags, *TRAINING, *training]  # fmt: skip
+    return subprocess.run(command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=400)
+
+
+def trials(tmp_path) -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="cartpole").trials
+
+
+def test_two_tuning_processes_share_one_study_that_resumes_and_write_the_best_config(tmp_path):
+    first = tune(tmp_path, "--trials", "3", "--workers", "2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    done = [trial for trial in trials(tmp_path) if trial.state == optuna.trial.TrialState.COMPLETE]
+    assert len(done) >= 3 and len({trial.user_attrs["tuner_pid"] for trial in done}) == 2  # both processes tuned
+    assert all(sorted(trial.intermediate_values) == [512, 1024, 1536] for trial in done)  # each one reported
+    best = tmp_path / "runs" / "cartpole" / "best.yaml"
+    flags = yaml.safe_load(best.read_text())
+    top = max(done, key=lambda trial: trial.value)
+    assert all(flags[name] == value for name, value in top.params.items())
+    assert (
+        "run_name" not in flags and parse_config(["--config", str(best)]).learning_rate == top.params["learning_rate"]
+    )
+    again = tune(tmp_path, "--trials", str(len(done) + 1))  # a stopped study goes on from where it was
+    assert again.returncode == 0, again.stderr[-3000:]
+    finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    assert sum(trial.state in finished for trial in trials(tmp_path)) == len(done) + 1  # one more, not a new study
+
+
+def test_a_pruned_trial_is_stopped_at_its_first_evaluation(tmp_path):
+    pruned = tune(tmp_path, "--trials", "1", "--prune-below", "1e9")
+    assert pruned.returncode == 0, pruned.stderr[-3000:]
+    (trial,) = trials(tmp_path)
+    assert trial.state == optuna.trial.TrialState.PRUNED and sorted(trial.intermediate_values) == [512]
+    run = tmp_path / "runs" / "cartpole" / "fabric_logs" / "trial-0"
+    assert not (run / "agent.ckpt").exists() and list((run / "checkpoints").glob("step_*.ckpt"))  # stopped, saved
+
+
+def test_training_flags_that_every_trial_would_fail_on_stop_the_tuner_with_their_line(tmp_path):
+    refused = tune(tmp_path, "--trials", "2", training=("--num-envs", "0"))
+    assert refused.returncode == 2
+    assert (
+        refused.stderr.strip()
+        .splitlines()[-1]
+        .startswith("error: rl.tune: the training flags of trial-0 were refused: error: --num-envs: must be positive")
+    )
