@@ -79,6 +79,8 @@ class TuneConfig:
     """how a trial is stopped early: below the median of earlier trials at the same evaluation, or never"""
     prune_below: float | None = None
     """prune, as well, every trial whose periodic evaluation is below this return"""
+    timeout: float | None = None
+    """seconds after which each tuning process starts no new trial (the trials running then finish)"""
     eval_every: int = 10_000
     """env steps between a trial's greedy evaluations, which the pruner reads"""
     seed: int = 0
@@ -195,7 +197,7 @@ def tune(cfg: TuneConfig, training: list[str]) -> None:
                                 sampler=sampler, pruner=make_pruner(cfg), load_if_exists=True)  # fmt: skip
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     if len(study.get_trials(states=states)) < cfg.trials:
-        study.optimize(lambda trial: run_trial(trial, cfg, training, space), catch=(TrialFailed,),
+        study.optimize(lambda trial: run_trial(trial, cfg, training, space), catch=(TrialFailed,), timeout=cfg.timeout,
                        callbacks=[optuna.study.MaxTrialsCallback(cfg.trials, states=states)])  # fmt: skip
 
 

@@ -239,24 +239,14 @@ PPO_PRESETS: dict[str, dict[str, Any]] = {
         "gamma": 0.9999,
         "gae_lambda": 0.98,
     },
-    # CleanRL's ppo_continuous_action.py defaults, for any MuJoCo env (Hopper-v5 unless --env-id says otherwise):
-    # one env of 2,048 steps in 32 minibatches, an annealed learning rate, the clipped value loss, and CleanRL's
-    # value loss as it is (half the squared error, as here).
+    # CleanRL's ppo_continuous_action.py defaults, for any MuJoCo env (Hopper-v5 unless --env-id says otherwise): SB3's
+    # MuJoCo defaults (one env of 2,048 steps in 32 minibatches), with an annealed learning rate, the clipped value
+    # loss, and CleanRL's value loss as it is (half the squared error, as here).
     "cleanrl-mujoco": {
-        **_SB3_STYLE_PPO,
+        **_SB3_DEFAULT_MUJOCO,
         "env_id": "Hopper-v5",
-        "total_timesteps": 1_000_000,
-        "num_envs": 1,
-        "num_steps": 2048,
-        "per_rank_batch_size": 64,
-        "update_epochs": 10,
-        "learning_rate": 3e-4,
+        "vf_coef": 0.5,
         "anneal_lr": True,
-        "gamma": 0.99,
-        "gae_lambda": 0.95,
-        "clip_coef": 0.2,
         "clip_vloss": True,
-        "normalize_observations": True,
-        "normalize_rewards": True,
     },
 }
