@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from rl.checkpoint import load_checkpoint, saved_algorithm
-from rl.envs import Preprocessing, inspect_env, is_image_space, observations_tensor
+from rl.envs import Preprocessing, env_observation_space, inspect_env, is_image_space, observations_tensor
 from rl.errors import UsageError
 from rl.normalization import ObservationNormalizer
 from rl.registry import ALGORITHMS
@@ -51,9 +51,10 @@ class Agent:
     normalizer: ObservationNormalizer
     env_id: str
     preprocessing: Preprocessing  # how the env's observations were prepared in training (image wrappers)
-    observation_space: gym.Space
+    observation_space: gym.Space  # as the policy takes it (a Dict or Tuple flattened into a Box)
     action_space: gym.Space
     device: torch.device
+    env_observation_space: gym.Space | None = None  # the env's own, where it is a Dict or Tuple
     generator: torch.Generator = field(init=False)
 
     def __post_init__(self) -> None:
@@ -100,7 +101,15 @@ class Agent:
         return self._as_actions(action, single), memory
 
     def _as_batch(self, obs: Any) -> tuple[Tensor, bool]:
-        """`obs` as a batch of float32 vectors or uint8 images on the agent's device, and whether it was one."""
+        """`obs` as a batch of float32 vectors or uint8 images on the agent's device, and whether it was one.
+
+        A Dict or Tuple env's observations come as the env gives them (one, or a list of them), and are
+        flattened as training flattened them."""
+        space = self.env_observation_space
+        if space is not None and isinstance(obs, dict | tuple):
+            obs = gym.spaces.flatten(space, obs)
+        elif space is not None and isinstance(obs, list) and obs and isinstance(obs[0], dict | tuple):
+            obs = [gym.spaces.flatten(space, one) for one in obs]
         array = obs.cpu().numpy() if isinstance(obs, Tensor) else np.asarray(obs)
         shape = tuple(self.observation_space.shape or ())
         single = array.shape == shape
@@ -133,5 +142,7 @@ def load_agent(path: str, device: str | torch.device = "cpu", env_id: str | None
     target = torch.device(device)
     normalizer.device = target
     normalizer.load_state_dict(normalizer.state_dict())  # its tensors, moved to `target`
+    own_space = env_observation_space(env, preprocessing)
+    structured = own_space if isinstance(own_space, gym.spaces.Dict | gym.spaces.Tuple) else None
     return Agent(policy.eval().requires_grad_(False).to(target), normalizer, env, preprocessing,
-                 spaces.observation_space, spaces.action_space, target)  # fmt: skip
+                 spaces.observation_space, spaces.action_space, target, structured)  # fmt: skip

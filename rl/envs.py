@@ -217,9 +217,38 @@ def check_env_api(env_id: str, preprocessing: Preprocessing) -> None:
         env.close()
 
 
+VECTOR_LEAVES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+
+
+def is_structured_vector_space(space: gym.Space) -> bool:
+    """A Dict or Tuple (nested or not) whose every leaf is a vector, a number or a choice: gymnasium flattens
+    it into one vector (choices one-hot)."""
+    if isinstance(space, gym.spaces.Dict | gym.spaces.Tuple):
+        children = space.spaces.values() if isinstance(space, gym.spaces.Dict) else space.spaces
+        return all(is_structured_vector_space(child) for child in children)
+    return isinstance(space, VECTOR_LEAVES) and not is_image_space(space)
+
+
+def needs_flattening(space: gym.Space) -> bool:
+    """A Box of more than one axis (not an image), or a Dict or Tuple of vectors: trained on as one vector."""
+    if isinstance(space, gym.spaces.Box):
+        return len(space.shape) != 1
+    return is_structured_vector_space(space)
+
+
+def env_observation_space(env_id: str, preprocessing: Preprocessing) -> gym.Space:
+    """The observation space of the env itself, before any wrapper (a Dict, where training flattens it)."""
+    env = gym.make(resolve_env_id(env_id), **dict(preprocessing.env_kwargs))
+    try:
+        return env.observation_space
+    finally:
+        env.close()
+
+
 def _obs_dim(space: gym.Space) -> int:
     if not isinstance(space, gym.spaces.Box):
-        raise UsageError("--env-id", f"observation space {space} is not supported; only Box observations are")
+        raise UsageError("--env-id", f"observation space {space} is not supported: give Box observations (vectors "
+                         "or images), or a Dict or Tuple of vectors, which are flattened")  # fmt: skip
     return int(np.prod(space.shape))
 
 
@@ -248,7 +277,7 @@ def make_env(env_id: str, video_dir: str | None, preprocessing: Preprocessing, c
         env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)
     if is_image_space(env.observation_space):
         env = _preprocess_images(env, preprocessing, is_atari(env_id))
-    elif isinstance(env.observation_space, gym.spaces.Box) and len(env.observation_space.shape) != 1:
+    elif needs_flattening(env.observation_space):  # a Dict or Tuple in the order gymnasium flattens it
         env = gym.wrappers.FlattenObservation(env)
     if preprocessing.time_feature:
         env = _with_time_feature(env, env_id)

@@ -149,3 +149,48 @@ class KilledOnceAtStartup(CartPoleEnv):
 
 
 gym.register("KilledOnceAtStartup-v0", entry_point=KilledOnceAtStartup, max_episode_steps=500)
+
+
+class DictCartPole(CartPoleEnv):
+    """CartPole whose observation is a Dict: the cart's position and velocity, the pole's angle and angular
+    velocity, and a Discrete flag that says which side of the track the cart is on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        bound = np.array([4.8, np.inf], dtype=np.float32)
+        self.observation_space = gym.spaces.Dict(
+            {
+                "cart": gym.spaces.Box(-bound, bound),
+                "pole": gym.spaces.Box(-np.inf, np.inf, (2,), np.float32),
+                "side": gym.spaces.Discrete(2),
+            }
+        )
+
+    def _as_dict(self, obs: np.ndarray) -> dict:
+        return {"cart": obs[:2].astype(np.float32), "pole": obs[2:].astype(np.float32), "side": int(obs[0] > 0)}
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        return self._as_dict(obs), info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return self._as_dict(obs), reward, terminated, truncated, info
+
+
+gym.register("DictCartPole-v0", entry_point=DictCartPole, max_episode_steps=500)
+
+
+class TextObservations(FixedLength):
+    observation_space = gym.spaces.Text(8)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return "hello", {}
+
+    def step(self, action):
+        _, reward, terminated, truncated, info = super().step(action)
+        return "hello", reward, terminated, truncated, info
+
+
+gym.register("TextObservations-v0", entry_point=TextObservations)

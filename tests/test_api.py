@@ -4,10 +4,12 @@ import json
 import re
 from pathlib import Path
 
+import envs_for_tests  # noqa: F401  (registers the tests' envs)
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import SCRIPTS, launch_together, load_agent, run_dir, run_ranks
+from conftest import SCRIPTS, launch_together, load_agent, refusal_line, run_dir, run_ranks
 
 import rl
 
@@ -85,3 +87,23 @@ def test_the_getting_started_walk_through_runs(tmp_path):
     finished = run_ranks("python", script, [], tmp_path)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "'Test/return_mean'" in finished.stdout
+
+
+def test_dict_observations_of_vectors_train_flattened_and_the_agent_takes_them_as_the_env_gives_them(tmp_path):
+    args = ["--env-id", "envs_for_tests:DictCartPole-v0", "--total-timesteps", "1024", "--eval-episodes", "1",
+            "--no-progress-bar"]  # fmt: skip
+    finished = run_ranks("python", SCRIPTS["fabric"], args, tmp_path)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    agent = rl.load_agent(run_dir(tmp_path, "fabric") / "agent.ckpt")
+    assert agent.observation_space.shape == (6,)  # the cart's 2, the pole's 2, a one-hot of 2 sides
+    env = gym.make(agent.env_id)
+    obs, _ = env.reset(seed=0)
+    one, _ = agent.predict(obs)
+    batch, _ = agent.predict([obs, obs])
+    flat, _ = agent.predict(gym.spaces.flatten(env.observation_space, obs))
+    assert batch.tolist() == [one, one] and flat == one
+
+
+def test_an_observation_space_it_cannot_take_is_named_in_one_line(tmp_path):
+    line = refusal_line("fabric", ["--env-id", "envs_for_tests:TextObservations-v0"], tmp_path)
+    assert line.startswith("error: --env-id: observation space Text(") and "a Dict or Tuple of vectors" in line
