@@ -14,7 +14,7 @@ from rl.errors import PEER_GRACE_SECONDS
 
 BAD_INPUTS = [
     (["--env-id", "NoSuchEnv-v0"], "--env-id"),
-    (["--env-id", "Blackjack-v1"], "--env-id"),  # Tuple observations
+    (["--env-id", "envs_for_tests:TextObservations-v0"], "--env-id"),  # a Text observation space
     (["--per-rank-batch-size", "512"], "--per-rank-batch-size"),
     (["--num-steps", "0"], "--num-steps"),
     (["--learning-rate", "-0.001"], "--learning-rate"),
