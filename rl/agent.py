@@ -24,6 +24,7 @@ from rl.normalization import ObservationNormalizer
 from rl.registry import ALGORITHMS
 from rl.run import restored_agent
 
+INTEGER_DTYPES = (np.int8, np.int16, np.int32, np.int64, np.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 EAGER_FLOAT32 = {"precision": "32-true", "compile": False}  # saved weights are float32 whatever the run's precision
 
 
@@ -54,7 +55,7 @@ class Agent:
     observation_space: gym.Space  # as the policy takes it (a Dict or Tuple flattened into a Box)
     action_space: gym.Space
     device: torch.device
-    env_observation_space: gym.Space | None = None  # the env's own, where it is a Dict or Tuple
+    env_observation_space: gym.Space | None = None  # the env's own, where training flattened it (not a Box)
     generator: torch.Generator = field(init=False)
 
     def __post_init__(self) -> None:
@@ -105,11 +106,8 @@ class Agent:
 
         A Dict or Tuple env's observations come as the env gives them (one, or a list of them), and are
         flattened as training flattened them."""
-        space = self.env_observation_space
-        if space is not None and isinstance(obs, dict | tuple):
-            obs = gym.spaces.flatten(space, obs)
-        elif space is not None and isinstance(obs, list) and obs and isinstance(obs[0], dict | tuple):
-            obs = [gym.spaces.flatten(space, one) for one in obs]
+        if self.env_observation_space is not None:
+            obs = self._flattened(obs, self.env_observation_space)
         array = obs.cpu().numpy() if isinstance(obs, Tensor) else np.asarray(obs)
         shape = tuple(self.observation_space.shape or ())
         single = array.shape == shape
@@ -117,6 +115,16 @@ class Agent:
             raise ValueError(f"observations of shape {array.shape}: this agent takes {shape}, or a batch of them")
         batch = array[None] if single else array
         return observations_tensor(batch, is_image_space(self.observation_space), self.device), single
+
+    def _flattened(self, obs: Any, space: gym.Space) -> Any:
+        """The env's own observation (or a list or array of them) as training saw it; a flat one as it is."""
+        flat_shape = tuple(self.observation_space.shape or ())
+        if isinstance(obs, np.ndarray | Tensor) and obs.dtype not in INTEGER_DTYPES and obs.shape[-1:] == flat_shape:
+            return obs  # flattened already
+        one = obs.numpy() if isinstance(obs, Tensor) else obs
+        if isinstance(one, dict | tuple | int | np.integer) or (isinstance(one, np.ndarray) and space.contains(one)):
+            return gym.spaces.flatten(space, one)
+        return [gym.spaces.flatten(space, each) for each in one]
 
     def _as_actions(self, action: Tensor, single: bool) -> np.ndarray:
         if isinstance(self.action_space, gym.spaces.Box):
@@ -143,6 +151,6 @@ def load_agent(path: str, device: str | torch.device = "cpu", env_id: str | None
     normalizer.device = target
     normalizer.load_state_dict(normalizer.state_dict())  # its tensors, moved to `target`
     own_space = env_observation_space(env, preprocessing)
-    structured = own_space if isinstance(own_space, gym.spaces.Dict | gym.spaces.Tuple) else None
+    structured = None if isinstance(own_space, gym.spaces.Box) else own_space  # a Dict, a Tuple or a choice
     return Agent(policy.eval().requires_grad_(False).to(target), normalizer, env, preprocessing,
                  spaces.observation_space, spaces.action_space, target, structured)  # fmt: skip

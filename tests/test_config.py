@@ -4,6 +4,7 @@ import dataclasses
 import re
 import typing
 
+import envs_for_tests  # noqa: F401  (registers the tests' envs)
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -116,14 +117,18 @@ def test_help_lists_every_field_with_its_docstring(capsys):
     ("env_id", "message"),
     [
         ("NoSuchEnv-v0", "cannot make 'NoSuchEnv-v0'"),
-        ("Taxi-v4", "observation space Discrete(500) is not supported"),
-        ("Blackjack-v1", "observation space Tuple"),
+        ("envs_for_tests:TextObservations-v0", "observation space Text(1, 8"),
     ],
 )
 def test_bad_envs_are_refused_with_the_env_flag(env_id, message):
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")) as error:
         inspect_env(env_id)
     assert error.value.flag == "--env-id"
+
+
+def test_choices_and_tuples_of_them_are_observed_one_hot():
+    assert inspect_env("Taxi-v4").obs_dim == 500  # Discrete(500)
+    assert inspect_env("Blackjack-v1").obs_dim == 32 + 11 + 2  # Tuple(Discrete(32), Discrete(11), Discrete(2))
 
 
 def test_lunar_lander_v2_maps_to_v3_with_a_warning():
