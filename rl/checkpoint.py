@@ -85,6 +85,8 @@ PICKLE_MAGIC = b"\x80"  # a pickle (protocol 2 or later): torch's legacy format,
 def unreadable(path: str, error: Exception) -> str:
     """Why a weights-only read of `path` failed, told apart: a file that holds Python objects, one cut short, or
     one that is not a checkpoint at all."""
+    if isinstance(error, OSError):  # no permission, a disk error: the file itself may be sound
+        return f"cannot read {path}: {error.strerror or error}"
     with open(path, "rb") as file:
         start = file.read(4)
     if not (start == ZIP_MAGIC or start.startswith(PICKLE_MAGIC)):

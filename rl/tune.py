@@ -132,17 +132,21 @@ def run_trial(trial: Any, cfg: TuneConfig, training: list[str], space: dict[str,
     run_dir = folder / "fabric_logs" / name
     trial.set_user_attr("run_dir", str(run_dir))
     trial.set_user_attr("tuner_pid", os.getpid())
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
+    folder.mkdir(parents=True, exist_ok=True)
+    log = folder / f"{name}.log"  # a file, not a pipe: a run that prints much never blocks on an unread pipe
+    with log.open("w") as output, subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT) as process:
         pruned = follow_evaluations(trial, process, run_dir / "csv" / CSV_METRICS_FILE)
-        stdout, stderr = process.communicate()
+        process.wait()
     if pruned:
         raise optuna.TrialPruned()
-    closing = EVALUATION.search(stdout)
+    printed = log.read_text()
+    errors = [line for line in printed.splitlines() if line.startswith("error: ")]
     if process.returncode == USAGE_ERROR_EXIT:  # the flags, not the trial's luck: every trial would end so
-        refusal = [line for line in stderr.splitlines() if line.startswith("error: ")][-1:] or [stderr.strip()]
-        raise UsageError("rl.tune", f"the training flags of {name} were refused: {refusal[0]}")
+        refusal = errors[-1] if errors else printed.strip()
+        raise UsageError("rl.tune", f"the training flags of {name} were refused: {refusal}")
+    closing = EVALUATION.search(printed)
     if process.returncode != 0 or closing is None:
-        raise TrialFailed(f"{name} failed (exit {process.returncode}): {stderr.strip().splitlines()[-1:]}")
+        raise TrialFailed(f"{name} failed (exit {process.returncode}); its output is in {log}")
     return float(closing.group(1))
 
 

@@ -327,3 +327,11 @@ def test_capture_video_records_rank_zeros_first_env_and_a_resumed_run_keeps_the_
     assert list((folder / "train_videos" / "from_step_1024").glob("*.mp4"))
     assert list((folder / "test_videos" / "step_2048").glob("*.mp4"))
     assert {path: path.read_bytes() for path in first_videos} == first_videos
+
+
+def test_a_file_that_cannot_be_opened_is_not_called_corrupt(tmp_path):
+    from rl.checkpoint import unreadable
+
+    path = str(tmp_path / "step_1.ckpt")
+    told = unreadable(path, PermissionError(13, "Permission denied"))
+    assert told == f"cannot read {path}: Permission denied"  # the file was never read, so nothing is said of it

@@ -59,3 +59,23 @@ def test_training_flags_that_every_trial_would_fail_on_stop_the_tuner_with_their
         .splitlines()[-1]
         .startswith("error: rl.tune: the training flags of trial-0 were refused: error: --num-envs: must be positive")
     )
+
+
+def test_a_space_file_the_random_sampler_and_the_timeout_shape_the_study(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("learning_rate: {choices: [0.002]}\nupdate_epochs: {low: 2, high: 3}\n")
+    done = tune(tmp_path, "--trials", "5", "--space", str(space), "--sampler", "random", "--timeout", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    (trial,) = trials(tmp_path)  # the first trial outlasts the timeout: no second one starts
+    assert trial.params["learning_rate"] == 0.002 and trial.params["update_epochs"] in (2, 3)
+    assert set(trial.params) == {"learning_rate", "update_epochs"}
+
+
+def test_a_space_file_that_is_not_a_mapping_of_domains_is_refused_with_one_line(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("- learning_rate\n")
+    refused = tune(tmp_path, "--space", str(space))
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1] == (
+        f"error: --space: {space} must map each flag name to {{low, high}} or {{choices}}"
+    )
