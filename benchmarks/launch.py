@@ -13,6 +13,7 @@ from pathlib import Path
 
 SUMMARY = re.compile(r"training loop: (\d+) steps in ([\d.]+) s")
 REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"  # every study's rows, curves, figures and kept agents
 BIN = Path(sys.executable).parent
 
 # The benchmarks run on a machine they have to themselves, where torch's OpenMP threads are fastest spinning while

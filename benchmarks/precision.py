@@ -13,10 +13,10 @@ for adopting it in a preset). `pong` is the same for ALE/Pong-v5 with `--preset 
 1M steps, one seed, and draws both return curves in one figure (`pip install -e ".[plots]"`).
 
 Every run is named (`--run-name`) and checkpoints every 5 minutes under OUT/runs (default
-docs/benchmarks/precision, kept in the repository), so a study that is stopped, or a session
-that ends, picks each run up from its newest checkpoint when started again; a finished run's row
-is kept in OUT/rows and not run again, and its checkpoints are deleted (its saved agent and logs
-stay). Each launch's wall time and loop figures are appended to OUT/segments, and a row sums them.
+benchmarks/results/precision), so a study that is stopped, or a session that ends, picks each
+run up from its newest checkpoint when started again; a finished run's row is kept in OUT/rows
+and its curve in OUT/curves, it is not run again, and its checkpoints are deleted. Each launch's
+wall time and loop figures are appended to OUT/segments, and a row sums them.
 
 `speed` times, alternating the commands round by round: the Nature CNN's floor at each
 precision (one rank's network alone on one thread, as `benchmarks/atari.py` measures it), the
@@ -33,7 +33,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from launch import fabric_run, loop_steps_per_second
+from launch import RESULTS, fabric_run, loop_steps_per_second
 from resumable import Run, curve, run_all
 
 REPO = Path(__file__).resolve().parents[1]
@@ -112,7 +112,8 @@ def pong_figure(out: Path, variants: list[str]) -> None:
     axes.set_ylabel("training episode return")
     axes.set_title("ALE/Pong-v5, --preset atari-ppo, 2 ranks, seed 1")
     axes.legend()
-    figure.savefig(out / "pong_return_vs_steps.png", dpi=120, bbox_inches="tight")
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    figure.savefig(out / "figures" / "pong_return_vs_steps.png", dpi=120, bbox_inches="tight")
 
 
 def speed(rounds: int) -> None:
@@ -146,7 +147,7 @@ def main() -> None:
                         "32-true bf16-mixed)")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "precision")
+    parser.add_argument("--out", type=Path, default=RESULTS / "precision")
     args = parser.parse_args()
     if args.study == "speed":
         speed(args.rounds)

@@ -1,6 +1,6 @@
 """Recurrent PPO: what it learns that feed-forward cannot, and what its memory costs.
 
-    python benchmarks/recurrent.py learning [--seeds 1 2 3] [--out docs/benchmarks/recurrent]
+    python benchmarks/recurrent.py learning [--seeds 1 2 3] [--out benchmarks/results/recurrent]
     python benchmarks/recurrent.py speed [--rounds 3]
 
 `learning` trains, with `fabric run --devices=2` (one torch thread per rank):
@@ -9,7 +9,7 @@
 - rl/PixelCartPole-v1 from single frames (`--frame-stack 1`, so no frame carries motion),
   recurrent and feed-forward, seed 1.
 It prints the greedy return (10 episodes, mean ± std over seeds) and draws both policies' training
-returns per env in one figure (OUT/recurrent_vs_feed_forward.png). Runs are named and resumable
+returns per env in one figure (OUT/figures/recurrent_vs_feed_forward.png). Runs are named and resumable
 (`benchmarks/resumable.py`).
 
 `speed` alternates, round by round, each config (the masked-cartpole preset, and PixelCartPole
@@ -28,7 +28,7 @@ import statistics
 import time
 from pathlib import Path
 
-from launch import REPO, fabric_run, loop_steps_per_second
+from launch import RESULTS, fabric_run, loop_steps_per_second
 from resumable import Run, curve, run_all
 
 PIXEL_SINGLE_FRAMES = [
@@ -102,7 +102,8 @@ def figure(runs: list[Run], out: Path) -> None:
         axis.set_xlabel("env steps")
         axis.set_ylabel("training episode return")
         axis.legend()
-    figure.savefig(out / "recurrent_vs_feed_forward.png", dpi=110, bbox_inches="tight")
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    figure.savefig(out / "figures" / "recurrent_vs_feed_forward.png", dpi=110, bbox_inches="tight")
 
 
 def minibatch_seconds(recurrent: bool, stepped: bool = False, lstm_only: bool = False, repeats: int = 20) -> float:
@@ -188,7 +189,7 @@ def main() -> None:
     parser.add_argument("study", choices=["learning", "speed"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "recurrent")
+    parser.add_argument("--out", type=Path, default=RESULTS / "recurrent")
     args = parser.parse_args()
     if args.study == "speed":
         speed(args.rounds)

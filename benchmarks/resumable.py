@@ -3,8 +3,13 @@
 A study gives every run a fixed `--run-name` under OUT/runs and a checkpoint interval. `train`
 launches the run (which resumes by itself where its folder holds a checkpoint) and appends the
 launch's figures to OUT/segments/NAME.jsonl; when the run finishes, its row (summed over every
-launch) goes to OUT/rows/NAME.json and its checkpoints are deleted, so a finished run is never
-launched again. A session that ends mid-run loses at most one checkpoint interval.
+launch) goes to OUT/rows/NAME.json, its training curve to OUT/curves/NAME.csv, its saved agent to
+OUT/agents/NAME.ckpt where the study keeps it, and its checkpoints are deleted, so a finished run
+is never launched again. A session that ends mid-run loses at most one checkpoint interval.
+
+What a study keeps in the repository is that layout (`benchmarks/results/STUDY/`); the run
+folders (TensorBoard event files, launch logs) are not committed, but for the newest checkpoint of
+a run in progress, which lets the run go on from another machine.
 
 A launch stopped by Ctrl-C prints its figures and checkpoints. A launch killed outright (the
 session ended) leaves OUT/segments/NAME.open behind; the next launch of the run closes it as a
@@ -14,6 +19,7 @@ segment that ran from its start to the newest checkpoint, the work after which i
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import logging
 import re
@@ -43,6 +49,7 @@ class Run:
     name: str
     command: Callable[[], list[str]]
     keys: dict  # what identifies the run in its row: config, seed, ...
+    keep_agent: bool = False  # whether its saved agent outlives the run folder (OUT/agents/NAME.ckpt)
 
 
 def run_folder(out: Path, name: str) -> Path:
@@ -147,6 +154,7 @@ def launch_segment(run: Run, out: Path) -> tuple[dict, str]:
                "loop_s": float(summary.group(2)) if summary else 0.0,
                "compile_s": float(compiling.group(1)) if compiling else 0.0}  # fmt: skip
     append_segment(out, run.name, segment)
+    write_curve(out, run.name)
     marker.unlink()
     return segment, done.stdout
 
@@ -197,6 +205,9 @@ def run_all(plan: list[Run], out: Path, parallel: int = 1) -> list[dict]:
             stopping.set()
             raise
         row_file(out, run.name).write_text(json.dumps(row))
+        if run.keep_agent:
+            agent_file(out, run.name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(run_folder(out, run.name) / "agent.ckpt", agent_file(out, run.name))
         shutil.rmtree(run_folder(out, run.name) / "checkpoints", ignore_errors=True)  # done: never resumed again
         print(f"{run.name}: return {row['eval_return']:.1f}, {row['wall_time_s']:.0f} s "
               f"({time.perf_counter() - started:.0f} s into this launch of the study)", flush=True)  # fmt: skip
@@ -223,8 +234,67 @@ def training_seconds(out: Path, name: str, wall_clock: float) -> float:
                if s["started"] <= wall_clock)  # fmt: skip
 
 
+def agent_file(out: Path, name: str) -> Path:
+    return out / "agents" / f"{name}.ckpt"
+
+
+# What a run's curve keeps of its logs, and the column each goes to.
+CURVE_COLUMNS = {EPISODE_RETURN: "episode_return", EPISODE_COUNT: "episodes", EPISODE_LENGTH: "episode_length"}
+
+
+def curve_file(out: Path, name: str) -> Path:
+    return out / "curves" / f"{name}.csv"
+
+
+def write_curve(out: Path, name: str) -> Path:
+    """OUT/curves/NAME.csv: the run's logged training figures at each report, kept where its event files are not.
+
+    Written after every launch, so a run that goes on from another machine keeps the curve of its earlier ones."""
+    scalars = logged_scalars(out, name, list(CURVE_COLUMNS))
+    steps = sorted({step for points in scalars.values() for step in points})
+    path = curve_file(out, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["env_steps", "wall_time", *CURVE_COLUMNS.values()])
+        for step in steps:
+            logged = [scalars.get(tag, {}).get(step) for tag in CURVE_COLUMNS]
+            wall_time = next(point[1] for point in logged if point is not None)
+            writer.writerow([step, round(wall_time, 3), *("" if point is None else point[0] for point in logged)])
+    return path
+
+
+def read_curve(path: Path, tags: list[str]) -> dict[str, dict[int, tuple[float, float]]]:
+    with path.open() as file:
+        lines = list(csv.DictReader(file))
+    points = {}
+    for tag in tags:
+        column = CURVE_COLUMNS[tag]
+        logged = {
+            int(line["env_steps"]): (float(line[column]), float(line["wall_time"])) for line in lines if line[column]
+        }
+        if logged:
+            points[tag] = logged
+    return points
+
+
 def logged_scalars(out: Path, name: str, tags: list[str]) -> dict[str, dict[int, tuple[float, float]]]:
-    """Per tag, the run's logged points: step -> (value, wall time); the newest launch's where launches overlap."""
+    """Per tag, the run's logged points: step -> (value, wall time). Its curve file holds those of launches whose
+    event files are gone; the event files here hold the newer ones, from their first step on."""
+    kept = read_curve(curve_file(out, name), tags) if curve_file(out, name).exists() else {}
+    logged = logged_events(out, name, tags)
+    first_logged = min((step for points in logged.values() for step in points), default=None)
+    merged = {}
+    for tag in {*kept, *logged}:
+        earlier = {
+            step: point for step, point in kept.get(tag, {}).items() if first_logged is None or step < first_logged
+        }
+        merged[tag] = earlier | logged.get(tag, {})
+    return {tag: merged[tag] for tag in tags if tag in merged}
+
+
+def logged_events(out: Path, name: str, tags: list[str]) -> dict[str, dict[int, tuple[float, float]]]:
+    """Per tag, the points in the run's event files; the newest launch's where launches overlap."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     # A resumed launch logs again from its checkpoint's step; TensorBoard then warns that it drops the

@@ -1,7 +1,7 @@
 """Stable-Baselines3 on a learning benchmark's rows, at the rows' full steps: a reference for a row that misses.
 
     python benchmarks/sb3_reference.py [--rows ppo/hopper ppo/walker2d] [--seeds 1] [--parallel 2]
-                                       [--sb3-python .venv-sb3/bin/python] [--out docs/benchmarks]
+                                       [--sb3-python .venv-sb3/bin/python] [--out benchmarks/results]
 
 A row of `benchmarks/suite.py` misses when this project's greedy return falls short of the
 published figure. SB3 trained on the same preset (`benchmarks/sb3.py`), env, seed and step count
@@ -10,8 +10,8 @@ miss is this project's. Each run trains SB3 alone on one torch thread, saves its
 under OUT/sb3/checkpoints/NAME (never committed), and goes on from there when the script is started
 again (Ctrl-C, or `pkill -INT -f sb3_reference.py`, saves every run in flight first); a finished
 run's figures go to OUT/sb3/reference.json and its save is deleted. The table
-sets each SB3 run beside this project's run of the same row and seed (OUT/rows/NAME.json, where
-the suite has finished it) and the published figure.
+sets each SB3 run beside this project's run of the same row and seed (where
+the suite has finished it: OUT/suite/rows/NAME.json) and the published figure.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from launch import REPO
+from launch import RESULTS
+from resumable import row_file
 from sb3 import SB3_PYTHON, interrupt_all, run_sb3
 from suite import ROWS, run_name
 
@@ -58,7 +59,7 @@ def write_results(out: Path, results: dict) -> None:
 
 def ours(out: Path, name: str) -> dict | None:
     """This project's finished run of the same row and seed, from the suite's row file."""
-    path = out / "rows" / f"{name}.json"
+    path = row_file(out / "suite", name)
     return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -83,7 +84,7 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[1])
     parser.add_argument("--parallel", type=int, default=1, help="runs side by side, one torch thread each")
     parser.add_argument("--sb3-python", default=str(SB3_PYTHON))
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     signal.signal(signal.SIGINT, signal.default_int_handler)  # `pkill -INT` stops a suite started in the background
     results, lock = read_results(args.out), threading.Lock()

@@ -1,7 +1,7 @@
 """This project against Stable-Baselines3 on the same MuJoCo configurations, side by side in one run.
 
     python benchmarks/sb3_side_by_side.py [--rows ppo/halfcheetah sac/hopper] [--steps 200000] [--seed 1]
-                                          [--sb3-python .venv-sb3/bin/python] [--out docs/benchmarks/sb3]
+                                          [--sb3-python .venv-sb3/bin/python] [--out benchmarks/results/sb3]
 
 For each row, ours (`python train_fabric.py [sac] --preset NAME`, one process) and SB3's `learn`
 with the same hyperparameters (read off the preset, `benchmarks/sb3.py`) start together, one
@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from launch import REPO, SUMMARY
+from launch import REPO, RESULTS, SUMMARY
 from resumable import EVALUATION
 from sb3 import SB3_PYTHON, run_sb3
 from suite import ROWS as SUITE_ROWS
@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200_000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--sb3-python", default=str(SB3_PYTHON))
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "sb3")
+    parser.add_argument("--out", type=Path, default=RESULTS / "sb3")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results_file = args.out / "results.json"

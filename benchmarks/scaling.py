@@ -3,6 +3,8 @@
     python benchmarks/scaling.py [--algorithm ppo|sac] [--env-id ID] [--modes coupled ...]
         [--world-sizes 1 2 4] [--total-timesteps N] [--seeds 1 2] [--out DIR] [--scale-lr]
 
+DIR defaults to benchmarks/results/scaling/ALGORITHM.
+
 Every configuration is a real launched job (`fabric run`, torchrun for the baseline, or
 `python train_hogwild.py --workers N`), in its own folder under DIR/runs. Runs stay comparable
 as in the DSAC study: the global batch is the same at every world size, because each process's
@@ -11,13 +13,13 @@ the number of processes that collect or learn; the learning rates stay as given 
 `--scale-lr`, the DSAC rule, only with --scale-lr here). A world size above this machine's
 cores is marked *oversubscribed*.
 
-A finished run leaves DIR/rows/KEY.json; a study started again skips those, so a crash costs
-one run. From the runs' TensorBoard logs it writes DIR/results.csv and DIR/results.json (one
-row per run: mode, world size, seed, wall time, env steps/s, speedup against world size 1,
-parallel efficiency, final greedy evaluation) and, with matplotlib (`pip install -e
-".[plots]"`), four figures: return against steps per process, against total steps and against
-wall time (mean and min-max band over seeds), and the speedup of each world size beside the
-ideal line. Speedup is against the same mode at world size 1, or, for the decoupled modes
+A finished run leaves DIR/rows/KEY.json and its curve, read from its TensorBoard logs, in
+DIR/curves/KEY.csv; a study started again skips those, so a crash costs one run. It writes
+DIR/results.csv (one line per run: mode, world size, seed, wall time, env steps/s, speedup
+against world size 1, parallel efficiency, final greedy evaluation) and, with matplotlib (`pip
+install -e ".[plots]"`), four figures in DIR/figures: return against steps per process, against
+total steps and against wall time (mean and min-max band over seeds), and the speedup of each
+world size beside the ideal line. Speedup is against the same mode at world size 1, or, for the decoupled modes
 (which need a trainer beside their players), against coupled at world size 1.
 """
 
@@ -34,7 +36,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from launch import SUMMARY, free_port, run_in_folder
+from launch import RESULTS, SUMMARY, free_port, run_in_folder
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -188,6 +190,7 @@ def run_study(args: argparse.Namespace, runs: list[Run]) -> list[dict]:
         flag = " (oversubscribed)" if run.oversubscribed else ""
         print(f"[{done_count}/{len(pending)}] {run.key}{flag} ...", end=" ", flush=True)
         row = launch(args, run, args.out / "runs" / run.key)
+        write_curve(args.out / "curves" / f"{run.key}.csv", row.pop("curve"))
         (rows_dir / f"{run.key}.json").write_text(json.dumps(row))
         elapsed = time.perf_counter() - started
         eta = elapsed / done_count * (len(pending) - done_count)
@@ -195,8 +198,31 @@ def run_study(args: argparse.Namespace, runs: list[Run]) -> list[dict]:
         print(f"{row['env_steps_per_s']:,.0f} env steps/s, eval {evaluation}, "
               f"{row['wall_time_s']:.0f} s (study ETA {eta / 60:.1f} min)", flush=True)  # fmt: skip
     for run in runs:
-        rows.append(json.loads((rows_dir / f"{run.key}.json").read_text()))
+        row = json.loads((rows_dir / f"{run.key}.json").read_text())
+        rows.append(row | {"curve": read_curve_file(args.out / "curves" / f"{run.key}.csv")})
     return rows
+
+
+CURVE_COLUMNS = ("steps", "seconds", "returns")
+
+
+def write_curve(path: Path, curve: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["env_steps", "seconds", "episode_return"])
+        writer.writerows(zip(*(curve[column] for column in CURVE_COLUMNS), strict=True))
+
+
+def read_curve_file(path: Path) -> dict:
+    with path.open() as file:
+        lines = list(csv.reader(file))[1:]
+    steps, seconds, returns = zip(*lines, strict=True) if lines else ((), (), ())
+    return {
+        "steps": [int(s) for s in steps],
+        "seconds": [float(s) for s in seconds],
+        "returns": [float(r) for r in returns],
+    }
 
 
 def add_speedups(rows: list[dict]) -> None:
@@ -221,7 +247,6 @@ def write_results(out: Path, rows: list[dict]) -> None:
         writer = csv.DictWriter(file, COLUMNS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-    (out / "results.json").write_text(json.dumps(rows, indent=1))
 
 
 def label(mode: str, world_size: int) -> str:
@@ -259,7 +284,7 @@ def plot(out: Path, rows: list[dict], title: str) -> list[Path]:
         axes.set_ylabel("episode return")
         axes.set_title(title)
         axes.legend(fontsize=7)
-        paths.append(save(figure, out / f"{name}.png"))
+        paths.append(save(figure, out / "figures" / f"{name}.png"))
     figure, axes = plt.subplots(figsize=(7, 4.5))
     sizes = sorted({size for _, size in groups})
     modes = list(dict.fromkeys(mode for mode, _ in groups))
@@ -277,7 +302,7 @@ def plot(out: Path, rows: list[dict], title: str) -> list[Path]:
     axes.set_ylabel("speedup in env steps/s")
     axes.set_title(title)
     axes.legend(fontsize=7)
-    paths.append(save(figure, out / "speedup.png"))
+    paths.append(save(figure, out / "figures" / "speedup.png"))
     return paths
 
 
@@ -294,6 +319,7 @@ def mean_curve(members: list[dict], x_of) -> tuple:
 
 
 def save(figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     return path
@@ -308,12 +334,12 @@ def main() -> None:
     parser.add_argument("--total-timesteps", type=int, help="env steps per run, over all processes")
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--scale-lr", action="store_true", help="SAC: multiply the learning rates by the learners")
-    parser.add_argument("--out", type=Path, help="default: scaling-ALGORITHM in the working directory")
+    parser.add_argument("--out", type=Path, help="default: benchmarks/results/scaling/ALGORITHM")
     args = parser.parse_args()
     env_id, total_timesteps, _, _ = DEFAULTS[args.algorithm]
     args.env_id = args.env_id or env_id
     args.total_timesteps = args.total_timesteps or total_timesteps
-    args.out = (args.out or Path(f"scaling-{args.algorithm}")).resolve()
+    args.out = (args.out or RESULTS / "scaling" / args.algorithm).resolve()
     rows = run_study(args, plan(args))
     add_speedups(rows)
     write_results(args.out, rows)
@@ -323,7 +349,10 @@ def main() -> None:
         print(f"{name:32s} {row['env_steps_per_s']:9,.0f} {row['speedup'] or 0:8.2f} {row['efficiency'] or 0:7.2f} "
               f"{row['final_eval_return'] or float('nan'):8.1f} {row['wall_time_s']:7.0f}")  # fmt: skip
     figures = plot(args.out, rows, f"{args.algorithm.upper()} on {args.env_id}, {args.total_timesteps:,} steps")
-    print(f"wrote {args.out / 'results.csv'}, {args.out / 'results.json'}" + "".join(f", {p}" for p in figures))
+    print(
+        f"wrote {args.out / 'results.csv'}, {args.out / 'rows'}, {args.out / 'curves'}"
+        + "".join(f", {p}" for p in figures)
+    )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """The learning benchmark: MuJoCo PPO and SAC and Atari Pong PPO against published scores, resumable.
 
     python benchmarks/suite.py [--rows ppo/halfcheetah sac/hopper ...] [--seeds 1 2 3] [--parallel 2]
-                               [--out docs/benchmarks] [--report-only] [--dry-run]
+                               [--out benchmarks/results/suite] [--report-only] [--dry-run]
 
 Each row is a preset trained for the published figure's env steps with the published
 configuration: a MuJoCo run is one process (rl-zoo's and CleanRL's presets are for one env),
@@ -10,10 +10,12 @@ torch thread per process. Every run has a fixed `--run-name` under OUT/runs and 
 every 5 minutes, so a suite that is stopped picks each run up from its newest checkpoint when
 started again; finished runs are never launched again (`benchmarks/resumable.py`).
 
-After the runs it writes, from every finished run:
+Each finished run leaves its row, its curve (OUT/curves) and, for a row's first seed, its trained
+agent (OUT/agents, listed with its score on docs/agents.md by `benchmarks/agents.py`). After the
+runs it writes, from every finished run:
 - OUT/results.csv: one line per run (algorithm, env, config, topology, seed, steps, greedy return over
   10 episodes, mean return of the last 100 training episodes, wall time, env steps/s);
-- OUT/suite/ENV-ALGORITHM.png: the training return against env steps and against training wall
+- OUT/figures/ROW.png: the training return against env steps and against training wall
   time, mean and min-max over seeds, with the published figure as a line;
 - the Markdown table (docs/benchmarks/learning.md's), and rliable's IQM of the scores normalized by the published
   means, with stratified-bootstrap 95% confidence intervals, per group of rows
@@ -39,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from launch import fabric_run
+from launch import RESULTS, fabric_run
 from resumable import Run, curve, row_file, run_all, segments, training_return_of_last
 
 from rl.config import flag
@@ -216,7 +218,8 @@ def plan(rows: list[str], seeds: list[int] | None, out: Path) -> list[Run]:
             if seed in (seeds or ROWS[row].seeds):
                 name = run_name(row, seed)
                 command = functools.partial(ROWS[row].command, seed, name, out)
-                runs.append(Run(name, command, {"row": row, "seed": seed}))
+                first_seed = seed == (seeds or ROWS[row].seeds)[0]
+                runs.append(Run(name, command, {"row": row, "seed": seed}, keep_agent=first_seed))
     return runs
 
 
@@ -354,7 +357,7 @@ def figures(runs: list[Run], out: Path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    folder = out / "suite"
+    folder = out / "figures"
     folder.mkdir(parents=True, exist_ok=True)
     for name in dict.fromkeys(run.keys["row"] for run in runs):
         row = ROWS[name]
@@ -412,7 +415,7 @@ def main() -> None:
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="default: each row's own seeds")
     parser.add_argument("--parallel", type=int, default=2, help="runs side by side (one torch thread each)")
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
+    parser.add_argument("--out", type=Path, default=RESULTS / "suite")
     parser.add_argument("--report-only", action="store_true", help="write the results of the finished runs only")
     parser.add_argument("--dry-run", action="store_true", help="print each run's command and stop")
     parser.add_argument("--hyperparameters", action="store_true", help=f"write {HYPERPARAMETERS_PAGE} and stop")

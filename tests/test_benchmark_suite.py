@@ -4,6 +4,7 @@ stopped run resumes from its checkpoint, and the table reports every row."""
 import csv
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -207,9 +208,18 @@ def test_a_stopped_run_resumes_from_its_checkpoint_and_its_row_sums_the_launches
     segment, _ = resumable.launch_segment(resumable.Run("run", lambda: command(256), {}), tmp_path)
     assert segment["exit"] == 0 and segment["steps"] == 256
     assert not resumable.open_launch_file(tmp_path, "run").exists()  # a launch that ended is closed
-    (row,) = resumable.run_all([resumable.Run("run", lambda: command(512), {"row": "demo"})], tmp_path)
+    first_launch = resumable.curve(tmp_path, "run")
+    assert first_launch[0][-1] == 256 and resumable.curve_file(tmp_path, "run").exists()
+    for events in resumable.run_folder(tmp_path, "run").glob("events.*"):
+        events.unlink()  # the run goes on elsewhere: only its committed checkpoint and curve came along
+    run = resumable.Run("run", lambda: command(512), {"row": "demo"}, keep_agent=True)
+    (row,) = resumable.run_all([run], tmp_path)
     assert (row["row"], row["launches"], row["steps"]) == ("demo", 2, 512)
     assert not (resumable.run_folder(tmp_path, "run") / "checkpoints").exists()  # finished: never resumed again
+    assert resumable.agent_file(tmp_path, "run").stat().st_size > 0
+    shutil.rmtree(resumable.run_folder(tmp_path, "run"))  # run folders are not committed
+    steps, _, returns = resumable.curve(tmp_path, "run")
+    assert steps[: len(first_launch[0])] == first_launch[0] and steps[-1] == 512 and len(returns) == len(steps)
     assert resumable.run_all([resumable.Run("run", lambda: ["false"], {})], tmp_path) == [row]  # not launched again
 
 

@@ -1,7 +1,6 @@
 """The scaling study end to end on a tiny budget: real launched jobs, results, figures, resume."""
 
 import csv
-import json
 import subprocess
 import sys
 
@@ -30,10 +29,11 @@ def test_a_study_writes_one_row_per_run_its_figures_and_resumes_without_rerunnin
         assert float(row["env_steps_per_s"]) > 0 and float(row["wall_time_s"]) > 0
         assert float(row["efficiency"]) == round(float(row["speedup"]) / int(row["world_size"]), 3)
         assert row["oversubscribed"] == "False" and row["final_eval_return"] != ""
-    (stored,) = [row for row in json.loads((tmp_path / "results.json").read_text()) if row["mode"] == "decoupled"]
-    assert stored["curve"]["steps"][-1] == 3072 and len(stored["curve"]["returns"]) == len(stored["curve"]["steps"])
+    with open(tmp_path / "curves" / "decoupled-w2-s1.csv") as file:
+        curve = list(csv.DictReader(file))
+    assert int(curve[-1]["env_steps"]) == 3072 and all(line["episode_return"] for line in curve)
     for figure in ("return_vs_steps_per_process", "return_vs_total_steps", "return_vs_wall_time", "speedup"):
-        assert (tmp_path / f"{figure}.png").stat().st_size > 10_000, figure
+        assert (tmp_path / "figures" / f"{figure}.png").stat().st_size > 10_000, figure
     again = run_study(tmp_path)
     assert again.returncode == 0 and "5 runs, 5 already done" in again.stdout and "[1/" not in again.stdout
     other = [*STUDY[:-1], "6144", "--out", str(tmp_path)]  # the same folder, another step budget
