@@ -34,7 +34,7 @@ from pathlib import Path
 
 from launch import SUMMARY, run_in_folder
 
-from rl.elastic import newest_checkpoint
+from rl.checkpoint import newest_checkpoint
 from rl.logger import EPISODE_COUNT, EPISODE_LENGTH, EPISODE_RETURN
 
 EVALUATION = re.compile(r"evaluation over \d+ greedy episodes: return (-?[\d.]+) ± ([\d.]+)")

@@ -9,7 +9,7 @@ loading a file runs none of its code. `rl.evaluate` and `rl.export` load agents 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import gymnasium as gym
@@ -17,23 +17,22 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from rl.checkpoint import load_checkpoint, saved_algorithm
+from rl.checkpoint import SavedAgent, load_checkpoint, restored_agent
 from rl.envs import Preprocessing, env_observation_space, inspect_env, is_image_space, observations_tensor
 from rl.errors import UsageError
 from rl.normalization import ObservationNormalizer
 from rl.registry import ALGORITHMS
-from rl.run import restored_agent
 
 INTEGER_DTYPES = (np.int8, np.int16, np.int32, np.int64, np.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 EAGER_FLOAT32 = {"precision": "32-true", "compile": False}  # saved weights are float32 whatever the run's precision
 
 
-def restore_agent(state: dict, env_id: str) -> tuple[nn.Module, ObservationNormalizer, Preprocessing]:
+def restore_agent(state: SavedAgent, env_id: str) -> tuple[nn.Module, ObservationNormalizer, Preprocessing]:
     """The trained policy, rebuilt by the algorithm that trained it, its observation normalizer and
     the preprocessing of its observations."""
-    kind = ALGORITHMS[saved_algorithm(state)]
+    kind = ALGORITHMS[state.algorithm]
     fields = kind.config_type.__dataclass_fields__
-    saved = {key: value for key, value in state["config"].items() if key in fields}
+    saved = {key: value for key, value in state.config.items() if key in fields}
     # Inference makes its own envs; the training envs' vector mode need not exist for `env_id`.
     trained = kind.config_type(**saved | {"vector_mode": "sync"})
     spaces = inspect_env(env_id, trained.preprocessing())
@@ -143,8 +142,8 @@ def load_agent(path: str, device: str | torch.device = "cpu", env_id: str | None
     this program, or an env its policy does not fit.
     """
     state = load_checkpoint(str(path), flag=flag)
-    state = state | {"config": state["config"] | EAGER_FLOAT32}
-    env = env_id or state["env_id"]
+    state = replace(state, config=state.config | EAGER_FLOAT32)
+    env = env_id or state.env_id
     policy, normalizer, preprocessing = restore_agent(state, env)
     spaces = inspect_env(env, preprocessing)
     target = torch.device(device)

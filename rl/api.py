@@ -1,24 +1,28 @@
 """Training from Python: `rl.train(config)` and `rl.preset(name, **overrides)`.
 
-`train` runs the coupled mode in this process: alone, or in each rank of a script that
-`fabric run` or torchrun launched (every rank calls it with the same config). It takes the same
-config classes that the command line parses (`PPOConfig`, `SACConfig`), checks them as the
-command line does, and raises `UsageError` for bad input instead of exiting.
+`train` runs a mode in this process: coupled (alone, or in each rank of a script that `fabric
+run` or torchrun launched, every rank calling it with the same config), decoupled (in each rank
+of such a script), or Hogwild (its workers are started from here). It takes the same config
+classes that the command line parses (`PPOConfig`, `SACConfig`), checks them as the command line
+does, and raises `UsageError` for bad input instead of exiting. `callbacks` (`rl.Callback`) run
+on the training loop's events.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import fields
-from typing import Any
+from typing import Any, Literal
 
 from rl.algos.ppo.config import PPOConfig
 from rl.algos.sac.config import SACConfig
 from rl.cli import prepare_config
 from rl.config import RunConfig, preset_values
+from rl.loop import Callback
 from rl.modes.coupled import train_coupled
 from rl.run import TrainingResult
-from rl.runtime import FabricRuntime
+from rl.runtime import FabricRuntime, LocalRuntime
 
 CONFIG_TYPES: dict[str, type[RunConfig]] = {"ppo": PPOConfig, "sac": SACConfig}
 
@@ -36,12 +40,28 @@ def preset(name: str, **overrides: Any) -> RunConfig:
     return config
 
 
-def train(config: RunConfig) -> TrainingResult:
-    """Train `config` in this process (one rank of the job); its run folder, saved agent and closing evaluation."""
+def train(
+    config: RunConfig, callbacks: Sequence[Callback] = (), mode: Literal["coupled", "decoupled", "hogwild"] = "coupled"
+) -> TrainingResult | None:
+    """Train `config` in this process (one rank of the job); its run folder, saved agent and closing evaluation.
+
+    In decoupled mode the lead player (rank 0) returns them and the other roles None. Hogwild's
+    callbacks run in its workers, which start by pickling them: define their classes at a module's
+    top level."""
     cfg = copy.deepcopy(config)
     defaults = type(cfg)()
     cfg.fill_defaults(
         {field.name for field in fields(cfg) if getattr(cfg, field.name) != getattr(defaults, field.name)}
     )
+    if mode == "decoupled":
+        from rl.modes.decoupled import LOG_SUBDIR, train_decoupled
+
+        algorithm, world_size, resume = prepare_config(cfg, LOG_SUBDIR, "decoupled")
+        return train_decoupled(algorithm, world_size, resume, callbacks)
+    if mode == "hogwild":
+        from rl.modes.hogwild import train_hogwild
+
+        algorithm, _, resume = prepare_config(cfg, LocalRuntime.log_subdir, "hogwild")
+        return train_hogwild(algorithm, resume, callbacks)
     algorithm, world_size, resume = prepare_config(cfg, FabricRuntime.log_subdir)
-    return train_coupled(algorithm, FabricRuntime(algorithm.cfg, world_size), resume)
+    return train_coupled(algorithm, FabricRuntime(algorithm.cfg, world_size), resume, callbacks)

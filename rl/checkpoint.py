@@ -1,31 +1,192 @@
-"""Saved agents and training checkpoints as files: where they go, how they are written and checked.
+"""A run's saved state: the typed, versioned schema of its files, the run folder's layout, and how
+files are written, found, read and checked.
 
-A training checkpoint holds everything an uninterrupted run would still have in memory, so a
-resumed run continues exactly: the policy's weights, the learner's state (optimizers, target
-networks, counters), normalization statistics, the step and iteration counters, the config,
-and every acting rank's own state (its envs, their last observations, its random streams, a
-replay buffer with --save-buffer). Every value is a tensor or a plain Python value, so
-`torch.load(path, weights_only=True)` reads it; the envs travel as cloudpickle bytes inside a
-uint8 tensor (envs that cannot be restored from a pickle, such as Box2D ones, restart from
-fresh seeded resets on resume, which is then not bit-exact). `rl/run.py` assembles the contents.
+A saved agent (`RUN/agent.ckpt`, `SavedAgent`) holds what evaluation and export need: the
+algorithm, the policy's weights, the observation normalizer's statistics, the config and the env.
+A training checkpoint (`RUN/checkpoints/step_N.ckpt`, `TrainingCheckpoint`) adds everything an
+uninterrupted run would still have in memory, so that a resumed run continues exactly: the
+learner's state (optimizers, target networks), the counters, and every acting rank's own state
+(its envs, their last observations, its random streams, a replay buffer with --save-buffer).
+
+On disk a file is a dict of tensors and plain Python values, so `torch.load(path,
+weights_only=True)` reads it and runs none of its code; the envs travel as cloudpickle bytes
+inside a uint8 tensor (envs that cannot be restored from a pickle, such as Box2D ones, restart
+from fresh seeded resets on resume, which is then not bit-exact). Each file carries its schema
+version; files of an older version are migrated when read (`migrate`).
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from rl.algos.base import Algorithm, Learner
 from rl.config import RunConfig, flag
-from rl.errors import UsageError
+from rl.errors import UsageError, print_error
+from rl.experience import ExperienceSource
+from rl.normalization import ObservationNormalizer
+from rl.precision import float32_state
+from rl.seeds import env_seeds
 
 AGENT_FILENAME = "agent.ckpt"
 CHECKPOINT_DIR = "checkpoints"
-FORMAT = "fabric-rl/1"
+FORMAT = "fabric-rl"
+VERSION = 2
+FORMAT_V1 = "fabric-rl/1"  # version 1 named its version in its format string
+
+
+@dataclass(kw_only=True)
+class SavedAgent:
+    """A trained policy and what acting with it needs."""
+
+    algorithm: str  # the name it is registered under (rl.registry.ALGORITHMS)
+    policy: dict[str, Tensor]  # the policy's weights, in float32 whatever the run's precision
+    obs_normalizer: dict[str, Any]  # its statistics (empty where observations are not normalized)
+    config: dict[str, Any]  # the run's config, as `RunConfig.to_dict()` gives it
+    env_id: str
+    reward_scaler: dict[str, Any] | None = None  # training's reward scaling, which a resumed run continues
+    eval_return: float | None = None  # an evaluator's best agent: the mean greedy return that made it the best
+    eval_step: int | None = None  # and the env step it was evaluated at
+
+    def to_file(self) -> dict[str, Any]:
+        """The dict that `torch.save` writes."""
+        return {"format": FORMAT, "version": VERSION, **{f.name: getattr(self, f.name) for f in fields(self)}}
+
+
+@dataclass
+class Counters:
+    global_step: int  # env steps of every process together
+    iteration: int  # the last finished iteration (a rollout and its update)
+
+
+@dataclass
+class WorkerState:
+    """A Hogwild worker's own: its learner's state (its optimizer), its iteration and its env steps."""
+
+    learner: dict[str, Any]
+    iteration: int
+    frames: int
+
+
+@dataclass(kw_only=True)
+class TrainingCheckpoint(SavedAgent):
+    """A saved agent and what resuming its run needs."""
+
+    learner: dict[str, Any]  # the algorithm's learner state: optimizers, target networks, its own counters
+    counters: Counters
+    mode: str  # coupled, decoupled or hogwild
+    world_size: int  # the processes that wrote it (Hogwild: its workers)
+    rank_states: list[dict[str, Any]]  # one per rank that runs envs, in rank order
+    workers: list[WorkerState] | None = None  # Hogwild's per-worker learner states
+
+    def to_file(self) -> dict[str, Any]:
+        state = super().to_file()
+        state["counters"] = asdict(self.counters)
+        state["workers"] = None if self.workers is None else [asdict(worker) for worker in self.workers]
+        return state
+
+    def saved_agent(self) -> SavedAgent:
+        return SavedAgent(**{f.name: getattr(self, f.name) for f in fields(SavedAgent)})
+
+
+def saved_agent(algorithm: Algorithm, policy: nn.Module, obs_normalizer_state: dict[str, Any]) -> SavedAgent:
+    """The policy as a saved agent, loadable by `rl.load_agent` and `python -m rl.evaluate`."""
+    return SavedAgent(algorithm=algorithm.name, policy=float32_state(policy.state_dict()),
+                      obs_normalizer=obs_normalizer_state, config=algorithm.cfg.to_dict(),
+                      env_id=algorithm.spaces.env_id)  # fmt: skip
+
+
+def agent_of(algorithm: Algorithm, policy: nn.Module, source: ExperienceSource) -> SavedAgent:
+    """The saved agent of a rank that runs envs, with its reward scaling."""
+    agent = saved_agent(algorithm, policy, source.obs_normalizer.state_dict())
+    agent.reward_scaler = source.reward_scaler.state_dict()
+    return agent
+
+
+def training_checkpoint(
+    agent: SavedAgent, learner_state: dict[str, Any], counters: Counters, rank_states: list[dict[str, Any]],
+    mode: str, world_size: int, workers: list[WorkerState] | None = None,
+) -> TrainingCheckpoint:  # fmt: skip
+    """`rank_states` holds one entry per rank that runs envs: every rank when coupled, the players when decoupled."""
+    saved = {f.name: getattr(agent, f.name) for f in fields(SavedAgent)}
+    return TrainingCheckpoint(**saved, learner=float32_state(learner_state), counters=counters, mode=mode,
+                              world_size=world_size, rank_states=rank_states, workers=workers)  # fmt: skip
+
+
+def restored_agent(algorithm: Algorithm, agent: SavedAgent) -> tuple[nn.Module, ObservationNormalizer]:
+    """The policy and observation normalizer of a saved agent of this algorithm, on the CPU."""
+    policy = algorithm.build_policy(torch.device("cpu"))
+    policy.load_state_dict(agent.policy)
+    normalizer = algorithm.obs_normalizer(torch.device("cpu"))
+    normalizer.load_state_dict(agent.obs_normalizer)
+    return policy, normalizer
+
+
+def restore_run_state(
+    resume: TrainingCheckpoint, rank: int, policy: nn.Module, learner: Learner | None,
+    source: ExperienceSource | None, env_ranks: int | None = None,
+) -> None:  # fmt: skip
+    """Put what this rank holds back as the checkpoint left it.
+
+    After a change of world size (`env_ranks` ranks now run envs, not the checkpoint's), the
+    per-rank states no longer match any rank: every rank's envs restart from fresh resets,
+    reseeded from the iteration and the new world size, so no two ranks nor rounds share a seed.
+    """
+    policy.load_state_dict(resume.policy)
+    if learner is not None:
+        learner.load_state_dict(resume.learner)
+    if source is None:
+        return
+    source.obs_normalizer.load_state_dict(resume.obs_normalizer)
+    source.reward_scaler.load_state_dict(resume.reward_scaler)
+    iteration, saved_ranks = resume.counters.iteration + 1, len(resume.rank_states)
+    if env_ranks is not None and env_ranks != saved_ranks:
+        source.reset_envs(env_seeds(resume.config["seed"], rank, source.envs.num_envs, iteration, env_ranks))
+        if rank == 0:
+            print_error(f"warning: the checkpoint's {saved_ranks} ranks now run as {env_ranks}: every rank's envs "
+                        f"restart from fresh resets ({source.envs.num_envs} per rank), and no rank's own state "
+                        "(replay buffer, episode in progress) is restored")  # fmt: skip
+        return
+    fresh_seeds = env_seeds(resume.config["seed"], rank, source.envs.num_envs, iteration)
+    if not source.restore_state(resume.rank_states[rank], fresh_seeds):
+        print_error(f"warning: rank {rank}: these envs cannot be saved; they restart from fresh resets")
+
+
+def migrate(state: dict[str, Any]) -> dict[str, Any]:
+    """A file's dict in the current schema; a file of an older version is converted step by step."""
+    if state.get("format") == FORMAT_V1:
+        state = migrate_v1(state)
+    return state
+
+
+def migrate_v1(state: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 named the policy's weights `agent` and the last iteration `update`, left out the algorithm
+    in files written before SAC existed (PPO's), and kept an evaluator's best score as `step` and `eval_return`."""
+    migrated = {key: value for key, value in state.items() if key not in ("agent", "step")}
+    migrated |= {"format": FORMAT, "version": 2, "policy": state["agent"], "algorithm": state.get("algorithm", "ppo")}
+    if "step" in state:
+        migrated["eval_step"] = state["step"]
+    if "counters" in state:
+        counters = state["counters"]
+        migrated["counters"] = {"global_step": counters["global_step"], "iteration": counters["update"]}
+    return migrated
+
+
+def from_file(state: dict[str, Any]) -> SavedAgent:
+    """The typed contents of a file's dict of the current version."""
+    values = {key: value for key, value in state.items() if key not in ("format", "version")}
+    if "rank_states" not in values:
+        return SavedAgent(**values)
+    values["counters"] = Counters(**values["counters"])
+    if values.get("workers") is not None:
+        values["workers"] = [WorkerState(**worker) for worker in values["workers"]]
+    return TrainingCheckpoint(**values)
 
 
 def agent_path(run_dir: str) -> str:
@@ -65,17 +226,33 @@ def assert_finite(*modules: nn.Module) -> None:
         raise FloatingPointError("the agent's weights are not finite; nothing was saved")
 
 
-def load_checkpoint(path: str, flag: str = "--resume-from") -> dict[str, Any]:
-    """Read a checkpoint or saved agent; a missing, truncated or foreign file raises `UsageError`."""
+def load_checkpoint(path: str, flag: str = "--resume-from") -> SavedAgent:
+    """Read a saved agent or a training checkpoint (of any version); a missing, truncated or foreign file raises
+    `UsageError`."""
     if not os.path.isfile(path):
         raise UsageError(flag, f"no checkpoint at {path}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch.load raises many kinds for a file it cannot read; each is told as what it is
         raise UsageError(flag, unreadable(path, error)) from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise UsageError(flag, f"{path} is not a {FORMAT} checkpoint")
-    return state
+    if not isinstance(state, dict) or state.get("format") not in (FORMAT, FORMAT_V1):
+        raise UsageError(flag, f"{path} is not a checkpoint of this program")
+    state = migrate(state)
+    if state.get("version", 0) > VERSION:
+        raise UsageError(flag, f"{path} was written by a newer version of this program (checkpoint version "
+                               f"{state['version']}; this one reads up to {VERSION})")  # fmt: skip
+    return from_file(state)
+
+
+def write_file(path: str, saved: SavedAgent) -> None:
+    """Write a saved agent or checkpoint atomically, for a single writer such as the player."""
+    save_file_atomically(path, saved.to_file())
+
+
+def newest_checkpoint(run_dir: str) -> str | None:
+    """The newest complete checkpoint of a run: a file interrupted mid-write is still `*.tmp`, never `step_*.ckpt`."""
+    checkpoints = sorted((Path(run_dir) / CHECKPOINT_DIR).glob("step_*.ckpt"))
+    return str(checkpoints[-1]) if checkpoints else None
 
 
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format: a zip archive
@@ -98,20 +275,17 @@ def unreadable(path: str, error: Exception) -> str:
     return f"cannot read {path}: it is cut short or corrupt"
 
 
-def resumed_step(resume: dict[str, Any] | None) -> int:
+def resumed_step(resume: TrainingCheckpoint | None) -> int:
     """The env step a run starts from: its checkpoint's, or 0 for a fresh run."""
-    return resume["counters"]["global_step"] if resume else 0
-
-
-def saved_algorithm(state: dict[str, Any]) -> str:
-    return state.get("algorithm", "ppo")  # files written before SAC existed are PPO's
+    return resume.counters.global_step if resume else 0
 
 
 def check_resumable(
-    state: dict[str, Any], cfg: RunConfig, world_size: int | None, env_id: str, mode: str, algorithm: str,
+    state: SavedAgent, cfg: RunConfig, world_size: int | None, env_id: str, mode: str, algorithm: str,
     processes_flag: str = "--devices", finished_ok: bool = False,
-) -> None:  # fmt: skip
-    """A resumed run must keep what shapes its envs, networks and per-rank state.
+) -> TrainingCheckpoint:  # fmt: skip
+    """The checkpoint, if the run may resume from it: a resumed run must keep what shapes its envs, networks and
+    per-rank state.
 
     `finished_ok`: a checkpoint at the last step may be resumed (a restart after it was written
     only has the saved agent and the evaluation left to do).
@@ -119,14 +293,14 @@ def check_resumable(
     `world_size` None: any number of processes may resume it (torchrun's changing membership),
     each with its share of the per-rank fields, which are then checked as the shares they are.
     """
-    if "rank_states" not in state:
+    if not isinstance(state, TrainingCheckpoint):
         raise UsageError("--resume-from", "this file holds a saved agent, not a training checkpoint")
-    if saved_algorithm(state) != algorithm:
-        raise UsageError("--resume-from", f"this checkpoint was trained with {saved_algorithm(state)}, not {algorithm}")
-    if state["mode"] != mode:
-        raise UsageError("--resume-from", f"this checkpoint was written in {state['mode']} mode, not {mode} mode")
+    if state.algorithm != algorithm:
+        raise UsageError("--resume-from", f"this checkpoint was trained with {state.algorithm}, not {algorithm}")
+    if state.mode != mode:
+        raise UsageError("--resume-from", f"this checkpoint was written in {state.mode} mode, not {mode} mode")
     # a field newer than the checkpoint had its default then
-    saved = type(cfg)().to_dict() | state["config"] | {"env_id": state["env_id"]}
+    saved = type(cfg)().to_dict() | state.config | {"env_id": state.env_id}
     current = cfg.to_dict() | {"env_id": env_id}
     for field in cfg.IMMUTABLE:
         if world_size is None and field in cfg.PER_RANK:
@@ -135,15 +309,13 @@ def check_resumable(
             raise UsageError(
                 flag(field), f"the checkpoint was trained with {saved[field]!r}; it cannot change on resume"
             )
-    if world_size is not None and state["world_size"] != world_size:
-        raise UsageError(
-            processes_flag, f"the checkpoint was written by {processes(state['world_size'])}, not {world_size}"
-        )
-    if state["counters"]["global_step"] >= cfg.total_timesteps and not finished_ok:
-        raise UsageError(
-            "--total-timesteps",
-            f"the checkpoint is already at step {state['counters']['global_step']}; ask for more to resume",
-        )
+    if world_size is not None and state.world_size != world_size:
+        written_by = processes(state.world_size)
+        raise UsageError(processes_flag, f"the checkpoint was written by {written_by}, not {world_size}")
+    if state.counters.global_step >= cfg.total_timesteps and not finished_ok:
+        at = state.counters.global_step
+        raise UsageError("--total-timesteps", f"the checkpoint is already at step {at}; ask for more to resume")
+    return state
 
 
 def processes(count: int) -> str:

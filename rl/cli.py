@@ -12,7 +12,15 @@ from typing import Literal, NoReturn
 import torch
 
 from rl.algos.base import Algorithm
-from rl.checkpoint import CHECKPOINT_DIR, check_resumable, load_checkpoint, resumed_step
+from rl.checkpoint import (
+    CHECKPOINT_DIR,
+    SavedAgent,
+    TrainingCheckpoint,
+    check_resumable,
+    load_checkpoint,
+    newest_checkpoint,
+    resumed_step,
+)
 from rl.compiling import compile_failure
 from rl.config import (
     RunConfig,
@@ -28,7 +36,6 @@ from rl.elastic import (
     RepeatedFailure,
     begin_round,
     check_writable,
-    newest_checkpoint,
     record_fault,
     restart_count,
     under_torchelastic,
@@ -72,7 +79,9 @@ def flags_of(config_type: type[RunConfig]) -> set[str]:
     return {flag(field.name) for field in dataclasses.fields(config_type)}
 
 
-def prepare(argv: list[str], log_subdir: str, mode: Mode = "coupled") -> tuple[Algorithm, int, dict | None]:
+def prepare(
+    argv: list[str], log_subdir: str, mode: Mode = "coupled"
+) -> tuple[Algorithm, int, TrainingCheckpoint | None]:
     """The algorithm (config and env spaces), world size and checkpoint, all checked before any process group.
 
     Every rank runs this on the same input, so bad input stops every rank here, with the
@@ -85,12 +94,14 @@ def prepare(argv: list[str], log_subdir: str, mode: Mode = "coupled") -> tuple[A
     return prepare_config(cfg, log_subdir, mode)
 
 
-def prepare_config(cfg: RunConfig, log_subdir: str, mode: Mode = "coupled") -> tuple[Algorithm, int, dict | None]:
+def prepare_config(
+    cfg: RunConfig, log_subdir: str, mode: Mode = "coupled"
+) -> tuple[Algorithm, int, TrainingCheckpoint | None]:
     """`prepare` for a config already parsed (or built in Python: `rl.train`)."""
     world_size = cfg.workers if mode == "hogwild" else world_size_from_env()
-    resume, automatic = find_resume(cfg, log_subdir)
-    if resume is not None and under_torchelastic() and mode == "coupled":
-        keep_global_batch(cfg, resume, world_size)
+    found, automatic = find_resume(cfg, log_subdir)
+    if isinstance(found, TrainingCheckpoint) and under_torchelastic() and mode == "coupled":
+        keep_global_batch(cfg, found, world_size)
     gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     decoupled = mode == "decoupled"
     if decoupled:
@@ -112,11 +123,12 @@ def prepare_config(cfg: RunConfig, log_subdir: str, mode: Mode = "coupled") -> t
     env_processes_here = {"decoupled": cfg.num_players, "hogwild": world_size}.get(mode, local_world_size_from_env())
     acting_on_gpu = cfg.cuda and (not decoupled or cfg.player_on_gpu)
     algorithm.check_memory(env_ranks, env_processes_here, acting_on_gpu)
-    if resume is not None:
+    resume = None
+    if found is not None:
         processes_flag = "--workers" if mode == "hogwild" else "--devices"
         new_world_allowed = under_torchelastic() and mode == "coupled"
-        check_resumable(resume, cfg, None if new_world_allowed else world_size, spaces.env_id, mode, algorithm.name,
-                        processes_flag, finished_ok=automatic)  # fmt: skip
+        resume = check_resumable(found, cfg, None if new_world_allowed else world_size, spaces.env_id, mode,
+                                 algorithm.name, processes_flag, finished_ok=automatic)  # fmt: skip
         say_precision_change(resume, cfg)
     run_dir = fixed_run_dir(cfg, log_subdir)
     # the run's own checkpoint folder where it is known now; else the folder its run folder will go into
@@ -140,7 +152,7 @@ def write_resolved_config(cfg: RunConfig, path: str) -> NoReturn:
     raise SystemExit(0)
 
 
-def find_resume(cfg: RunConfig, log_subdir: str) -> tuple[dict | None, bool]:
+def find_resume(cfg: RunConfig, log_subdir: str) -> tuple[SavedAgent | None, bool]:
     """The checkpoint to resume from, read on every rank now, so a bad file stops all before any collective,
     and whether the run found it itself (rather than by --resume-from).
 
@@ -182,20 +194,20 @@ def preset_hint(cfg: RunConfig, spaces: EnvSpaces) -> str | None:
             f"{spaces.env_id} (give --env-id with it); {defaults}")  # fmt: skip
 
 
-def say_precision_change(resume: dict, cfg: RunConfig) -> None:
+def say_precision_change(resume: SavedAgent, cfg: RunConfig) -> None:
     """A checkpoint is float32 whatever its precision, so any precision resumes it; say when it changes."""
-    saved = resume["config"].get("precision", DEFAULT_PRECISION)
+    saved = resume.config.get("precision", DEFAULT_PRECISION)
     if saved != cfg.precision and int(os.environ.get("RANK", "0")) == 0:
         print(f"resuming a {saved} checkpoint at --precision {cfg.precision}: the weights and optimizer state "
               "carry over; the numerics of the steps ahead change", flush=True)  # fmt: skip
 
 
-def keep_global_batch(cfg: RunConfig, resume: dict, world_size: int) -> None:
+def keep_global_batch(cfg: RunConfig, resume: TrainingCheckpoint, world_size: int) -> None:
     """Resuming at another world size under torchrun: each rank takes its share of the checkpoint's global
     envs and batch, so the learning sees the same global batch whatever the number of ranks."""
-    saved_world = resume["world_size"]
+    saved_world = resume.world_size
     for name in cfg.PER_RANK:
-        total = resume["config"][name] * saved_world
+        total = resume.config[name] * saved_world
         if total % world_size:
             raise UsageError(flag(name), f"the checkpoint's {saved_world} ranks ran {total} in all, which "
                              f"{world_size} ranks cannot share evenly")  # fmt: skip

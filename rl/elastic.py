@@ -117,12 +117,6 @@ def agree_on_round(store: dist.Store, rank: int, world_size: int, timeout_second
 # --- The job's run folder and its newest complete checkpoint ------------------------------------
 
 
-def newest_checkpoint(run_dir: str) -> str | None:
-    """The newest complete checkpoint of a run: a file interrupted mid-write is still `*.tmp`, never `step_*.ckpt`."""
-    checkpoints = sorted((Path(run_dir) / "checkpoints").glob("step_*.ckpt"))
-    return str(checkpoints[-1]) if checkpoints else None
-
-
 def check_writable(folder: str, flag: str) -> None:
     """Create `folder` and write a file into it, or raise `UsageError`: found at start, not at the first checkpoint."""
     probe = os.path.join(folder, f".write_test_{os.getpid()}")

@@ -1,16 +1,28 @@
-"""Greedy evaluation on fresh environments."""
+"""Greedy evaluation on fresh environments: the closing evaluation of a run, and the periodic one of
+`--eval-every`."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from rl.envs import ATARI_PREPROCESSING, Preprocessing, is_image_space, make_vector_env, observations_tensor
+from rl.config import RunConfig
+from rl.envs import (
+    ATARI_PREPROCESSING,
+    Preprocessing,
+    is_image_space,
+    make_vector_env,
+    observations_tensor,
+    video_folder,
+)
 from rl.experience import Policy
+from rl.loop import checkpoint_due
 from rl.normalization import ObservationNormalizer
+from rl.run import Run
 from rl.seeds import EVAL_STREAM, derive_seed
 
 
@@ -75,3 +87,75 @@ def _stepper(
         return action
 
     return act
+
+
+def greedy_returns(
+    cfg: RunConfig, env_id: str, policy: nn.Module, obs_normalizer: ObservationNormalizer, video_dir: str | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Returns and lengths of --eval-episodes greedy episodes, on the policy's device."""
+    device = next(policy.parameters()).device
+    return evaluate_greedy(policy, env_id, cfg.eval_episodes, cfg.seed, obs_normalizer, device, video_dir,
+                           preprocessing=cfg.preprocessing())  # fmt: skip
+
+
+def report_evaluation(
+    cfg: RunConfig,
+    env_id: str,
+    policy: nn.Module,
+    obs_normalizer: ObservationNormalizer,
+    run: Run,
+    global_step: int,
+) -> dict[str, float] | None:
+    """The closing evaluation's `Test/` scalars, logged and printed (None with --eval-episodes 0)."""
+    if cfg.eval_episodes == 0:
+        return None
+    video_dir = video_folder(run.dir, "test", f"step_{global_step}") if cfg.capture_video else None
+    returns, lengths = greedy_returns(cfg, env_id, policy, obs_normalizer, video_dir)
+    summary = {
+        "Test/return_mean": float(np.mean(returns)),
+        "Test/return_std": float(np.std(returns)),
+        "Test/length_mean": float(np.mean(lengths)),
+    }
+    run.sink.log_scalars(summary, global_step)
+    print(
+        f"evaluation over {cfg.eval_episodes} greedy episodes: return "
+        f"{summary['Test/return_mean']:.2f} ± {summary['Test/return_std']:.2f}, "
+        f"length {summary['Test/length_mean']:.1f}",
+        flush=True,
+    )
+    return summary
+
+
+class PeriodicEvaluation:
+    """`--eval-every`: greedy episodes during training, on the main process, logged as Eval/ scalars (the
+    training loop stops at --stop-at-return).
+
+    The time it takes is kept apart (`seconds`), so that the loop's env steps/s measure training.
+    """
+
+    def __init__(self, cfg: RunConfig, env_id: str, run: Run, is_main: bool, start_step: int) -> None:
+        self.cfg, self.env_id, self.run, self.is_main = cfg, env_id, run, is_main
+        self.last_step, self.seconds = start_step, 0.0
+
+    def evaluate(self, policy: nn.Module, obs_normalizer: ObservationNormalizer, global_step: int) -> dict | None:
+        """Evaluate if an --eval-every boundary has passed since the last call (main process only): the `Eval/`
+        scalars logged, else None."""
+        due = checkpoint_due(self.cfg.eval_every, global_step, global_step - self.last_step)
+        self.last_step = global_step
+        if not (due and self.is_main):
+            return None
+        started = time.perf_counter()
+        returns, lengths = greedy_returns(self.cfg, self.env_id, policy, obs_normalizer)
+        self.seconds += time.perf_counter() - started
+        scalars = {
+            "Eval/return_mean": float(np.mean(returns)),
+            "Eval/return_std": float(np.std(returns)),
+            "Eval/length_mean": float(np.mean(lengths)),
+        }
+        self.run.sink.log_scalars(scalars, global_step)
+        print(
+            f"step {global_step}: greedy return {scalars['Eval/return_mean']:.2f} ± {scalars['Eval/return_std']:.2f} "
+            f"over {len(returns)} episodes",
+            flush=True,
+        )
+        return scalars

@@ -37,7 +37,7 @@ def test_a_script_that_calls_train_in_each_rank_trains_as_the_command_line_does(
     assert from_python.returncode == 0, from_python.stderr[-3000:]
     assert from_command_line.returncode == 0, from_command_line.stderr[-3000:]
     assert from_python.stdout.count("agent: ") == 2  # every rank's train() returned
-    api, cli = (load_agent(run_dir(tmp_path / name, "fabric"))["agent"] for name in ("api", "cli"))
+    api, cli = (load_agent(run_dir(tmp_path / name, "fabric"))["policy"] for name in ("api", "cli"))
     assert all(torch.equal(api[name], cli[name]) for name in cli)
 
 
@@ -87,6 +87,17 @@ def test_the_getting_started_walk_through_runs(tmp_path):
     finished = run_ranks("python", script, [], tmp_path)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "'Test/return_mean'" in finished.stdout
+
+
+def test_the_callback_example_stops_the_run_when_asked(tmp_path):
+    page = (Path(__file__).resolve().parents[1] / "docs" / "index.md").read_text()
+    code = re.search(r"### Callbacks.*?```python\n(.*?)```", page, re.S).group(1)
+    assert ">= 475" in code and "50_000" in code
+    script = tmp_path / "callback.py"
+    script.write_text(code.replace(">= 475", ">= 0"))  # met at the first report that has an episode
+    finished = run_ranks("python", script, [], tmp_path)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert int(finished.stdout.strip().splitlines()[-1]) < 50_000
 
 
 def test_dict_observations_of_vectors_train_flattened_and_the_agent_takes_them_as_the_env_gives_them(tmp_path):

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import (
@@ -71,8 +72,8 @@ def runs(tmp_path_factory):
 
 @pytest.mark.parametrize("resumed", ["fabric-resumed", "torch-resumed", "fabric-to-torch"])
 def test_resuming_equals_an_uninterrupted_run(runs, resumed):
-    full = load_agent(runs["full"])["agent"]
-    continued = load_agent(runs[resumed])["agent"]
+    full = load_agent(runs["full"])["policy"]
+    continued = load_agent(runs[resumed])["policy"]
     assert all(torch.equal(full[name], continued[name]) for name in full)
     full_losses = all_scalars(runs["full"], "Loss/policy_loss")
     assert sorted(full_losses) == [512 * k for k in range(1, 9)]
@@ -83,10 +84,10 @@ def test_checkpoints_are_written_every_n_steps_and_the_last_ones_kept(runs):
     saved = sorted((runs["full"] / "checkpoints").glob("step_*.ckpt"))
     assert [path.name for path in saved] == ["step_000000003072.ckpt", "step_000000004096.ckpt"]
     state = torch.load(saved[-1], weights_only=True)
-    assert state["counters"] == {"global_step": 4096, "update": 8}
+    assert state["counters"] == {"global_step": 4096, "iteration": 8}
     assert state["learner"]["epoch"] == 16 and state["learner"]["optimizer"]["state"]  # the schedule, Adam's moments
     assert state["world_size"] == 2 and len(state["rank_states"]) == 2 and state["algorithm"] == "ppo"
-    assert {"agent", "learner", "obs_normalizer", "reward_scaler", "config"} <= set(state)
+    assert {"policy", "learner", "obs_normalizer", "reward_scaler", "config", "version"} <= set(state)
     assert all(rank["envs"] is not None for rank in state["rank_states"])
 
 
@@ -125,11 +126,13 @@ def bad_files(runs, folder: Path) -> dict[str, Path]:
     (folder / "truncated.ckpt").write_bytes(good[: len(good) // 2])
     torch.save({"weights": torch.zeros(3)}, folder / "foreign.ckpt")
     torch.save({"format": "fabric-rl/1", "code": collections.OrderedDict, "callback": print}, folder / "code.ckpt")
+    torch.save({"format": "fabric-rl", "version": 99, "policy": {}}, folder / "newer.ckpt")
     return {
         "garbage": folder / "garbage.ckpt",
         "truncated": folder / "truncated.ckpt",
         "foreign": folder / "foreign.ckpt",
         "holds code": folder / "code.ckpt",
+        "newer": folder / "newer.ckpt",
         "saved agent": runs["fabric-half"] / "agent.ckpt",
         "missing": folder / "nothing-here.ckpt",
     }
@@ -138,8 +141,9 @@ def bad_files(runs, folder: Path) -> dict[str, Path]:
 BAD_FILE_LINES = {
     "garbage": "is not a checkpoint: torch.save did not write it",
     "truncated": "it is cut short or corrupt",
-    "foreign": "is not a fabric-rl/1 checkpoint",
+    "foreign": "is not a checkpoint of this program",
     "holds code": "holds Python objects (classes or code) that a weights-only read refuses to run",
+    "newer": "was written by a newer version of this program (checkpoint version 99; this one reads up to 2)",
     "saved agent": "this file holds a saved agent, not a training checkpoint",
     "missing": "no checkpoint at",
 }
@@ -164,7 +168,7 @@ def test_a_non_finite_loss_stops_training_without_a_nan_checkpoint(tmp_path):
     assert not (run_dir(tmp_path, "fabric") / "agent.ckpt").exists()
     for path in checkpoints(tmp_path):
         state = torch.load(path, weights_only=True)
-        assert all(torch.isfinite(tensor).all() for tensor in state["agent"].values()), path
+        assert all(torch.isfinite(tensor).all() for tensor in state["policy"].values()), path
 
 
 def wait_for(predicate, seconds: float) -> None:
@@ -281,8 +285,8 @@ def test_decoupled_resume_equals_an_uninterrupted_run(tmp_path):
     resumed = run_ranks("fabric run", SCRIPTS["decoupled"], [*args, "--total-timesteps", "2048", "--resume-from",
                                                            str(saved[-1])], tmp_path / "part", nproc=3)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    whole = load_agent(run_dir(tmp_path / "full", "decoupled"))["agent"]
-    continued = load_agent(run_dir(tmp_path / "part", "decoupled"))["agent"]
+    whole = load_agent(run_dir(tmp_path / "full", "decoupled"))["policy"]
+    continued = load_agent(run_dir(tmp_path / "part", "decoupled"))["policy"]
     assert all(torch.equal(whole[name], continued[name]) for name in whole)
 
 
@@ -335,3 +339,46 @@ def test_a_file_that_cannot_be_opened_is_not_called_corrupt(tmp_path):
     path = str(tmp_path / "step_1.ckpt")
     told = unreadable(path, PermissionError(13, "Permission denied"))
     assert told == f"cannot read {path}: Permission denied"  # the file was never read, so nothing is said of it
+
+
+# Written by the program before checkpoints had a schema version (version 1): PPO on CartPole-v1, 2 envs x 64 steps,
+# seed 3, stopped at step 512, and its saved agent.
+VERSION_1 = Path(__file__).parent / "data" / "checkpoint-v1"
+
+
+def test_a_version_1_checkpoint_is_migrated_as_it_is_read():
+    from rl.checkpoint import VERSION, TrainingCheckpoint, load_checkpoint
+
+    path = VERSION_1 / "checkpoints" / "step_000000000512.ckpt"
+    raw = torch.load(path, weights_only=True)
+    loaded = load_checkpoint(str(path))
+    assert isinstance(loaded, TrainingCheckpoint) and raw["format"] == "fabric-rl/1" and VERSION == 2
+    assert (loaded.algorithm, loaded.mode, loaded.world_size, loaded.env_id) == ("ppo", "coupled", 1, "CartPole-v1")
+    assert (loaded.counters.global_step, loaded.counters.iteration) == (512, raw["counters"]["update"])
+    assert loaded.policy.keys() == raw["agent"].keys()
+    assert all(torch.equal(loaded.policy[name], tensor) for name, tensor in raw["agent"].items())
+    assert loaded.learner.keys() == raw["learner"].keys() and len(loaded.rank_states) == 1
+
+
+def test_a_version_1_checkpoint_resumes_and_its_run_goes_on_in_the_current_version(tmp_path):
+    run = tmp_path / "v1"
+    shutil.copytree(VERSION_1, run)
+    flags = ["--num-envs", "2", "--num-steps", "64", "--seed", "3", "--total-timesteps", "1024", "--no-progress-bar",
+             "--eval-episodes", "1", "--resume-from", str(run / "checkpoints" / "step_000000000512.ckpt")]  # fmt: skip
+    finished = run_ranks("python", SCRIPTS["fabric"], flags, tmp_path)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert "training loop: 512 steps" in finished.stdout  # from step 512 on
+    written = torch.load(run / "checkpoints" / "step_000000001024.ckpt", weights_only=True)
+    assert (written["format"], written["version"], written["counters"]) == (
+        "fabric-rl",
+        2,
+        {"global_step": 1024, "iteration": 8},
+    )
+
+
+def test_a_version_1_saved_agent_acts():
+    import rl
+
+    agent = rl.load_agent(str(VERSION_1 / "agent.ckpt"))
+    action, state = agent.predict(np.zeros(4, dtype=np.float32))
+    assert action.shape == () and int(action) in (0, 1) and state is None

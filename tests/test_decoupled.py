@@ -67,7 +67,7 @@ def test_player_and_trainers_run_both_data_paths(tmp_path, nproc, args):
     lags = [lag for _, lag in scalars["Info/policy_lag"]]
     assert lags == ([0.0] + [1.0] * 7 if "--pipeline" in args else [0.0] * 8)
     assert "evaluation over 2 greedy episodes" in finished.stdout
-    assert "agent" in load_agent(directory)
+    assert "policy" in load_agent(directory)
 
 
 def test_trainers_with_a_target_kl_stop_together_at_the_same_minibatch(tmp_path):
@@ -96,7 +96,7 @@ def test_two_players_feed_every_update_with_both_rollouts_as_coupled_ranks_do(tm
     )
     assert coupled.returncode == 0 and decoupled.returncode == 0, decoupled.stderr[-3000:]
     coupled_dir, decoupled_dir = run_dir(tmp_path / "coupled", "fabric"), run_dir(tmp_path / "decoupled", "decoupled")
-    coupled_agent, decoupled_agent = load_agent(coupled_dir)["agent"], load_agent(decoupled_dir)["agent"]
+    coupled_agent, decoupled_agent = load_agent(coupled_dir)["policy"], load_agent(decoupled_dir)["policy"]
     assert all(torch.equal(coupled_agent[name], decoupled_agent[name]) for name in coupled_agent)
     for tag in ("Loss/policy_loss", "Loss/value_loss", "Loss/entropy", "Rewards/rew_avg"):  # episodes: all players'
         assert read_scalars(coupled_dir)[tag] == read_scalars(decoupled_dir)[tag], tag
@@ -199,12 +199,12 @@ def test_the_evaluator_keeps_the_best_agent_and_never_changes_training(tmp_path)
     evaluated = run_ranks("fabric run", SCRIPTS["decoupled"], [*args, "--evaluator"], tmp_path / "evaluated", nproc=3)
     assert alone.returncode == 0 and evaluated.returncode == 0, evaluated.stderr[-3000:]
     alone_dir, evaluated_dir = run_dir(tmp_path / "alone", "decoupled"), run_dir(tmp_path / "evaluated", "decoupled")
-    trained, with_evaluator = load_agent(alone_dir)["agent"], load_agent(evaluated_dir)["agent"]
+    trained, with_evaluator = load_agent(alone_dir)["policy"], load_agent(evaluated_dir)["policy"]
     assert all(torch.equal(trained[name], with_evaluator[name]) for name in trained)  # nobody waited on it
     evaluations = all_scalars(evaluated_dir, "Eval/return_mean")
     assert len(evaluations) >= 2 and max(evaluations) == 4096  # the final weights are always evaluated
     best = torch.load(evaluated_dir / "best.ckpt", weights_only=True)
-    assert best["eval_return"] == max(evaluations.values()) and evaluations[best["step"]] == best["eval_return"]
+    assert best["eval_return"] == max(evaluations.values()) and evaluations[best["eval_step"]] == best["eval_return"]
     assert list(all_scalars(evaluated_dir, "Eval/best_return").values())[-1] == best["eval_return"]
     assert all_scalars(evaluated_dir, "Eval/return_std").keys() == evaluations.keys()
     seconds = [value for _, value in sorted(all_scalars(evaluated_dir, "Eval/seconds").items())]

@@ -57,9 +57,9 @@ def test_fabric_and_torchrun_give_identical_losses_and_parameters(fabric_and_tor
     _, runs = fabric_and_torch_runs
     fabric_dir, torch_dir = run_dir(runs["fabric"][0], "fabric"), run_dir(runs["torch"][0], "torch")
     fabric_agent, torch_agent = load_agent(fabric_dir), load_agent(torch_dir)
-    assert fabric_agent["agent"].keys() == torch_agent["agent"].keys()
-    for name, tensor in fabric_agent["agent"].items():
-        assert torch.equal(tensor, torch_agent["agent"][name]), name
+    assert fabric_agent["policy"].keys() == torch_agent["policy"].keys()
+    for name, tensor in fabric_agent["policy"].items():
+        assert torch.equal(tensor, torch_agent["policy"][name]), name
     fabric_scalars, torch_scalars = read_scalars(fabric_dir), read_scalars(torch_dir)
     for tag in ("Loss/policy_loss", "Loss/value_loss", "Loss/entropy", "Loss/approx_kl", "Rewards/rew_avg"):
         assert fabric_scalars[tag] == torch_scalars[tag], tag
@@ -103,7 +103,7 @@ def test_same_seed_same_result_on_cpu(tmp_path):
         cwd.mkdir()
         finished = run_ranks("python", SCRIPTS["fabric"], args, cwd)
         assert finished.returncode == 0, finished.stderr[-3000:]
-        agents.append(load_agent(run_dir(cwd, "fabric"))["agent"])
+        agents.append(load_agent(run_dir(cwd, "fabric"))["policy"])
         losses.append(read_scalars(run_dir(cwd, "fabric"))["Loss/policy_loss"])
     assert losses[0] == losses[1]
     assert all(torch.equal(agents[0][name], agents[1][name]) for name in agents[0])
@@ -163,5 +163,5 @@ def test_a_target_kl_stops_every_rank_at_the_same_minibatch_and_fabric_and_torch
     assert all(value == int(value) for _, value in stops + scalars["fabric"]["Info/kl_stop_epoch"])
     for tag in ("Info/kl_stop_epoch", "Info/kl_stop_minibatch", "Loss/policy_loss", "Loss/approx_kl"):
         assert scalars["fabric"][tag] == scalars["torch"][tag], tag
-    fabric_agent, torch_agent = (load_agent(run_dir(tmp_path / mode, mode))["agent"] for mode in ("fabric", "torch"))
+    fabric_agent, torch_agent = (load_agent(run_dir(tmp_path / mode, mode))["policy"] for mode in ("fabric", "torch"))
     assert all(torch.equal(fabric_agent[name], torch_agent[name]) for name in fabric_agent)

@@ -134,7 +134,7 @@ def test_a_run_killed_at_random_resumes_by_itself_to_the_weights_of_an_unkilled_
     assert all(f"lost {names[victim]}: its process ended" in line
                for victim, line in zip(killed, restarts, strict=True)), (killed, restarts)  # fmt: skip
     (folder,) = killed_dir.glob("logs/*/*")  # one run folder for the whole job
-    want, got = load_agent(run_dir(reference, mode))["agent"], load_agent(folder)["agent"]
+    want, got = load_agent(run_dir(reference, mode))["policy"], load_agent(folder)["policy"]
     for name in want:
         assert torch.equal(want[name], got[name]), name
     scalars = read_scalars(folder)

@@ -66,8 +66,8 @@ def observations(env_id: str, preprocessing, count: int = 16) -> np.ndarray:
 
 def checkpoint_actions(checkpoint: Path, obs: np.ndarray) -> np.ndarray:
     state = load_checkpoint(str(checkpoint))
-    agent, normalizer, preprocessing = restore_agent(state, state["env_id"])
-    space = inspect_env(state["env_id"], preprocessing).action_space
+    agent, normalizer, preprocessing = restore_agent(state, state.env_id)
+    space = inspect_env(state.env_id, preprocessing).action_space
     pixels = obs.dtype == np.uint8
     actions = agent.greedy_action(normalizer(observations_tensor(obs, pixels, torch.device("cpu")))).numpy()
     return np.clip(actions, space.low, space.high) if isinstance(space, gym.spaces.Box) else actions
@@ -92,7 +92,7 @@ def acted(agents, tmp_path_factory) -> dict[tuple[str, str], tuple[np.ndarray, n
     expected, triples = {}, []
     for name in AGENTS:
         state = load_checkpoint(str(agents[name]))
-        obs = observations(state["env_id"], restore_agent(state, state["env_id"])[2])
+        obs = observations(state.env_id, restore_agent(state, state.env_id)[2])
         np.save(folder / f"{name}.npy", obs.astype(np.float32) if obs.dtype != np.uint8 else obs)
         expected[name] = checkpoint_actions(agents[name], obs)
         for fmt in FORMATS:

@@ -134,8 +134,8 @@ def test_truncated_steps_carry_the_value_of_the_final_observation():
 
 def test_box2d_envs_restart_from_fresh_resets_on_resume(capsys):
     from rl.algos.ppo.config import PPOConfig
+    from rl.checkpoint import Counters, TrainingCheckpoint, restore_run_state
     from rl.envs import make_vector_env
-    from rl.run import restore_run_state
 
     agent, collector = make_collector(make_vector_env("LunarLander-v3", 2), num_steps=8)
     collector.collect(agent)
@@ -144,9 +144,19 @@ def test_box2d_envs_restart_from_fresh_resets_on_resume(capsys):
     assert collector.restore_state(state, fresh_seeds=[5, 6]) is False
     rollout, _ = collect(collector, agent)  # the fresh envs run
     assert rollout.obs.shape == (8, 2, 8)
-    resume = {"agent": agent.state_dict(), "obs_normalizer": collector.obs_normalizer.state_dict(),
-              "reward_scaler": collector.reward_scaler.state_dict(), "counters": {"update": 3},
-              "config": PPOConfig(num_envs=2).to_dict(), "rank_states": [None, state]}  # fmt: skip
+    resume = TrainingCheckpoint(
+        algorithm="ppo",
+        policy=agent.state_dict(),
+        obs_normalizer=collector.obs_normalizer.state_dict(),
+        config=PPOConfig(num_envs=2).to_dict(),
+        env_id="LunarLander-v3",
+        reward_scaler=collector.reward_scaler.state_dict(),
+        learner={},
+        counters=Counters(0, 3),
+        mode="coupled",
+        world_size=2,
+        rank_states=[{}, state],
+    )
     restore_run_state(resume, 1, agent, None, collector)
     assert "warning: rank 1: these envs cannot be saved" in capsys.readouterr().err
 

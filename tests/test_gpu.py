@@ -35,8 +35,8 @@ def test_fabric_and_torchrun_agree_on_a_gpu(tmp_path, precision):
         finished = launch_on_gpu(launcher, mode, args, tmp_path / mode)
         assert finished.returncode == 0, finished.stderr[-3000:]
         runs[mode] = load_agent(run_dir(tmp_path / mode, mode))
-    for name, tensor in runs["fabric"]["agent"].items():
-        torch.testing.assert_close(tensor, runs["torch"]["agent"][name], rtol=0, atol=0, msg=name)
+    for name, tensor in runs["fabric"]["policy"].items():
+        torch.testing.assert_close(tensor, runs["torch"]["policy"][name], rtol=0, atol=0, msg=name)
 
 
 @pytest.mark.parametrize("algorithm", ["ppo", "sac"])
@@ -50,7 +50,7 @@ def test_each_precision_trains_checkpoints_in_float32_and_resumes_at_another(tmp
     checkpoint = sorted(glob.glob(str(folder / "checkpoints" / "step_*.ckpt")))[0]
     saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
     assert saved["config"]["precision"] == precision
-    assert all(tensor.dtype == torch.float32 for tensor in saved["agent"].values())
+    assert all(tensor.dtype == torch.float32 for tensor in saved["policy"].values())
     resumed = launch_on_gpu("fabric run", "fabric", [*args, "--precision", "32-true", "--resume-from", checkpoint],
                             tmp_path)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -133,8 +133,8 @@ def test_a_resumed_gsde_run_equals_an_uninterrupted_one(tmp_path, algorithm, arg
     resumed = run_ranks("fabric run", SCRIPTS["fabric"], [*args, "--total-timesteps", str(steps), "--resume-from",
                                                         str(checkpoint)], tmp_path / "half")  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    uninterrupted = load_agent(run_dir(tmp_path / "whole", "fabric"))["agent"]
-    continued = load_agent(run_dir(tmp_path / "half", "fabric"))["agent"]
+    uninterrupted = load_agent(run_dir(tmp_path / "whole", "fabric"))["policy"]
+    continued = load_agent(run_dir(tmp_path / "half", "fabric"))["policy"]
     assert any(name.endswith("log_std") and tensor.dim() == 2 for name, tensor in continued.items())  # gSDE's
     assert all(torch.equal(uninterrupted[name], continued[name]) for name in uninterrupted)
 
@@ -154,4 +154,4 @@ def test_gsde_trains_in_the_decoupled_and_hogwild_modes(tmp_path, script, args, 
     finished = run_ranks(launcher, SCRIPTS[script], args, tmp_path, nproc=nproc)
     assert finished.returncode == 0, finished.stderr[-3000:]
     agent = load_agent(run_dir(tmp_path, script))
-    assert agent["config"]["use_sde"] and any(name.endswith("log_std") for name in agent["agent"])
+    assert agent["config"]["use_sde"] and any(name.endswith("log_std") for name in agent["policy"])

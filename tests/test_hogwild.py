@@ -22,7 +22,7 @@ SAC_SHORT = ["sac", "--env-id", "Pendulum-v1", "--total-timesteps", "600", "--le
 
 
 def agent_weights(folder) -> dict[str, torch.Tensor]:
-    return load_agent(folder)["agent"]
+    return load_agent(folder)["policy"]
 
 
 @pytest.mark.parametrize("args", [PPO_SHORT, SAC_SHORT], ids=["ppo", "sac"])

@@ -52,8 +52,8 @@ def test_two_nodes_train_exactly_as_two_processes_on_one_machine(tmp_path, launc
     assert single.returncode == 0, single.stderr[-3000:]
     across_nodes, on_one_machine = load_agent(run_dir(nodes_dir, mode)), load_agent(run_dir(single_dir, mode))
     assert across_nodes["config"]["total_timesteps"] == on_one_machine["config"]["total_timesteps"]
-    for name, tensor in on_one_machine["agent"].items():
-        assert torch.equal(across_nodes["agent"][name], tensor), name
+    for name, tensor in on_one_machine["policy"].items():
+        assert torch.equal(across_nodes["policy"][name], tensor), name
 
 
 def test_a_rank_killed_on_another_node_is_named_by_the_survivor(tmp_path):

@@ -264,7 +264,7 @@ def test_one_decoupled_trainer_sharing_data_equals_one_coupled_process_on_pixels
     decoupled = run_ranks("fabric run", SCRIPTS["decoupled"], args, tmp_path / "decoupled", nproc=2)
     assert coupled.returncode == 0 and decoupled.returncode == 0, (coupled.stderr + decoupled.stderr)[-3000:]
     coupled_dir, decoupled_dir = run_dir(tmp_path / "coupled", "fabric"), run_dir(tmp_path / "decoupled", "decoupled")
-    coupled_agent, decoupled_agent = load_agent(coupled_dir)["agent"], load_agent(decoupled_dir)["agent"]
+    coupled_agent, decoupled_agent = load_agent(coupled_dir)["policy"], load_agent(decoupled_dir)["policy"]
     assert any(name.startswith("encoder.convs") for name in coupled_agent)
     assert all(torch.equal(coupled_agent[name], decoupled_agent[name]) for name in coupled_agent)
     for tag in tags:

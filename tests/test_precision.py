@@ -190,14 +190,14 @@ def test_a_checkpoint_is_float32_resumes_exactly_and_at_another_precision(tmp_pa
     assert first["config"]["precision"] == precision
     floats = [t for t in flatten(first) if isinstance(t, torch.Tensor) and t.is_floating_point()]
     assert floats and not any(t.dtype in (torch.bfloat16, torch.float16) for t in floats)
-    assert all(t.dtype == torch.float32 for t in first["agent"].values())
+    assert all(t.dtype == torch.float32 for t in first["policy"].values())
 
     os.remove(folder / "agent.ckpt")
     resumed = run_ranks("python", SCRIPTS["fabric"], [*args, "--resume-from", checkpoints[0]], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming a" not in resumed.stdout  # the same precision: nothing to say
-    for name, tensor in uninterrupted["agent"].items():
-        assert torch.equal(tensor, load_agent(folder)["agent"][name]), name
+    for name, tensor in uninterrupted["policy"].items():
+        assert torch.equal(tensor, load_agent(folder)["policy"][name]), name
 
     other = run_ranks("python", SCRIPTS["fabric"], [*args, "--precision", "32-true", "--resume-from", checkpoints[0]],
                    tmp_path)  # fmt: skip

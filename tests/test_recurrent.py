@@ -160,7 +160,7 @@ def test_fabric_and_torchrun_are_bit_identical_with_shared_data(tmp_path):
                                        via=run_ranks)  # fmt: skip
     assert fabric.returncode == 0 and torchrun.returncode == 0, (fabric.stderr + torchrun.stderr)[-3000:]
     fabric_dir, torch_dir = run_dir(tmp_path / "fabric", "fabric"), run_dir(tmp_path / "torch", "torch")
-    fabric_agent, torch_agent = load_agent(fabric_dir)["agent"], load_agent(torch_dir)["agent"]
+    fabric_agent, torch_agent = load_agent(fabric_dir)["policy"], load_agent(torch_dir)["policy"]
     assert any("lstm" in name for name in fabric_agent)
     assert all(torch.equal(fabric_agent[name], torch_agent[name]) for name in fabric_agent)
     fabric_scalars, torch_scalars = read_scalars(fabric_dir), read_scalars(torch_dir)
@@ -211,6 +211,6 @@ def test_resuming_mid_episode_equals_an_uninterrupted_run(tmp_path, script, npro
                                                       str(saved)], tmp_path / "part", nproc=nproc)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     whole, continued = load_agent(run_dir(tmp_path / "full", script)), load_agent(part_dir)
-    assert all(torch.equal(whole["agent"][name], continued["agent"][name]) for name in whole["agent"])
+    assert all(torch.equal(whole["policy"][name], continued["policy"][name]) for name in whole["policy"])
     tag = "Loss/policy_loss"
     assert all_scalars(part_dir, tag) == all_scalars(run_dir(tmp_path / "full", script), tag)

@@ -124,8 +124,8 @@ def fabric_and_torch_sac_runs(tmp_path_factory):
 def test_fabric_and_torchrun_sac_give_identical_losses_and_weights(fabric_and_torch_sac_runs):
     fabric_dir, torch_dir = fabric_and_torch_sac_runs["fabric"], fabric_and_torch_sac_runs["torch"]
     fabric_agent, torch_agent = load_agent(fabric_dir), load_agent(torch_dir)
-    assert fabric_agent["algorithm"] == "sac" and fabric_agent["agent"].keys() == torch_agent["agent"].keys()
-    assert all(torch.equal(tensor, torch_agent["agent"][name]) for name, tensor in fabric_agent["agent"].items())
+    assert fabric_agent["algorithm"] == "sac" and fabric_agent["policy"].keys() == torch_agent["policy"].keys()
+    assert all(torch.equal(tensor, torch_agent["policy"][name]) for name, tensor in fabric_agent["policy"].items())
     fabric_scalars, torch_scalars = read_scalars(fabric_dir), read_scalars(torch_dir)
     for tag in ("Loss/critic_loss", "Loss/actor_loss", "Info/alpha", "Info/q_values", "Rewards/rew_avg"):
         assert fabric_scalars[tag] == torch_scalars[tag], tag
@@ -178,7 +178,7 @@ def test_resuming_with_the_buffer_equals_an_uninterrupted_run(tmp_path):
     resumed = run_ranks("fabric run", SCRIPTS["fabric"], [*base, "--resume-from", str(saved)], tmp_path / "part")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     whole, continued = load_agent(run_dir(tmp_path / "full", "fabric")), load_agent(part_dir)
-    assert all(torch.equal(whole["agent"][name], continued["agent"][name]) for name in whole["agent"])
+    assert all(torch.equal(whole["policy"][name], continued["policy"][name]) for name in whole["policy"])
     full_dir = run_dir(tmp_path / "full", "fabric")
     for tag in ("Loss/critic_loss", "Loss/actor_loss", "Info/alpha"):
         assert all_scalars(part_dir, tag) == all_scalars(full_dir, tag), tag

@@ -1,37 +1,43 @@
 """Coupled mode: every rank collects its own experience and trains a replica of the learner, averaging gradients.
 
-The loop knows iterations (collect, then one learning phase), ranks, logging, checkpoints and
-Ctrl-C; the algorithm behind `Algorithm` knows what an iteration collects and learns.
+A rank's part of the loop (`CoupledRank`) is to collect, learn and log; `rl/loop.py` runs the
+loop, and the algorithm behind `Algorithm` knows what an iteration collects and learns.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 from rl.algos.base import Algorithm
 from rl.batch import DataShard
-from rl.checkpoint import agent_path, assert_finite, checkpoint_path, prune_checkpoints
+from rl.checkpoint import (
+    Counters,
+    TrainingCheckpoint,
+    agent_of,
+    agent_path,
+    assert_finite,
+    checkpoint_path,
+    prune_checkpoints,
+    restore_run_state,
+    training_checkpoint,
+)
 from rl.elastic import reached
+from rl.evaluation import PeriodicEvaluation, report_evaluation
 from rl.faults import gather_process_ids, peer, report_lost_peers
 from rl.logger import EPISODE_RETURN, ProgressBar, TrainingMetrics
-from rl.run import (
-    CheckpointClock,
-    InterruptFlag,
+from rl.loop import (
+    Callback,
+    Evaluation,
     LoopClock,
-    PeriodicEvaluation,
-    TrainingResult,
-    agent_state,
+    LoopState,
+    Requests,
+    TrainingLoop,
     agreed,
-    checkpoint_due,
     report_compile_time,
-    report_due,
-    report_evaluation,
     report_resources,
-    restore_run_state,
-    start_run,
-    training_state,
-    training_video_folder,
 )
+from rl.run import Run, TrainingResult, start_run, training_video_folder
 from rl.runtime import Runtime
 
 MODE = "coupled"
@@ -41,9 +47,11 @@ def rank_name(rank: int) -> str:
     return f"rank {rank}"
 
 
-def train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None = None) -> TrainingResult:
+def train_coupled(
+    algorithm: Algorithm, runtime: Runtime, resume: TrainingCheckpoint | None = None, callbacks: Sequence[Callback] = ()
+) -> TrainingResult:
     with report_lost_peers(runtime.rank, rank_name, gather_process_ids(runtime.device)), peer("another rank"):
-        return _train_coupled(algorithm, runtime, resume)
+        return _train_coupled(algorithm, runtime, resume, callbacks)
 
 
 def learner_shard(batch_rows: int, share_data: bool, rank: int, world_size: int) -> DataShard:
@@ -51,99 +59,122 @@ def learner_shard(batch_rows: int, share_data: bool, rank: int, world_size: int)
     return DataShard(batch_rows * world_size, world_size, rank) if share_data else DataShard(batch_rows)
 
 
-def _train_coupled(algorithm: Algorithm, runtime: Runtime, resume: dict | None) -> TrainingResult:
+class CoupledRank:
+    """One rank: collect with its own envs, learn with the others (gradients averaged), log on rank 0."""
+
+    def __init__(self, algorithm: Algorithm, runtime: Runtime, run: Run, resume: TrainingCheckpoint | None) -> None:
+        cfg = self.cfg = algorithm.cfg
+        self.algorithm, self.runtime, self.run = algorithm, runtime, run
+        rank, world_size = runtime.rank, runtime.world_size
+        self.policy = algorithm.build_policy(runtime.device)
+        batch_rows = algorithm.batch_rows(1)
+        shard = learner_shard(batch_rows, cfg.share_data, rank, world_size)
+        self.learner = algorithm.make_learner(self.policy, runtime, shard, env_ranks=world_size)
+        video_dir = training_video_folder(run.dir, resume) if cfg.capture_video and runtime.is_main else None
+        self.source = algorithm.make_source(
+            rank, runtime.device, video_dir, env_ranks=world_size, batch_rows=batch_rows
+        )
+        self.first_iteration, self.global_step = 1, 0
+        if resume:
+            restore_run_state(resume, rank, self.policy, self.learner, self.source, env_ranks=world_size)
+            self.first_iteration, self.global_step = resume.counters.iteration + 1, resume.counters.global_step
+        self.metrics = TrainingMetrics(runtime.device, runtime.all_reduce_sum, algorithm.stat_tags)
+        self.num_iterations = cfg.num_iterations(world_size)
+        self.steps_per_iteration = cfg.steps_per_iteration * world_size
+        self.replay_ratio = algorithm.passes_per_batch * batch_rows * cfg.steps_per_row / cfg.steps_per_iteration
+        drawn = runtime.is_main and cfg.progress_bar
+        total = self.num_iterations * self.steps_per_iteration
+        self.progress = ProgressBar(total, drawn, initial=self.global_step, drawn_by_job=cfg.progress_bar)
+        self.evaluation = PeriodicEvaluation(cfg, algorithm.spaces.env_id, run, runtime.is_main, self.global_step)
+        self.start_step = self.reported_step = self.global_step
+        self.loop_clock, self.loop_seconds = LoopClock(), 0.0
+
+    def iterate(self, iteration: int) -> None:
+        episodes = self.source.collect(self.policy, self.global_step)
+        self.global_step += self.steps_per_iteration
+        reached(self.global_step, self.runtime.is_main)
+        batch = self.source.next_batch(self.global_step, self.runtime.all_reduce_sum)
+        if batch is not None:
+            if self.cfg.share_data:
+                batch = batch.map(self.runtime.all_gather_rows)
+            self.metrics.record(self.source.batch_stats(batch))
+            self.metrics.record(self.learner.update(batch, iteration))
+        self.metrics.record_episodes(episodes.returns, episodes.lengths)
+
+    def report(self, iteration: int) -> dict[str, float]:
+        steps_per_second = (self.global_step - self.start_step) / self.loop_clock.seconds(self.evaluation.seconds)
+        scalars = self.metrics.compute() | {
+            "Time/steps_per_second": steps_per_second,
+            "Info/replay_ratio": self.replay_ratio,
+        }
+        self.run.sink.log_scalars(scalars, self.global_step)
+        self.progress.advance(self.global_step - self.reported_step, steps_per_second, scalars.get(EPISODE_RETURN))
+        self.reported_step = self.global_step
+        return scalars
+
+    def evaluate(self, step: int) -> dict[str, float] | None:
+        """Rank 0's periodic evaluation, where one is due; the others learn its outcome in the agreement."""
+        return self.evaluation.evaluate(self.policy, self.source.obs_normalizer, step)
+
+    def agree(self, iteration: int, wanted: Requests) -> Requests:
+        return agreed(self.runtime, wanted)
+
+    def ended(self, iteration: int) -> None:
+        self.loop_seconds = self.loop_clock.seconds(self.evaluation.seconds)
+        self.progress.close()
+
+    def checkpoint(self, iteration: int) -> None:
+        assert_finite(self.policy)
+        rank_states = self.runtime.all_gather_object(self.source.capture_state())
+        agent = agent_of(self.algorithm, self.policy, self.source)
+        counters = Counters(self.global_step, iteration)
+        checkpoint = training_checkpoint(
+            agent, self.learner.state_dict(), counters, rank_states, MODE, self.runtime.world_size
+        )
+        self.runtime.save_atomically(checkpoint_path(self.run.dir, self.global_step), checkpoint.to_file())
+        if self.runtime.is_main:
+            prune_checkpoints(self.run.dir, self.cfg.keep_last)
+
+
+def _train_coupled(
+    algorithm: Algorithm, runtime: Runtime, resume: TrainingCheckpoint | None, callbacks: Sequence[Callback]
+) -> TrainingResult:
     cfg, env_id = algorithm.cfg, algorithm.spaces.env_id
     run = start_run(cfg, runtime, resume)
-    device, rank, world_size = runtime.device, runtime.rank, runtime.world_size
-
-    policy = algorithm.build_policy(device)
-    batch_rows = algorithm.batch_rows(1)
-    learner = algorithm.make_learner(policy, runtime, learner_shard(batch_rows, cfg.share_data, rank, world_size),
-                                     env_ranks=world_size)  # fmt: skip
-    record_video = cfg.capture_video and runtime.is_main
-    video_dir = training_video_folder(run.dir, resume) if record_video else None
-    source = algorithm.make_source(rank, device, video_dir, env_ranks=world_size, batch_rows=batch_rows)
-    first_iteration, global_step = 1, 0
-    if resume:
-        restore_run_state(resume, rank, policy, learner, source, env_ranks=world_size)
-        first_iteration, global_step = resume["counters"]["update"] + 1, resume["counters"]["global_step"]
-
-    metrics = TrainingMetrics(device, runtime.all_reduce_sum, algorithm.stat_tags)
-    num_iterations = cfg.num_iterations(world_size)
-    steps_per_iteration = cfg.steps_per_iteration * world_size
-    report_every = algorithm.iterations_per_report(world_size)
-    replay_ratio = algorithm.passes_per_batch * batch_rows * cfg.steps_per_row / cfg.steps_per_iteration
-    progress = ProgressBar(num_iterations * steps_per_iteration, runtime.is_main and cfg.progress_bar,
-                           initial=global_step, drawn_by_job=cfg.progress_bar)  # fmt: skip
-    interrupt, clock = InterruptFlag(), CheckpointClock(cfg.checkpoint_seconds)
-
-    saved_at = -1  # the step of the last checkpoint: every rank must agree, so no file-system check
-
-    def save_checkpoint(iteration: int) -> None:
-        nonlocal saved_at
-        saved_at = global_step
-        clock.restart()
-        assert_finite(policy)
-        counters = {"global_step": global_step, "update": iteration}
-        rank_states = runtime.all_gather_object(source.capture_state())
-        state = training_state(algorithm, policy, source, learner.state_dict(), counters, rank_states, MODE,
-                               world_size)  # fmt: skip
-        runtime.save_atomically(checkpoint_path(run.dir, global_step), state)
+    rank = CoupledRank(algorithm, runtime, run, resume)
+    state = LoopState(
+        rank.first_iteration - 1, rank.global_step, rank.num_iterations, runtime.rank, runtime.is_main, run.dir
+    )
+    # Rank 0 evaluates (but not at the last step: the closing evaluation does) and keeps the checkpoint clock;
+    # the others learn both in the agreement.
+    loop = TrainingLoop(
+        cfg,
+        rank,
+        state,
+        rank.first_iteration,
+        algorithm.iterations_per_report(runtime.world_size),
+        rank.steps_per_iteration,
+        keeps_clock=runtime.is_main,
+        evaluation=Evaluation(rank.evaluate, cfg.stop_at_return),
+        callbacks=callbacks,
+    )
+    state = loop.run()
+    rank.source.close()
+    report_resources(runtime, run, rank.loop_seconds, rank.global_step - rank.start_step)
+    if state.interrupted:
         if runtime.is_main:
-            prune_checkpoints(run.dir, cfg.keep_last)
-
-    start_step, loop_clock, iteration = global_step, LoopClock(), first_iteration - 1
-    evaluation = PeriodicEvaluation(cfg, env_id, run, runtime.is_main, global_step)
-    reported_step = global_step
-    for iteration in range(first_iteration, num_iterations + 1):
-        episodes = source.collect(policy, global_step)
-        global_step += steps_per_iteration
-        reached(global_step, runtime.is_main)
-        batch = source.next_batch(global_step, runtime.all_reduce_sum)
-        if batch is not None:
-            if cfg.share_data:
-                batch = batch.map(runtime.all_gather_rows)
-            metrics.record(source.batch_stats(batch))
-            metrics.record(learner.update(batch, iteration))
-        metrics.record_episodes(episodes.returns, episodes.lengths)
-        if not report_due(iteration, report_every, num_iterations):
-            continue
-
-        steps_per_second = (global_step - start_step) / loop_clock.seconds(evaluation.seconds)
-        scalars = metrics.compute() | {"Time/steps_per_second": steps_per_second, "Info/replay_ratio": replay_ratio}
-        run.sink.log_scalars(scalars, global_step)
-        progress.advance(global_step - reported_step, steps_per_second, scalars.get(EPISODE_RETURN))
-        # Rank 0 evaluates (but not at the last step: the closing evaluation does) and keeps the checkpoint
-        # clock; the others learn both in the all-reduce.
-        last = iteration == num_iterations
-        target_reached = not last and evaluation.reached_target(policy, source.obs_normalizer, global_step)
-        interrupted, time_due, target_reached = agreed(runtime, interrupt.requested,
-                                                       runtime.is_main and clock.due(), target_reached)  # fmt: skip
-        if interrupted or target_reached:
-            break
-        if time_due or checkpoint_due(cfg.checkpoint_steps, global_step, global_step - reported_step):
-            save_checkpoint(iteration)
-        reported_step = global_step
-    loop_seconds = loop_clock.seconds(evaluation.seconds)
-    progress.close()
-    if saved_at != global_step:
-        save_checkpoint(iteration)
-    source.close()
-    report_resources(runtime, run, loop_seconds, global_step - start_step)
-    if interrupt.requested:
-        if runtime.is_main:
-            print(f"interrupted at step {global_step}: checkpoint written to {run.dir}", flush=True)
+            print(f"interrupted at step {rank.global_step}: checkpoint written to {run.dir}", flush=True)
         run.sink.close()
         runtime.shutdown()
-        return TrainingResult(os.path.abspath(run.dir), None, None, global_step)
+        return TrainingResult(os.path.abspath(run.dir), None, None, rank.global_step)
 
     if runtime.is_main:
-        report_compile_time(cfg, loop_clock.compile_seconds(), "rank 0")
-    assert_finite(policy)
-    runtime.save_atomically(agent_path(run.dir), agent_state(algorithm, policy, source))
+        report_compile_time(cfg, rank.loop_clock.compile_seconds(), "rank 0")
+    assert_finite(rank.policy)
+    runtime.save_atomically(agent_path(run.dir), agent_of(algorithm, rank.policy, rank.source).to_file())
     evaluation = None
     if runtime.is_main:
-        evaluation = report_evaluation(cfg, env_id, policy, source.obs_normalizer, run, global_step)
+        evaluation = report_evaluation(cfg, env_id, rank.policy, rank.source.obs_normalizer, run, rank.global_step)
     run.sink.close()
     runtime.shutdown()
-    return TrainingResult(os.path.abspath(run.dir), os.path.abspath(agent_path(run.dir)), evaluation, global_step)
+    return TrainingResult(os.path.abspath(run.dir), os.path.abspath(agent_path(run.dir)), evaluation, rank.global_step)

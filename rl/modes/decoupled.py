@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -20,15 +21,21 @@ from torch import Tensor
 
 from rl.algos.base import Algorithm
 from rl.checkpoint import (
+    Counters,
+    TrainingCheckpoint,
+    agent_of,
     agent_path,
     assert_finite,
     checkpoint_path,
     prune_checkpoints,
-    save_file_atomically,
+    restore_run_state,
+    training_checkpoint,
+    write_file,
 )
 from rl.config import RunConfig, local_gpu_index, uses_gpu
 from rl.elastic import init_default_process_group, reached
 from rl.errors import progress_line
+from rl.evaluation import report_evaluation
 from rl.faults import gather_process_ids, peer, report_lost_peers
 from rl.logger import (
     EPISODE_COUNT,
@@ -40,7 +47,10 @@ from rl.logger import (
     ProgressBar,
     TrainingMetrics,
 )
+from rl.loop import Callback, LoopClock, LoopState, Requests, TrainingLoop, report_compile_time, summary_line
 from rl.modes.decoupled_links import (
+    FINISH,
+    INTERRUPT,
     LEAD_PLAYER,
     Command,
     LagBound,
@@ -57,23 +67,7 @@ from rl.modes.decoupled_links import (
 from rl.modes.evaluator import EvaluatorLink, run_evaluator, send_run_dir
 from rl.normalization import AllReduceSum
 from rl.optim import load_flat_parameters, num_parameters
-from rl.run import (
-    CheckpointClock,
-    InterruptFlag,
-    LoopClock,
-    Run,
-    agent_state,
-    checkpoint_due,
-    fixed_run_dir,
-    open_run,
-    report_compile_time,
-    report_due,
-    report_evaluation,
-    restore_run_state,
-    run_name,
-    training_state,
-    training_video_folder,
-)
+from rl.run import Run, TrainingResult, fixed_run_dir, open_run, run_name, training_video_folder
 from rl.runtime import FabricRuntime, close_process_group, collective_timeout, naming_a_taken_port
 
 LOG_SUBDIR = "fabric_decoupled_logs"
@@ -121,7 +115,9 @@ class Player:
     together whether to checkpoint or stop.
     """
 
-    def __init__(self, algorithm: Algorithm, topology: Topology, players_sum: AllReduceSum, resume: dict | None):
+    def __init__(
+        self, algorithm: Algorithm, topology: Topology, players_sum: AllReduceSum, resume: TrainingCheckpoint | None
+    ) -> None:
         cfg = self.cfg = algorithm.cfg
         self.algorithm, self.topology, self.players_sum = algorithm, topology, players_sum
         self.is_lead = topology.rank == LEAD_PLAYER
@@ -151,17 +147,15 @@ class Player:
         self.report_every = algorithm.iterations_per_report(topology.num_players)
         rows_per_update = sum(rows_per_player(algorithm, topology))
         self.replay_ratio = algorithm.passes_per_batch * rows_per_update * cfg.steps_per_row / self.steps_per_iteration
-        self.start_step = self.reported_step = self.checked_step = (self.first_iteration - 1) * self.steps_per_iteration
+        self.start_step = self.reported_step = (self.first_iteration - 1) * self.steps_per_iteration
         self.progress = ProgressBar(self.num_iterations * self.steps_per_iteration, cfg.progress_bar and self.is_lead,
                                     initial=self.start_step, drawn_by_job=cfg.progress_bar)  # fmt: skip
-        self.interrupt, self.clock = InterruptFlag(), CheckpointClock(cfg.checkpoint_seconds)
         self.batches_sent = 0
         self.lag_window: list[float] = []  # the policy lags of the updates since the last report
         self.reports_waiting: dict[int, tuple[int, dict[str, float]]] = {}  # update -> (iteration, episode means)
-        self.saved_at = -1
         self.loop_clock, self.trainer_compile_seconds = LoopClock(), 0.0
 
-    def _open_run(self, resume: dict | None) -> Run:
+    def _open_run(self, resume: TrainingCheckpoint | None) -> Run:
         cfg = self.cfg
         run_dir = fixed_run_dir(cfg, LOG_SUBDIR) or os.path.join(cfg.log_dir, LOG_SUBDIR, run_name(cfg, cfg.env_id))
         return open_run(cfg, run_dir, FabricSink, resume, self.topology.world_size)
@@ -171,28 +165,31 @@ class Player:
         send_run_dir(self.run.dir, self.topology.evaluator_rank)
         return EvaluatorLink(self.policy, self.algorithm.spaces.obs_dim, self.topology.evaluator_rank)
 
-    def _restore(self, resume: dict) -> None:
+    def _restore(self, resume: TrainingCheckpoint) -> None:
         restore_run_state(resume, self.topology.rank, self.policy, None, self.source)
-        self.first_iteration = resume["counters"]["update"] + 1
-        own = resume["rank_states"][self.topology.rank]
+        self.first_iteration = resume.counters.iteration + 1
+        own = resume.rank_states[self.topology.rank]
         if "shuffle" in own:
             self.outbox.shuffle.set_state(own["shuffle"])
 
-    def train(self) -> None:
-        iteration = self.first_iteration - 1
-        for iteration in range(self.first_iteration, self.num_iterations + 1):
-            self.collect_and_send(iteration)
-            self.inbox.catch_up(self.batches_sent, self.on_update)  # the weights the next iteration may act with
-            if report_due(iteration, self.report_every, self.num_iterations) and self.at_report(iteration):
-                break
-        if self.saved_at != iteration:
-            self.save_checkpoint(iteration)
-        self.outbox.send_command(Command.STOP, iteration)
+    def train(self, callbacks: Sequence[Callback] = ()) -> TrainingResult | None:
+        """The players' loop; the run's result on the lead player."""
+        topology = self.topology
+        state = LoopState(self.first_iteration - 1, self.start_step, self.num_iterations, topology.rank, self.is_lead,
+                          self.run.dir if self.run else None)  # fmt: skip
+        # With more than one player --checkpoint-every is in steps (checked at start), which every player counts.
+        loop = TrainingLoop(self.cfg, self, state, self.first_iteration, self.report_every, self.steps_per_iteration,
+                            keeps_clock=True, callbacks=callbacks)  # fmt: skip
+        state = loop.run()
+        self.outbox.send_command(Command.STOP, state.iteration)
         self.outbox.drain()
         self.progress.close()
         self.source.close()
-        if self.run is not None:
-            self.finish(iteration)
+        return self.finish(state) if self.run is not None else None
+
+    def iterate(self, iteration: int) -> None:
+        self.collect_and_send(iteration)
+        self.inbox.catch_up(self.batches_sent, self.on_update)  # the weights the next iteration may act with
 
     def collect_and_send(self, iteration: int) -> None:
         acted_with = self.inbox.version
@@ -209,29 +206,32 @@ class Player:
         if self.is_lead:  # off the trainers' critical path: they are training meanwhile
             self.metrics.record(self.source.batch_stats(batch))
 
-    def at_report(self, iteration: int) -> bool:
-        """Log (or schedule the log), checkpoint if due; whether the run stops here."""
+    def report(self, iteration: int) -> dict[str, float]:
+        """The lead logs now, or once the update of this iteration's batch has arrived; the players' pooled
+        episode statistics."""
         episode_means = self.episodes.compute()  # pooled over the players, who all report here
         if self.is_lead:
             self.schedule_report(iteration, episode_means)
-        step = iteration * self.steps_per_iteration
-        stopping = self.stop.check(iteration, self.interrupt.requested, self.next_report)
-        time_due = self.clock.due()  # one player (checked at start), whose clock decides alone
-        if stopping or time_due or checkpoint_due(self.cfg.checkpoint_steps, step, step - self.checked_step):
-            self.save_checkpoint(iteration)
-        self.checked_step = step
-        return stopping
+        return episode_means
+
+    def agree(self, iteration: int, wanted: Requests) -> Requests:
+        """Checkpoints fall at the same iterations for every player; a stop is agreed through the job's store."""
+        stop = self.stop.check(iteration, wanted, self.next_report)
+        return Requests(interrupt=stop == INTERRUPT, checkpoint=wanted.checkpoint, finish=stop == FINISH)
+
+    def ended(self, iteration: int) -> None:
+        return
 
     def next_report(self, iteration: int) -> int:
         return min(math.ceil(iteration / self.report_every) * self.report_every, self.num_iterations)
 
     def schedule_report(self, iteration: int, episode_means: dict[str, float]) -> None:
         if self.inbox.version == self.batches_sent:
-            self.report(iteration, episode_means)
+            self.log_report(iteration, episode_means)
         else:  # logged once the update of this iteration's batch has arrived
             self.reports_waiting[self.batches_sent] = (iteration, episode_means)
 
-    def report(self, iteration: int, episode_means: dict[str, float]) -> None:
+    def log_report(self, iteration: int, episode_means: dict[str, float]) -> None:
         assert self.run is not None
         step = iteration * self.steps_per_iteration
         steps_per_second = (step - self.start_step) / self.loop_clock.seconds(self.trainer_compile_seconds)
@@ -257,12 +257,10 @@ class Player:
         self.lag_window.append(float(stats["policy_lag"]))
         self.trainer_compile_seconds = float(stats["compile_seconds"])
         if version in self.reports_waiting:
-            self.report(*self.reports_waiting.pop(version))
+            self.log_report(*self.reports_waiting.pop(version))
 
-    def save_checkpoint(self, iteration: int) -> None:
+    def checkpoint(self, iteration: int) -> None:
         """Every player at once: the checkpoint holds the weights of every batch sent, and every player's state."""
-        self.saved_at = iteration
-        self.clock.restart()
         self.outbox.send_command(Command.SAVE, iteration)
         self.inbox.catch_up(self.batches_sent, self.on_update, everything=True)
         player_state = self.source.capture_state() | {"shuffle": self.outbox.shuffle.get_state()}
@@ -275,36 +273,39 @@ class Player:
         learner_state = receive_state(topology.first_trainer, topology.role_name(topology.first_trainer))
         others = [receive_state(other, topology.role_name(other)) for other in topology.players[1:]]
         step = iteration * self.steps_per_iteration
-        state = training_state(self.algorithm, self.policy, self.source, learner_state,
-                               {"global_step": step, "update": iteration}, [player_state, *others], MODE,
-                               topology.world_size)  # fmt: skip
-        save_file_atomically(checkpoint_path(self.run.dir, step), state)
+        agent = agent_of(self.algorithm, self.policy, self.source)
+        checkpoint = training_checkpoint(agent, learner_state, Counters(step, iteration), [player_state, *others],
+                                         MODE, topology.world_size)  # fmt: skip
+        write_file(checkpoint_path(self.run.dir, step), checkpoint)
         prune_checkpoints(self.run.dir, self.cfg.keep_last)
 
-    def finish(self, iteration: int) -> None:
+    def finish(self, state: LoopState) -> TrainingResult:
         """The lead player's end of the run: the evaluator's last weights, then the saved agent and its evaluation."""
         run, policy, source = self.run, self.policy, self.source
         assert run is not None
-        global_step = iteration * self.steps_per_iteration
+        global_step = state.global_step
         if self.evaluator is not None:
             self.evaluator.finish(global_step, policy, source.obs_normalizer)
         loop_seconds = self.loop_clock.seconds(self.trainer_compile_seconds)
         steps = global_step - self.start_step
-        print(f"training loop: {steps} steps in {loop_seconds:.2f} s ({steps / loop_seconds:,.0f} steps/s)", flush=True)
-        if self.stop.stop_at is not None:
+        print(summary_line(steps, loop_seconds), flush=True)
+        if state.interrupted:
             print(f"interrupted at step {global_step}: checkpoint written to {run.dir}", flush=True)
             run.sink.close()
-            return
+            return TrainingResult(os.path.abspath(run.dir), None, None, global_step)
         report_compile_time(self.cfg, self.loop_clock.compile_seconds(), "the lead player")
         report_compile_time(self.cfg, self.trainer_compile_seconds, "each trainer (mean)")
         assert_finite(policy)
-        save_file_atomically(agent_path(run.dir), agent_state(self.algorithm, policy, source))
-        report_evaluation(self.cfg, self.algorithm.spaces.env_id, policy, source.obs_normalizer, run, global_step)
+        write_file(agent_path(run.dir), agent_of(self.algorithm, policy, source))
+        evaluation = report_evaluation(
+            self.cfg, self.algorithm.spaces.env_id, policy, source.obs_normalizer, run, global_step
+        )
         run.sink.close()
+        return TrainingResult(os.path.abspath(run.dir), os.path.abspath(agent_path(run.dir)), evaluation, global_step)
 
 
 def run_trainer(
-    algorithm: Algorithm, topology: Topology, trainer_group: dist.ProcessGroup, resume: dict | None
+    algorithm: Algorithm, topology: Topology, trainer_group: dist.ProcessGroup, resume: TrainingCheckpoint | None
 ) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the players' to handle: they checkpoint and stop us
     cfg = algorithm.cfg
@@ -369,7 +370,11 @@ def sum_over(group: dist.ProcessGroup | None) -> AllReduceSum:
     return all_reduce_sum
 
 
-def train_decoupled(algorithm: Algorithm, world_size: int, resume: dict | None = None) -> None:
+def train_decoupled(
+    algorithm: Algorithm, world_size: int, resume: TrainingCheckpoint | None = None, callbacks: Sequence[Callback] = ()
+) -> TrainingResult | None:
+    """This process's role in a decoupled run; the run's result on the lead player (rank 0), None elsewhere."""
+    result = None
     from lightning.fabric.plugins.collectives import TorchCollective
 
     cfg = algorithm.cfg
@@ -388,9 +393,10 @@ def train_decoupled(algorithm: Algorithm, world_size: int, resume: dict | None =
                                              timeout=timeout) if topology.num_players > 1 else None  # fmt: skip
     with report_lost_peers(topology.rank, topology.role_name, gather_process_ids(comm_device)):
         if topology.is_player:
-            Player(algorithm, topology, sum_over(players.group if players else None), resume).train()
+            result = Player(algorithm, topology, sum_over(players.group if players else None), resume).train(callbacks)
         elif topology.is_evaluator:
             run_evaluator(algorithm, LEAD_PLAYER)
         else:
             run_trainer(algorithm, topology, trainers.group, resume)
         close_process_group()
+    return result

@@ -30,6 +30,7 @@ from rl.checkpoint import to_cpu
 from rl.config import RunConfig
 from rl.elastic import job_store_client
 from rl.faults import peer
+from rl.loop import Requests
 from rl.seeds import SCATTER_STREAM, derive_seed
 
 LEAD_PLAYER = 0  # the player that logs, checkpoints and feeds the evaluator
@@ -286,11 +287,16 @@ class WeightsInbox:
             on_update(self.version, self.message)
 
 
-class StopAgreement:
-    """The iteration at which every player stops after Ctrl-C, agreed through the job's store.
+INTERRUPT, FINISH = "interrupt", "finish"  # why the players stop: Ctrl-C, or a request to end the run finished
 
-    The first player to see the interrupt proposes an iteration no player can have passed yet:
-    a player runs at most `lag + 1` iterations ahead of the slowest, whose batches it needs.
+
+class StopAgreement:
+    """The iteration at which every player stops after Ctrl-C or a request to finish, and why, agreed through
+    the job's store.
+
+    The first player to see a stop proposes an iteration no player can have passed yet: a player
+    runs at most `lag + 1` iterations ahead of the slowest, whose batches it needs. Ctrl-C wins
+    over a request to finish.
     """
 
     def __init__(self, topology: Topology, lag: LagBound, timeout_seconds: float) -> None:
@@ -298,20 +304,26 @@ class StopAgreement:
         self.margin = lag.updates + 2
         self.store = None if self.alone else job_store_client(timeout_seconds)
         self.stop_at: int | None = None
+        self.reason = ""
 
-    def check(self, iteration: int, interrupted: bool, next_report: Callable[[int], int]) -> bool:
-        """At a report iteration: whether to stop here."""
+    def check(self, iteration: int, wanted: Requests, next_report: Callable[[int], int]) -> str | None:
+        """At a report iteration: why the players stop here (INTERRUPT or FINISH), or None to go on."""
+        reason = INTERRUPT if wanted.interrupt else FINISH if wanted.finish else ""
         if self.stop_at is None:
             if self.alone:
-                self.stop_at = iteration if interrupted else None
+                self.stop_at, self.reason = (iteration, reason) if reason else (None, "")
             else:
                 assert self.store is not None
-                if interrupted:
-                    proposal = str(next_report(iteration + self.margin))
-                    self.stop_at = int(self.store.compare_set(STOP_KEY, "", proposal))
+                if reason:
+                    proposal = f"{next_report(iteration + self.margin)} {reason}"
+                    agreed = self.store.compare_set(STOP_KEY, "", proposal)
                 elif self.store.check([STOP_KEY]):
-                    self.stop_at = int(self.store.get(STOP_KEY))
-        return self.stop_at is not None and iteration >= self.stop_at
+                    agreed = self.store.get(STOP_KEY)
+                else:
+                    return None
+                stop_at, self.reason = agreed.decode().split()
+                self.stop_at = int(stop_at)
+        return self.reason if self.stop_at is not None and iteration >= self.stop_at else None
 
 
 def send_state(state: dict, destination: int, peer_name: str) -> None:

@@ -22,14 +22,13 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from rl.algos.base import Algorithm
-from rl.checkpoint import save_file_atomically
+from rl.checkpoint import load_checkpoint, saved_agent, write_file
 from rl.elastic import job_store_client
 from rl.evaluation import evaluate_greedy
 from rl.faults import peer
 from rl.logger import open_sinks
 from rl.normalization import ObservationNormalizer
 from rl.optim import flat_parameters, load_flat_parameters, num_parameters
-from rl.run import saved_agent
 
 BEST_FILENAME = "best.ckpt"
 REQUESTS_KEY = "rl/evaluator/requests"
@@ -110,7 +109,8 @@ def best_return_so_far(run_dir: str) -> float:
     path = os.path.join(run_dir, BEST_FILENAME)
     if not os.path.isfile(path):
         return -math.inf
-    return float(torch.load(path, map_location="cpu", weights_only=True)["eval_return"])
+    best = load_checkpoint(path, "--evaluator").eval_return
+    return -math.inf if best is None else best
 
 
 def run_evaluator(algorithm: Algorithm, weights_rank: int) -> None:
@@ -136,8 +136,9 @@ def run_evaluator(algorithm: Algorithm, weights_rank: int) -> None:
         mean = float(np.mean(returns))
         if mean > best:
             best = mean
-            state = saved_agent(algorithm, policy, normalizer.state_dict()) | {"eval_return": mean, "step": step}
-            save_file_atomically(os.path.join(run_dir, BEST_FILENAME), state)
+            agent = saved_agent(algorithm, policy, normalizer.state_dict())
+            agent.eval_return, agent.eval_step = mean, step
+            write_file(os.path.join(run_dir, BEST_FILENAME), agent)
         sink.log_scalars({"Eval/return_mean": mean, "Eval/return_std": float(np.std(returns)),
                           "Eval/best_return": best, "Eval/seconds": seconds}, step)  # fmt: skip
     sink.close()

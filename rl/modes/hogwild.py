@@ -22,7 +22,7 @@ import os
 import queue
 import resource
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.context import SpawnContext, SpawnProcess
 from threading import BrokenBarrierError
@@ -34,30 +34,45 @@ from torch import Tensor
 
 from rl.algos.base import Algorithm, Learner
 from rl.batch import DataShard
-from rl.checkpoint import agent_path, checkpoint_path, prune_checkpoints, save_file_atomically
-from rl.config import RunConfig
-from rl.errors import print_error
-from rl.experience import ExperienceSource
-from rl.logger import EPISODE_RETURN, ProgressBar, TrainingMetrics, open_sinks
-from rl.optim import TrainingDiverged
-from rl.precision import float32_state
-from rl.run import (
-    LoopClock,
-    Run,
-    agent_state,
-    checkpoint_due,
-    report_due,
-    report_evaluation,
+from rl.checkpoint import (
+    Counters,
+    TrainingCheckpoint,
+    WorkerState,
+    agent_of,
+    agent_path,
+    checkpoint_path,
+    from_file,
+    prune_checkpoints,
     restore_run_state,
     restored_agent,
-    run_state,
-    start_run,
-    training_video_folder,
+    training_checkpoint,
+    write_file,
 )
+from rl.config import RunConfig
+from rl.errors import print_error
+from rl.evaluation import report_evaluation
+from rl.experience import ExperienceSource
+from rl.logger import EPISODE_RETURN, ProgressBar, TrainingMetrics, open_sinks
+from rl.loop import Callback, LoopClock, LoopState, Requests, TrainingLoop, summary_line
+from rl.optim import TrainingDiverged
+from rl.precision import float32_state
+from rl.run import Run, TrainingResult, start_run, training_video_folder
 from rl.runtime import LocalRuntime, available_cores, configure_torch_threads
 
 MODE = "hogwild"
 POLL_SECONDS = 0.1
+INTERRUPTED, FINISHED = 1, 2  # why the workers stop at a meeting
+
+
+class SupervisorStop:
+    """Ctrl-C as a worker hears of it: the supervisor's request in the channel (workers ignore SIGINT)."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+
+    @property
+    def requested(self) -> bool:
+        return self.channel.stop_requested.is_set()
 
 
 def worker_name(index: int) -> str:
@@ -186,8 +201,9 @@ class Channel:
 
     def __init__(self, context: SpawnContext, workers: int) -> None:
         self.barrier = context.Barrier(workers)
-        self.stop_requested = context.Event()
-        self.stopping = context.Value("b", 0)
+        self.stop_requested = context.Event()  # Ctrl-C
+        self.finish_requested = context.Event()  # a callback's request to end the run finished
+        self.stopping = context.Value("b", 0)  # what the workers decided at their newest meeting
         self.finished = context.Value("i", 0)  # workers that have run all their iterations
         self.merge_lock = context.Lock()
         self.parts = context.Queue()
@@ -198,12 +214,18 @@ class Channel:
 
 
 def run_worker(
-    index: int, algorithm: Algorithm, shared: SharedState, channel: Channel, run_dir: str, resume: dict | None
+    index: int,
+    algorithm: Algorithm,
+    shared: SharedState,
+    channel: Channel,
+    run_dir: str,
+    resume: TrainingCheckpoint | None,
+    callbacks: Sequence[Callback] = (),
 ) -> None:
     """A worker process's body: one line and exit code 1 if training diverges."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to turn into a checkpoint and a stop
     try:
-        WorkerLoop(index, algorithm, shared, channel, run_dir, resume).run()
+        WorkerLoop(index, algorithm, shared, channel, run_dir, resume).run(callbacks)
     except TrainingDiverged as error:
         print_error(f"error: {worker_name(index)}: training stopped: {error}")
         os._exit(1)
@@ -216,7 +238,7 @@ class WorkerLoop:
 
     def __init__(
         self, index: int, algorithm: Algorithm, shared: SharedState, channel: Channel, run_dir: str,
-        resume: dict | None,
+        resume: TrainingCheckpoint | None,
     ) -> None:  # fmt: skip
         cfg = self.cfg = algorithm.cfg
         configure_torch_threads(worker_threads(cfg))
@@ -232,7 +254,7 @@ class WorkerLoop:
         self.first_iteration = 1
         if resume is not None:
             restore_run_state(resume, index, self.policy, self.learner, self.source)
-            self.first_iteration = resume["counters"]["update"] + 1
+            self.first_iteration = resume.counters.iteration + 1
         if cfg.sync == "shared":
             self.weights: Weights = SharedWeights(self.learner, shared)
         else:
@@ -240,53 +262,59 @@ class WorkerLoop:
         self.checkpoints = 0
         self.frames_at_start = int(shared.frames[index])  # a resumed run's earlier steps are not this run's
         self.finished = False  # counted among the workers that have run all their iterations
+        self.stopping = 0  # as decided at the newest meeting: 0, INTERRUPTED or FINISHED
 
-    def run(self) -> None:
-        cfg, algorithm, index, frames = self.cfg, self.algorithm, self.index, self.shared.frames
-        num_iterations = cfg.num_iterations(cfg.workers)
+    def run(self, callbacks: Sequence[Callback] = ()) -> None:
+        cfg = self.cfg
+        self.num_iterations = cfg.num_iterations(cfg.workers)
         # As in coupled mode, the step an iteration is at counts every worker's envs: SAC's
         # warm-up and a checkpoint's timing fall at the same iteration on every worker.
-        steps_per_iteration = cfg.steps_per_iteration * cfg.workers
-        report_every = algorithm.iterations_per_report(cfg.workers)
-        sink = self.sink = open_sinks(cfg.logger, self.run_dir, index == 0)
-        metrics = TrainingMetrics(self.runtime.device, self.runtime.all_reduce_sum, algorithm.stat_tags)
-        progress = ProgressBar(num_iterations * steps_per_iteration, index == 0 and cfg.progress_bar,
-                               initial=int(frames.sum()), drawn_by_job=cfg.progress_bar)  # fmt: skip
-        step = (self.first_iteration - 1) * steps_per_iteration
-        reported_step, reported_frames = step, int(frames.sum())
-        loop_clock, start_frames = LoopClock(), reported_frames
-        for iteration in range(self.first_iteration, num_iterations + 1):
-            episodes = self.source.collect(self.policy, step)
-            step += steps_per_iteration
-            batch = self.source.next_batch(step, self.runtime.all_reduce_sum)
-            if batch is not None:
-                metrics.record(self.source.batch_stats(batch))
-                metrics.record(self.learner.update(batch, iteration))
-                self.weights.after_update()
-            frames[index] += cfg.steps_per_iteration
-            metrics.record_episodes(episodes.returns, episodes.lengths)
-            if not report_due(iteration, report_every, num_iterations):
-                continue
-            counts = self.frame_counts()  # read once: the other workers go on counting meanwhile
-            all_frames = int(counts["Frames/global"])
-            steps_per_second = (all_frames - start_frames) / loop_clock.seconds()
-            scalars = metrics.compute() | {"Time/steps_per_second": steps_per_second} | counts
-            sink.log_scalars(scalars, all_frames)
-            progress.advance(all_frames - reported_frames, steps_per_second, scalars.get(EPISODE_RETURN))
-            reported_frames = all_frames
-            self.check_supervisor()
-            due = checkpoint_due(cfg.checkpoint_steps, step, step - reported_step)
-            reported_step = step
-            last = iteration == num_iterations
-            meets_the_others = due or last or self.channel.stop_requested.is_set()
-            if meets_the_others and self.checkpoint_together(iteration, last, loop_clock):
-                break
-        else:  # done before the others: a resumed run whose workers had stopped at different iterations
-            while not self.checkpoint_together(num_iterations, True, loop_clock):
-                pass  # take part in the others' checkpoints until theirs is the last
-        progress.close()
+        self.steps_per_iteration = cfg.steps_per_iteration * cfg.workers
+        self.sink = open_sinks(cfg.logger, self.run_dir, self.index == 0)
+        self.metrics = TrainingMetrics(self.runtime.device, self.runtime.all_reduce_sum, self.algorithm.stat_tags)
+        self.reported_frames = self.start_frames = int(self.shared.frames.sum())
+        drawn = self.index == 0 and cfg.progress_bar
+        total = self.num_iterations * self.steps_per_iteration
+        self.progress = ProgressBar(total, drawn, initial=self.start_frames, drawn_by_job=cfg.progress_bar)
+        self.step = (self.first_iteration - 1) * self.steps_per_iteration
+        self.loop_clock = LoopClock()
+        state = LoopState(
+            self.first_iteration - 1, self.step, self.num_iterations, self.index, self.index == 0, self.run_dir
+        )
+        report_every = self.algorithm.iterations_per_report(cfg.workers)
+        loop = TrainingLoop(
+            cfg, self, state, self.first_iteration, report_every, self.steps_per_iteration, keeps_clock=False,
+            callbacks=callbacks, interrupt=SupervisorStop(self.channel),
+        )  # fmt: skip
+        loop.run()
+        while not self.stopping:  # done before the others: a resumed run whose workers had stopped at different
+            self.agree(self.num_iterations, Requests())  # iterations; it takes part in the others' checkpoints
+            self.checkpoint(self.num_iterations)  # until theirs is the last
+        self.progress.close()
         self.source.close()
-        sink.close()
+        self.sink.close()
+
+    def iterate(self, iteration: int) -> None:
+        episodes = self.source.collect(self.policy, self.step)
+        self.step += self.steps_per_iteration
+        batch = self.source.next_batch(self.step, self.runtime.all_reduce_sum)
+        if batch is not None:
+            self.metrics.record(self.source.batch_stats(batch))
+            self.metrics.record(self.learner.update(batch, iteration))
+            self.weights.after_update()
+        self.shared.frames[self.index] += self.cfg.steps_per_iteration
+        self.metrics.record_episodes(episodes.returns, episodes.lengths)
+
+    def report(self, iteration: int) -> dict[str, float]:
+        counts = self.frame_counts()  # read once: the other workers go on counting meanwhile
+        all_frames = int(counts["Frames/global"])
+        steps_per_second = (all_frames - self.start_frames) / self.loop_clock.seconds()
+        scalars = self.metrics.compute() | {"Time/steps_per_second": steps_per_second} | counts
+        self.sink.log_scalars(scalars, all_frames)
+        self.progress.advance(all_frames - self.reported_frames, steps_per_second, scalars.get(EPISODE_RETURN))
+        self.reported_frames = all_frames
+        self.check_supervisor()
+        return scalars
 
     def frame_counts(self) -> dict[str, float]:
         """Env steps per worker and in all, logged by worker 0 (the x-axis is the global count)."""
@@ -299,27 +327,41 @@ class WorkerLoop:
             print_error(f"error: {worker_name(self.index)}: the supervising process was lost; stopping")
             os._exit(1)
 
-    def checkpoint_together(self, iteration: int, last: bool, loop_clock: LoopClock) -> bool:
-        """Hand the supervisor this worker's part of a checkpoint, all workers at once; return whether to stop."""
+    def agree(self, iteration: int, wanted: Requests) -> Requests:
+        """Workers meet at checkpoints only: at a step interval, at their last iteration, or at a stop. There
+        every worker's update is done and the global weights hold still; worker 0 decides whether all stop."""
         channel = self.channel
+        if wanted.finish:
+            channel.finish_requested.set()
+        last = iteration == self.num_iterations
         if last and not self.finished:
             self.finished = True
             with channel.finished.get_lock():
                 channel.finished.value += 1
-        channel.barrier.wait()  # every worker's update is done: the global weights hold still
+        if not (wanted.checkpoint or wanted.interrupt or last or channel.finish_requested.is_set()):
+            return Requests()
+        channel.barrier.wait()
         if self.index == 0:  # one worker decides, so that all stop after the same checkpoint
             all_done = channel.finished.value == self.cfg.workers
-            channel.stopping.value = int(channel.stop_requested.is_set() or all_done)
+            finish = all_done or channel.finish_requested.is_set()
+            channel.stopping.value = INTERRUPTED if channel.stop_requested.is_set() else FINISHED if finish else 0
             counts = self.frame_counts()  # exact now: every worker is here
             self.sink.log_scalars(counts, int(counts["Frames/global"]))
         self.weights.publish()
         channel.barrier.wait()
         self.weights.take_published()  # synced: every copy restarts from the merged weights
+        self.stopping = channel.stopping.value
+        return Requests(self.stopping == INTERRUPTED, True, self.stopping == FINISHED)
+
+    def ended(self, iteration: int) -> None:
+        return
+
+    def checkpoint(self, iteration: int) -> None:
+        """Hand the supervisor this worker's part of the checkpoint the workers met for."""
         self.checkpoints += 1
-        channel.parts.put((self.checkpoints, self.index, serialized(self.checkpoint_part(iteration, loop_clock))))
-        stopping = bool(channel.stopping.value)
-        channel.barrier.wait()  # all parts are captured before anyone writes the global weights again
-        return stopping
+        part = serialized(self.checkpoint_part(iteration, self.loop_clock))
+        self.channel.parts.put((self.checkpoints, self.index, part))
+        self.channel.barrier.wait()  # all parts are captured before anyone writes the global weights again
 
     def checkpoint_part(self, iteration: int, loop_clock: LoopClock) -> dict[str, Any]:
         part = {
@@ -333,7 +375,7 @@ class WorkerLoop:
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
         if self.index == 0:
-            part["agent"] = agent_state(self.algorithm, self.policy, self.source)
+            part["agent"] = agent_of(self.algorithm, self.policy, self.source).to_file()
         return part
 
 
@@ -357,16 +399,20 @@ class WorkerLost(Exception):
         super().__init__(f"{worker_name(index)} {how}")
 
 
-def worker_resume(resume: dict | None, index: int) -> dict | None:
+def worker_resume(resume: TrainingCheckpoint | None, index: int) -> TrainingCheckpoint | None:
     """A worker's view of a Hogwild checkpoint: its own learner state and iteration count."""
     if resume is None:
         return None
-    worker = resume["workers"][index]
-    counters = resume["counters"] | {"update": worker["iteration"]}
-    return resume | {"learner": worker["learner"], "counters": counters}
+    assert resume.workers is not None, "a Hogwild checkpoint holds its workers' states"
+    worker = resume.workers[index]
+    counters = Counters(resume.counters.global_step, worker.iteration)
+    return replace(resume, learner=worker.learner, counters=counters)
 
 
-def train_hogwild(algorithm: Algorithm, resume: dict | None = None) -> None:
+def train_hogwild(
+    algorithm: Algorithm, resume: TrainingCheckpoint | None = None, callbacks: Sequence[Callback] = ()
+) -> TrainingResult:
+    """Train with `cfg.workers` worker processes; the run's result (its saved agent unless interrupted)."""
     cfg = algorithm.cfg
     configure_torch_threads(1)  # the supervisor waits; the cores are the workers'
     runtime = LocalRuntime(0)
@@ -378,14 +424,14 @@ def train_hogwild(algorithm: Algorithm, resume: dict | None = None) -> None:
     frames = torch.zeros(cfg.workers, dtype=torch.int64)
     if resume is not None:
         restore_run_state(worker_resume(resume, 0), 0, policy, learner, None)
-        frames = torch.tensor([worker["frames"] for worker in resume["workers"]], dtype=torch.int64)
+        frames = torch.tensor([worker.frames for worker in resume.workers or []], dtype=torch.int64)
     shared = share_learner(learner, cfg.sync, frames)
 
     context = mp.get_context("spawn")
     channel = Channel(context, cfg.workers)
     processes = [
         context.Process(target=run_worker, name=worker_name(index),
-                        args=(index, algorithm, shared, channel, run.dir, worker_resume(resume, index)))
+                        args=(index, algorithm, shared, channel, run.dir, worker_resume(resume, index), callbacks))
         for index in range(cfg.workers)
     ]  # fmt: skip
     signal.signal(signal.SIGINT, lambda *_: channel.stop_requested.set())
@@ -404,12 +450,15 @@ def train_hogwild(algorithm: Algorithm, resume: dict | None = None) -> None:
     final = writer.last
     if final is None:  # every worker ended without a checkpoint: cannot happen, each ends with one
         raise RuntimeError("the workers ended without handing in their final checkpoint")
+    step = final.counters.global_step
     if interrupted:
         print(writer.loop_report, flush=True)
-        print(f"interrupted at step {final['counters']['global_step']}: checkpoint written to {run.dir}", flush=True)
-    else:
-        finish(algorithm, writer.agent, final, writer.loop_report, run)
+        print(f"interrupted at step {step}: checkpoint written to {run.dir}", flush=True)
+        run.sink.close()
+        return TrainingResult(os.path.abspath(run.dir), None, None, step)
+    evaluation = finish(algorithm, final, writer.loop_report, run)
     run.sink.close()
+    return TrainingResult(os.path.abspath(run.dir), os.path.abspath(agent_path(run.dir)), evaluation, step)
 
 
 def supervise(processes: list[SpawnProcess], channel: Channel, on_part: Callable[[int, int, bytes], None]) -> None:
@@ -459,7 +508,15 @@ def release(processes: list[SpawnProcess], channel: Channel) -> None:
     processes.clear()
     channel.parts.close()
     channel.parts.join_thread()
-    del channel.barrier, channel.stop_requested, channel.stopping, channel.finished, channel.merge_lock, channel.parts
+    del (
+        channel.barrier,
+        channel.stop_requested,
+        channel.finish_requested,
+        channel.stopping,
+        channel.finished,
+        channel.merge_lock,
+        channel.parts,
+    )
     gc.collect()
 
 
@@ -470,8 +527,7 @@ class CheckpointWriter:
         self.algorithm, self.run_dir = algorithm, run_dir
         self.workers = algorithm.cfg.workers
         self.pending: dict[int, dict[int, dict[str, Any]]] = {}
-        self.last: dict[str, Any] | None = None  # the newest checkpoint written
-        self.agent: dict[str, Any] = {}  # its saved-agent part
+        self.last: TrainingCheckpoint | None = None  # the newest checkpoint written
         self.loop_report = ""
 
     def add(self, number: int, index: int, data: bytes) -> None:
@@ -483,30 +539,28 @@ class CheckpointWriter:
 
     def write(self, parts: list[dict[str, Any]]) -> None:
         global_step = sum(part["frames"] for part in parts)
-        counters = {"global_step": global_step, "update": parts[0]["iteration"]}
+        counters = Counters(global_step, parts[0]["iteration"])
         rank_states = [part["source"] for part in parts]
-        workers = [{key: part[key] for key in ("learner", "iteration", "frames")} for part in parts]
-        self.agent = parts[0]["agent"]
-        state = self.agent | run_state(parts[0]["learner"], counters, rank_states, MODE, self.workers)
-        state["workers"] = float32_state(workers)
-        save_file_atomically(checkpoint_path(self.run_dir, global_step), state)
+        workers = [WorkerState(float32_state(part["learner"]), part["iteration"], part["frames"]) for part in parts]
+        agent = from_file(parts[0]["agent"])
+        checkpoint = training_checkpoint(agent, parts[0]["learner"], counters, rank_states, MODE, self.workers, workers)
+        write_file(checkpoint_path(self.run_dir, global_step), checkpoint)
         prune_checkpoints(self.run_dir, self.algorithm.cfg.keep_last)
-        self.last = state
+        self.last = checkpoint
         loop_seconds = max(part["loop_seconds"] for part in parts)
         steps = sum(part["frames_this_run"] for part in parts)
-        rss = ", ".join(f"{part['peak_rss_mb']:.0f}" for part in parts)
-        self.loop_report = (
-            f"training loop: {steps} steps in {loop_seconds:.2f} s ({steps / loop_seconds:,.0f} steps/s); "
-            f"peak RSS per rank (MB): {rss};"
-        )
+        self.loop_report = summary_line(steps, loop_seconds, [part["peak_rss_mb"] for part in parts]) + ";"
         if self.algorithm.cfg.compile:
             compiling = ", ".join(f"{part['compile_seconds']:.1f}" for part in parts)
             self.loop_report += f" torch.compile: {compiling} s compiling per worker (left out of the env steps/s);"
 
 
-def finish(algorithm: Algorithm, agent: dict[str, Any], final: dict[str, Any], loop_report: str, run: Run) -> None:
-    """The saved agent and the closing greedy evaluation, from the final global weights."""
-    save_file_atomically(agent_path(run.dir), agent)
+def finish(algorithm: Algorithm, final: TrainingCheckpoint, loop_report: str, run: Run) -> dict[str, float] | None:
+    """The saved agent and the closing greedy evaluation (its scalars), from the final global weights."""
+    agent = final.saved_agent()
+    write_file(agent_path(run.dir), agent)
     print(loop_report, flush=True)
     policy, normalizer = restored_agent(algorithm, agent)
-    report_evaluation(algorithm.cfg, algorithm.spaces.env_id, policy, normalizer, run, final["counters"]["global_step"])
+    return report_evaluation(
+        algorithm.cfg, algorithm.spaces.env_id, policy, normalizer, run, final.counters.global_step
+    )

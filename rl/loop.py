@@ -1,0 +1,278 @@
+"""The training loop that every mode runs, its clocks, and the events that callbacks attach to.
+
+A mode supplies only what is its own, as a `LoopBody`: one iteration of its role (collect and
+learn, collect and send, ...), its report, how its processes agree on what a report decided,
+and how it writes a checkpoint. `TrainingLoop` does the rest, written once: when a report is
+due, Ctrl-C, the checkpoint clock and step interval, the periodic evaluation and
+--stop-at-return, a callback's request to stop, the final checkpoint, and the events.
+"""
+
+from __future__ import annotations
+
+import resource
+import signal
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from rl import PROCESS_STARTED
+from rl.compiling import compile_seconds
+from rl.config import RunConfig
+from rl.run import Run
+from rl.runtime import Runtime
+
+
+def checkpoint_due(every: int, global_step: int, steps_since_last_check: int) -> bool:
+    """Whether the steps since the last check crossed a multiple of `every` env steps (0: never)."""
+    return every > 0 and global_step // every > (global_step - steps_since_last_check) // every
+
+
+def report_due(iteration: int, every: int, last_iteration: int) -> bool:
+    """Iterations that log (and check for Ctrl-C and checkpoints): every `every`-th, and the last."""
+    return iteration % every == 0 or iteration == last_iteration
+
+
+class LoopClock:
+    """The training loop's seconds, less what this process spent compiling (--compile): the env steps/s
+    measure training, and the compile time is reported on its own line."""
+
+    def __init__(self) -> None:
+        self.start, self.compiled_before = time.perf_counter(), compile_seconds()
+
+    def compile_seconds(self) -> float:
+        return compile_seconds() - self.compiled_before
+
+    def seconds(self, also_left_out: float = 0.0) -> float:
+        """Since the loop began, less the compile time and `also_left_out` (a peer's compile time waited for)."""
+        return time.perf_counter() - self.start - self.compile_seconds() - also_left_out
+
+
+def report_compile_time(cfg: RunConfig, seconds: float, who: str = "this process") -> None:
+    if cfg.compile:
+        print(f"torch.compile: {seconds:.1f} s compiling in {who} (left out of the env steps/s)", flush=True)
+
+
+def summary_line(
+    steps: int, seconds: float, peak_rss_mb: Sequence[float] = (), process_seconds: float | None = None
+) -> str:
+    """The line that closes every run's loop (benchmarks read their env steps/s from it)."""
+    line = f"training loop: {steps} steps in {seconds:.2f} s ({steps / seconds:,.0f} steps/s)"
+    if peak_rss_mb:
+        line += f"; peak RSS per rank (MB): {', '.join(f'{mb:.0f}' for mb in peak_rss_mb)}"
+    if process_seconds is not None:
+        line += f"; rank 0 process time so far: {process_seconds:.2f} s"
+    return line
+
+
+def report_resources(runtime: Runtime, run: Run, loop_seconds: float, global_step: int) -> None:
+    """Loop speed, and each rank's process time and peak memory, printed and logged by rank 0."""
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    process_seconds = time.monotonic() - PROCESS_STARTED
+    per_rank = runtime.all_gather_rows(torch.tensor([[peak_rss_mb, process_seconds]], dtype=torch.float64))
+    run.sink.log_scalars(
+        {"Perf/loop_steps_per_second": global_step / loop_seconds, "Perf/peak_rss_mb_max": float(per_rank[:, 0].max())},
+        global_step,
+    )
+    if runtime.is_main:
+        print(summary_line(global_step, loop_seconds, per_rank[:, 0].tolist(), float(per_rank[0, 1])), flush=True)
+
+
+class CheckpointClock:
+    """`--checkpoint-every` as a time: due once that long has passed since the last checkpoint."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.last = time.monotonic()
+
+    def due(self) -> bool:
+        return self.seconds > 0 and time.monotonic() - self.last >= self.seconds
+
+    def restart(self) -> None:
+        self.last = time.monotonic()
+
+
+class InterruptFlag:
+    """Ctrl-C (SIGINT, which the launchers pass on to every rank) asks for a checkpoint and a clean
+    stop at the end of the current update, agreed by all ranks, rather than a KeyboardInterrupt
+    in the middle of a collective."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        signal.signal(signal.SIGINT, self._request)
+
+    def _request(self, signum: int, frame: object) -> None:
+        self.requested = True
+
+
+class StopRequest(Protocol):
+    requested: bool
+
+
+@dataclass
+class Requests:
+    """What a process asks for at a report; pooled over the processes (`LoopBody.agree`), a request of any
+    one of them holds for all."""
+
+    interrupt: bool = False  # Ctrl-C: checkpoint and stop, the run unfinished
+    checkpoint: bool = False  # a checkpoint is due (by the clock, or by --checkpoint-every steps)
+    finish: bool = False  # --stop-at-return was reached or a callback asked to stop: the run ends finished
+
+    def as_flags(self) -> list[bool]:
+        return [self.interrupt, self.checkpoint, self.finish]
+
+
+def agreed(runtime: Runtime, wanted: Requests) -> Requests:
+    """Each request, held where any rank made it: one all-reduce for all of them."""
+    flags = torch.tensor([float(flag) for flag in wanted.as_flags()], device=runtime.device)
+    return Requests(*(value > 0 for value in runtime.all_reduce_sum(flags).tolist()))
+
+
+@dataclass
+class LoopState:
+    """Where the loop is, as the events see it."""
+
+    iteration: int
+    global_step: int
+    num_iterations: int
+    rank: int  # this process's rank among those that run the loop
+    is_main: bool  # the process that logs
+    run_dir: str | None  # where this process knows it (every rank in coupled mode, the lead player, worker 0)
+    stop_requested: bool = False
+    interrupted: bool = False
+
+    def request_stop(self) -> None:
+        """End the run at this report (or the next), on every process, as a finished run: its agent saved and
+        evaluated."""
+        self.stop_requested = True
+
+
+class Callback:
+    """Code of your own on the training loop's events: pass instances to `rl.train(config, callbacks=[...])`.
+
+    Every process that runs the loop calls its callbacks (each rank when coupled, each player when
+    decoupled, each Hogwild worker); `state.is_main` tells the one that logs. `state.request_stop()`
+    from any event, on any process, ends the run on all of them at the report where it was asked
+    (the next one if asked between reports), as a finished run. Override the events you need."""
+
+    def on_iteration_end(self, state: LoopState) -> None:
+        """After each iteration: a rollout collected, and learned from."""
+
+    def on_report(self, state: LoopState, scalars: dict[str, float]) -> None:
+        """At each report, with the scalars it logged (every rank has them when coupled)."""
+
+    def on_evaluation(self, state: LoopState, scalars: dict[str, float]) -> None:
+        """After each `--eval-every` evaluation (on the process that evaluates), with its `Eval/` scalars."""
+
+    def on_checkpoint(self, state: LoopState) -> None:
+        """After a checkpoint was written (the files are in `state.run_dir`/checkpoints)."""
+
+    def on_finish(self, state: LoopState) -> None:
+        """When the loop has ended: `state.interrupted` after Ctrl-C, else training is done."""
+
+
+class LoopBody(Protocol):
+    """What a mode's process does at each point of the loop."""
+
+    def iterate(self, iteration: int) -> None:
+        """One iteration of this process's role."""
+
+    def report(self, iteration: int) -> dict[str, float]:
+        """Log this report's statistics; the scalars logged (empty where this process logs none)."""
+
+    def agree(self, iteration: int, wanted: Requests) -> Requests:
+        """Pool this report's requests with the other processes'."""
+
+    def ended(self, iteration: int) -> None:
+        """The loop's last iteration is done (its final checkpoint comes next): stop the clocks."""
+
+    def checkpoint(self, iteration: int) -> None:
+        """Write (or take part in writing) a training checkpoint at the end of `iteration`."""
+
+
+@dataclass
+class Evaluation:
+    """A periodic evaluation that the loop runs at reports: `evaluate(step)` gives its `Eval/` scalars when it
+    evaluated, else None; `target` is --stop-at-return."""
+
+    evaluate: Callable[[int], dict[str, float] | None]
+    target: float | None
+
+
+@dataclass
+class TrainingLoop:
+    """Iterations from `first_iteration` to `num_iterations`, with a report every `report_every` and the last;
+    at a report the processes agree whether to checkpoint or stop. `keeps_clock`: this process keeps the
+    checkpoint clock (one process does, so that all agree)."""
+
+    cfg: RunConfig
+    body: LoopBody
+    state: LoopState
+    first_iteration: int
+    report_every: int
+    steps_per_iteration: int  # every process's env steps together
+    keeps_clock: bool
+    evaluation: Evaluation | None = None
+    callbacks: Sequence[Callback] = ()
+    interrupt: StopRequest = field(default_factory=InterruptFlag)  # Ctrl-C, or how the mode hears of it
+    saved_at: int = -1  # the iteration of the newest checkpoint
+
+    def __post_init__(self) -> None:
+        self.clock = CheckpointClock(self.cfg.checkpoint_seconds)
+
+    def run(self) -> LoopState:
+        """The loop, to its last iteration or a stop; the state it ended in. It ends with a checkpoint."""
+        state = self.state
+        iteration, start_step = self.first_iteration - 1, state.global_step
+        checked_step = start_step
+        for iteration in range(self.first_iteration, state.num_iterations + 1):
+            state.iteration = iteration
+            state.global_step = start_step + (iteration - self.first_iteration + 1) * self.steps_per_iteration
+            self.body.iterate(iteration)
+            self.fire("on_iteration_end")
+            if not report_due(iteration, self.report_every, state.num_iterations):
+                continue
+            self.fire("on_report", self.body.report(iteration))
+            last = iteration == state.num_iterations
+            finish = not last and (self.evaluated_target() or state.stop_requested)
+            steps_due = checkpoint_due(self.cfg.checkpoint_steps, state.global_step, state.global_step - checked_step)
+            checked_step = state.global_step
+            time_due = self.keeps_clock and self.clock.due()
+            decided = self.body.agree(iteration, Requests(self.interrupt.requested, steps_due or time_due, finish))
+            if decided.interrupt or decided.finish:
+                state.interrupted = decided.interrupt
+                break  # to the final checkpoint
+            if decided.checkpoint:
+                self.checkpoint(iteration)
+        self.body.ended(iteration)
+        if self.saved_at != iteration:
+            self.checkpoint(iteration)
+        self.fire("on_finish")
+        return state
+
+    def checkpoint(self, iteration: int) -> None:
+        self.saved_at = iteration
+        self.clock.restart()
+        self.body.checkpoint(iteration)
+        self.fire("on_checkpoint")
+
+    def evaluated_target(self) -> bool:
+        """Run the periodic evaluation if one is due here; whether it reached --stop-at-return."""
+        if self.evaluation is None:
+            return False
+        scalars = self.evaluation.evaluate(self.state.global_step)
+        if scalars is None:
+            return False
+        self.fire("on_evaluation", scalars)
+        target = self.evaluation.target
+        if target is None or scalars["Eval/return_mean"] < target:
+            return False
+        step = self.state.global_step
+        print(f"step {step}: the greedy return reached --stop-at-return {target:g}; training ends here", flush=True)
+        return True
+
+    def fire(self, event: str, *payload: dict[str, float]) -> None:
+        for callback in self.callbacks:
+            getattr(callback, event)(self.state, *payload)
