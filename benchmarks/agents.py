@@ -40,14 +40,18 @@ def replay(agent: Path) -> tuple[float, float]:
 
 
 def page(out: Path) -> str:
-    lines = ["# Trained agents", "",
-             "The learning benchmark keeps the trained agent of each row's first seed, under "
-             "`benchmarks/results/suite/agents/`. Each line's command replays it: 10 greedy episodes on "
-             "evaluation seed 0, which gives the return shown. The run's own closing evaluation, on the "
-             "training run's evaluation envs, is beside it; the [learning benchmark](benchmarks/learning.md) "
-             "has the rows over all their seeds. `rl.load_agent(path).predict(obs)` loads any of them in Python.",
-             "", "| row | env | config | env steps | return (10 greedy episodes) | run's closing evaluation "
-             "| replay |", "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "# Trained agents",
+        "",
+        "The learning benchmark keeps the trained agent of each row's first seed, under "
+        "`benchmarks/results/suite/agents/`. Each line's command replays it: 10 greedy episodes on "
+        "evaluation seed 0, which gives the return shown. The run's own closing evaluation, on the "
+        "training run's evaluation envs, is beside it; the [learning benchmark](benchmarks/learning.md) "
+        "has the rows over all their seeds. `rl.load_agent(path).predict(obs)` loads any of them in Python.",
+        "",
+        "| row | env | config | env steps | return (10 greedy episodes) | run's closing evaluation | replay |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for name, row in ROWS.items():
         run = run_name(name, row.seeds[0])
         agent = agent_file(out, run)
@@ -56,8 +60,10 @@ def page(out: Path) -> str:
         finished = json.loads(row_file(out, run).read_text())
         mean, std = replay(agent)
         command = " ".join(replay_command(agent))
-        lines.append(f"| `{name}` | {row.env_id} | {row.config} | {finished['steps']:,} | {mean:,.2f} ± {std:,.2f} | "
-                     f"{finished['eval_return']:,.1f} | `{command}` |")  # fmt: skip
+        lines.append(
+            f"| `{name}` | {row.env_id} | {row.config} | {finished['steps']:,} | {mean:,.2f} ± {std:,.2f} | "
+            f"{finished['eval_return']:,.1f} | `{command}` |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -79,18 +79,37 @@ def floor(lever: str = "baseline", repeats: int = 5) -> dict[str, float]:
     train_seconds = seconds_per_call(lambda: learn(training_obs), repeats)
     rows = NUM_ENVS * NUM_STEPS
     per_rollout = NUM_STEPS * act_seconds + EPOCHS * (rows // MINIBATCH) * train_seconds
-    return {"act_ms": 1000 * act_seconds, "train_step_ms": 1000 * train_seconds,
-            "rollout_s": per_rollout, "steps_per_s": rows / per_rollout}  # fmt: skip
+    return {
+        "act_ms": 1000 * act_seconds,
+        "train_step_ms": 1000 * train_seconds,
+        "rollout_s": per_rollout,
+        "steps_per_s": rows / per_rollout,
+    }
 
 
 def whole_loop(env_id: str, mode: str, ranks: int, iterations: int, extra_flags: list[str] = ()) -> float | None:
     """Env steps/s of the training loop as the run prints it (None if it failed)."""
     steps = iterations * ranks * NUM_ENVS * NUM_STEPS
-    flags = ["--preset", "atari-ppo", "--env-id", env_id, "--vector-mode", mode, "--total-timesteps", str(steps),
-             "--eval-episodes", "0", "--no-progress-bar", *extra_flags]  # fmt: skip
+    flags = [
+        "--preset",
+        "atari-ppo",
+        "--env-id",
+        env_id,
+        "--vector-mode",
+        mode,
+        "--total-timesteps",
+        str(steps),
+        "--eval-episodes",
+        "0",
+        "--no-progress-bar",
+        *extra_flags,
+    ]
     script = str(REPO / "train_fabric.py")
-    command = ([str(BIN / "fabric"), "run", "--accelerator=cpu", f"--devices={ranks}", script] if ranks > 1
-               else [sys.executable, script])  # fmt: skip
+    command = (
+        [str(BIN / "fabric"), "run", "--accelerator=cpu", f"--devices={ranks}", script]
+        if ranks > 1
+        else [sys.executable, script]
+    )
     with tempfile.TemporaryDirectory() as cwd:
         finished = subprocess.run([*command, *flags], cwd=cwd, capture_output=True, text=True, timeout=1800)
     match = LOOP.search(finished.stdout)
@@ -146,12 +165,17 @@ def main() -> None:
             print(f"floor [{lever}]: does not run here: {type(error).__name__}: {str(error).splitlines()[0]}")
             continue
         f = floors[lever]
-        print(f"floor [{lever}], one thread: act {f['act_ms']:.2f} ms per step of {NUM_ENVS} envs, "
-              f"train {f['train_step_ms']:.1f} ms per minibatch of {MINIBATCH}: {f['rollout_s']:.2f} s per rollout, "
-              f"{f['steps_per_s']:.0f} env steps/s per rank", flush=True)  # fmt: skip
+        print(
+            f"floor [{lever}], one thread: act {f['act_ms']:.2f} ms per step of {NUM_ENVS} envs, "
+            f"train {f['train_step_ms']:.1f} ms per minibatch of {MINIBATCH}: {f['rollout_s']:.2f} s per rollout, "
+            f"{f['steps_per_s']:.0f} env steps/s per rank",
+            flush=True,
+        )
     base = floors["baseline"]["steps_per_s"]
-    print(f"\n{args.env_id}, preset atari-ppo, {args.iterations} rollouts per rank; share of the floor "
-          f"({base:.0f} env steps/s per rank, on its own core):")  # fmt: skip
+    print(
+        f"\n{args.env_id}, preset atari-ppo, {args.iterations} rollouts per rank; share of the floor "
+        f"({base:.0f} env steps/s per rank, on its own core):"
+    )
     print("| vector mode | ranks | env steps/s | share of floor |\n| --- | --- | --- | --- |")
     for ranks in args.ranks:
         for mode in args.modes:

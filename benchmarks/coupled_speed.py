@@ -75,8 +75,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="runs per launcher, interleaved")
     parser.add_argument("--imports", action="store_true", help="also time each process's imports")
     args = parser.parse_args()
-    print(f"{'launcher':<11} {'loop steps/s':>12} {'loop s':>7} {'whole s':>8} {'outside loop':>13} "
-          f"{'peak RSS per rank MB':>21}")  # fmt: skip
+    print(
+        f"{'launcher':<11} {'loop steps/s':>12} {'loop s':>7} {'whole s':>8} {'outside loop':>13} "
+        f"{'peak RSS per rank MB':>21}"
+    )
     wall_times: dict[str, list[float]] = {name: [] for name in LAUNCHES}
     outside: dict[str, list[float]] = {name: [] for name in LAUNCHES}
     for _ in range(args.repeats):
@@ -84,12 +86,17 @@ def main() -> None:
             steps_per_second, loop, wall, rss = measure(command)
             wall_times[name].append(wall)
             outside[name].append((wall - loop) / wall)
-            print(f"{name:<11} {steps_per_second:>12,.0f} {loop:>7.2f} {wall:>8.2f} {outside[name][-1]:>12.0%} "
-                  f"{', '.join(map(str, rss)):>21}", flush=True)  # fmt: skip
+            print(
+                f"{name:<11} {steps_per_second:>12,.0f} {loop:>7.2f} {wall:>8.2f} {outside[name][-1]:>12.0%} "
+                f"{', '.join(map(str, rss)):>21}",
+                flush=True,
+            )
     fabric, torchrun = (statistics.median(wall_times[name]) for name in LAUNCHES)
-    print(f"medians: fabric run {fabric:.2f} s ({statistics.median(outside['fabric run']):.0%} outside the loop), "
-          f"torchrun {torchrun:.2f} s ({statistics.median(outside['torchrun']):.0%}); "
-          f"Fabric's overhead {fabric / torchrun:.2f}x")  # fmt: skip
+    print(
+        f"medians: fabric run {fabric:.2f} s ({statistics.median(outside['fabric run']):.0%} outside the loop), "
+        f"torchrun {torchrun:.2f} s ({statistics.median(outside['torchrun']):.0%}); "
+        f"Fabric's overhead {fabric / torchrun:.2f}x"
+    )
     if args.imports:
         for label, statement in IMPORTS.items():
             print(f"{label:<46} {import_seconds(statement):5.2f} s", flush=True)

@@ -154,8 +154,9 @@ def main() -> None:
                 samples[name].append(results[name] * 1e3)
         samples["compute floor (1 process)"].append(floor(args.steps) * 1e3)
     base = statistics.median(samples["compute floor (1 process)"])
-    print(f"PPO minibatch step, 2 gloo ranks, {ROWS} rows per rank, medians of {args.rounds} rounds "
-          f"of {args.steps} steps")  # fmt: skip
+    print(
+        f"PPO minibatch step, 2 gloo ranks, {ROWS} rows per rank, medians of {args.rounds} rounds of {args.steps} steps"
+    )
     print("| variant | ms per step | communication (ms) | rounds (ms) |")
     print("| --- | --- | --- | --- |")
     for name, values in samples.items():

@@ -70,8 +70,11 @@ def main() -> None:
     for work in ("compute", "sleep"):
         for floats in (1, SAC_GRADIENT_FLOATS):
             median, mean, skew = measure(work, floats, args.steps)
-            print(f"after ~10 ms of {work:7s}, all-gather of {floats:7,d} floats: {median:.2f} ms median, "
-                  f"{mean:.2f} ms mean once both arrived; arrival skew {skew:.2f} ms mean", flush=True)  # fmt: skip
+            print(
+                f"after ~10 ms of {work:7s}, all-gather of {floats:7,d} floats: {median:.2f} ms median, "
+                f"{mean:.2f} ms mean once both arrived; arrival skew {skew:.2f} ms mean",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -30,8 +30,7 @@ CONFIGS: dict[str, list[str]] = {
     "sac": ["sac", "--preset", "halfcheetah", "--learning-starts", "1000", "--total-timesteps", "8000"],
 }
 LEANRL_H100 = {"atari": 6809, "sac": 725}
-VARIANTS = ["32-true", "bf16-mixed", "16-mixed", "32-true+compile", "bf16-mixed+compile",
-            "bf16-mixed+reduce-overhead"]  # fmt: skip
+VARIANTS = ["32-true", "bf16-mixed", "16-mixed", "32-true+compile", "bf16-mixed+compile", "bf16-mixed+reduce-overhead"]
 
 
 def variant_flags(variant: str) -> list[str]:
@@ -72,9 +71,12 @@ def main() -> None:
                 started = time.perf_counter()
                 steps, seconds, failure = run(config, variant)
                 wall = time.perf_counter() - started
-                print(f"round {round_}: {config} {variant}: "
-                      f"{f'{steps:,.0f} env steps/s' if steps else f'failed: {failure}'}, "
-                      f"compile {seconds:.0f} s, wall {wall:.0f} s", flush=True)  # fmt: skip
+                print(
+                    f"round {round_}: {config} {variant}: "
+                    f"{f'{steps:,.0f} env steps/s' if steps else f'failed: {failure}'}, "
+                    f"compile {seconds:.0f} s, wall {wall:.0f} s",
+                    flush=True,
+                )
                 if steps:
                     speeds.setdefault((config, variant), []).append(steps)
                     compile_s.setdefault((config, variant), []).append(seconds)
@@ -88,8 +90,10 @@ def main() -> None:
                 continue
             median = statistics.median(speeds[(config, variant)])
             ratio = f"{median / base:.2f}" if base else ""
-            print(f"| {config} | {variant} | {median:,.0f} | {ratio} | {median / LEANRL_H100[config]:.2f} | "
-                  f"{statistics.median(compile_s[(config, variant)]):.0f} |")  # fmt: skip
+            print(
+                f"| {config} | {variant} | {median:,.0f} | {ratio} | {median / LEANRL_H100[config]:.2f} | "
+                f"{statistics.median(compile_s[(config, variant)]):.0f} |"
+            )
 
 
 if __name__ == "__main__":

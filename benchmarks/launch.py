@@ -33,8 +33,13 @@ def fabric_run(
     flags: list[str], devices: int = 2, script: str = "train_fabric.py", accelerator: str = "cpu"
 ) -> list[str]:
     """`fabric run` of an entry point on `devices` processes (CPU ones unless told), on a port of its own."""
-    launcher = [str(BIN / "fabric"), "run", f"--accelerator={accelerator}", f"--devices={devices}",
-                f"--main-port={free_port()}"]  # fmt: skip
+    launcher = [
+        str(BIN / "fabric"),
+        "run",
+        f"--accelerator={accelerator}",
+        f"--devices={devices}",
+        f"--main-port={free_port()}",
+    ]
     return [*launcher, str(REPO / script), *flags]
 
 

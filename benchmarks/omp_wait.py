@@ -29,11 +29,30 @@ from launch import REPO, SUMMARY
 QUIET = "--eval-episodes 0 --no-progress-bar".split()
 CASES: dict[str, list[str]] = {
     "ppo-cartpole": ["--total-timesteps", "8192", *QUIET],
-    "sac-halfcheetah": ["sac", "--preset", "halfcheetah", "--total-timesteps", "1500", "--learning-starts", "1000",
-                        *QUIET],
-    "ppo-pixels": ["--env-id", "rl/PixelCartPole-v1", "--resize", "0", "--frame-stack", "2", "--num-envs", "4",
-                   "--total-timesteps", "4096", *QUIET],
-}  # fmt: skip
+    "sac-halfcheetah": [
+        "sac",
+        "--preset",
+        "halfcheetah",
+        "--total-timesteps",
+        "1500",
+        "--learning-starts",
+        "1000",
+        *QUIET,
+    ],
+    "ppo-pixels": [
+        "--env-id",
+        "rl/PixelCartPole-v1",
+        "--resize",
+        "0",
+        "--frame-stack",
+        "2",
+        "--num-envs",
+        "4",
+        "--total-timesteps",
+        "4096",
+        *QUIET,
+    ],
+}
 WAITS: dict[str, dict[str, str]] = {
     "libgomp default": {"GOMP_SPINCOUNT": "300000"},  # what libgomp does when neither variable is set
     "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
@@ -50,8 +69,9 @@ def steps_per_second(case: str, wait: str, timeout: float) -> tuple[float, bool]
     command = [sys.executable, str(REPO / "train_fabric.py"), *CASES[case]]
     with tempfile.TemporaryDirectory() as cwd:
         try:
-            done = subprocess.run(command, cwd=cwd, env=environment(wait), capture_output=True, text=True,
-                                  timeout=timeout, check=False)  # fmt: skip
+            done = subprocess.run(
+                command, cwd=cwd, env=environment(wait), capture_output=True, text=True, timeout=timeout, check=False
+            )
         except subprocess.TimeoutExpired:
             return float(CASES[case][CASES[case].index("--total-timesteps") + 1]) / timeout, False
     match = SUMMARY.search(done.stdout)
@@ -62,16 +82,28 @@ def steps_per_second(case: str, wait: str, timeout: float) -> tuple[float, bool]
 
 LOADS = {
     "spin": [sys.executable, "-c", "while True: pass"],
-    "training": [sys.executable, str(REPO / "train_fabric.py"), "sac", "--preset", "halfcheetah", "--total-timesteps",
-                 "100000000", "--torch-threads", "1", *QUIET],
-}  # fmt: skip
+    "training": [
+        sys.executable,
+        str(REPO / "train_fabric.py"),
+        "sac",
+        "--preset",
+        "halfcheetah",
+        "--total-timesteps",
+        "100000000",
+        "--torch-threads",
+        "1",
+        *QUIET,
+    ],
+}
 LOAD_STARTUP_SECONDS = 15  # a training load's imports and env checks, before it trains
 
 
 def measure(case: str, busy: int, load: str, rounds: int, timeout: float) -> None:
     with tempfile.TemporaryDirectory() as cwd:
-        loads = [subprocess.Popen(LOADS[load], cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                 for _ in range(busy)]  # fmt: skip
+        loads = [
+            subprocess.Popen(LOADS[load], cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for _ in range(busy)
+        ]
         try:
             if busy and load == "training":
                 time.sleep(LOAD_STARTUP_SECONDS)
@@ -91,8 +123,10 @@ def compare(case: str, condition: str, rounds: int, timeout: float) -> None:
             late = "" if finished else f" (at most: did not finish in {timeout:.0f} s)"
             print(f"  {case}, {condition}: {wait}: {speed:,.0f} env steps/s{late}", flush=True)
     medians = {wait: statistics.median(values) for wait, values in results.items()}
-    print(f"{case}, {condition}: passive / libgomp default = "
-          f"{medians['passive'] / medians['libgomp default']:.2f}x", flush=True)  # fmt: skip
+    print(
+        f"{case}, {condition}: passive / libgomp default = {medians['passive'] / medians['libgomp default']:.2f}x",
+        flush=True,
+    )
 
 
 def main() -> None:

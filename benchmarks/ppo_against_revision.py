@@ -49,16 +49,20 @@ def main() -> None:
     ratios: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as folder:
         baseline = Path(folder) / "baseline"
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(baseline), args.revision],
-                       check=True)  # fmt: skip
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(baseline), args.revision], check=True
+        )
         try:
             for round_ in range(1, args.rounds + 1):
                 for name, ours in runs(REPO).items():
                     before = loop_steps_per_second(runs(baseline)[name])
                     after = loop_steps_per_second(ours)
                     ratios.setdefault(name, []).append(after / before)
-                    print(f"round {round_}, {name:<20} {args.revision}: {before:7,.0f}  this tree: {after:7,.0f} "
-                          f"steps/s  ({after / before:.2f}x)", flush=True)  # fmt: skip
+                    print(
+                        f"round {round_}, {name:<20} {args.revision}: {before:7,.0f}  this tree: {after:7,.0f} "
+                        f"steps/s  ({after / before:.2f}x)",
+                        flush=True,
+                    )
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(baseline)], check=False)
     for name, values in ratios.items():

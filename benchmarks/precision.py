@@ -64,22 +64,43 @@ def variant_flags(variant: str) -> list[str]:
 
 
 def command(config: str, variant: str, seed: int, out: Path) -> list[str]:
-    flags = [*CONFIGS[config], "--seed", str(seed), *variant_flags(variant), "--torch-threads", "1",
-             "--no-progress-bar", "--run-name", run_name(config, variant, seed), "--log-dir", str(out / "runs"),
-             "--checkpoint-every", "5m", "--keep-last", "1"]  # fmt: skip
+    flags = [
+        *CONFIGS[config],
+        "--seed",
+        str(seed),
+        *variant_flags(variant),
+        "--torch-threads",
+        "1",
+        "--no-progress-bar",
+        "--run-name",
+        run_name(config, variant, seed),
+        "--log-dir",
+        str(out / "runs"),
+        "--checkpoint-every",
+        "5m",
+        "--keep-last",
+        "1",
+    ]
     return fabric_run(flags)
 
 
 def plan(configs: list[str], variants: list[str], seeds: list[int], out: Path) -> list[Run]:
     """Every (config, variant, seed), the variants alternating seed by seed."""
-    return [Run(run_name(c, v, s), functools.partial(command, c, v, s, out), {"config": c, "variant": v, "seed": s})
-            for c in configs for s in seeds for v in variants]  # fmt: skip
+    return [
+        Run(run_name(c, v, s), functools.partial(command, c, v, s, out), {"config": c, "variant": v, "seed": s})
+        for c in configs
+        for s in seeds
+        for v in variants
+    ]
 
 
 def markdown(rows: list[dict], configs: list[str], variants: list[str]) -> str:
     """A row per config and variant; lower precisions are judged against the float32 seeds' spread."""
-    lines = ["| config | variant | greedy return | seeds | env steps/s | compile s | wall time per run | "
-             "within float32's spread |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "| config | variant | greedy return | seeds | env steps/s | compile s | wall time per run | "
+        "within float32's spread |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for config in configs:
         reference = [row["eval_return"] for row in rows if row["config"] == config and row["variant"] == "32-true"]
         for variant in variants:
@@ -88,8 +109,7 @@ def markdown(rows: list[dict], configs: list[str], variants: list[str]) -> str:
                 continue
             returns = [row["eval_return"] for row in members]
             mean = statistics.mean(returns)
-            verdict = "—" if variant == "32-true" or not reference else (
-                "yes" if mean >= min(reference) else "no")  # fmt: skip
+            verdict = "—" if variant == "32-true" or not reference else ("yes" if mean >= min(reference) else "no")
             speeds = [row["env_steps_per_s"] for row in members if row["env_steps_per_s"]]
             lines.append(
                 f"| {config} | {variant} | {mean:.1f} ± {statistics.pstdev(returns):.1f} "
@@ -124,17 +144,31 @@ def speed(rounds: int) -> None:
     for round_ in range(1, rounds + 1):
         for lever in ("baseline", "bf16_autocast"):
             result = floor(lever, repeats=2)
-            print(f"round {round_}: Nature CNN floor [{lever}]: {result['train_step_ms']:.0f} ms per minibatch of "
-                  f"256, {result['steps_per_s']:.0f} env steps/s per rank", flush=True)  # fmt: skip
+            print(
+                f"round {round_}: Nature CNN floor [{lever}]: {result['train_step_ms']:.0f} ms per minibatch of "
+                f"256, {result['steps_per_s']:.0f} env steps/s per rank",
+                flush=True,
+            )
         for precision in ("32-true", "bf16-mixed"):
             for mode in ("sync", "native"):
                 steps = whole_loop("ALE/Pong-v5", mode, 2, 2, ["--precision", precision])
-                print(f"round {round_}: Pong loop, {mode}, 2 ranks, {precision}: {steps or 0:,.0f} env steps/s",
-                      flush=True)  # fmt: skip
+                print(
+                    f"round {round_}: Pong loop, {mode}, 2 ranks, {precision}: {steps or 0:,.0f} env steps/s",
+                    flush=True,
+                )
         for config, total in (("ppo/cartpole", "32768"), ("sac/pendulum", "3000")):
             for variant in VARIANTS:
-                flags = [*CONFIGS[config], "--total-timesteps", total, *variant_flags(variant), "--torch-threads", "1",
-                         "--eval-episodes", "0", "--no-progress-bar"]  # fmt: skip
+                flags = [
+                    *CONFIGS[config],
+                    "--total-timesteps",
+                    total,
+                    *variant_flags(variant),
+                    "--torch-threads",
+                    "1",
+                    "--eval-episodes",
+                    "0",
+                    "--no-progress-bar",
+                ]
                 steps = loop_steps_per_second(fabric_run(flags))
                 print(f"round {round_}: {config}, 2 ranks, {variant}: {steps:,.0f} env steps/s", flush=True)
 
@@ -143,8 +177,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("study", choices=["learning", "pong", "speed"])
     parser.add_argument("--configs", nargs="+", default=LEARNING_CONFIGS, choices=list(CONFIGS))
-    parser.add_argument("--variants", nargs="+", default=None, help=f"default: {' '.join(VARIANTS)} (pong: "
-                        "32-true bf16-mixed)")  # fmt: skip
+    parser.add_argument(
+        "--variants", nargs="+", default=None, help=f"default: {' '.join(VARIANTS)} (pong: 32-true bf16-mixed)"
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS / "precision")

@@ -79,18 +79,20 @@ def summarize(rows: list[dict], presets: list[str]) -> list[dict]:
         members = [row for row in rows if row["preset"] == preset]
         returns = [row["eval_return"] for row in members]
         env_id, published, published_steps = PUBLISHED[preset]
-        table.append({
-            "preset": preset,
-            "env_id": env_id,
-            "seeds": len(members),
-            "return_mean": round(statistics.mean(returns), 1),
-            "return_std": round(statistics.pstdev(returns), 1),
-            "steps": members[0]["steps"],
-            "wall_time_s": round(statistics.mean(row["wall_time_s"] for row in members), 1),
-            "published": published,
-            "published_steps": published_steps,
-            "matched": statistics.mean(returns) >= published and members[0]["steps"] <= published_steps,
-        })  # fmt: skip
+        table.append(
+            {
+                "preset": preset,
+                "env_id": env_id,
+                "seeds": len(members),
+                "return_mean": round(statistics.mean(returns), 1),
+                "return_std": round(statistics.pstdev(returns), 1),
+                "steps": members[0]["steps"],
+                "wall_time_s": round(statistics.mean(row["wall_time_s"] for row in members), 1),
+                "published": published,
+                "published_steps": published_steps,
+                "matched": statistics.mean(returns) >= published and members[0]["steps"] <= published_steps,
+            }
+        )
     return table
 
 

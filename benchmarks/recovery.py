@@ -55,8 +55,15 @@ def newest_step(cwd: Path) -> int:
 
 def measure(name: str, args: list[str], kills: int, rng: random.Random) -> None:
     cwd = Path(tempfile.mkdtemp(prefix="recovery_")).resolve()
-    command = [str(TORCHRUN), "--nproc-per-node=2", "--standalone", f"--max-restarts={kills}",
-               str(REPO / "train_fabric.py"), *args, *COMMON]  # fmt: skip
+    command = [
+        str(TORCHRUN),
+        "--nproc-per-node=2",
+        "--standalone",
+        f"--max-restarts={kills}",
+        str(REPO / "train_fabric.py"),
+        *args,
+        *COMMON,
+    ]
     job = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     kill_times = []
     for _ in range(kills):
@@ -78,9 +85,12 @@ def measure(name: str, args: list[str], kills: int, rng: random.Random) -> None:
     downtime = [start["time"] - killed for start, killed in zip(starts[1:], kill_times, strict=True)]
     for index, (seconds, steps) in enumerate(zip(downtime, redone, strict=True), 1):
         print(f"{name}: kill {index}: training again after {seconds:.1f} s; {steps} steps redone", flush=True)
-    print(f"{name}: mean {sum(downtime) / len(downtime):.1f} s from kill to training, "
-          f"{sum(redone) / len(redone):.0f} steps redone per kill ({args[args.index('--checkpoint-every') + 1]} "
-          "between checkpoints)", flush=True)  # fmt: skip
+    print(
+        f"{name}: mean {sum(downtime) / len(downtime):.1f} s from kill to training, "
+        f"{sum(redone) / len(redone):.0f} steps redone per kill ({args[args.index('--checkpoint-every') + 1]} "
+        "between checkpoints)",
+        flush=True,
+    )
 
 
 def main() -> None:

@@ -32,10 +32,26 @@ from launch import RESULTS, fabric_run, loop_steps_per_second
 from resumable import Run, curve, run_all
 
 PIXEL_SINGLE_FRAMES = [
-    "--env-id", "rl/PixelCartPole-v1", "--resize", "0", "--frame-stack", "1", "--total-timesteps", "100000",
-    "--num-envs", "4", "--num-steps", "128", "--update-epochs", "4", "--per-rank-batch-size", "256",
-    "--learning-rate", "1e-3", "--normalize-rewards",
-]  # fmt: skip
+    "--env-id",
+    "rl/PixelCartPole-v1",
+    "--resize",
+    "0",
+    "--frame-stack",
+    "1",
+    "--total-timesteps",
+    "100000",
+    "--num-envs",
+    "4",
+    "--num-steps",
+    "128",
+    "--update-epochs",
+    "4",
+    "--per-rank-batch-size",
+    "256",
+    "--learning-rate",
+    "1e-3",
+    "--normalize-rewards",
+]
 CONFIGS: dict[str, list[str]] = {
     "masked-cartpole/recurrent": ["--preset", "masked-cartpole"],
     "masked-cartpole/feed-forward": ["--preset", "masked-cartpole", "--no-recurrent"],
@@ -50,20 +66,41 @@ def run_name(config: str, seed: int) -> str:
 
 
 def command(config: str, seed: int, out: Path) -> list[str]:
-    return fabric_run([*CONFIGS[config], "--seed", str(seed), "--torch-threads", "1", "--no-progress-bar",
-                       "--run-name", run_name(config, seed), "--log-dir", str(out / "runs"), "--checkpoint-every",
-                       "5m", "--keep-last", "1"])  # fmt: skip
+    return fabric_run(
+        [
+            *CONFIGS[config],
+            "--seed",
+            str(seed),
+            "--torch-threads",
+            "1",
+            "--no-progress-bar",
+            "--run-name",
+            run_name(config, seed),
+            "--log-dir",
+            str(out / "runs"),
+            "--checkpoint-every",
+            "5m",
+            "--keep-last",
+            "1",
+        ]
+    )
 
 
 def plan(seeds: list[int], out: Path) -> list[Run]:
     """Recurrent and feed-forward alternate seed by seed."""
-    return [Run(run_name(config, seed), functools.partial(command, config, seed, out), {"config": config, "seed": seed})
-            for seed in seeds for config in CONFIGS if seed == seeds[0] or config not in SINGLE_SEED]  # fmt: skip
+    return [
+        Run(run_name(config, seed), functools.partial(command, config, seed, out), {"config": config, "seed": seed})
+        for seed in seeds
+        for config in CONFIGS
+        if seed == seeds[0] or config not in SINGLE_SEED
+    ]
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| env | policy | greedy return | per seed | steps | wall time per run | env steps/s |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "| env | policy | greedy return | per seed | steps | wall time per run | env steps/s |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for config in CONFIGS:
         members = [row for row in rows if row["config"] == config]
         if not members:
@@ -173,13 +210,21 @@ def speed(rounds: int) -> None:
             recurrent = loop_steps_per_second(fabric_run([*flags, *common, "--recurrent"]))
             feed_forward = loop_steps_per_second(fabric_run([*flags, *common, "--no-recurrent"]))
             ratios.append(recurrent / feed_forward)
-            print(f"round {round_}: {name}, 2 ranks: recurrent {recurrent:,.0f} env steps/s, feed-forward "
-                  f"{feed_forward:,.0f}: {ratios[-1]:.2f}x", flush=True)  # fmt: skip
+            print(
+                f"round {round_}: {name}, 2 ranks: recurrent {recurrent:,.0f} env steps/s, feed-forward "
+                f"{feed_forward:,.0f}: {ratios[-1]:.2f}x",
+                flush=True,
+            )
         print(f"{name}: recurrent / feed-forward, median over {rounds} rounds: {statistics.median(ratios):.2f}x")
-    for label, recurrent, stepped in (("feed-forward", False, False), ("recurrent, fused replay", True, False),
-                                      ("recurrent, stepped in Python", True, True)):  # fmt: skip
-        print(f"masked-cartpole, one minibatch's loss and backward, {label}: "
-              f"{minibatch_seconds(recurrent, stepped) * 1000:.1f} ms")  # fmt: skip
+    for label, recurrent, stepped in (
+        ("feed-forward", False, False),
+        ("recurrent, fused replay", True, False),
+        ("recurrent, stepped in Python", True, True),
+    ):
+        print(
+            f"masked-cartpole, one minibatch's loss and backward, {label}: "
+            f"{minibatch_seconds(recurrent, stepped) * 1000:.1f} ms"
+        )
     lstm_floor = minibatch_seconds(True, lstm_only=True) * 1000
     print(f"masked-cartpole, the LSTM kernel alone, forward and backward over the same minibatch: {lstm_floor:.1f} ms")
 

@@ -61,8 +61,13 @@ def ping_pong(rank: int, port: int, rows_list: list[int], repeats: int, out: str
 
 
 def sampling_ms(rows: int, capacity: int, repeats: int) -> float:
-    columns = {"obs": Column((3,)), "actions": Column((1,)), "rewards": Column(()), "next_obs": Column((3,)),
-               "terminated": Column(())}  # fmt: skip
+    columns = {
+        "obs": Column((3,)),
+        "actions": Column((1,)),
+        "rewards": Column(()),
+        "next_obs": Column((3,)),
+        "terminated": Column(()),
+    }
     buffer = ReplayBuffer(capacity, columns, torch.device("cpu"))
     buffer.size = capacity
     generator = torch.Generator().manual_seed(0)

@@ -119,9 +119,19 @@ def close_killed_launch(out: Path, name: str) -> None:
         written = opened["checkpoint_seen"]
     ended = max(opened["started"], written) if step > opened["from_step"] else opened["started"]
     seconds = round(ended - opened["started"], 1)
-    append_segment(out, name, {"started": opened["started"], "ended": round(ended, 1), "wall_time_s": seconds,
-                               "exit": "killed", "steps": step - opened["from_step"], "loop_s": seconds,
-                               "compile_s": 0.0})  # fmt: skip
+    append_segment(
+        out,
+        name,
+        {
+            "started": opened["started"],
+            "ended": round(ended, 1),
+            "wall_time_s": seconds,
+            "exit": "killed",
+            "steps": step - opened["from_step"],
+            "loop_s": seconds,
+            "compile_s": 0.0,
+        },
+    )
     marker.unlink()
 
 
@@ -149,10 +159,15 @@ def launch_segment(run: Run, out: Path) -> tuple[dict, str]:
     with checkpoints_watched(out, run.name, opened):
         done, wall_time = run_in_folder(run.command(), out / "launches" / run.name)
     summary, compiling = SUMMARY.search(done.stdout), COMPILE.search(done.stdout)
-    segment = {"started": round(started, 1), "ended": round(time.time(), 1), "wall_time_s": round(wall_time, 1),
-               "exit": done.returncode, "steps": int(summary.group(1)) if summary else 0,
-               "loop_s": float(summary.group(2)) if summary else 0.0,
-               "compile_s": float(compiling.group(1)) if compiling else 0.0}  # fmt: skip
+    segment = {
+        "started": round(started, 1),
+        "ended": round(time.time(), 1),
+        "wall_time_s": round(wall_time, 1),
+        "exit": done.returncode,
+        "steps": int(summary.group(1)) if summary else 0,
+        "loop_s": float(summary.group(2)) if summary else 0.0,
+        "compile_s": float(compiling.group(1)) if compiling else 0.0,
+    }
     append_segment(out, run.name, segment)
     write_curve(out, run.name)
     marker.unlink()
@@ -175,12 +190,16 @@ def train(run: Run, out: Path) -> dict:
     launches = segments(out, run.name)
     steps, loop_seconds = sum(s["steps"] for s in launches), sum(s["loop_s"] for s in launches)
     return {
-        **run.keys, "eval_return": float(evaluation.group(1)), "eval_std": float(evaluation.group(2)),
-        "steps": steps, "wall_time_s": round(sum(s["wall_time_s"] for s in launches), 1), "launches": len(launches),
+        **run.keys,
+        "eval_return": float(evaluation.group(1)),
+        "eval_std": float(evaluation.group(2)),
+        "steps": steps,
+        "wall_time_s": round(sum(s["wall_time_s"] for s in launches), 1),
+        "launches": len(launches),
         "env_steps_per_s": round(steps / loop_seconds) if loop_seconds else None,
         "compile_s": round(sum(s["compile_s"] for s in launches), 1),
         "training_return_last100": training_return_of_last(out, run.name),
-    }  # fmt: skip
+    }
 
 
 def row_file(out: Path, name: str) -> Path:
@@ -209,8 +228,11 @@ def run_all(plan: list[Run], out: Path, parallel: int = 1) -> list[dict]:
             agent_file(out, run.name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(run_folder(out, run.name) / "agent.ckpt", agent_file(out, run.name))
         shutil.rmtree(run_folder(out, run.name) / "checkpoints", ignore_errors=True)  # done: never resumed again
-        print(f"{run.name}: return {row['eval_return']:.1f}, {row['wall_time_s']:.0f} s "
-              f"({time.perf_counter() - started:.0f} s into this launch of the study)", flush=True)  # fmt: skip
+        print(
+            f"{run.name}: return {row['eval_return']:.1f}, {row['wall_time_s']:.0f} s "
+            f"({time.perf_counter() - started:.0f} s into this launch of the study)",
+            flush=True,
+        )
 
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         futures = [pool.submit(finish, run) for run in pending]
@@ -230,8 +252,9 @@ def run_all(plan: list[Run], out: Path, parallel: int = 1) -> list[dict]:
 
 def training_seconds(out: Path, name: str, wall_clock: float) -> float:
     """Seconds of the run's launches before `wall_clock`: the time between sessions is not training."""
-    return sum(max(0.0, min(wall_clock, s["ended"]) - s["started"]) for s in segments(out, name)
-               if s["started"] <= wall_clock)  # fmt: skip
+    return sum(
+        max(0.0, min(wall_clock, s["ended"]) - s["started"]) for s in segments(out, name) if s["started"] <= wall_clock
+    )
 
 
 def agent_file(out: Path, name: str) -> Path:

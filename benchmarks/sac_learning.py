@@ -34,8 +34,9 @@ TASKS = {
 
 def train(task: str, ranks: int, seed: int) -> tuple[float, float, float]:
     """(greedy return mean, its std, loop env steps/s) of one run."""
-    launcher = [sys.executable] if ranks == 1 else [str(BIN / "fabric"), "run", "--accelerator=cpu",
-                                                     f"--devices={ranks}"]  # fmt: skip
+    launcher = (
+        [sys.executable] if ranks == 1 else [str(BIN / "fabric"), "run", "--accelerator=cpu", f"--devices={ranks}"]
+    )
     args = ["sac", *TASKS[task].split(), "--seed", str(seed), "--torch-threads", "1", "--no-progress-bar"]
     stdout = run_in_scratch_folder([*launcher, str(REPO / "train_fabric.py"), *args])
     evaluation, loop = EVALUATION.search(stdout), LOOP.search(stdout)
@@ -51,16 +52,21 @@ def main() -> None:
     args = parser.parse_args()
     if args.task == "halfcheetah":
         mean, std, speed = train("halfcheetah", 2, args.seeds[0])
-        print(f"HalfCheetah-v5, 2 ranks, 50,000 steps, seed {args.seeds[0]}: greedy return {mean:.1f} ± {std:.1f} "
-              f"({speed:,.0f} env steps/s)")  # fmt: skip
+        print(
+            f"HalfCheetah-v5, 2 ranks, 50,000 steps, seed {args.seeds[0]}: greedy return {mean:.1f} ± {std:.1f} "
+            f"({speed:,.0f} env steps/s)"
+        )
         return
     for ranks in (1, 2):
         means = []
         for seed in args.seeds:
             mean, std, speed = train("pendulum", ranks, seed)
             means.append(mean)
-            print(f"Pendulum-v1, {ranks} rank(s), seed {seed}: greedy return {mean:.1f} ± {std:.1f} "
-                  f"({speed:,.0f} env steps/s)", flush=True)  # fmt: skip
+            print(
+                f"Pendulum-v1, {ranks} rank(s), seed {seed}: greedy return {mean:.1f} ± {std:.1f} "
+                f"({speed:,.0f} env steps/s)",
+                flush=True,
+            )
         verdict = "meets" if statistics.mean(means) >= -200 else "misses"
         print(f"Pendulum-v1, {ranks} rank(s): mean over seeds {statistics.mean(means):.1f} ({verdict} >= -200)")
 

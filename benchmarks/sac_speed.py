@@ -43,8 +43,9 @@ def ours(steps: int, threads: int, ranks: int = 1) -> float:
         command = [sys.executable, str(REPO / "train_fabric.py")]
     else:
         command = [str(BIN / "fabric"), "run", "--accelerator=cpu", f"--devices={ranks}", str(REPO / "train_fabric.py")]
-    return loop_steps_per_second([*command, *OURS, "--total-timesteps", str(steps * ranks), "--torch-threads",
-                                  str(threads)])  # fmt: skip
+    return loop_steps_per_second(
+        [*command, *OURS, "--total-timesteps", str(steps * ranks), "--torch-threads", str(threads)]
+    )
 
 
 def stable_baselines3(python: str, steps: int, threads: int) -> float:
@@ -75,8 +76,10 @@ def main() -> None:
             print(line, flush=True)
         one, two = ours(args.steps, 1), ours(args.steps, 1, ranks=2)
         ratios.setdefault("2 ranks / 1 rank", []).append(two / one)
-        print(f"  coupled, 1 thread per rank: 1 rank {one:6.1f}, 2 ranks {two:6.1f} env steps/s, "
-              f"{two / one:.2f}x", flush=True)  # fmt: skip
+        print(
+            f"  coupled, 1 thread per rank: 1 rank {one:6.1f}, 2 ranks {two:6.1f} env steps/s, {two / one:.2f}x",
+            flush=True,
+        )
     for name, values in ratios.items():
         print(f"median {name}: {statistics.median(values):.2f}x over {len(values)} round(s)")
 

@@ -121,27 +121,51 @@ def _ppo_spec(config: PPOConfig) -> dict[str, Any]:
     if config.anneal_lr or config.clip_vloss:
         raise ValueError(f"preset {config.preset!r}: only a constant learning rate and no value clipping map")
     # SB3's value loss is twice this project's (rl/algos/ppo/presets.py): half the coefficient gives the same loss.
-    model = {"n_steps": config.num_steps, "batch_size": config.per_rank_batch_size, "n_epochs": config.update_epochs,
-             "learning_rate": config.learning_rate, "gamma": config.gamma, "gae_lambda": config.gae_lambda,
-             "clip_range": config.clip_coef, "ent_coef": config.ent_coef, "max_grad_norm": config.max_grad_norm,
-             "normalize_advantage": config.normalize_advantages, "vf_coef": config.vf_coef / 2}  # fmt: skip
+    model = {
+        "n_steps": config.num_steps,
+        "batch_size": config.per_rank_batch_size,
+        "n_epochs": config.update_epochs,
+        "learning_rate": config.learning_rate,
+        "gamma": config.gamma,
+        "gae_lambda": config.gae_lambda,
+        "clip_range": config.clip_coef,
+        "ent_coef": config.ent_coef,
+        "max_grad_norm": config.max_grad_norm,
+        "normalize_advantage": config.normalize_advantages,
+        "vf_coef": config.vf_coef / 2,
+    }
     hidden = [config.hidden_size, config.hidden_size]
-    policy = {"activation_fn": config.activation_function, "ortho_init": config.ortho_init,
-              "log_std_init": config.log_std_init, "net_arch": {"pi": hidden, "vf": hidden}}  # fmt: skip
+    policy = {
+        "activation_fn": config.activation_function,
+        "ortho_init": config.ortho_init,
+        "log_std_init": config.log_std_init,
+        "net_arch": {"pi": hidden, "vf": hidden},
+    }
     normalize = None
     if config.normalize_observations or config.normalize_rewards:
-        normalize = {"norm_obs": config.normalize_observations, "norm_reward": config.normalize_rewards,
-                     "gamma": config.gamma}  # fmt: skip
+        normalize = {
+            "norm_obs": config.normalize_observations,
+            "norm_reward": config.normalize_rewards,
+            "gamma": config.gamma,
+        }
     return {"model": model, "policy": policy, "normalize": normalize}
 
 
 def _sac_spec(config: SACConfig) -> dict[str, Any]:
     if config.num_envs != 1 or config.policy_lr != config.q_lr or config.policy_frequency != 1:
         raise ValueError(f"preset {config.preset!r}: only one env and one learning rate map onto SB3's SAC")
-    model = {"learning_starts": config.learning_starts, "learning_rate": config.policy_lr,
-             "batch_size": config.batch_size, "buffer_size": config.buffer_size, "tau": config.tau,
-             "gamma": config.gamma, "train_freq": config.train_freq, "gradient_steps": config.gradient_steps,
-             "target_update_interval": config.target_network_frequency, "ent_coef": config.ent_coef}  # fmt: skip
+    model = {
+        "learning_starts": config.learning_starts,
+        "learning_rate": config.policy_lr,
+        "batch_size": config.batch_size,
+        "buffer_size": config.buffer_size,
+        "tau": config.tau,
+        "gamma": config.gamma,
+        "train_freq": config.train_freq,
+        "gradient_steps": config.gradient_steps,
+        "target_update_interval": config.target_network_frequency,
+        "ent_coef": config.ent_coef,
+    }
     return {"model": model, "policy": {}, "normalize": None}
 
 
@@ -154,16 +178,26 @@ def sb3_spec(row: str, steps: int, seed: int) -> dict[str, Any]:
     else:
         config = SACConfig(**preset_values(SACConfig, preset))
         spec = _sac_spec(config)
-    return {"algorithm": algorithm, "env_id": config.env_id, "n_envs": config.num_envs,
-            "env_kwargs": config.make_kwargs(), "time_feature": config.time_feature, "steps": steps, "seed": seed,
-            **spec}  # fmt: skip
+    return {
+        "algorithm": algorithm,
+        "env_id": config.env_id,
+        "n_envs": config.num_envs,
+        "env_kwargs": config.make_kwargs(),
+        "time_feature": config.time_feature,
+        "steps": steps,
+        "seed": seed,
+        **spec,
+    }
 
 
 def run_sb3(python: str | Path, row: str, steps: int, seed: int, checkpoint_dir: Path | None = None) -> dict:
     """Train SB3 on the row's preset; its steps, loop seconds and greedy return. A Ctrl-C (after a save into
     `checkpoint_dir`) raises KeyboardInterrupt; any other failure ends the benchmark with SB3's error output."""
-    spec = {**sb3_spec(row, steps, seed), "checkpoint_dir": None if checkpoint_dir is None else str(checkpoint_dir),
-            "checkpoint_every_s": CHECKPOINT_EVERY_S}  # fmt: skip
+    spec = {
+        **sb3_spec(row, steps, seed),
+        "checkpoint_dir": None if checkpoint_dir is None else str(checkpoint_dir),
+        "checkpoint_every_s": CHECKPOINT_EVERY_S,
+    }
     command = [str(python), "-c", SB3_PROGRAM, json.dumps(spec)]
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as process:
         _running.add(process)

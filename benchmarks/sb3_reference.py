@@ -91,8 +91,9 @@ def main() -> None:
     pending = [(row, seed) for seed in args.seeds for row in args.rows if run_name(row, seed) not in results]
     print(f"{len(pending)} SB3 runs to train, {len(results)} already done", flush=True)
     with ThreadPoolExecutor(max_workers=args.parallel) as pool:
-        futures = [pool.submit(reference_run, args.sb3_python, row, seed, args.out, results, lock)
-                   for row, seed in pending]  # fmt: skip
+        futures = [
+            pool.submit(reference_run, args.sb3_python, row, seed, args.out, results, lock) for row, seed in pending
+        ]
         try:
             for future in futures:
                 future.result()

@@ -35,9 +35,22 @@ MUJOCO_ROWS = [name for name, row in SUITE_ROWS.items() if row.env_id.endswith("
 
 def ours(row: str, steps: int, seed: int, out: Path) -> dict:
     algorithm, preset = row.split("/")
-    command = [sys.executable, str(REPO / "train_fabric.py"), *(["sac"] if algorithm == "sac" else []), "--preset",
-               preset, "--total-timesteps", str(steps), "--seed", str(seed), "--torch-threads", "1",
-               "--no-progress-bar", "--log-dir", str(out / "runs")]  # fmt: skip
+    command = [
+        sys.executable,
+        str(REPO / "train_fabric.py"),
+        *(["sac"] if algorithm == "sac" else []),
+        "--preset",
+        preset,
+        "--total-timesteps",
+        str(steps),
+        "--seed",
+        str(seed),
+        "--torch-threads",
+        "1",
+        "--no-progress-bar",
+        "--log-dir",
+        str(out / "runs"),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     summary, evaluation = SUMMARY.search(done.stdout), EVALUATION.search(done.stdout)
     if done.returncode != 0 or summary is None or evaluation is None:
@@ -63,8 +76,17 @@ def side_by_side(row: str, steps: int, seed: int, python: str, out: Path) -> dic
 
 
 def markdown(results: list[dict]) -> str:
-    header = ["row", "steps", "ours: env steps/s", "SB3: env steps/s", "ours / SB3", "ours: loop time",
-              "SB3: loop time", "ours: greedy return", "SB3: greedy return"]  # fmt: skip
+    header = [
+        "row",
+        "steps",
+        "ours: env steps/s",
+        "SB3: env steps/s",
+        "ours / SB3",
+        "ours: loop time",
+        "SB3: loop time",
+        "ours: greedy return",
+        "SB3: greedy return",
+    ]
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
     for result in results:
         ours_, sb3 = result["ours"], result["sb3"]

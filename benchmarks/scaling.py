@@ -107,11 +107,27 @@ def command(args: argparse.Namespace, run: Run) -> list[str]:
     elif run.mode.startswith("hogwild"):
         launcher, mode_flags = [sys.executable], [*mode_flags, "--workers", str(run.world_size)]
     else:
-        launcher = [str(BIN / "fabric"), "run", "--accelerator=cpu", f"--devices={run.world_size}",
-                    f"--main-port={free_port()}"]  # fmt: skip
-    flags = [*base_flags, *mode_flags, *share_flags(args.algorithm, run, global_batch), "--env-id", args.env_id,
-             "--total-timesteps", str(args.total_timesteps), "--seed", str(run.seed), "--torch-threads",
-             str(max(1, CORES // run.world_size)), "--no-progress-bar"]  # fmt: skip
+        launcher = [
+            str(BIN / "fabric"),
+            "run",
+            "--accelerator=cpu",
+            f"--devices={run.world_size}",
+            f"--main-port={free_port()}",
+        ]
+    flags = [
+        *base_flags,
+        *mode_flags,
+        *share_flags(args.algorithm, run, global_batch),
+        "--env-id",
+        args.env_id,
+        "--total-timesteps",
+        str(args.total_timesteps),
+        "--seed",
+        str(run.seed),
+        "--torch-threads",
+        str(max(1, CORES // run.world_size)),
+        "--no-progress-bar",
+    ]
     if args.scale_lr and args.algorithm == "sac":
         flags.append("--scale-lr")
     return [*launcher, str(REPO / script), *flags]
@@ -173,8 +189,9 @@ def check_same_study(args: argparse.Namespace) -> None:
     settings = {name: getattr(args, name) for name in ("algorithm", "env_id", "total_timesteps", "scale_lr")}
     stored = args.out / "study.json"
     if stored.exists() and json.loads(stored.read_text()) != settings:
-        sys.exit(f"error: --out: {args.out} holds a study with other settings ({stored.read_text()}); "
-                 "choose another folder")  # fmt: skip
+        sys.exit(
+            f"error: --out: {args.out} holds a study with other settings ({stored.read_text()}); choose another folder"
+        )
     stored.write_text(json.dumps(settings))
 
 
@@ -195,8 +212,11 @@ def run_study(args: argparse.Namespace, runs: list[Run]) -> list[dict]:
         elapsed = time.perf_counter() - started
         eta = elapsed / done_count * (len(pending) - done_count)
         evaluation = "n/a" if row["final_eval_return"] is None else f"{row['final_eval_return']:.1f}"
-        print(f"{row['env_steps_per_s']:,.0f} env steps/s, eval {evaluation}, "
-              f"{row['wall_time_s']:.0f} s (study ETA {eta / 60:.1f} min)", flush=True)  # fmt: skip
+        print(
+            f"{row['env_steps_per_s']:,.0f} env steps/s, eval {evaluation}, "
+            f"{row['wall_time_s']:.0f} s (study ETA {eta / 60:.1f} min)",
+            flush=True,
+        )
     for run in runs:
         row = json.loads((rows_dir / f"{run.key}.json").read_text())
         rows.append(row | {"curve": read_curve_file(args.out / "curves" / f"{run.key}.csv")})
@@ -238,8 +258,17 @@ def add_speedups(rows: list[dict]) -> None:
         row["efficiency"] = round(row["speedup"] / row["world_size"], 3) if base else None
 
 
-COLUMNS = ["mode", "world_size", "seed", "oversubscribed", "wall_time_s", "env_steps_per_s", "speedup", "efficiency",
-           "final_eval_return"]  # fmt: skip
+COLUMNS = [
+    "mode",
+    "world_size",
+    "seed",
+    "oversubscribed",
+    "wall_time_s",
+    "env_steps_per_s",
+    "speedup",
+    "efficiency",
+    "final_eval_return",
+]
 
 
 def write_results(out: Path, rows: list[dict]) -> None:
@@ -269,9 +298,11 @@ def plot(out: Path, rows: list[dict], title: str) -> list[Path]:
         groups.setdefault((row["mode"], row["world_size"]), []).append(row)
     colours = dict(zip(groups, plt.get_cmap("tab20").colors, strict=False))
     paths = []
-    for name, x_of in (("return_vs_steps_per_process", lambda r, s: np.asarray(s) / r["world_size"]),
-                       ("return_vs_total_steps", lambda r, s: np.asarray(s)),
-                       ("return_vs_wall_time", None)):  # fmt: skip
+    for name, x_of in (
+        ("return_vs_steps_per_process", lambda r, s: np.asarray(s) / r["world_size"]),
+        ("return_vs_total_steps", lambda r, s: np.asarray(s)),
+        ("return_vs_wall_time", None),
+    ):
         figure, axes = plt.subplots(figsize=(7, 4.5))
         for group, members in groups.items():
             grid, curves = mean_curve(members, x_of)
@@ -279,8 +310,13 @@ def plot(out: Path, rows: list[dict], title: str) -> list[Path]:
                 continue
             axes.plot(grid, curves.mean(0), color=colours[group], label=label(*group))
             axes.fill_between(grid, curves.min(0), curves.max(0), color=colours[group], alpha=0.2)
-        axes.set_xlabel({"return_vs_steps_per_process": "env steps per process", "return_vs_total_steps":
-                         "env steps, all processes", "return_vs_wall_time": "wall time (s)"}[name])  # fmt: skip
+        axes.set_xlabel(
+            {
+                "return_vs_steps_per_process": "env steps per process",
+                "return_vs_total_steps": "env steps, all processes",
+                "return_vs_wall_time": "wall time (s)",
+            }[name]
+        )
         axes.set_ylabel("episode return")
         axes.set_title(title)
         axes.legend(fontsize=7)
@@ -294,8 +330,13 @@ def plot(out: Path, rows: list[dict], title: str) -> list[Path]:
             members = groups.get((mode, size), [])
             speedups = [row["speedup"] for row in members if row["speedup"] is not None]
             if speedups:
-                axes.bar(sizes.index(size) + index * width, statistics.mean(speedups), width,
-                         color=colours[(mode, size)], label=label(mode, size))  # fmt: skip
+                axes.bar(
+                    sizes.index(size) + index * width,
+                    statistics.mean(speedups),
+                    width,
+                    color=colours[(mode, size)],
+                    label=label(mode, size),
+                )
     axes.plot(np.arange(len(sizes)) + 0.4 - width / 2, sizes, "k--", label="ideal")
     axes.set_xticks(np.arange(len(sizes)) + 0.4 - width / 2, [str(size) for size in sizes])
     axes.set_xlabel("processes")
@@ -346,8 +387,10 @@ def main() -> None:
     print(f"{'run':32s} {'steps/s':>9s} {'speedup':>8s} {'effic.':>7s} {'eval':>8s} {'wall s':>7s}")
     for row in rows:
         name = Run(row["mode"], row["world_size"], row["seed"]).key + (" (oversub.)" if row["oversubscribed"] else "")
-        print(f"{name:32s} {row['env_steps_per_s']:9,.0f} {row['speedup'] or 0:8.2f} {row['efficiency'] or 0:7.2f} "
-              f"{row['final_eval_return'] or float('nan'):8.1f} {row['wall_time_s']:7.0f}")  # fmt: skip
+        print(
+            f"{name:32s} {row['env_steps_per_s']:9,.0f} {row['speedup'] or 0:8.2f} {row['efficiency'] or 0:7.2f} "
+            f"{row['final_eval_return'] or float('nan'):8.1f} {row['wall_time_s']:7.0f}"
+        )
     figures = plot(args.out, rows, f"{args.algorithm.upper()} on {args.env_id}, {args.total_timesteps:,} steps")
     print(
         f"wrote {args.out / 'results.csv'}, {args.out / 'rows'}, {args.out / 'curves'}"

@@ -100,9 +100,26 @@ class Row:
     def command(self, seed: int, name: str, out: Path) -> list[str]:
         algorithm = ["sac"] if self.algorithm == "sac" else []
         target = [] if self.target is None else ["--eval-every", "250000", "--stop-at-return", str(self.target)]
-        flags = [*algorithm, "--preset", self.preset, *self.flags, *target, "--seed", str(seed), "--torch-threads",
-                 "1", "--no-progress-bar", "--run-name", name, "--log-dir", str(out / "runs"),
-                 "--checkpoint-every", "5m", "--keep-last", "1"]  # fmt: skip
+        flags = [
+            *algorithm,
+            "--preset",
+            self.preset,
+            *self.flags,
+            *target,
+            "--seed",
+            str(seed),
+            "--torch-threads",
+            "1",
+            "--no-progress-bar",
+            "--run-name",
+            name,
+            "--log-dir",
+            str(out / "runs"),
+            "--checkpoint-every",
+            "5m",
+            "--keep-last",
+            "1",
+        ]
         if self.devices > 1:  # a fresh port at each launch
             return fabric_run(flags, self.devices)
         return [sys.executable, str(REPO / "train_fabric.py"), *flags]
@@ -121,46 +138,126 @@ ROWS: dict[str, Row] = {
     "ppo/swimmer": Row("ppo", "swimmer", "Swimmer-v5", 1_000_000, (_rl_zoo(282, 10),), "PPO MuJoCo"),
     # SAC checkpoints its replay buffer: a run resumed without it would refill --learning-starts transitions
     # before training again, off the published replay ratio, and train on a buffer that forgot its past.
-    "sac/halfcheetah": Row("sac", "halfcheetah", "HalfCheetah-v5", 1_000_000,
-                           (_rl_zoo(9535, 100), Published("CleanRL v2", 9635, 1424, TRAINING)), "SAC MuJoCo", (1,),
-                           SAVE_BUFFER),
-    "sac/hopper": Row("sac", "hopper", "Hopper-v5", 1_000_000,
-                      (_rl_zoo(2326, 1130), Published("CleanRL v2", 2310, 343, TRAINING)), "SAC MuJoCo", (1,),
-                      SAVE_BUFFER),
-    "sac/walker2d": Row("sac", "walker2d", "Walker2d-v5", 1_000_000,
-                        (_rl_zoo(3863, 254), Published("CleanRL v2", 3591, 911, TRAINING)), "SAC MuJoCo", (1, 2, 3),
-                        SAVE_BUFFER),
+    "sac/halfcheetah": Row(
+        "sac",
+        "halfcheetah",
+        "HalfCheetah-v5",
+        1_000_000,
+        (_rl_zoo(9535, 100), Published("CleanRL v2", 9635, 1424, TRAINING)),
+        "SAC MuJoCo",
+        (1,),
+        SAVE_BUFFER,
+    ),
+    "sac/hopper": Row(
+        "sac",
+        "hopper",
+        "Hopper-v5",
+        1_000_000,
+        (_rl_zoo(2326, 1130), Published("CleanRL v2", 2310, 343, TRAINING)),
+        "SAC MuJoCo",
+        (1,),
+        SAVE_BUFFER,
+    ),
+    "sac/walker2d": Row(
+        "sac",
+        "walker2d",
+        "Walker2d-v5",
+        1_000_000,
+        (_rl_zoo(3863, 254), Published("CleanRL v2", 3591, 911, TRAINING)),
+        "SAC MuJoCo",
+        (1, 2, 3),
+        SAVE_BUFFER,
+    ),
     # The published Pong figures are PongNoFrameskip-v4's (no sticky actions), at 10M steps. The run stops at the
     # first greedy return of 18 or more (evaluated every 250k steps), which judges the row. CleanRL's rollout (8
     # envs x 128 steps, minibatches of 256) is split over 2 ranks: 4 envs and minibatches of 128 per rank.
-    "ppo/pong": Row("ppo", "atari-ppo", "PongNoFrameskip-v4", 10_000_000,
-                    (Published("rl-zoo", 20.99, 0.11), Published("CleanRL", 20.36, 0.20, TRAINING)), "PPO Atari", (1,),
-                    ("--env-id", "PongNoFrameskip-v4", "--total-timesteps", "10000000", "--num-envs", "4",
-                     "--per-rank-batch-size", "128"), devices=2, target=18.0),
+    "ppo/pong": Row(
+        "ppo",
+        "atari-ppo",
+        "PongNoFrameskip-v4",
+        10_000_000,
+        (Published("rl-zoo", 20.99, 0.11), Published("CleanRL", 20.36, 0.20, TRAINING)),
+        "PPO Atari",
+        (1,),
+        (
+            "--env-id",
+            "PongNoFrameskip-v4",
+            "--total-timesteps",
+            "10000000",
+            "--num-envs",
+            "4",
+            "--per-rank-batch-size",
+            "128",
+        ),
+        devices=2,
+        target=18.0,
+    ),
     # A second round: rl-zoo's retuned Swimmer entry, CleanRL's continuous PPO on Hopper beside rl-zoo's, and
     # Breakout for the whole 10M steps, split over 2 ranks as Pong is.
     "ppo/swimmer-tuned": Row("ppo", "swimmer-tuned", "Swimmer-v5", 1_000_000, (_rl_zoo(282, 10),), "PPO MuJoCo"),
-    "ppo/hopper-cleanrl": Row("ppo", "cleanrl-mujoco", "Hopper-v5", 1_000_000,
-                              (Published("CleanRL", 2382.86, 271.74, TRAINING),), "PPO MuJoCo"),
-    "ppo/breakout": Row("ppo", "atari-ppo", "BreakoutNoFrameskip-v4", 10_000_000,
-                        (Published("CleanRL", 414.66, 28.09, TRAINING), Published("rl-zoo", 398.0, 33.3)),
-                        "PPO Atari", (1,),
-                        ("--env-id", "BreakoutNoFrameskip-v4", "--num-envs", "4", "--per-rank-batch-size", "128"),
-                        devices=2),
+    "ppo/hopper-cleanrl": Row(
+        "ppo",
+        "cleanrl-mujoco",
+        "Hopper-v5",
+        1_000_000,
+        (Published("CleanRL", 2382.86, 271.74, TRAINING),),
+        "PPO MuJoCo",
+    ),
+    "ppo/breakout": Row(
+        "ppo",
+        "atari-ppo",
+        "BreakoutNoFrameskip-v4",
+        10_000_000,
+        (Published("CleanRL", 414.66, 28.09, TRAINING), Published("rl-zoo", 398.0, 33.3)),
+        "PPO Atari",
+        (1,),
+        ("--env-id", "BreakoutNoFrameskip-v4", "--num-envs", "4", "--per-rank-batch-size", "128"),
+        devices=2,
+    ),
     # gSDE on rl-zoo's configurations that use it, each beside the same configuration without it (not aggregated).
     "ppo/pendulum-gsde": Row("ppo", "pendulum-gsde", "Pendulum-v1", 100_000, (_rl_zoo(-172.2, 104.2),), ""),
-    "ppo/pendulum-no-gsde": Row("ppo", "pendulum-gsde", "Pendulum-v1", 100_000, (_rl_zoo(-172.2, 104.2),), "",
-                                flags=("--no-use-sde",), variant="--no-use-sde"),
-    "sac/bipedalwalker-gsde": Row("sac", "bipedalwalker", "BipedalWalker-v3", 500_000, (_rl_zoo(297.7, 33.1),), "",
-                                  (1,), SAVE_BUFFER),
-    "sac/bipedalwalker-no-gsde": Row("sac", "bipedalwalker", "BipedalWalker-v3", 500_000, (_rl_zoo(297.7, 33.1),),
-                                     "", (1,), (*SAVE_BUFFER, "--no-use-sde"), variant="--no-use-sde"),
-}  # fmt: skip
+    "ppo/pendulum-no-gsde": Row(
+        "ppo",
+        "pendulum-gsde",
+        "Pendulum-v1",
+        100_000,
+        (_rl_zoo(-172.2, 104.2),),
+        "",
+        flags=("--no-use-sde",),
+        variant="--no-use-sde",
+    ),
+    "sac/bipedalwalker-gsde": Row(
+        "sac", "bipedalwalker", "BipedalWalker-v3", 500_000, (_rl_zoo(297.7, 33.1),), "", (1,), SAVE_BUFFER
+    ),
+    "sac/bipedalwalker-no-gsde": Row(
+        "sac",
+        "bipedalwalker",
+        "BipedalWalker-v3",
+        500_000,
+        (_rl_zoo(297.7, 33.1),),
+        "",
+        (1,),
+        (*SAVE_BUFFER, "--no-use-sde"),
+        variant="--no-use-sde",
+    ),
+}
 
 
 # What a run's config holds that is bookkeeping rather than a hyperparameter.
-NOT_HYPERPARAMETERS = {"seed", "run_name", "log_dir", "checkpoint_every", "keep_last", "torch_threads", "progress_bar",
-                       "preset", "eval_every", "stop_at_return", "exp_name", "env_kwarg"}  # fmt: skip
+NOT_HYPERPARAMETERS = {
+    "seed",
+    "run_name",
+    "log_dir",
+    "checkpoint_every",
+    "keep_last",
+    "torch_threads",
+    "progress_bar",
+    "preset",
+    "eval_every",
+    "stop_at_return",
+    "exp_name",
+    "env_kwarg",
+}
 
 
 def row_config(name: str, seed: int = 1) -> Any:
@@ -175,23 +272,38 @@ def row_config(name: str, seed: int = 1) -> Any:
 def hyperparameters_page() -> str:
     """docs/benchmarks/hyperparameters.md: per algorithm, every value in which its rows' configs differ from the
     defaults or from each other, generated from the presets and the rows' flags."""
-    lines = ["# Benchmark hyperparameters", "",
-             "Generated by `python benchmarks/suite.py --hyperparameters` from each row's preset and flags: every "
-             "value in which a row's configuration differs from the defaults of `train_fabric.py` or from another "
-             "row's. Values are per process; a row of 2 processes collects twice the rollout. "
-             "The [learning page](learning.md) has the results.", ""]  # fmt: skip
+    lines = [
+        "# Benchmark hyperparameters",
+        "",
+        "Generated by `python benchmarks/suite.py --hyperparameters` from each row's preset and flags: every "
+        "value in which a row's configuration differs from the defaults of `train_fabric.py` or from another "
+        "row's. Values are per process; a row of 2 processes collects twice the rollout. "
+        "The [learning page](learning.md) has the results.",
+        "",
+    ]
     for algorithm in dict.fromkeys(row.algorithm for row in ROWS.values()):
         names = [name for name, row in ROWS.items() if row.algorithm == algorithm]
         configs = {name: row_config(name).to_dict() for name in names}
         defaults = type(row_config(names[0]))().to_dict()
-        keys = [key for key in defaults if key not in NOT_HYPERPARAMETERS
-                and any(config[key] != defaults[key] for config in configs.values())]  # fmt: skip
+        keys = [
+            key
+            for key in defaults
+            if key not in NOT_HYPERPARAMETERS and any(config[key] != defaults[key] for config in configs.values())
+        ]
         keys = sorted({*keys} - {"env_id", "total_timesteps"}, key=list(defaults).index)
-        lines += [f"## {algorithm.upper()}", "", "| | " + " | ".join(f"`{name}`" for name in names) + " |",
-                  "| --- |" + " --- |" * len(names)]  # fmt: skip
-        rows = {"env": [ROWS[n].env_id for n in names], "config": [ROWS[n].config for n in names],
-                "env steps": [f"{ROWS[n].steps:,}" for n in names], "seeds": [", ".join(map(str, ROWS[n].seeds))
-                for n in names], "processes": [str(ROWS[n].devices) for n in names]}  # fmt: skip
+        lines += [
+            f"## {algorithm.upper()}",
+            "",
+            "| | " + " | ".join(f"`{name}`" for name in names) + " |",
+            "| --- |" + " --- |" * len(names),
+        ]
+        rows = {
+            "env": [ROWS[n].env_id for n in names],
+            "config": [ROWS[n].config for n in names],
+            "env steps": [f"{ROWS[n].steps:,}" for n in names],
+            "seeds": [", ".join(map(str, ROWS[n].seeds)) for n in names],
+            "processes": [str(ROWS[n].devices) for n in names],
+        }
         rows |= {flag(key): [hyperparameter_value(configs[n][key]) for n in names] for key in keys}
         lines += [f"| {label} | " + " | ".join(values) + " |" for label, values in rows.items()]
         lines.append("")
@@ -236,19 +348,37 @@ def every_finished_run(out: Path) -> list[dict]:
 
 
 def write_csv(results: list[dict], path: Path) -> None:
-    columns = ["algorithm", "env", "config", "topology", "seed", "steps", "greedy_return", "training_return_last100",
-               "wall_time_s", "env_steps_per_s"]  # fmt: skip
+    columns = [
+        "algorithm",
+        "env",
+        "config",
+        "topology",
+        "seed",
+        "steps",
+        "greedy_return",
+        "training_return_last100",
+        "wall_time_s",
+        "env_steps_per_s",
+    ]
     with path.open("w", newline="") as file:
         writer = csv.DictWriter(file, columns)
         writer.writeheader()
         for result in results:
             row = ROWS[result["row"]]
-            writer.writerow({
-                "algorithm": row.algorithm, "env": row.env_id, "config": row.config, "topology": row.topology,
-                "seed": result["seed"], "steps": result["steps"], "greedy_return": result["eval_return"],
-                "training_return_last100": result.get(TRAINING), "wall_time_s": result["wall_time_s"],
-                "env_steps_per_s": result["env_steps_per_s"],
-            })  # fmt: skip
+            writer.writerow(
+                {
+                    "algorithm": row.algorithm,
+                    "env": row.env_id,
+                    "config": row.config,
+                    "topology": row.topology,
+                    "seed": result["seed"],
+                    "steps": result["steps"],
+                    "greedy_return": result["eval_return"],
+                    "training_return_last100": result.get(TRAINING),
+                    "wall_time_s": result["wall_time_s"],
+                    "env_steps_per_s": result["env_steps_per_s"],
+                }
+            )
 
 
 def with_training_returns(out: Path, results: list[dict]) -> list[dict]:
@@ -282,22 +412,28 @@ def matched(row: Row, members: list[dict], steps: int) -> bool:
 
 def verdicts(row: Row, members: list[dict]) -> str:
     """Whether the row meets each published figure by that figure's own metric and rule (mean − std)."""
-    return "; ".join(f"{source.source}: {'yes' if meets(source, judged_figures(row, members, source)) else 'no'}"
-                     for source in row.published)  # fmt: skip
+    return "; ".join(
+        f"{source.source}: {'yes' if meets(source, judged_figures(row, members, source)) else 'no'}"
+        for source in row.published
+    )
 
 
 def markdown(results: list[dict], rows: list[str]) -> str:
     """One line per row, finished or not: a row that misses is reported, never dropped."""
-    lines = ["| algorithm | env | config | steps | seeds | greedy return | last 100 training episodes "
-             "| greedy per seed | published | judged by | matched | each source's mean − std | wall time per run "
-             "| env steps/s |", "|" + " --- |" * 14]  # fmt: skip
+    lines = [
+        "| algorithm | env | config | steps | seeds | greedy return | last 100 training episodes "
+        "| greedy per seed | published | judged by | matched | each source's mean − std | wall time per run "
+        "| env steps/s |",
+        "|" + " --- |" * 14,
+    ]
     for name in rows:
         row, members = ROWS[name], [r for r in results if r["row"] == name]
         published = "; ".join(str(p) for p in row.published)
         start = f"| {row.algorithm.upper()} | {row.env_id} | {row.config} |"
         if not members:
-            lines.append(f"{start} {row.steps:,} | 0 of {len(row.seeds)} | not yet run | | | {published} | "
-                         f"{row.rule} | | | | |")  # fmt: skip
+            lines.append(
+                f"{start} {row.steps:,} | 0 of {len(row.seeds)} | not yet run | | | {published} | {row.rule} | | | | |"
+            )
             continue
         returns, steps = [r["eval_return"] for r in members], max(r["steps"] for r in members)
         training = [r[TRAINING] for r in members if r.get(TRAINING) is not None]
@@ -323,8 +459,11 @@ def normalized_scores(results: list[dict], rows: list[str]) -> dict[str, list[li
         members = [name for name in rows if ROWS[name].group == group and any(r["row"] == name for r in results)]
         if not members:
             continue
-        by_run = {(r["row"], r["seed"]): judged_figures(ROWS[r["row"]], [r])[0] for r in results
-                  if judged_figures(ROWS[r["row"]], [r])}  # fmt: skip
+        by_run = {
+            (r["row"], r["seed"]): judged_figures(ROWS[r["row"]], [r])[0]
+            for r in results
+            if judged_figures(ROWS[r["row"]], [r])
+        }
         seeds = sorted(set.intersection(*({s for (n, s) in by_run if n == name} for name in members)))
         groups[group] = [[by_run[(name, seed)] / ROWS[name].published[0].mean for name in members] for seed in seeds]
     return groups
@@ -344,8 +483,9 @@ def aggregate(results: list[dict], rows: list[str]) -> str:
     lines = ["| group | runs x rows | IQM of score / published mean | 95% CI |", "| --- | --- | --- | --- |"]
     for group, matrix in scores.items():
         low, high = intervals[group][:, 0]
-        lines.append(f"| {group} | {matrix.shape[0]} x {matrix.shape[1]} | {points[group][0]:.2f} | "
-                     f"[{low:.2f}, {high:.2f}] |")  # fmt: skip
+        lines.append(
+            f"| {group} | {matrix.shape[0]} x {matrix.shape[1]} | {points[group][0]:.2f} | [{low:.2f}, {high:.2f}] |"
+        )
     return "\n".join(lines)
 
 
@@ -374,8 +514,12 @@ def figures(runs: list[Run], out: Path) -> None:
             axis.plot(grid * scale, values.mean(0), label=f"this project, {len(curves)} seed(s)")
             axis.fill_between(grid * scale, values.min(0), values.max(0), alpha=0.25)
             for published in row.published:
-                axis.axhline(published.mean, linestyle="--", color="grey" if published is row.published[0] else "k",
-                             label=str(published))  # fmt: skip
+                axis.axhline(
+                    published.mean,
+                    linestyle="--",
+                    color="grey" if published is row.published[0] else "k",
+                    label=str(published),
+                )
             axis.set_xlabel(label)
             axis.set_ylabel("training episode return")
         axes[0].legend(fontsize=8)

@@ -27,8 +27,18 @@ MODES = ("sync", "native")
 
 def command(mode: str, ranks: int, steps: int) -> list[str]:
     launcher = [str(BIN / "fabric"), "run", "--accelerator=cpu", f"--devices={ranks}", f"--main-port={free_port()}"]
-    flags = [*CONFIG.split(), "--vector-mode", mode, "--total-timesteps", str(steps // (3 - ranks)),
-             "--torch-threads", "1", "--eval-episodes", "0", "--no-progress-bar"]  # fmt: skip
+    flags = [
+        *CONFIG.split(),
+        "--vector-mode",
+        mode,
+        "--total-timesteps",
+        str(steps // (3 - ranks)),
+        "--torch-threads",
+        "1",
+        "--eval-episodes",
+        "0",
+        "--no-progress-bar",
+    ]
     return [*launcher, str(REPO / "train_fabric.py"), *flags]
 
 
@@ -47,8 +57,10 @@ def main() -> None:
         one, two = statistics.median(speeds[mode, 1]), statistics.median(speeds[mode, 2])
         efficiencies = [b / (2 * a) for a, b in zip(speeds[mode, 1], speeds[mode, 2], strict=True)]
         rounds = ", ".join(f"{value:.2f}" for value in efficiencies)
-        print(f"{mode}: 2 ranks {two:,.0f} env steps/s (1 rank {one:,.0f}); weak-scaling efficiency "
-              f"{statistics.median(efficiencies):.2f} (rounds {rounds})")  # fmt: skip
+        print(
+            f"{mode}: 2 ranks {two:,.0f} env steps/s (1 rank {one:,.0f}); weak-scaling efficiency "
+            f"{statistics.median(efficiencies):.2f} (rounds {rounds})"
+        )
 
 
 if __name__ == "__main__":

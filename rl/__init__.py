@@ -20,10 +20,17 @@ if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
 
 
 LIBRARY = {  # the library's names, and the modules that hold them
-    "load_agent": "rl.agent", "Agent": "rl.agent", "train": "rl.api", "preset": "rl.api",
-    "TrainingResult": "rl.run", "PPOConfig": "rl.algos.ppo.config", "SACConfig": "rl.algos.sac.config",
-    "UsageError": "rl.errors", "Callback": "rl.loop", "LoopState": "rl.loop",
-}  # fmt: skip
+    "load_agent": "rl.agent",
+    "Agent": "rl.agent",
+    "train": "rl.api",
+    "preset": "rl.api",
+    "TrainingResult": "rl.run",
+    "PPOConfig": "rl.algos.ppo.config",
+    "SACConfig": "rl.algos.sac.config",
+    "UsageError": "rl.errors",
+    "Callback": "rl.loop",
+    "LoopState": "rl.loop",
+}
 
 
 def __getattr__(name: str):

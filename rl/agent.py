@@ -91,8 +91,9 @@ class Agent:
                 action = self.policy.act(inputs, self.generator, exploration)[0]
             return self._as_actions(action, single), None
         memory = self.policy.initial_memory(rows, self.device) if state is None else state.to(self.device)
-        starts = np.broadcast_to(np.asarray(state is None if episode_start is None else episode_start, dtype=bool),
-                                 (rows,))  # fmt: skip
+        starts = np.broadcast_to(
+            np.asarray(state is None if episode_start is None else episode_start, dtype=bool), (rows,)
+        )
         starts_t = torch.as_tensor(starts.copy(), device=self.device)
         if deterministic:
             action, memory = self.policy.greedy_action(inputs, memory, starts_t)
@@ -151,5 +152,13 @@ def load_agent(path: str, device: str | torch.device = "cpu", env_id: str | None
     normalizer.load_state_dict(normalizer.state_dict())  # its tensors, moved to `target`
     own_space = env_observation_space(env, preprocessing)
     structured = None if isinstance(own_space, gym.spaces.Box) else own_space  # a Dict, a Tuple or a choice
-    return Agent(policy.eval().requires_grad_(False).to(target), normalizer, env, preprocessing,
-                 spaces.observation_space, spaces.action_space, target, structured)  # fmt: skip
+    return Agent(
+        policy.eval().requires_grad_(False).to(target),
+        normalizer,
+        env,
+        preprocessing,
+        spaces.observation_space,
+        spaces.action_space,
+        target,
+        structured,
+    )

@@ -97,9 +97,13 @@ class TrainingCheckpoint(SavedAgent):
 
 def saved_agent(algorithm: Algorithm, policy: nn.Module, obs_normalizer_state: dict[str, Any]) -> SavedAgent:
     """The policy as a saved agent, loadable by `rl.load_agent` and `python -m rl.evaluate`."""
-    return SavedAgent(algorithm=algorithm.name, policy=float32_state(policy.state_dict()),
-                      obs_normalizer=obs_normalizer_state, config=algorithm.cfg.to_dict(),
-                      env_id=algorithm.spaces.env_id)  # fmt: skip
+    return SavedAgent(
+        algorithm=algorithm.name,
+        policy=float32_state(policy.state_dict()),
+        obs_normalizer=obs_normalizer_state,
+        config=algorithm.cfg.to_dict(),
+        env_id=algorithm.spaces.env_id,
+    )
 
 
 def agent_of(algorithm: Algorithm, policy: nn.Module, source: ExperienceSource) -> SavedAgent:
@@ -110,13 +114,25 @@ def agent_of(algorithm: Algorithm, policy: nn.Module, source: ExperienceSource) 
 
 
 def training_checkpoint(
-    agent: SavedAgent, learner_state: dict[str, Any], counters: Counters, rank_states: list[dict[str, Any]],
-    mode: str, world_size: int, workers: list[WorkerState] | None = None,
-) -> TrainingCheckpoint:  # fmt: skip
+    agent: SavedAgent,
+    learner_state: dict[str, Any],
+    counters: Counters,
+    rank_states: list[dict[str, Any]],
+    mode: str,
+    world_size: int,
+    workers: list[WorkerState] | None = None,
+) -> TrainingCheckpoint:
     """`rank_states` holds one entry per rank that runs envs: every rank when coupled, the players when decoupled."""
     saved = {f.name: getattr(agent, f.name) for f in fields(SavedAgent)}
-    return TrainingCheckpoint(**saved, learner=float32_state(learner_state), counters=counters, mode=mode,
-                              world_size=world_size, rank_states=rank_states, workers=workers)  # fmt: skip
+    return TrainingCheckpoint(
+        **saved,
+        learner=float32_state(learner_state),
+        counters=counters,
+        mode=mode,
+        world_size=world_size,
+        rank_states=rank_states,
+        workers=workers,
+    )
 
 
 def restored_agent(algorithm: Algorithm, agent: SavedAgent) -> tuple[nn.Module, ObservationNormalizer]:
@@ -129,9 +145,13 @@ def restored_agent(algorithm: Algorithm, agent: SavedAgent) -> tuple[nn.Module, 
 
 
 def restore_run_state(
-    resume: TrainingCheckpoint, rank: int, policy: nn.Module, learner: Learner | None,
-    source: ExperienceSource | None, env_ranks: int | None = None,
-) -> None:  # fmt: skip
+    resume: TrainingCheckpoint,
+    rank: int,
+    policy: nn.Module,
+    learner: Learner | None,
+    source: ExperienceSource | None,
+    env_ranks: int | None = None,
+) -> None:
     """Put what this rank holds back as the checkpoint left it.
 
     After a change of world size (`env_ranks` ranks now run envs, not the checkpoint's), the
@@ -149,9 +169,11 @@ def restore_run_state(
     if env_ranks is not None and env_ranks != saved_ranks:
         source.reset_envs(env_seeds(resume.config["seed"], rank, source.envs.num_envs, iteration, env_ranks))
         if rank == 0:
-            print_error(f"warning: the checkpoint's {saved_ranks} ranks now run as {env_ranks}: every rank's envs "
-                        f"restart from fresh resets ({source.envs.num_envs} per rank), and no rank's own state "
-                        "(replay buffer, episode in progress) is restored")  # fmt: skip
+            print_error(
+                f"warning: the checkpoint's {saved_ranks} ranks now run as {env_ranks}: every rank's envs "
+                f"restart from fresh resets ({source.envs.num_envs} per rank), and no rank's own state "
+                "(replay buffer, episode in progress) is restored"
+            )
         return
     fresh_seeds = env_seeds(resume.config["seed"], rank, source.envs.num_envs, iteration)
     if not source.restore_state(resume.rank_states[rank], fresh_seeds):
@@ -239,8 +261,11 @@ def load_checkpoint(path: str, flag: str = "--resume-from") -> SavedAgent:
         raise UsageError(flag, f"{path} is not a checkpoint of this program")
     state = migrate(state)
     if state.get("version", 0) > VERSION:
-        raise UsageError(flag, f"{path} was written by a newer version of this program (checkpoint version "
-                               f"{state['version']}; this one reads up to {VERSION})")  # fmt: skip
+        raise UsageError(
+            flag,
+            f"{path} was written by a newer version of this program (checkpoint version "
+            f"{state['version']}; this one reads up to {VERSION})",
+        )
     return from_file(state)
 
 
@@ -269,9 +294,11 @@ def unreadable(path: str, error: Exception) -> str:
     if not (start == ZIP_MAGIC or start.startswith(PICKLE_MAGIC)):
         return f"{path} is not a checkpoint: torch.save did not write it"
     if isinstance(error, pickle.UnpicklingError) and str(error).startswith("Weights only load failed"):
-        return (f"{path} holds Python objects (classes or code) that a weights-only read refuses to run; checkpoints "
-                "of this program hold tensors and numbers only, so another program wrote it or it was altered: "
-                "load only files you trust")  # fmt: skip
+        return (
+            f"{path} holds Python objects (classes or code) that a weights-only read refuses to run; checkpoints "
+            "of this program hold tensors and numbers only, so another program wrote it or it was altered: "
+            "load only files you trust"
+        )
     return f"cannot read {path}: it is cut short or corrupt"
 
 
@@ -281,9 +308,15 @@ def resumed_step(resume: TrainingCheckpoint | None) -> int:
 
 
 def check_resumable(
-    state: SavedAgent, cfg: RunConfig, world_size: int | None, env_id: str, mode: str, algorithm: str,
-    processes_flag: str = "--devices", finished_ok: bool = False,
-) -> TrainingCheckpoint:  # fmt: skip
+    state: SavedAgent,
+    cfg: RunConfig,
+    world_size: int | None,
+    env_id: str,
+    mode: str,
+    algorithm: str,
+    processes_flag: str = "--devices",
+    finished_ok: bool = False,
+) -> TrainingCheckpoint:
     """The checkpoint, if the run may resume from it: a resumed run must keep what shapes its envs, networks and
     per-rank state.
 

@@ -127,13 +127,22 @@ def prepare_config(
     if found is not None:
         processes_flag = "--workers" if mode == "hogwild" else "--devices"
         new_world_allowed = under_torchelastic() and mode == "coupled"
-        resume = check_resumable(found, cfg, None if new_world_allowed else world_size, spaces.env_id, mode,
-                                 algorithm.name, processes_flag, finished_ok=automatic)  # fmt: skip
+        resume = check_resumable(
+            found,
+            cfg,
+            None if new_world_allowed else world_size,
+            spaces.env_id,
+            mode,
+            algorithm.name,
+            processes_flag,
+            finished_ok=automatic,
+        )
         say_precision_change(resume, cfg)
     run_dir = fixed_run_dir(cfg, log_subdir)
     # the run's own checkpoint folder where it is known now; else the folder its run folder will go into
-    check_writable(os.path.join(run_dir, CHECKPOINT_DIR) if run_dir else os.path.join(cfg.log_dir, log_subdir),
-                   "--log-dir")  # fmt: skip
+    check_writable(
+        os.path.join(run_dir, CHECKPOINT_DIR) if run_dir else os.path.join(cfg.log_dir, log_subdir), "--log-dir"
+    )
     if run_dir is not None:
         begin_round(run_dir, resumed_step(resume), cfg.resume_from, int(os.environ.get("RANK", "0")))
     configure_torch_threads(cfg.torch_threads)
@@ -185,21 +194,29 @@ def preset_hint(cfg: RunConfig, spaces: EnvSpaces) -> str | None:
     if own:
         return f"hint: --preset {own[0]} is tuned for {spaces.env_id}; {defaults}"
     # Images of any kind train as Atari frames do: through the CNN, with its preset.
-    kin = [name for name, values in presets.items()
-           if env_family(values["env_id"]) in ({family} if family == "mujoco" else {"atari", "images"})]  # fmt: skip
+    kin = [
+        name
+        for name, values in presets.items()
+        if env_family(values["env_id"]) in ({family} if family == "mujoco" else {"atari", "images"})
+    ]
     if not kin:
         return None
     names = ", ".join(f"--preset {name}" for name in kin)
-    return (f"hint: {names} {'is' if len(kin) == 1 else 'are'} tuned for {FAMILY_NAMES[family]} envs like "
-            f"{spaces.env_id} (give --env-id with it); {defaults}")  # fmt: skip
+    return (
+        f"hint: {names} {'is' if len(kin) == 1 else 'are'} tuned for {FAMILY_NAMES[family]} envs like "
+        f"{spaces.env_id} (give --env-id with it); {defaults}"
+    )
 
 
 def say_precision_change(resume: SavedAgent, cfg: RunConfig) -> None:
     """A checkpoint is float32 whatever its precision, so any precision resumes it; say when it changes."""
     saved = resume.config.get("precision", DEFAULT_PRECISION)
     if saved != cfg.precision and int(os.environ.get("RANK", "0")) == 0:
-        print(f"resuming a {saved} checkpoint at --precision {cfg.precision}: the weights and optimizer state "
-              "carry over; the numerics of the steps ahead change", flush=True)  # fmt: skip
+        print(
+            f"resuming a {saved} checkpoint at --precision {cfg.precision}: the weights and optimizer state "
+            "carry over; the numerics of the steps ahead change",
+            flush=True,
+        )
 
 
 def keep_global_batch(cfg: RunConfig, resume: TrainingCheckpoint, world_size: int) -> None:
@@ -209,16 +226,23 @@ def keep_global_batch(cfg: RunConfig, resume: TrainingCheckpoint, world_size: in
     for name in cfg.PER_RANK:
         total = resume.config[name] * saved_world
         if total % world_size:
-            raise UsageError(flag(name), f"the checkpoint's {saved_world} ranks ran {total} in all, which "
-                             f"{world_size} ranks cannot share evenly")  # fmt: skip
+            raise UsageError(
+                flag(name),
+                f"the checkpoint's {saved_world} ranks ran {total} in all, which "
+                f"{world_size} ranks cannot share evenly",
+            )
         setattr(cfg, name, total // world_size)
 
 
 def check_mode_flags(cfg: RunConfig, mode: Mode) -> None:
     """Refuse a flag that the chosen mode would silently ignore."""
     hogwild_flags = {"--workers": cfg.workers != 1, "--sync": cfg.sync != "shared", "--sync-every": cfg.sync_every != 1}
-    decoupled_flags = {"--evaluator": cfg.evaluator, "--num-players": cfg.num_players != 1,
-                       "--async": cfg.asynchronous, "--max-policy-lag": cfg.max_policy_lag != 1}  # fmt: skip
+    decoupled_flags = {
+        "--evaluator": cfg.evaluator,
+        "--num-players": cfg.num_players != 1,
+        "--async": cfg.asynchronous,
+        "--max-policy-lag": cfg.max_policy_lag != 1,
+    }
     coupled_flags = {"--eval-every": cfg.eval_every != 0, "--stop-at-return": cfg.stop_at_return is not None}
     if mode != "coupled":
         for flag, given in coupled_flags.items():

@@ -24,9 +24,10 @@ def check_compiler(cuda: bool) -> None:
     compiler = os.environ.get("CXX", "g++")
     if not cuda and shutil.which(compiler) is None:
         raise UsageError(
-            "--compile", f"torch.compile needs a C++ compiler for CPU code and found no {compiler!r} "
+            "--compile",
+            f"torch.compile needs a C++ compiler for CPU code and found no {compiler!r} "
             "(install g++, or set CXX); or train without --compile",
-        )  # fmt: skip
+        )
 
 
 def compiled(function: Function, mode: CompileMode) -> Function:
@@ -70,5 +71,7 @@ def compile_failure(error: BaseException) -> UsageError | None:
     if not module.startswith(("torch._dynamo", "torch._inductor")):
         return None
     cause = str(error).strip().splitlines()
-    return UsageError("--compile", f"torch.compile failed: {type(error).__name__}: {cause[0] if cause else ''}; "
-                      "train without --compile")  # fmt: skip
+    return UsageError(
+        "--compile",
+        f"torch.compile failed: {type(error).__name__}: {cause[0] if cause else ''}; train without --compile",
+    )

@@ -165,14 +165,34 @@ class RunConfig:
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
     REPORT_FLAG: ClassVar[str | None] = None  # the flag that sets the steps between reports, where there is one
     # Fields a resumed run must share with its checkpoint: they shape the envs or the networks.
-    IMMUTABLE = ("env_id", "env_kwargs", "env_kwarg", "num_envs", "vector_mode", "num_players", "encoder", "use_sde",
-                 "grayscale", "resize", "time_feature", "frame_stack", "frame_skip")  # fmt: skip
+    IMMUTABLE = (
+        "env_id",
+        "env_kwargs",
+        "env_kwarg",
+        "num_envs",
+        "vector_mode",
+        "num_players",
+        "encoder",
+        "use_sde",
+        "grayscale",
+        "resize",
+        "time_feature",
+        "frame_stack",
+        "frame_skip",
+    )
     # Fields that hold one rank's share: a run resumed at another world size rescales them (torchrun).
     PER_RANK: ClassVar[tuple[str, ...]] = ("num_envs",)
     POSITIVE = (
-        "num_envs", "total_timesteps", "keep_last", "collective_timeout", "workers", "sync_every", "num_players",
-        "frame_stack", "frame_skip",
-    )  # fmt: skip
+        "num_envs",
+        "total_timesteps",
+        "keep_last",
+        "collective_timeout",
+        "workers",
+        "sync_every",
+        "num_players",
+        "frame_stack",
+        "frame_skip",
+    )
     NON_NEGATIVE = ("eval_episodes", "eval_every", "torch_threads", "max_policy_lag", "resize", "noop_max")
 
     @property
@@ -187,8 +207,15 @@ class RunConfig:
 
     def preprocessing(self) -> Preprocessing:
         """How the envs are made: gym.make's keyword arguments, and how image observations are prepared."""
-        return Preprocessing(self.grayscale, self.resize, self.frame_stack, self.noop_max, self.frame_skip,
-                             tuple(sorted(self.make_kwargs().items())), self.time_feature)  # fmt: skip
+        return Preprocessing(
+            self.grayscale,
+            self.resize,
+            self.frame_stack,
+            self.noop_max,
+            self.frame_skip,
+            tuple(sorted(self.make_kwargs().items())),
+            self.time_feature,
+        )
 
     def make_kwargs(self) -> dict[str, Any]:
         """--env-kwargs with each --env-kwarg added; raises `UsageError` naming the flag that does not parse."""
@@ -291,8 +318,9 @@ def validate(
     if not 0.0 < cfg.gamma <= 1.0:
         raise UsageError("--gamma", f"must be in (0, 1], got {cfg.gamma}")
     if cfg.sde_sample_freq == 0 or cfg.sde_sample_freq < -1:
-        raise UsageError("--sde-sample-freq", f"must be positive, or -1 for one draw per rollout; "
-                         f"got {cfg.sde_sample_freq}")  # fmt: skip
+        raise UsageError(
+            "--sde-sample-freq", f"must be positive, or -1 for one draw per rollout; got {cfg.sde_sample_freq}"
+        )
     cfg.make_kwargs()
     cfg.validate_algorithm()
     check_checkpoint_steps(cfg, env_ranks)
@@ -314,8 +342,11 @@ def validate(
         )
     launcher_accelerator = os.environ.get("LT_ACCELERATOR")
     if launcher_accelerator in ("cuda", "gpu") and not cfg.cuda:
-        raise UsageError("--cuda", f"fabric run --accelerator={launcher_accelerator} was given, but without --cuda "
-                         "every process trains on the CPU: add --cuda")  # fmt: skip
+        raise UsageError(
+            "--cuda",
+            f"fabric run --accelerator={launcher_accelerator} was given, but without --cuda "
+            "every process trains on the CPU: add --cuda",
+        )
     if cfg.player_on_gpu and not cfg.cuda:
         raise UsageError("--player-on-gpu", "needs --cuda as well")
     check_precision(cfg.precision, cfg.cuda)
@@ -331,9 +362,12 @@ def check_checkpoint_steps(cfg: RunConfig, env_ranks: int) -> None:
     report = cfg.iterations_per_report(env_ranks) * cfg.steps_per_iteration * env_ranks
     if 0 < cfg.checkpoint_steps < report:
         shorter = f"; or report more often with {cfg.REPORT_FLAG}" if cfg.REPORT_FLAG else ""
-        raise UsageError("--checkpoint-every", f"{cfg.checkpoint_steps} steps is finer than the run's reports, every "
-                         f"{report} env steps, which is when checkpoints are written: give {report} or more"
-                         f"{shorter}")  # fmt: skip
+        raise UsageError(
+            "--checkpoint-every",
+            f"{cfg.checkpoint_steps} steps is finer than the run's reports, every "
+            f"{report} env steps, which is when checkpoints are written: give {report} or more"
+            f"{shorter}",
+        )
 
 
 def check_periodic_evaluation(cfg: RunConfig) -> None:
@@ -361,14 +395,16 @@ def validate_decoupled(cfg: RunConfig, world_size: int) -> None:
     num_trainers = world_size - cfg.num_players - int(cfg.evaluator)
     if num_trainers < 1:
         raise UsageError(
-            "--num-players", f"{cfg.num_players} players leave no trainer among {world_size} processes"
+            "--num-players",
+            f"{cfg.num_players} players leave no trainer among {world_size} processes"
             f"{' (one is the evaluator)' if cfg.evaluator else ''}; launch more processes (--devices)",
-        )  # fmt: skip
+        )
     if cfg.asynchronous and cfg.pipeline:
         raise UsageError("--pipeline", "is --async with a lag of exactly 1 update; give one of them")
     if cfg.checkpoint_seconds and cfg.num_players > 1:
-        raise UsageError("--checkpoint-every", "a time needs one player (players agree on checkpoints by step); "
-                         "give env steps")  # fmt: skip
+        raise UsageError(
+            "--checkpoint-every", "a time needs one player (players agree on checkpoints by step); give env steps"
+        )
     if cfg.max_policy_lag != 1 and not cfg.asynchronous:
         raise UsageError("--max-policy-lag", "bounds the policy lag of --async; add --async (or drop the flag)")
     cfg.validate_decoupled(num_trainers)
@@ -423,8 +459,10 @@ def read_config_file(path: str) -> dict[str, Any]:
     except OSError as error:
         raise UsageError("--config", f"cannot read {path}: {error.strerror or error}") from None
     except (yaml.YAMLError, json.JSONDecodeError) as error:
-        raise UsageError("--config", f"{path} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: "
-                         f"{str(error).splitlines()[0]}") from None  # fmt: skip
+        raise UsageError(
+            "--config",
+            f"{path} is not valid {'JSON' if path.endswith('.json') else 'YAML'}: {str(error).splitlines()[0]}",
+        ) from None
     if not isinstance(values, dict):
         raise UsageError("--config", f"{path} must map flag names to values, as num_envs: 4")
     return values
@@ -434,8 +472,11 @@ def write_config_file(cfg: RunConfig, path: str) -> None:
     """The resolved flags of `cfg` as a file that `--config` takes back (YAML, or JSON by its suffix)."""
     import yaml
 
-    values = {key: list(value) if isinstance(value, tuple) else value for key, value in cfg.to_dict().items()
-              if key not in NOT_IN_CONFIG_FILES}  # fmt: skip
+    values = {
+        key: list(value) if isinstance(value, tuple) else value
+        for key, value in cfg.to_dict().items()
+        if key not in NOT_IN_CONFIG_FILES
+    }
     text = json.dumps(values, indent=2) + "\n" if path.endswith(".json") else yaml.safe_dump(values, sort_keys=False)
     folder = os.path.dirname(path)
     if folder:

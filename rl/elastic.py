@@ -68,8 +68,9 @@ def init_default_process_group(backend: str, timeout: timedelta) -> None:
     store = job_store_client(timeout.total_seconds())
     global _round_prefix
     _round_prefix = f"{ROUND_KEYS}/{agree_on_round(store, rank, world_size, timeout.total_seconds())}/"
-    dist.init_process_group(backend, store=job_store_client(timeout.total_seconds()), rank=rank,
-                            world_size=world_size, timeout=timeout)  # fmt: skip
+    dist.init_process_group(
+        backend, store=job_store_client(timeout.total_seconds()), rank=rank, world_size=world_size, timeout=timeout
+    )
 
 
 _round_prefix: str | None = None  # this round's key space in torchrun's store, once agreed
@@ -78,8 +79,12 @@ _round_prefix: str | None = None  # this round's key space in torchrun's store, 
 def job_store_client(timeout_seconds: float) -> dist.Store:
     """A client of the job's rendezvous store (`MASTER_ADDR:MASTER_PORT`) on a connection of its own,
     in this round's key space where the store outlives the rounds."""
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                          timeout=timedelta(seconds=timeout_seconds))  # fmt: skip
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timedelta(seconds=timeout_seconds),
+    )
     return store if _round_prefix is None else dist.PrefixStore(_round_prefix, store)
 
 
@@ -247,8 +252,9 @@ def begin_round(run_dir: str, resume_step: int, checkpoint: str | None, rank: in
     unjournaled = rounds_without_a_launch(last) if last else 0
     _this_round = ThisRound(journal, resume_step, len(rounds) + unjournaled, redone_total, resume_step)
     if rank == 0 and under_torchelastic():
-        journal.append({"event": "launch", "step": resume_step, "restart": restart_count(), "host": HOST,
-                        "redone": redone_total})  # fmt: skip
+        journal.append(
+            {"event": "launch", "step": resume_step, "restart": restart_count(), "host": HOST, "redone": redone_total}
+        )
     if last is None:
         return
     if len(rounds) >= 2 and same_failure(rounds[-2], last):
@@ -261,9 +267,11 @@ def begin_round(run_dir: str, resume_step: int, checkpoint: str | None, rank: in
     where = f"resumes from step {resume_step} ({checkpoint})" if checkpoint else "no checkpoint yet: starts from step 0"
     before = f"the round before ended at step {last.reached}: {describe_end(last)}"
     if unjournaled:
-        before = (f"{unjournaled} round{'s' if unjournaled > 1 else ''} before this one ended during start-up, before "
-                  f"writing to the run folder (killed, or its node lost); the last round that did ended at step "
-                  f"{last.reached}: {describe_end(last)}")  # fmt: skip
+        before = (
+            f"{unjournaled} round{'s' if unjournaled > 1 else ''} before this one ended during start-up, before "
+            f"writing to the run folder (killed, or its node lost); the last round that did ended at step "
+            f"{last.reached}: {describe_end(last)}"
+        )
     print_error(
         f"restart {_this_round.restarts} of the job ({this_node_restarts()}): {before}; {where}; {redone} steps "
         f"are done twice ({redone_total} in this job so far)"
@@ -288,8 +296,10 @@ def this_node_restarts() -> str:
 
 def same_failure(earlier: RoundRecord, later: RoundRecord) -> bool:
     """Both rounds failed (an error raised in a rank, not a lost process) from the same start, at the same step."""
-    failures = [{(fault["step"], fault["what"]) for fault in round_.faults if fault["kind"] == "failed"}
-                for round_ in (earlier, later)]  # fmt: skip
+    failures = [
+        {(fault["step"], fault["what"]) for fault in round_.faults if fault["kind"] == "failed"}
+        for round_ in (earlier, later)
+    ]
     return bool(failures[1]) and earlier.started_at == later.started_at and failures[0] == failures[1]
 
 
@@ -304,8 +314,10 @@ def describe_end(record: RoundRecord) -> str:
     if record.faults:
         return f"{record.faults[0]['role']} was {record.faults[0]['what']}"
     if not record.began_training:
-        return ("it ended during start-up, before its first iteration, and no process recorded why (killed, or the "
-                "node that held it was lost)")  # fmt: skip
+        return (
+            "it ended during start-up, before its first iteration, and no process recorded why (killed, or the "
+            "node that held it was lost)"
+        )
     return "no process recorded why (all were stopped at once, or the node that held them was lost)"
 
 
@@ -313,8 +325,15 @@ def start_logged(world_size: int) -> dict[str, float]:
     """Rank 0, once the run is open: journal this round's start; the scalars that log the restarts."""
     if _this_round is None:
         return {}
-    _this_round.journal.append({"event": "start", "step": _this_round.started_at, "restart": restart_count(),
-                                "world_size": world_size, "redone": _this_round.redone_total})  # fmt: skip
+    _this_round.journal.append(
+        {
+            "event": "start",
+            "step": _this_round.started_at,
+            "restart": restart_count(),
+            "world_size": world_size,
+            "redone": _this_round.redone_total,
+        }
+    )
     _this_round.journal.write_reached(_this_round.started_at)
     if not _this_round.restarts:
         return {}
@@ -335,5 +354,6 @@ def record_fault(role: str, kind: str, what: str) -> None:
     if _this_round is None:
         return
     with contextlib.suppress(OSError):  # the folder itself is gone: the error line on stderr still says it
-        _this_round.journal.append({"event": "fault", "role": role, "kind": kind, "what": what,
-                                    "step": _this_round.step})  # fmt: skip
+        _this_round.journal.append(
+            {"event": "fault", "role": role, "kind": kind, "what": what, "step": _this_round.step}
+        )

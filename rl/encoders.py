@@ -102,9 +102,10 @@ def uses_cnn(kind: EncoderKind, observation_space: gym.Space) -> bool:
     side = min(ImageLayout(observation_space.shape).chw[1:])
     if side < NATURE_MIN_SIDE:
         raise UsageError(
-            "--resize", f"the CNN needs images of at least {NATURE_MIN_SIDE}x{NATURE_MIN_SIDE} pixels, "
+            "--resize",
+            f"the CNN needs images of at least {NATURE_MIN_SIDE}x{NATURE_MIN_SIDE} pixels, "
             f"got {observation_space.shape}; resize them (--resize 84) or use --encoder mlp",
-        )  # fmt: skip
+        )
     return True
 
 

@@ -247,8 +247,11 @@ def env_observation_space(env_id: str, preprocessing: Preprocessing) -> gym.Spac
 
 def _obs_dim(space: gym.Space) -> int:
     if not isinstance(space, gym.spaces.Box):
-        raise UsageError("--env-id", f"observation space {space} is not supported: give Box observations (vectors "
-                         "or images), or a Dict or Tuple of vectors, which are flattened")  # fmt: skip
+        raise UsageError(
+            "--env-id",
+            f"observation space {space} is not supported: give Box observations (vectors "
+            "or images), or a Dict or Tuple of vectors, which are flattened",
+        )
     return int(np.prod(space.shape))
 
 
@@ -301,9 +304,12 @@ def _preprocess_images(env: gym.Env, steps: Preprocessing, atari: bool) -> gym.E
     """Grayscale, resize and stack frames with gymnasium's wrappers (Atari's with its own preprocessing)."""
     if atari:
         env = gym.wrappers.AtariPreprocessing(
-            env, noop_max=steps.noop_max, frame_skip=steps.frame_skip,
-            screen_size=steps.resize or env.observation_space.shape[:2], grayscale_obs=steps.grayscale,
-        )  # fmt: skip
+            env,
+            noop_max=steps.noop_max,
+            frame_skip=steps.frame_skip,
+            screen_size=steps.resize or env.observation_space.shape[:2],
+            grayscale_obs=steps.grayscale,
+        )
     else:
         if steps.grayscale and env.observation_space.shape[-1] == 3:
             env = gym.wrappers.GrayscaleObservation(env)
@@ -336,8 +342,9 @@ def make_vector_env(
       reset takes no seeds).
     """
     if mode == "native":
-        envs = gym.make_vec(env_id, num_envs, vectorization_mode="vector_entry_point", **_ale_vector_options(
-            env_id, preprocessing))  # fmt: skip
+        envs = gym.make_vec(
+            env_id, num_envs, vectorization_mode="vector_entry_point", **_ale_vector_options(env_id, preprocessing)
+        )
     elif mode == "envpool":
         envs = make_envpool(env_id, num_envs, preprocessing, seed)
     else:
@@ -353,10 +360,18 @@ def _ale_vector_options(env_id: str, steps: Preprocessing) -> dict[str, object]:
     episodes and score (no episodic life, no clipping, no automatic FIRE), and the id's sticky actions."""
     if not is_atari(env_id):
         return {}
-    return {"img_height": steps.resize or 210, "img_width": steps.resize or 160, "grayscale": steps.grayscale,
-            "stack_num": steps.frame_stack, "frameskip": steps.frame_skip, "noop_max": steps.noop_max,
-            "reward_clipping": False, "episodic_life": False, "use_fire_reset": False,
-            "repeat_action_probability": gym.spec(env_id).kwargs.get("repeat_action_probability", 0.25)}  # fmt: skip
+    return {
+        "img_height": steps.resize or 210,
+        "img_width": steps.resize or 160,
+        "grayscale": steps.grayscale,
+        "stack_num": steps.frame_stack,
+        "frameskip": steps.frame_skip,
+        "noop_max": steps.noop_max,
+        "reward_clipping": False,
+        "episodic_life": False,
+        "use_fire_reset": False,
+        "repeat_action_probability": gym.spec(env_id).kwargs.get("repeat_action_probability", 0.25),
+    }
 
 
 ENVPOOL_OPTION_NAMES = {"grayscale": "gray_scale", "frameskip": "frame_skip", "reward_clipping": "reward_clip"}
@@ -445,8 +460,10 @@ def choose_vector_mode(
     if mode == "native" and not native_ok:
         raise UsageError("--vector-mode", f"{env_id} has no native vector env here; use sync or async")
     if mode == "envpool" and not has_envpool(env_id):
-        raise UsageError("--vector-mode", f"envpool has no {envpool_task(env_id)} here (pip install -e '.[envpool]'); "
-                         "use sync or async")  # fmt: skip
+        raise UsageError(
+            "--vector-mode",
+            f"envpool has no {envpool_task(env_id)} here (pip install -e '.[envpool]'); use sync or async",
+        )
     if mode in ("native", "envpool"):
         if capture_video:
             raise UsageError("--vector-mode", f"{mode} envs do not record video; use sync with --capture-video")

@@ -111,8 +111,12 @@ def wait_for_every_rank_report(deadline: float) -> bool:
     key = f"rl/usage_errors/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     try:
         # The agent's store is up before any worker starts: connecting takes no time unless no store is there.
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                              timeout=timedelta(seconds=PEER_GRACE_SECONDS))  # fmt: skip
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timedelta(seconds=PEER_GRACE_SECONDS),
+        )
         reported = store.add(key, 1)
         while reported < world_size and time.monotonic() < deadline:
             time.sleep(0.02)

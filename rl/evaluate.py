@@ -67,8 +67,14 @@ def log_scores(
     others = [name for name in loggers if name != "tensorboard"]
     if others:
         sinks = open_sinks(others, str(folder), True, csv_folder="evaluation-csv")
-        sinks.log_scalars({"Eval/return_mean": float(returns.mean()), "Eval/return_std": float(returns.std()),
-                           "Eval/length_mean": float(lengths.mean())}, 0)  # fmt: skip
+        sinks.log_scalars(
+            {
+                "Eval/return_mean": float(returns.mean()),
+                "Eval/return_std": float(returns.std()),
+                "Eval/length_mean": float(lengths.mean()),
+            },
+            0,
+        )
         sinks.close()
 
 
@@ -115,9 +121,16 @@ def main(argv: list[str]) -> None:
     video_dir = video_folder(str(folder), "eval", Path(cfg.checkpoint).stem) if cfg.capture_video else None
     env_id = agent.env_id
     returns, lengths = evaluate_greedy(
-        agent.policy, env_id, cfg.episodes, cfg.seed, agent.normalizer, agent.device, video_dir, cfg.deterministic,
+        agent.policy,
+        env_id,
+        cfg.episodes,
+        cfg.seed,
+        agent.normalizer,
+        agent.device,
+        video_dir,
+        cfg.deterministic,
         agent.preprocessing,
-    )  # fmt: skip
+    )
     mode = "deterministic" if cfg.deterministic else "stochastic"
     print(
         f"{env_id}, {cfg.episodes} {mode} episodes: return {returns.mean():.2f} ± {returns.std():.2f}, "

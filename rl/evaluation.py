@@ -94,8 +94,16 @@ def greedy_returns(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Returns and lengths of --eval-episodes greedy episodes, on the policy's device."""
     device = next(policy.parameters()).device
-    return evaluate_greedy(policy, env_id, cfg.eval_episodes, cfg.seed, obs_normalizer, device, video_dir,
-                           preprocessing=cfg.preprocessing())  # fmt: skip
+    return evaluate_greedy(
+        policy,
+        env_id,
+        cfg.eval_episodes,
+        cfg.seed,
+        obs_normalizer,
+        device,
+        video_dir,
+        preprocessing=cfg.preprocessing(),
+    )
 
 
 def report_evaluation(

@@ -79,8 +79,9 @@ class GreedyPolicy(nn.Module):
 def greedy_policy(agent: Agent) -> tuple[GreedyPolicy, Tensor]:
     """The agent's policy as a `GreedyPolicy` in float32, and an example batch of observations for it."""
     if agent.recurrent:
-        raise UsageError("CHECKPOINT", "a recurrent policy carries state between steps; export takes feed-forward "
-                         "policies only")  # fmt: skip
+        raise UsageError(
+            "CHECKPOINT", "a recurrent policy carries state between steps; export takes feed-forward policies only"
+        )
     space = agent.observation_space
     pixels = is_image_space(space)
     module = GreedyPolicy(agent.policy, agent.normalizer, pixels, agent.action_space).eval().requires_grad_(False)
@@ -118,8 +119,15 @@ def write(module: GreedyPolicy, example: Tensor, out: str, format: ExportFormat)
             import onnx  # noqa: F401
         except ImportError:
             raise UsageError("--format", "onnx needs the export extra: pip install -e '.[export]'") from None
-        torch.onnx.export(module, (example,), out, input_names=["obs"], output_names=["action"],
-                          dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}}, dynamo=False)  # fmt: skip
+        torch.onnx.export(
+            module,
+            (example,),
+            out,
+            input_names=["obs"],
+            output_names=["action"],
+            dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}},
+            dynamo=False,
+        )
 
 
 def main(argv: list[str]) -> None:
@@ -129,8 +137,10 @@ def main(argv: list[str]) -> None:
     export(module, example, cfg.out, cfg.chosen_format)
     kind = "uint8 images" if module.pixels else "float32 vectors"
     shape = ", ".join(str(side) for side in example.shape[1:])
-    print(f"{cfg.out}: the greedy policy of {agent.env_id} ({cfg.chosen_format}); it takes a batch of {kind} of "
-          f"shape [batch, {shape}]")  # fmt: skip
+    print(
+        f"{cfg.out}: the greedy policy of {agent.env_id} ({cfg.chosen_format}); it takes a batch of {kind} of "
+        f"shape [batch, {shape}]"
+    )
 
 
 if __name__ == "__main__":

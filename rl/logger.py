@@ -153,10 +153,18 @@ class WandbSink:
             raise UsageError("--logger", "wandb needs the tracking extra: pip install -e '.[tracking]'") from None
         offline = not wandb_credentials()
         if offline and os.environ.get("WANDB_MODE") is None:
-            print(f"wandb: no API key on this machine: logging offline to {run_dir}/wandb (`wandb sync` uploads "
-                  "it later)", flush=True)  # fmt: skip
-        self._logger = WandbLogger(name=os.path.basename(run_dir), save_dir=run_dir, id=wandb_run_id(run_dir),
-                                   project=os.environ.get("WANDB_PROJECT", "fabric-rl"), offline=offline)  # fmt: skip
+            print(
+                f"wandb: no API key on this machine: logging offline to {run_dir}/wandb (`wandb sync` uploads "
+                "it later)",
+                flush=True,
+            )
+        self._logger = WandbLogger(
+            name=os.path.basename(run_dir),
+            save_dir=run_dir,
+            id=wandb_run_id(run_dir),
+            project=os.environ.get("WANDB_PROJECT", "fabric-rl"),
+            offline=offline,
+        )
 
     def log_scalars(self, metrics: dict[str, float], step: int) -> None:
         if self._logger is not None:
@@ -228,9 +236,14 @@ class Sinks:
 
 
 def open_sinks(
-    loggers: Iterable[str], run_dir: str, is_main: bool, purge_step: int | None = None,
-    tensorboard: Callable[[], MetricsSink] | None = None, csv_folder: str = "csv", wandb: bool = True,
-) -> Sinks:  # fmt: skip
+    loggers: Iterable[str],
+    run_dir: str,
+    is_main: bool,
+    purge_step: int | None = None,
+    tensorboard: Callable[[], MetricsSink] | None = None,
+    csv_folder: str = "csv",
+    wandb: bool = True,
+) -> Sinks:
     """The run's sinks for `--logger`: `tensorboard` makes the TensorBoard one (a `SummaryWriter` by default);
     `wandb` False leaves W&B to another process of the run, which writes the run's one W&B run."""
     make_tensorboard = tensorboard or (lambda: SummaryWriterSink(run_dir, is_main, purge_step))
@@ -303,8 +316,9 @@ class TrainingMetrics(MeanOverRanks):
 
     def __init__(self, device: torch.device, all_reduce_sum: AllReduceSum, stat_tags: dict[str, str]) -> None:
         self.stat_tags = stat_tags  # statistic name -> TensorBoard tag
-        super().__init__([*EPISODE_STATISTICS, *stat_tags.values()], device, all_reduce_sum,
-                         counted={EPISODE_RETURN: EPISODE_COUNT})  # fmt: skip
+        super().__init__(
+            [*EPISODE_STATISTICS, *stat_tags.values()], device, all_reduce_sum, counted={EPISODE_RETURN: EPISODE_COUNT}
+        )
 
     def record_episodes(self, returns: list[float], lengths: list[int]) -> None:
         self.update(EPISODE_RETURN, returns)

@@ -47,9 +47,11 @@ def _by_dtype(tensors: list[Tensor]) -> list[list[Tensor]]:
 
 
 def clip_and_step(
-    optimizers: list[torch.optim.Optimizer], parameters: list[Tensor], max_norm: float,
+    optimizers: list[torch.optim.Optimizer],
+    parameters: list[Tensor],
+    max_norm: float,
     scaler: torch.amp.GradScaler | None,
-) -> None:  # fmt: skip
+) -> None:
     """Clip the gradients of `parameters` (0: only check them) and step every optimizer.
 
     With fp16's loss `scaler` the gradients are unscaled first, and a step whose gradients
@@ -102,8 +104,9 @@ class FlatGradients:
 
     def spans(self, first: int, last: int) -> list[Tensor]:
         """The gradients of groups `first` to `last` (inclusive), as one view per dtype."""
-        spans = [buffer[self.starts[dtype][first] : self.starts[dtype][last + 1]]
-                 for dtype, buffer in self.buffers.items()]  # fmt: skip
+        spans = [
+            buffer[self.starts[dtype][first] : self.starts[dtype][last + 1]] for dtype, buffer in self.buffers.items()
+        ]
         return [span for span in spans if span.numel()]
 
     def span(self, first: int, last: int) -> Tensor:

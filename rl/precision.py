@@ -39,9 +39,10 @@ def check_precision(name: str, cuda: bool) -> None:
     """Refuse a precision the chosen hardware cannot run, naming `--precision`."""
     if name == "16-mixed" and not cuda:
         raise UsageError(
-            "--precision", "16-mixed needs a CUDA GPU (--cuda): a CPU has no fast fp16 kernels, and Fabric would "
+            "--precision",
+            "16-mixed needs a CUDA GPU (--cuda): a CPU has no fast fp16 kernels, and Fabric would "
             "quietly run bf16-mixed instead; on a CPU give --precision bf16-mixed",
-        )  # fmt: skip
+        )
     if name.startswith("bf16") and cuda and not torch.cuda.is_bf16_supported():
         raise UsageError("--precision", f"{name} needs a GPU with bf16 support (Ampere or newer); use 16-mixed")
 

@@ -36,8 +36,9 @@ def field_docstrings(config_type: type) -> dict[str, str]:
 
 def _type_text(hint: Any) -> str:
     choices = [arg for arg in typing.get_args(hint) if arg is not type(None)]
-    literals = [value for arg in [hint, *choices] if typing.get_origin(arg) is typing.Literal
-                for value in typing.get_args(arg)]  # fmt: skip
+    literals = [
+        value for arg in [hint, *choices] if typing.get_origin(arg) is typing.Literal for value in typing.get_args(arg)
+    ]
     if literals:
         return " \\| ".join(str(value) for value in literals)
     if typing.get_origin(hint) is typing.Annotated:
@@ -72,11 +73,14 @@ def flags_table(config_type: type[RunConfig]) -> str:
 
 
 def reference() -> str:
-    sections = ["# Flags", "",
-                "Generated from the command line's own definitions (`python -m rl.reference > docs/flags.md`); "
-                "`python train_fabric.py [ALGORITHM] --help` prints the same. Every entry point takes them: "
-                "`train_fabric.py`, `train_torch.py`, `train_fabric_decoupled.py` and `train_hogwild.py`, each "
-                "followed by an algorithm's name (PPO without one)."]  # fmt: skip
+    sections = [
+        "# Flags",
+        "",
+        "Generated from the command line's own definitions (`python -m rl.reference > docs/flags.md`); "
+        "`python train_fabric.py [ALGORITHM] --help` prints the same. Every entry point takes them: "
+        "`train_fabric.py`, `train_torch.py`, `train_fabric_decoupled.py` and `train_hogwild.py`, each "
+        "followed by an algorithm's name (PPO without one).",
+    ]
     for name, kind in ALGORITHMS.items():
         doc = inspect.getdoc(kind.config_type) or ""
         sections += ["", f"## {name.upper()}", "", doc.splitlines()[0], "", flags_table(kind.config_type)]

@@ -38,9 +38,13 @@ def fixed_run_dir(cfg: RunConfig, log_subdir: str) -> str | None:
 
 
 def open_run(
-    cfg: RunConfig, run_dir: str, make_sink: Callable[[str, str, int | None], MetricsSink],
-    resume: TrainingCheckpoint | None, world_size: int, is_main: bool = True,
-) -> Run:  # fmt: skip
+    cfg: RunConfig,
+    run_dir: str,
+    make_sink: Callable[[str, str, int | None], MetricsSink],
+    resume: TrainingCheckpoint | None,
+    world_size: int,
+    is_main: bool = True,
+) -> Run:
     """Open the run folder's loggers (--logger), log the hyperparameters and, on rank 0, a restart's scalars.
 
     A resumed run writes on into its folder's TensorBoard run, which hides what the run before

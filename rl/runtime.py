@@ -41,9 +41,10 @@ def naming_a_taken_port() -> Iterator[None]:
             raise
         port = os.environ.get("MASTER_PORT", "the rendezvous port")
         raise UsageError(
-            "--main-port", f"port {port} is taken, most likely by another job on this machine; start with "
+            "--main-port",
+            f"port {port} is taken, most likely by another job on this machine; start with "
             "a free one: fabric run --main-port=N, or torchrun --master-port=N (MASTER_PORT=N)",
-        ) from None  # fmt: skip
+        ) from None
 
 
 def available_cores() -> int:
@@ -246,8 +247,9 @@ class FabricRuntime(Runtime):
         if device is not None:  # the mode chose this role's device; the launcher's --devices counts the CPU roles too
             os.environ.pop("LT_DEVICES", None)
         # fp16's plugin gets our scaler, which the learners' optimizer steps share; the other precisions by name.
-        precision: dict[str, Any] = {"plugins": MixedPrecision("16-mixed", accelerator, scaler)} if scaler else {
-            "precision": cfg.precision}  # fmt: skip
+        precision: dict[str, Any] = (
+            {"plugins": MixedPrecision("16-mixed", accelerator, scaler)} if scaler else {"precision": cfg.precision}
+        )
         if process_group is not None and dist.get_world_size(process_group) == 1:
             # A lone trainer has no one to average with: no process group of its own, as in a one-process run.
             from lightning.fabric.strategies import SingleDeviceStrategy

@@ -62,13 +62,29 @@ def launcher_command(cfg: SlurmConfig) -> list[str]:
     """The command `srun` starts once per node; `$SLURM_*` and `$MAIN_NODE` expand on the node."""
     if cfg.launcher == "fabric":
         accelerator = "cuda" if cfg.gpus_per_node else "cpu"
-        return [cfg.python, "-m", "lightning.fabric.cli", f"--accelerator={accelerator}",  # = fabric run
-                f"--devices={cfg.processes_per_node}", '--num-nodes="$SLURM_NNODES"',
-                '--node-rank="$SLURM_NODEID"', '--main-address="$MAIN_NODE"', f"--main-port={cfg.port}"]  # fmt: skip
+        return [
+            cfg.python,
+            "-m",
+            "lightning.fabric.cli",
+            f"--accelerator={accelerator}",  # = fabric run
+            f"--devices={cfg.processes_per_node}",
+            '--num-nodes="$SLURM_NNODES"',
+            '--node-rank="$SLURM_NODEID"',
+            '--main-address="$MAIN_NODE"',
+            f"--main-port={cfg.port}",
+        ]
     nodes = f"{cfg.min_nodes}:$SLURM_NNODES" if cfg.min_nodes else "$SLURM_NNODES"
-    return [cfg.python, "-m", "torch.distributed.run", f'--nnodes="{nodes}"',
-            f"--nproc-per-node={cfg.processes_per_node}", "--rdzv-backend=c10d", f"--max-restarts={cfg.max_restarts}",
-            f'--rdzv-endpoint="$MAIN_NODE:{cfg.port}"', '--rdzv-id="$SLURM_JOB_ID"']  # fmt: skip
+    return [
+        cfg.python,
+        "-m",
+        "torch.distributed.run",
+        f'--nnodes="{nodes}"',
+        f"--nproc-per-node={cfg.processes_per_node}",
+        "--rdzv-backend=c10d",
+        f"--max-restarts={cfg.max_restarts}",
+        f'--rdzv-endpoint="$MAIN_NODE:{cfg.port}"',
+        '--rdzv-id="$SLURM_JOB_ID"',
+    ]
 
 
 def render(cfg: SlurmConfig) -> str:
@@ -86,8 +102,13 @@ def render(cfg: SlurmConfig) -> str:
     script_args = list(cfg.command)
     if cfg.gpus_per_node and "--cuda" not in script_args:
         script_args.append("--cuda")
-    directives = [f"--job-name={cfg.job_name}", f"--nodes={cfg.nodes}", "--ntasks-per-node=1",
-                  f"--cpus-per-task={cfg.cpus_per_node}", f"--time={cfg.time}"]  # fmt: skip
+    directives = [
+        f"--job-name={cfg.job_name}",
+        f"--nodes={cfg.nodes}",
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={cfg.cpus_per_node}",
+        f"--time={cfg.time}",
+    ]
     if cfg.gpus_per_node:
         directives.append(f"--gpus-per-node={cfg.gpus_per_node}")
     threads = max(1, cfg.cpus_per_node // cfg.processes_per_node)

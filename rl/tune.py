@@ -126,9 +126,23 @@ def run_trial(trial: Any, cfg: TuneConfig, training: list[str], space: dict[str,
 
     folder = Path(cfg.out) / cfg.study_name
     name = f"trial-{trial.number}"
-    command = [sys.executable, str(REPO / "train_fabric.py"), *training, *suggest(trial, space), "--logger", "csv",
-               "--eval-every", str(cfg.eval_every), "--run-name", name, "--log-dir", str(folder),
-               "--no-progress-bar", "--torch-threads", "1"]  # fmt: skip
+    command = [
+        sys.executable,
+        str(REPO / "train_fabric.py"),
+        *training,
+        *suggest(trial, space),
+        "--logger",
+        "csv",
+        "--eval-every",
+        str(cfg.eval_every),
+        "--run-name",
+        name,
+        "--log-dir",
+        str(folder),
+        "--no-progress-bar",
+        "--torch-threads",
+        "1",
+    ]
     run_dir = folder / "fabric_logs" / name
     trial.set_user_attr("run_dir", str(run_dir))
     trial.set_user_attr("tuner_pid", os.getpid())
@@ -197,12 +211,22 @@ def tune(cfg: TuneConfig, training: list[str]) -> None:
     space = search_space(cfg, algorithm)
     seed = cfg.seed + cfg.worker
     sampler = optuna.samplers.TPESampler(seed=seed) if cfg.sampler == "tpe" else optuna.samplers.RandomSampler(seed)
-    study = optuna.create_study(storage=cfg.storage, study_name=cfg.study_name, direction="maximize",
-                                sampler=sampler, pruner=make_pruner(cfg), load_if_exists=True)  # fmt: skip
+    study = optuna.create_study(
+        storage=cfg.storage,
+        study_name=cfg.study_name,
+        direction="maximize",
+        sampler=sampler,
+        pruner=make_pruner(cfg),
+        load_if_exists=True,
+    )
     states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
     if len(study.get_trials(states=states)) < cfg.trials:
-        study.optimize(lambda trial: run_trial(trial, cfg, training, space), catch=(TrialFailed,), timeout=cfg.timeout,
-                       callbacks=[optuna.study.MaxTrialsCallback(cfg.trials, states=states)])  # fmt: skip
+        study.optimize(
+            lambda trial: run_trial(trial, cfg, training, space),
+            catch=(TrialFailed,),
+            timeout=cfg.timeout,
+            callbacks=[optuna.study.MaxTrialsCallback(cfg.trials, states=states)],
+        )
 
 
 def write_best(cfg: TuneConfig) -> Path | None:
@@ -244,8 +268,10 @@ def main(argv: list[str]) -> None:
     # the study exists before the other processes open it, so that they never race to create it
     optuna.create_study(storage=cfg.storage, study_name=cfg.study_name, direction="maximize", load_if_exists=True)
     own = argv[: argv.index("--")] if "--" in argv else argv
-    helpers = [subprocess.Popen([sys.executable, "-m", "rl.tune", *own, "--worker", str(index), "--", *training])
-               for index in range(1, cfg.workers)]  # fmt: skip
+    helpers = [
+        subprocess.Popen([sys.executable, "-m", "rl.tune", *own, "--worker", str(index), "--", *training])
+        for index in range(1, cfg.workers)
+    ]
     tune(cfg, training)
     for helper in helpers:
         helper.wait()

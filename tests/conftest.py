@@ -33,8 +33,12 @@ SCRIPTS = {
     "decoupled": REPO / "train_fabric_decoupled.py",
     "hogwild": REPO / "train_hogwild.py",
 }
-LOG_SUBDIRS = {"fabric": "fabric_logs", "torch": "torch_logs", "decoupled": "fabric_decoupled_logs",
-               "hogwild": "hogwild_logs"}  # fmt: skip
+LOG_SUBDIRS = {
+    "fabric": "fabric_logs",
+    "torch": "torch_logs",
+    "decoupled": "fabric_decoupled_logs",
+    "hogwild": "hogwild_logs",
+}
 
 
 def free_port() -> int:
@@ -45,8 +49,15 @@ def free_port() -> int:
 
 def launch_command(launcher: str, script: Path, args: list[str], nproc: int, accelerator: str = "cpu") -> list[str]:
     if launcher == "fabric run":
-        return [str(BIN / "fabric"), "run", f"--accelerator={accelerator}", f"--devices={nproc}",
-                f"--main-port={free_port()}", str(script), *args]  # fmt: skip
+        return [
+            str(BIN / "fabric"),
+            "run",
+            f"--accelerator={accelerator}",
+            f"--devices={nproc}",
+            f"--main-port={free_port()}",
+            str(script),
+            *args,
+        ]
     if launcher == "torchrun":
         return [str(BIN / "torchrun"), f"--nproc_per_node={nproc}", "--standalone", str(script), *args]
     if launcher == "python":
@@ -73,9 +84,13 @@ def launch(
 ) -> Finished:
     start_time = time.monotonic()
     done = subprocess.run(
-        launch_command(launcher, script, args, nproc, accelerator), cwd=cwd, env=child_env(), capture_output=True,
-        text=True, timeout=timeout,
-    )  # fmt: skip
+        launch_command(launcher, script, args, nproc, accelerator),
+        cwd=cwd,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return Finished(done.returncode, done.stdout, done.stderr, time.monotonic() - start_time)
 
 
@@ -106,9 +121,14 @@ def child_env() -> dict[str, str]:
 def start(launcher: str, script: Path, args: list[str], cwd: Path, nproc: int) -> subprocess.Popen:
     """Launch without waiting, in a session of its own."""
     return subprocess.Popen(
-        launch_command(launcher, script, args, nproc), cwd=cwd, env=child_env(), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        launch_command(launcher, script, args, nproc),
+        cwd=cwd,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def child_pids(parent: int) -> list[int]:

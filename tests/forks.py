@@ -28,9 +28,20 @@ from pathlib import Path
 import torch.distributed as dist
 
 # Imported once, by the fork server: what every rank of a test run imports.
-PRELOAD = ["torch", "torch.distributed", "lightning.fabric", "gymnasium", "tensorboard", "rl.cli", "rl.runtime",
-           "rl.modes.coupled", "rl.modes.decoupled", "rl.algos.ppo.algorithm", "rl.algos.sac.algorithm",
-           "forks"]  # fmt: skip
+PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "lightning.fabric",
+    "gymnasium",
+    "tensorboard",
+    "rl.cli",
+    "rl.runtime",
+    "rl.modes.coupled",
+    "rl.modes.decoupled",
+    "rl.algos.ppo.algorithm",
+    "rl.algos.sac.algorithm",
+    "forks",
+]
 GRACE_SECONDS = 30  # how long the other ranks may take to end once one has failed, as a launcher waits
 
 
@@ -45,13 +56,23 @@ def worker_env(launcher: str, rank: int, nproc: int, port: int, run_id: str) -> 
     if launcher == "python":
         return {}
     env = {
-        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
-        "ROLE_NAME": "default", "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
-        "ROLE_WORLD_SIZE": str(nproc), "GROUP_WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True",
-        "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": run_id,
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "GROUP_RANK": "0",
+        "ROLE_RANK": str(rank),
+        "ROLE_NAME": "default",
+        "WORLD_SIZE": str(nproc),
+        "LOCAL_WORLD_SIZE": str(nproc),
+        "ROLE_WORLD_SIZE": str(nproc),
+        "GROUP_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RUN_ID": run_id,
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-    }  # fmt: skip
+    }
     if launcher == "fabric run":
         env |= {"LT_CLI_USED": "1", "LT_ACCELERATOR": "cpu", "LT_DEVICES": str(nproc), "LT_NUM_NODES": "1"}
     return env

@@ -28,7 +28,8 @@ def test_the_page_lists_every_kept_agent_and_nothing_else():
 @pytest.mark.slow
 def test_a_listed_agent_scores_what_the_page_says_when_replayed():
     score, command = listed()["ppo/pendulum-gsde"]
-    done = subprocess.run([sys.executable, *command.split()[1:]], cwd=REPO, env=child_env(), capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, *command.split()[1:]], cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"return {score.replace(',', '')}," in done.stdout, done.stdout

@@ -26,14 +26,26 @@ print("agent:", result.agent_path)
 def test_a_script_that_calls_train_in_each_rank_trains_as_the_command_line_does(tmp_path):
     script = tmp_path / "train_from_python.py"
     script.write_text(SCRIPT)
-    flags = ["--preset", "cartpole", "--total-timesteps", "2048", "--update-epochs", "2", "--eval-episodes", "0",
-             "--no-progress-bar", "--seed", "7"]  # fmt: skip
+    flags = [
+        "--preset",
+        "cartpole",
+        "--total-timesteps",
+        "2048",
+        "--update-epochs",
+        "2",
+        "--eval-episodes",
+        "0",
+        "--no-progress-bar",
+        "--seed",
+        "7",
+    ]
     (tmp_path / "api").mkdir()
     (tmp_path / "cli").mkdir()
     from_python, from_command_line = launch_together(
-        ("fabric run", script, [], tmp_path / "api", 2), ("fabric run", SCRIPTS["fabric"], flags, tmp_path / "cli", 2),
+        ("fabric run", script, [], tmp_path / "api", 2),
+        ("fabric run", SCRIPTS["fabric"], flags, tmp_path / "cli", 2),
         via=run_ranks,
-    )  # fmt: skip
+    )
     assert from_python.returncode == 0, from_python.stderr[-3000:]
     assert from_command_line.returncode == 0, from_command_line.stderr[-3000:]
     assert from_python.stdout.count("agent: ") == 2  # every rank's train() returned
@@ -101,8 +113,15 @@ def test_the_callback_example_stops_the_run_when_asked(tmp_path):
 
 
 def test_dict_observations_of_vectors_train_flattened_and_the_agent_takes_them_as_the_env_gives_them(tmp_path):
-    args = ["--env-id", "envs_for_tests:DictCartPole-v0", "--total-timesteps", "1024", "--eval-episodes", "1",
-            "--no-progress-bar"]  # fmt: skip
+    args = [
+        "--env-id",
+        "envs_for_tests:DictCartPole-v0",
+        "--total-timesteps",
+        "1024",
+        "--eval-episodes",
+        "1",
+        "--no-progress-bar",
+    ]
     finished = run_ranks("python", SCRIPTS["fabric"], args, tmp_path)
     assert finished.returncode == 0, finished.stderr[-3000:]
     agent = rl.load_agent(run_dir(tmp_path, "fabric") / "agent.ckpt")

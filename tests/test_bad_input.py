@@ -82,10 +82,17 @@ def test_a_rank_that_finds_bad_input_waits_for_a_peer_that_starts_seconds_later(
     first exits, so the first must wait for the late one's report rather than for a fixed grace."""
     port = free_port()
     agent_store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
-    env = {**os.environ, "WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           "TORCHELASTIC_USE_AGENT_STORE": "True"}  # fmt: skip
-    first = subprocess.Popen([sys.executable, "-c", "from rl.errors import exit_after_peers_report as e; e()"],
-                             cwd=tmp_path, env=env)  # fmt: skip
+    env = {
+        **os.environ,
+        "WORLD_SIZE": "2",
+        "RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+    }
+    first = subprocess.Popen(
+        [sys.executable, "-c", "from rl.errors import exit_after_peers_report as e; e()"], cwd=tmp_path, env=env
+    )
     try:
         time.sleep(PEER_GRACE_SECONDS + 3)
         assert first.poll() is None, "the first rank left before its peer reported"
@@ -98,15 +105,17 @@ def test_a_rank_that_finds_bad_input_waits_for_a_peer_that_starts_seconds_later(
 @pytest.mark.parametrize("tool", ["rl.evaluate", "rl.export", "rl.slurm"])
 def test_the_tools_refuse_a_bad_flag_in_one_line(tmp_path, tool):
     args = ["CHECKPOINT", "--out", "policy.onnx"] if tool == "rl.export" else ["CHECKPOINT"]
-    done = subprocess.run([sys.executable, "-m", tool, *args, "--bogus"], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", tool, *args, "--bogus"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2
     assert done.stderr.strip() == "error: --bogus: Unrecognized options: --bogus"
 
 
 def test_a_missing_checkpoint_argument_is_named_in_one_line(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "rl.evaluate"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "rl.evaluate"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("error: command line: Missing") and "the file to evaluate" in line

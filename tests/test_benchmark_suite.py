@@ -61,12 +61,14 @@ def test_the_gsde_rows_train_rl_zoos_entries_and_differ_from_their_baselines_in_
         walker.net_arch,
         walker.log_std_init,
     )
-    assert values == (7.3e-4, 7.3e-4, 300_000, 256, 0.98, 0.02, 64, 64, 10_000, (400, 300), -3.0)  # fmt: skip
+    assert values == (7.3e-4, 7.3e-4, 300_000, 256, 0.98, 0.02, 64, 64, 10_000, (400, 300), -3.0)
     pendulum, _ = row_config("ppo/pendulum-gsde", tmp_path)
     rollout = (pendulum.num_envs, pendulum.num_steps, pendulum.gamma, pendulum.learning_rate, pendulum.update_epochs)
     assert rollout == (4, 1024, 0.9, 1e-3, 10) and (pendulum.use_sde, pendulum.sde_sample_freq) == (True, 4)
-    for with_gsde, without in (("ppo/pendulum-gsde", "ppo/pendulum-no-gsde"),
-                               ("sac/bipedalwalker-gsde", "sac/bipedalwalker-no-gsde")):  # fmt: skip
+    for with_gsde, without in (
+        ("ppo/pendulum-gsde", "ppo/pendulum-no-gsde"),
+        ("sac/bipedalwalker-gsde", "sac/bipedalwalker-no-gsde"),
+    ):
         one, other = (row_config(name, tmp_path)[0].to_dict() for name in (with_gsde, without))
         differ = {key for key in one if one[key] != other[key]}
         assert differ == {"use_sde", "run_name"}, differ
@@ -92,8 +94,18 @@ def test_the_cleanrl_hopper_row_trains_with_cleanrls_continuous_defaults(tmp_pat
     cfg, _ = row_config("ppo/hopper-cleanrl", tmp_path)
     rollout = (cfg.num_envs, cfg.num_steps, cfg.num_steps // cfg.per_rank_batch_size, cfg.update_epochs)
     assert rollout == (1, 2048, 32, 10)  # ppo_continuous_action.py: 1 env x 2,048 steps, 32 minibatches, 10 epochs
-    optimisation = (cfg.learning_rate, cfg.anneal_lr, cfg.gamma, cfg.gae_lambda, cfg.clip_coef, cfg.clip_vloss,
-                    cfg.ent_coef, cfg.vf_coef, cfg.max_grad_norm, cfg.normalize_advantages)  # fmt: skip
+    optimisation = (
+        cfg.learning_rate,
+        cfg.anneal_lr,
+        cfg.gamma,
+        cfg.gae_lambda,
+        cfg.clip_coef,
+        cfg.clip_vloss,
+        cfg.ent_coef,
+        cfg.vf_coef,
+        cfg.max_grad_norm,
+        cfg.normalize_advantages,
+    )
     assert optimisation == (3e-4, True, 0.99, 0.95, 0.2, True, 0.0, 0.5, 0.5, True)
     network = (cfg.activation_function, cfg.hidden_size, cfg.ortho_init, cfg.log_std_init)
     assert network == ("tanh", 64, True, 0.0)
@@ -116,8 +128,11 @@ MUJOCO_ROWS = [name for name, row in suite.ROWS.items() if row.group.endswith("M
 def test_each_mujoco_preset_trains_a_few_hundred_steps_of_its_env(row, tmp_path):
     algorithm, preset = suite.ROWS[row].algorithm, suite.ROWS[row].preset
     steps = 300 if algorithm == "sac" else 256 * suite.row_config(row).num_envs
-    short = (["sac", "--total-timesteps", "300", "--learning-starts", "100"] if algorithm == "sac" else
-             ["--num-steps", "256", "--total-timesteps", str(steps), "--update-epochs", "1"])  # fmt: skip
+    short = (
+        ["sac", "--total-timesteps", "300", "--learning-starts", "100"]
+        if algorithm == "sac"
+        else ["--num-steps", "256", "--total-timesteps", str(steps), "--update-epochs", "1"]
+    )
     args = [*short, "--preset", preset, "--eval-episodes", "1", "--torch-threads", "1", "--no-progress-bar"]
     finished = run_ranks("python", SCRIPTS["fabric"], args, tmp_path)
     assert finished.returncode == 0, finished.stderr[-3000:]
@@ -135,14 +150,25 @@ def test_stable_baselines3_trains_each_mujoco_row_with_the_values_of_its_preset(
     cfg, _ = row_config(row, tmp_path)
     spec = sb3.sb3_spec(row, suite.ROWS[row].steps, 1)
     assert (spec["env_id"], spec["n_envs"], spec["steps"], spec["seed"]) == (
-        suite.ROWS[row].env_id, cfg.num_envs, cfg.total_timesteps, 1)  # fmt: skip
+        suite.ROWS[row].env_id,
+        cfg.num_envs,
+        cfg.total_timesteps,
+        1,
+    )
     assert (spec["time_feature"], spec["env_kwargs"]) == (cfg.time_feature, cfg.make_kwargs())
     model = spec["model"]
     if row.startswith("ppo/"):
         assert (model["n_steps"], model["batch_size"], model["n_epochs"]) == (
-            cfg.num_steps, cfg.per_rank_batch_size, cfg.update_epochs)  # fmt: skip
+            cfg.num_steps,
+            cfg.per_rank_batch_size,
+            cfg.update_epochs,
+        )
         assert (model["learning_rate"], model["gamma"], model["gae_lambda"], model["clip_range"]) == (
-            cfg.learning_rate, cfg.gamma, cfg.gae_lambda, cfg.clip_coef)  # fmt: skip
+            cfg.learning_rate,
+            cfg.gamma,
+            cfg.gae_lambda,
+            cfg.clip_coef,
+        )
         assert model["vf_coef"] * 2 == cfg.vf_coef  # SB3's value loss is the whole squared error, this one's half
         layers = [cfg.hidden_size, cfg.hidden_size]
         network = (cfg.activation_function, cfg.ortho_init, cfg.log_std_init, {"pi": layers, "vf": layers})
@@ -152,14 +178,27 @@ def test_stable_baselines3_trains_each_mujoco_row_with_the_values_of_its_preset(
         assert spec["normalize"] == {"norm_obs": True, "norm_reward": True, "gamma": cfg.gamma}
     else:
         assert (model["learning_starts"], model["batch_size"], model["train_freq"], model["gradient_steps"]) == (
-            cfg.learning_starts, cfg.batch_size, cfg.train_freq, cfg.gradient_steps)  # fmt: skip
+            cfg.learning_starts,
+            cfg.batch_size,
+            cfg.train_freq,
+            cfg.gradient_steps,
+        )
         assert model["learning_rate"] == cfg.policy_lr == cfg.q_lr
         assert spec["normalize"] is None
 
 
 def test_the_table_reports_rows_without_runs_and_judges_by_the_first_published_figure():
-    results = [{"row": "ppo/hopper", "seed": seed, "eval_return": value, "steps": 999_424, "wall_time_s": 3600.0,
-                "env_steps_per_s": 300} for seed, value in ((1, 2500.0), (2, 2300.0))]  # fmt: skip
+    results = [
+        {
+            "row": "ppo/hopper",
+            "seed": seed,
+            "eval_return": value,
+            "steps": 999_424,
+            "wall_time_s": 3600.0,
+            "env_steps_per_s": 300,
+        }
+        for seed, value in ((1, 2500.0), (2, 2300.0))
+    ]
     table = suite.markdown(results, ["ppo/hopper", "ppo/ant"])
     hopper, ant = table.splitlines()[2:]
     assert "2,400.0 ± 100.0" in hopper and "2 of 3" in hopper and "| yes |" in hopper  # 2,400 >= 2,410 - 10
@@ -184,8 +223,11 @@ def test_results_csv_holds_every_finished_run_of_every_row(tmp_path):
 
 
 def test_scores_are_normalized_by_the_published_mean_over_the_seeds_every_row_has():
-    results = [{"row": "ppo/hopper", "seed": 1, "eval_return": 2410.0}, {"row": "ppo/hopper", "seed": 2,
-               "eval_return": 1205.0}, {"row": "ppo/swimmer", "seed": 1, "eval_return": 141.0}]  # fmt: skip
+    results = [
+        {"row": "ppo/hopper", "seed": 1, "eval_return": 2410.0},
+        {"row": "ppo/hopper", "seed": 2, "eval_return": 1205.0},
+        {"row": "ppo/swimmer", "seed": 1, "eval_return": 141.0},
+    ]
     scores = suite.normalized_scores(results, ["ppo/hopper", "ppo/swimmer", "sac/hopper"])
     assert scores == {"PPO MuJoCo": [[1.0, 0.5]]}
 
@@ -201,9 +243,25 @@ def test_a_stopped_run_resumes_from_its_checkpoint_and_its_row_sums_the_launches
     """The first launch stops at a checkpoint (as a session that ends would), the second finishes the run."""
 
     def command(total: int) -> list[str]:
-        return [sys.executable, str(suite.REPO / "train_fabric.py"), "--total-timesteps", str(total),
-                "--num-steps", "64", "--eval-episodes", "2", "--no-progress-bar", "--torch-threads", "1",
-                "--run-name", "run", "--log-dir", str(tmp_path / "runs"), "--checkpoint-every", "128"]  # fmt: skip
+        return [
+            sys.executable,
+            str(suite.REPO / "train_fabric.py"),
+            "--total-timesteps",
+            str(total),
+            "--num-steps",
+            "64",
+            "--eval-episodes",
+            "2",
+            "--no-progress-bar",
+            "--torch-threads",
+            "1",
+            "--run-name",
+            "run",
+            "--log-dir",
+            str(tmp_path / "runs"),
+            "--checkpoint-every",
+            "128",
+        ]
 
     segment, _ = resumable.launch_segment(resumable.Run("run", lambda: command(256), {}), tmp_path)
     assert segment["exit"] == 0 and segment["steps"] == 256

@@ -62,8 +62,11 @@ def runs(tmp_path_factory):
     folders["fabric-resumed"] = copy_of(fabric_half, "fabric-resumed")
     folders["torch-resumed"] = copy_of(torch_half, "torch-resumed")
     resume = [*QUICK, "--total-timesteps", "4096", "--resume-from"]
-    for name, launcher, mode in (("fabric-resumed", "fabric run", "fabric"), ("torch-resumed", "torchrun", "torch"),
-                                 ("fabric-to-torch", "torchrun", "torch")):  # fmt: skip
+    for name, launcher, mode in (
+        ("fabric-resumed", "fabric run", "fabric"),
+        ("torch-resumed", "torchrun", "torch"),
+        ("fabric-to-torch", "torchrun", "torch"),
+    ):
         finished = run_ranks(launcher, SCRIPTS[mode], [*resume, last_checkpoint(folders[name])], folders[name])
         assert finished.returncode == 0, finished.stderr[-3000:]
     folders["fabric_half_checkpoint"] = Path(last_checkpoint(fabric_half))
@@ -202,8 +205,12 @@ def test_ctrl_c_on_the_launcher_writes_a_checkpoint_and_exits_cleanly(tmp_path):
     (saved,) = checkpoints(tmp_path)
     step = torch.load(saved, weights_only=True)["counters"]["global_step"]
     assert f"training loop: {step} steps in" in stdout  # the launch's own figures, for a study that sums them
-    resumed = run_ranks("fabric run", SCRIPTS["fabric"], [*QUICK, "--total-timesteps", str(step + 1024),
-                                                       "--resume-from", str(saved)], tmp_path)  # fmt: skip
+    resumed = run_ranks(
+        "fabric run",
+        SCRIPTS["fabric"],
+        [*QUICK, "--total-timesteps", str(step + 1024), "--resume-from", str(saved)],
+        tmp_path,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
 
@@ -228,8 +235,12 @@ def test_a_killed_rank_ends_the_job_and_the_last_checkpoint_resumes(tmp_path, vi
     for path in saved:  # written atomically: none is partial
         torch.load(path, weights_only=True)
     step = torch.load(saved[-1], weights_only=True)["counters"]["global_step"]
-    resumed = run_ranks("fabric run", SCRIPTS["fabric"], [*QUICK, "--total-timesteps", str(step + 512),
-                                                       "--resume-from", str(saved[-1])], tmp_path)  # fmt: skip
+    resumed = run_ranks(
+        "fabric run",
+        SCRIPTS["fabric"],
+        [*QUICK, "--total-timesteps", str(step + 512), "--resume-from", str(saved[-1])],
+        tmp_path,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
 
@@ -272,18 +283,28 @@ def test_decoupled_resume_equals_an_uninterrupted_run(tmp_path):
     (tmp_path / "full").mkdir()
     (tmp_path / "part").mkdir()
     full, half = launch_together(
-        ("fabric run", SCRIPTS["decoupled"], [*args, "--total-timesteps", "2048", "--checkpoint-every", "512"],
-         tmp_path / "full", 3),
+        (
+            "fabric run",
+            SCRIPTS["decoupled"],
+            [*args, "--total-timesteps", "2048", "--checkpoint-every", "512"],
+            tmp_path / "full",
+            3,
+        ),
         ("fabric run", SCRIPTS["decoupled"], [*args, "--total-timesteps", "1024"], tmp_path / "part", 3),
         via=run_ranks,
-    )  # fmt: skip
+    )
     assert full.returncode == 0 and half.returncode == 0, (full.stderr + half.stderr)[-3000:]
     saved = checkpoints(tmp_path / "part", "decoupled")
     assert [path.name for path in saved] == ["step_000000001024.ckpt"]  # one file, written once, by the player
     state = torch.load(saved[-1], weights_only=True)
     assert state["mode"] == "decoupled" and state["learner"]["optimizer"]["state"]  # the trainers' Adam moments
-    resumed = run_ranks("fabric run", SCRIPTS["decoupled"], [*args, "--total-timesteps", "2048", "--resume-from",
-                                                           str(saved[-1])], tmp_path / "part", nproc=3)  # fmt: skip
+    resumed = run_ranks(
+        "fabric run",
+        SCRIPTS["decoupled"],
+        [*args, "--total-timesteps", "2048", "--resume-from", str(saved[-1])],
+        tmp_path / "part",
+        nproc=3,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     whole = load_agent(run_dir(tmp_path / "full", "decoupled"))["policy"]
     continued = load_agent(run_dir(tmp_path / "part", "decoupled"))["policy"]
@@ -311,8 +332,13 @@ def test_ctrl_c_on_asynchronous_decoupled_players_checkpoints_and_stops(tmp_path
     step = torch.load(saved, weights_only=True)["counters"]["global_step"]
     assert f"training loop: {step} steps in" in stdout
     assert len(torch.load(saved, weights_only=True)["rank_states"]) == 2  # each player's envs and streams
-    resumed = run_ranks("fabric run", SCRIPTS["decoupled"], [*QUICK, *players, "--total-timesteps", str(step + 1024),
-                                                           "--resume-from", str(saved)], tmp_path, nproc=3)  # fmt: skip
+    resumed = run_ranks(
+        "fabric run",
+        SCRIPTS["decoupled"],
+        [*QUICK, *players, "--total-timesteps", str(step + 1024), "--resume-from", str(saved)],
+        tmp_path,
+        nproc=3,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
 
@@ -363,8 +389,21 @@ def test_a_version_1_checkpoint_is_migrated_as_it_is_read():
 def test_a_version_1_checkpoint_resumes_and_its_run_goes_on_in_the_current_version(tmp_path):
     run = tmp_path / "v1"
     shutil.copytree(VERSION_1, run)
-    flags = ["--num-envs", "2", "--num-steps", "64", "--seed", "3", "--total-timesteps", "1024", "--no-progress-bar",
-             "--eval-episodes", "1", "--resume-from", str(run / "checkpoints" / "step_000000000512.ckpt")]  # fmt: skip
+    flags = [
+        "--num-envs",
+        "2",
+        "--num-steps",
+        "64",
+        "--seed",
+        "3",
+        "--total-timesteps",
+        "1024",
+        "--no-progress-bar",
+        "--eval-episodes",
+        "1",
+        "--resume-from",
+        str(run / "checkpoints" / "step_000000000512.ckpt"),
+    ]
     finished = run_ranks("python", SCRIPTS["fabric"], flags, tmp_path)
     assert finished.returncode == 0, finished.stderr[-2000:]
     assert "training loop: 512 steps" in finished.stdout  # from step 512 on

@@ -192,8 +192,11 @@ def test_decoupled_topology_flags_are_checked(fields, world_size, flag, says):
 def test_decoupled_topology_flags_are_refused_in_other_modes():
     from rl.cli import check_mode_flags
 
-    for argv, refused in [(["--num-players", "2"], "--num-players"), (["--async"], "--async"),
-                       (["--max-policy-lag", "0"], "--max-policy-lag")]:  # fmt: skip
+    for argv, refused in [
+        (["--num-players", "2"], "--num-players"),
+        (["--async"], "--async"),
+        (["--max-policy-lag", "0"], "--max-policy-lag"),
+    ]:
         for mode in ("coupled", "hogwild"):
             with pytest.raises(UsageError, match="belongs to decoupled mode") as error:
                 check_mode_flags(parse_config(argv), mode)
@@ -203,8 +206,10 @@ def test_decoupled_topology_flags_are_refused_in_other_modes():
 def test_periodic_evaluation_flags_are_refused_outside_coupled_mode():
     from rl.cli import check_mode_flags
 
-    for argv, refused in [(["--eval-every", "1000"], "--eval-every"),
-                          (["--eval-every", "1000", "--stop-at-return", "5"], "--eval-every")]:  # fmt: skip
+    for argv, refused in [
+        (["--eval-every", "1000"], "--eval-every"),
+        (["--eval-every", "1000", "--stop-at-return", "5"], "--eval-every"),
+    ]:
         for mode in ("decoupled", "hogwild"):
             with pytest.raises(UsageError, match="belongs to coupled mode") as error:
                 check_mode_flags(parse_config(argv), mode)
@@ -305,8 +310,11 @@ def test_auto_vector_mode_is_native_only_where_the_env_algorithm_and_video_allow
     assert choose_vector_mode("auto", "CartPole-v1", capture_video=True, algorithm_allows_native=True) == "sync"
     assert choose_vector_mode("auto", "CartPole-v1", capture_video=False, algorithm_allows_native=False) == "sync"
     assert choose_vector_mode("async", "Acrobot-v1", capture_video=True, algorithm_allows_native=False) == "async"
-    for env_id, video, allowed in (("Acrobot-v1", False, True), ("CartPole-v1", True, True),
-                                   ("CartPole-v1", False, False)):  # fmt: skip
+    for env_id, video, allowed in (
+        ("Acrobot-v1", False, True),
+        ("CartPole-v1", True, True),
+        ("CartPole-v1", False, False),
+    ):
         with pytest.raises(UsageError) as error:
             choose_vector_mode("native", env_id, capture_video=video, algorithm_allows_native=allowed)
         assert error.value.flag == "--vector-mode"
@@ -363,12 +371,16 @@ def test_another_algorithms_flag_is_named_as_that_algorithms(argv, flag_name, ow
     [
         (["--env-id", "ALE/Pong-v5"], "hint: --preset atari-ppo is tuned for Atari envs like ALE/Pong-v5"),
         (["--env-id", "rl/PixelCartPole-v1"], "hint: --preset atari-ppo is tuned for image envs"),
-        (["--env-id", "Hopper-v5"], "hint: --preset hopper is tuned for Hopper-v5; this run takes the defaults, "
-         "tuned for CartPole-v1"),
-        (["sac", "--env-id", "Humanoid-v5"], "hint: --preset halfcheetah, --preset hopper, --preset walker2d are tuned "
-         "for MuJoCo envs like Humanoid-v5"),
+        (
+            ["--env-id", "Hopper-v5"],
+            "hint: --preset hopper is tuned for Hopper-v5; this run takes the defaults, tuned for CartPole-v1",
+        ),
+        (
+            ["sac", "--env-id", "Humanoid-v5"],
+            "hint: --preset halfcheetah, --preset hopper, --preset walker2d are tuned for MuJoCo envs like Humanoid-v5",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_mujoco_atari_or_image_env_without_a_preset_gets_one_line_naming_it(argv, says):
     from rl.cli import preset_hint
 
@@ -393,11 +405,13 @@ def test_no_hint_where_a_preset_is_given_or_the_env_is_not_of_a_tuned_family(arg
         (1, False, True, 3, [1, 2]),  # players on GPUs take the first ones
     ],
 )
-def test_decoupled_roles_on_the_cpu_take_no_gpu(monkeypatch, players, evaluator, player_on_gpu, gpus_needed,
-                                                trainer_gpus):  # fmt: skip
+def test_decoupled_roles_on_the_cpu_take_no_gpu(
+    monkeypatch, players, evaluator, player_on_gpu, gpus_needed, trainer_gpus
+):
     world_size = players + 2 + int(evaluator)  # two trainers
-    cfg = PPOConfig(cuda=True, num_players=players, evaluator=evaluator, player_on_gpu=player_on_gpu,
-                    total_timesteps=4096)  # fmt: skip
+    cfg = PPOConfig(
+        cuda=True, num_players=players, evaluator=evaluator, player_on_gpu=player_on_gpu, total_timesteps=4096
+    )
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(world_size))
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
@@ -468,9 +482,13 @@ def test_the_resolved_config_written_out_is_taken_back_whole(tmp_path):
 
 @pytest.mark.parametrize(
     ("text", "told"),
-    [("num_envz: 4\n", "sets 'num_envz', which is no flag of PPOConfig"), ("- 1\n", "must map flag names to values"),
-     ("a: [1\n", "is not valid YAML"), (None, "cannot read")],
-)  # fmt: skip
+    [
+        ("num_envz: 4\n", "sets 'num_envz', which is no flag of PPOConfig"),
+        ("- 1\n", "must map flag names to values"),
+        ("a: [1\n", "is not valid YAML"),
+        (None, "cannot read"),
+    ],
+)
 def test_a_bad_config_file_is_named_in_one_line(tmp_path, text, told):
     path = tmp_path / "bad.yaml"
     if text is not None:

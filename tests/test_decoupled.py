@@ -142,9 +142,27 @@ def test_each_update_holds_every_players_rows_exactly_once(tmp_path):
 def test_async_players_never_exceed_the_policy_lag_bound(tmp_path):
     """Two SAC players, who step far faster than a gradient step, run ahead as far as allowed and no further.
     (Lag 0 is checked with two PPO players above.)"""
-    args = ["sac", "--env-id", "Pendulum-v1", "--total-timesteps", "800", "--learning-starts", "200", "--log-every",
-            "100", "--batch-size", "64", "--eval-episodes", "0", "--no-progress-bar", "--num-players", "2",
-            "--async", "--max-policy-lag", "3"]  # fmt: skip
+    args = [
+        "sac",
+        "--env-id",
+        "Pendulum-v1",
+        "--total-timesteps",
+        "800",
+        "--learning-starts",
+        "200",
+        "--log-every",
+        "100",
+        "--batch-size",
+        "64",
+        "--eval-episodes",
+        "0",
+        "--no-progress-bar",
+        "--num-players",
+        "2",
+        "--async",
+        "--max-policy-lag",
+        "3",
+    ]
     finished = run_ranks("fabric run", SCRIPTS["decoupled"], args, tmp_path, nproc=3)
     assert finished.returncode == 0, finished.stderr[-3000:]
     lags = [lag for _, lag in read_scalars(run_dir(tmp_path, "decoupled"))["Info/policy_lag_max"]]
@@ -209,8 +227,12 @@ def test_the_evaluator_keeps_the_best_agent_and_never_changes_training(tmp_path)
     assert all_scalars(evaluated_dir, "Eval/return_std").keys() == evaluations.keys()
     seconds = [value for _, value in sorted(all_scalars(evaluated_dir, "Eval/seconds").items())]
     assert seconds == sorted(seconds) and seconds[0] > 0
-    scored = subprocess.run([sys.executable, "-m", "rl.evaluate", str(evaluated_dir / "best.ckpt"), "--episodes", "2"],
-                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    scored = subprocess.run(
+        [sys.executable, "-m", "rl.evaluate", str(evaluated_dir / "best.ckpt"), "--episodes", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert scored.returncode == 0, scored.stderr[-2000:]
 
 

@@ -9,15 +9,27 @@ from rl.cli import parse_config
 SHORT_RUN = ["--total-timesteps", "2048", "--update-epochs", "2", "--eval-episodes", "2"]
 VARIANTS = {
     "pendulum-shared-normalized": [
-        "--env-id", "Pendulum-v1", "--share-data", "--normalize-observations", "--normalize-rewards",
-        "--normalize-advantages", "--anneal-lr", "--clip-vloss", "--ortho-init", "--activation-function", "tanh",
-        "--ent-coef", "0.01", "--per-rank-batch-size", "32",
+        "--env-id",
+        "Pendulum-v1",
+        "--share-data",
+        "--normalize-observations",
+        "--normalize-rewards",
+        "--normalize-advantages",
+        "--anneal-lr",
+        "--clip-vloss",
+        "--ortho-init",
+        "--activation-function",
+        "tanh",
+        "--ent-coef",
+        "0.01",
+        "--per-rank-batch-size",
+        "32",
     ],
     # CartPole through the CNN: a discrete policy, uint8 frames, each rank on its own data
     "pixels": ["--env-id", "rl/PixelCartPole-v1", "--resize", "0", "--frame-stack", "2", "--no-share-data"],
     # bf16 autocast in the trunks, through Fabric's precision and through the baseline's own
     "bf16-mixed": ["--precision", "bf16-mixed", "--ent-coef", "0.01"],
-}  # fmt: skip
+}
 EXPECTED_SCALARS = {
     "Rewards/rew_avg",
     "Game/ep_len_avg",
@@ -43,8 +55,10 @@ LAUNCHED_BY_THE_LAUNCHERS = "pendulum-shared-normalized"  # the other variants' 
 @pytest.fixture(scope="module", params=sorted(VARIANTS))
 def fabric_and_torch_runs(request, tmp_path_factory):
     args = SHORT_RUN + VARIANTS[request.param]
-    jobs = {mode: (launcher, SCRIPTS[mode], args, tmp_path_factory.mktemp(f"{request.param}-{mode}"), 2)
-            for mode, launcher in (("fabric", "fabric run"), ("torch", "torchrun"))}  # fmt: skip
+    jobs = {
+        mode: (launcher, SCRIPTS[mode], args, tmp_path_factory.mktemp(f"{request.param}-{mode}"), 2)
+        for mode, launcher in (("fabric", "fabric run"), ("torch", "torchrun"))
+    }
     via = launch if request.param == LAUNCHED_BY_THE_LAUNCHERS else run_ranks
     runs = {}
     for (mode, job), finished in zip(jobs.items(), launch_together(*jobs.values(), via=via), strict=True):
@@ -120,8 +134,18 @@ def test_log_dir_moves_the_run_folder(tmp_path):
 
 def test_a_run_ends_at_the_first_periodic_evaluation_that_reaches_the_target(tmp_path):
     """--stop-at-return: rank 0's evaluation ends every rank's loop, which then closes as at its last step."""
-    args = ["--total-timesteps", "8192", "--update-epochs", "2", "--eval-episodes", "2", "--eval-every", "1024",
-            "--stop-at-return", "-1e9"]  # fmt: skip
+    args = [
+        "--total-timesteps",
+        "8192",
+        "--update-epochs",
+        "2",
+        "--eval-episodes",
+        "2",
+        "--eval-every",
+        "1024",
+        "--stop-at-return",
+        "-1e9",
+    ]
     finished = run_ranks("python", SCRIPTS["fabric"], args, tmp_path)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "step 1024: the greedy return reached --stop-at-return -1e+09; training ends here" in finished.stdout
@@ -148,10 +172,22 @@ def test_periodic_evaluations_leave_the_training_unchanged(tmp_path):
 
 def test_a_target_kl_stops_every_rank_at_the_same_minibatch_and_fabric_and_torchrun_agree(tmp_path):
     """Each rank trains on its own data, so its own KL would stop it elsewhere: the decision is the average's."""
-    args = [*SHORT_RUN, "--env-id", "Pendulum-v1", "--no-share-data", "--per-rank-batch-size", "32",
-            "--target-kl", "0.002", "--eval-episodes", "0"]  # fmt: skip
-    jobs = [(launcher, SCRIPTS[mode], args, tmp_path / mode, 2) for mode, launcher in
-            (("fabric", "fabric run"), ("torch", "torchrun"))]  # fmt: skip
+    args = [
+        *SHORT_RUN,
+        "--env-id",
+        "Pendulum-v1",
+        "--no-share-data",
+        "--per-rank-batch-size",
+        "32",
+        "--target-kl",
+        "0.002",
+        "--eval-episodes",
+        "0",
+    ]
+    jobs = [
+        (launcher, SCRIPTS[mode], args, tmp_path / mode, 2)
+        for mode, launcher in (("fabric", "fabric run"), ("torch", "torchrun"))
+    ]
     for job in jobs:
         job[3].mkdir()
     finished = launch_together(*jobs, via=run_ranks)

@@ -37,11 +37,19 @@ REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted(p for p in (REPO / "docs").rglob("*.md") if p.name != "flags.md")]
 PROGRAMS = r"python3?|fabric|torchrun|pip|tensorboard|mkdocs|sbatch|train_\w+\.py"
 COMMAND = re.compile(rf"^(?:\.venv/bin/)?(?:{PROGRAMS})(?:\s|$)")
-MODES = {"train_fabric.py": "coupled", "train_torch.py": "coupled", "train_fabric_decoupled.py": "decoupled",
-         "train_hogwild.py": "hogwild"}  # fmt: skip
+MODES = {
+    "train_fabric.py": "coupled",
+    "train_torch.py": "coupled",
+    "train_fabric_decoupled.py": "decoupled",
+    "train_hogwild.py": "hogwild",
+}
 # Stand-ins for what a reader fills in: a node's rank and address, a job id, a player count.
-PLACEHOLDERS = {"--node-rank=R": "--node-rank=0", "NODE0": "10.0.0.1", "=JOB": "=1",
-                "--num-players K": "--num-players 1"}  # fmt: skip
+PLACEHOLDERS = {
+    "--node-rank=R": "--node-rank=0",
+    "NODE0": "10.0.0.1",
+    "=JOB": "=1",
+    "--num-players K": "--num-players 1",
+}
 # Tools that are not this project's: shown for the reader, with nothing of ours to parse.
 OTHER_TOOLS = {"tensorboard", "mkdocs", "sbatch"}
 
@@ -57,8 +65,11 @@ def shown_commands() -> list[tuple[str, str]]:
                     found.append((page.name, line.strip()))
         prose = re.sub(r"```.*?```", "", text, flags=re.S)
         # in prose a command runs a script, a module or pip; `fabric run` alone names the tool
-        found += [(page.name, span) for span in re.findall(r"`([^`\n]+)`", prose)
-                  if COMMAND.match(span) and (".py" in span or " -m " in span or span.startswith("pip "))]  # fmt: skip
+        found += [
+            (page.name, span)
+            for span in re.findall(r"`([^`\n]+)`", prose)
+            if COMMAND.match(span) and (".py" in span or " -m " in span or span.startswith("pip "))
+        ]
     return found
 
 
@@ -69,8 +80,9 @@ def expansions(command: str) -> list[list[str]]:
         command = command.replace(placeholder, value)
     groups = re.findall(r"(?:^|(?<=\s))\[([^\]]*)\]", command)  # `[x]`, never pip's `.[extra]`
     template = re.sub(r"(?:^|(?<=\s))\[[^\]]*\]", "{}", command.replace("{", "{{").replace("}", "}}"))
-    choices = [[""] + ([] if g.strip().lower() in ("flags", "args...") else [c.strip() for c in g.split("|")])
-               for g in groups]  # fmt: skip
+    choices = [
+        [""] + ([] if g.strip().lower() in ("flags", "args...") else [c.strip() for c in g.split("|")]) for g in groups
+    ]
     concrete = []
     for picked in itertools.product(*choices):
         words = shlex.split(template.format(*picked), comments=True)
@@ -242,13 +254,19 @@ def test_a_command_shown_in_the_docs_is_accepted(page: str, command: str):
 def test_a_synopsis_expands_to_every_choice():
     synopsis = "fabric run --devices=3 train_fabric_decoupled.py [sac] [--pipeline | --async] [flags] > out && ls"
     assert expansions(synopsis) == [
-        ["fabric", "run", "--devices=3", "train_fabric_decoupled.py"], ["ls"],
-        ["fabric", "run", "--devices=3", "train_fabric_decoupled.py", "--pipeline"], ["ls"],
-        ["fabric", "run", "--devices=3", "train_fabric_decoupled.py", "--async"], ["ls"],
-        ["fabric", "run", "--devices=3", "train_fabric_decoupled.py", "sac"], ["ls"],
-        ["fabric", "run", "--devices=3", "train_fabric_decoupled.py", "sac", "--pipeline"], ["ls"],
-        ["fabric", "run", "--devices=3", "train_fabric_decoupled.py", "sac", "--async"], ["ls"],
-    ]  # fmt: skip
+        ["fabric", "run", "--devices=3", "train_fabric_decoupled.py"],
+        ["ls"],
+        ["fabric", "run", "--devices=3", "train_fabric_decoupled.py", "--pipeline"],
+        ["ls"],
+        ["fabric", "run", "--devices=3", "train_fabric_decoupled.py", "--async"],
+        ["ls"],
+        ["fabric", "run", "--devices=3", "train_fabric_decoupled.py", "sac"],
+        ["ls"],
+        ["fabric", "run", "--devices=3", "train_fabric_decoupled.py", "sac", "--pipeline"],
+        ["ls"],
+        ["fabric", "run", "--devices=3", "train_fabric_decoupled.py", "sac", "--async"],
+        ["ls"],
+    ]
     assert expansions('pip install -e ".[atari,envpool]" --sync shared\\|synced') == [
         ["pip", "install", "-e", ".[atari,envpool]", "--sync", "shared"],
         ["pip", "install", "-e", ".[atari,envpool]", "--sync", "synced"],

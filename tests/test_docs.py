@@ -35,8 +35,11 @@ def error_messages() -> list[tuple[str, str]]:
             if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("UsageError", "print_error")):
                 continue
             message = node.args[-1]
-            pieces = [message.value] if isinstance(message, ast.Constant) else [
-                part.value for part in getattr(message, "values", []) if isinstance(part, ast.Constant)]  # fmt: skip
+            pieces = (
+                [message.value]
+                if isinstance(message, ast.Constant)
+                else [part.value for part in getattr(message, "values", []) if isinstance(part, ast.Constant)]
+            )
             if pieces:  # print_error(line) relays a line built elsewhere
                 found.append((f"{path.relative_to(DOCS.parent)}:{node.lineno}", max(pieces, key=len).strip()))
     return found

@@ -39,18 +39,42 @@ from rl.elastic import Journal, RoundRecord, agree_on_round, describe_end, same_
 from rl.errors import UsageError
 
 QUICK_PPO = ["--update-epochs", "2", "--eval-episodes", "0", "--no-progress-bar"]
-QUICK_SAC = ["sac", "--batch-size", "64", "--learning-starts", "200", "--log-every", "200", "--eval-episodes", "0",
-             "--no-progress-bar"]  # fmt: skip
+QUICK_SAC = [
+    "sac",
+    "--batch-size",
+    "64",
+    "--learning-starts",
+    "200",
+    "--log-every",
+    "200",
+    "--eval-episodes",
+    "0",
+    "--no-progress-bar",
+]
 
 
 def torchrun(script: Path, args: list[str], nproc: int = 2, max_restarts: int = 3) -> list[str]:
-    return [str(BIN / "torchrun"), f"--nproc-per-node={nproc}", "--standalone", f"--max-restarts={max_restarts}",
-            "--monitor-interval=0.2", str(script), *args]  # fmt: skip
+    return [
+        str(BIN / "torchrun"),
+        f"--nproc-per-node={nproc}",
+        "--standalone",
+        f"--max-restarts={max_restarts}",
+        "--monitor-interval=0.2",
+        str(script),
+        *args,
+    ]
 
 
 def start(command: list[str], cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen(command, cwd=cwd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def newest_step(cwd: Path) -> int:
@@ -131,8 +155,9 @@ def test_a_run_killed_at_random_resumes_by_itself_to_the_weights_of_an_unkilled_
     assert all("resumes from step" in line and "steps are done twice" in line for line in restarts)
     assert not any("; 0 steps are done twice" in line for line in restarts), restarts  # each killed past a checkpoint
     names = {0: "the player", 1: "trainer 1"} if mode == "decoupled" else {0: "rank 0", 1: "rank 1"}
-    assert all(f"lost {names[victim]}: its process ended" in line
-               for victim, line in zip(killed, restarts, strict=True)), (killed, restarts)  # fmt: skip
+    assert all(
+        f"lost {names[victim]}: its process ended" in line for victim, line in zip(killed, restarts, strict=True)
+    ), (killed, restarts)
     (folder,) = killed_dir.glob("logs/*/*")  # one run folder for the whole job
     want, got = load_agent(run_dir(reference, mode))["policy"], load_agent(folder)["policy"]
     for name in want:
@@ -162,8 +187,17 @@ def test_a_restart_without_a_checkpoint_starts_again_and_says_so(tmp_path):
 
 def test_a_round_killed_during_start_up_is_named_and_the_restart_counts_agree(tmp_path):
     marker = tmp_path / "kill-the-next-start"
-    args = [*QUICK_PPO, "--env-id", "envs_for_tests:KilledOnceAtStartup-v0", "--env-kwargs",
-            json.dumps({"marker": str(marker)}), "--total-timesteps", "16384", "--checkpoint-every", "512"]  # fmt: skip
+    args = [
+        *QUICK_PPO,
+        "--env-id",
+        "envs_for_tests:KilledOnceAtStartup-v0",
+        "--env-kwargs",
+        json.dumps({"marker": str(marker)}),
+        "--total-timesteps",
+        "16384",
+        "--checkpoint-every",
+        "512",
+    ]
     job = start(torchrun(SCRIPTS["fabric"], args, max_restarts=3), tmp_path)
     wait_until(lambda: newest_step(tmp_path) > 0, job)
     marker.touch()  # round 1 dies while it makes its envs, before it writes anything
@@ -192,10 +226,29 @@ def test_a_journaled_round_that_never_trained_is_told_apart(tmp_path):
 
 
 def test_a_run_that_fails_in_the_same_place_stops_after_max_restarts_with_the_cause(tmp_path):
-    args = [*QUICK_PPO, "--env-id", "envs_for_tests:FailsAfter-v0", "--num-envs", "1", "--num-steps", "64",
-            "--per-rank-batch-size", "32", "--total-timesteps", "8192", "--checkpoint-every", "128"]  # fmt: skip
-    done = subprocess.run(torchrun(SCRIPTS["fabric"], args, max_restarts=3), cwd=tmp_path, env=child_env(),
-                          capture_output=True, text=True, timeout=240)  # fmt: skip
+    args = [
+        *QUICK_PPO,
+        "--env-id",
+        "envs_for_tests:FailsAfter-v0",
+        "--num-envs",
+        "1",
+        "--num-steps",
+        "64",
+        "--per-rank-batch-size",
+        "32",
+        "--total-timesteps",
+        "8192",
+        "--checkpoint-every",
+        "128",
+    ]
+    done = subprocess.run(
+        torchrun(SCRIPTS["fabric"], args, max_restarts=3),
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert done.returncode != 0
     refusals = [line for line in done.stderr.splitlines() if "restarting cannot get past it" in line]
     assert refusals and "RuntimeError: the env broke after 500 steps" in refusals[0], done.stderr[-3000:]
@@ -205,16 +258,22 @@ def test_a_run_that_fails_in_the_same_place_stops_after_max_restarts_with_the_ca
 
 
 def test_a_run_folder_holding_another_configs_checkpoint_is_not_loaded(tmp_path):
-    first = run_ranks("python", SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "1024", "--run-name", "job"],
-                   tmp_path)  # fmt: skip
+    first = run_ranks(
+        "python", SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "1024", "--run-name", "job"], tmp_path
+    )
     assert first.returncode == 0, first.stderr[-2000:]
-    other = run_ranks("python", SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "2048", "--run-name", "job",
-                                                 "--env-id", "Acrobot-v1"], tmp_path)  # fmt: skip
+    other = run_ranks(
+        "python",
+        SCRIPTS["fabric"],
+        [*QUICK_PPO, "--total-timesteps", "2048", "--run-name", "job", "--env-id", "Acrobot-v1"],
+        tmp_path,
+    )
     assert other.returncode == 2
     (line,) = other.stderr.strip().splitlines()
     assert line.startswith("error: --env-id: ") and "CartPole-v1" in line, line
-    again = run_ranks("python", SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "2048", "--run-name", "job"],
-                   tmp_path)  # fmt: skip
+    again = run_ranks(
+        "python", SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "2048", "--run-name", "job"], tmp_path
+    )
     assert again.returncode == 0, again.stderr[-2000:]
     assert "resumes from step 1024" in again.stderr or len(list(tmp_path.glob("logs/*/job/checkpoints/*"))) >= 1
 
@@ -230,8 +289,12 @@ def test_a_checkpoint_folder_that_cannot_be_written_ends_the_run_at_start(tmp_pa
 
 
 def test_checkpoint_every_takes_a_time(tmp_path):
-    done = run_ranks("python", SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "6144", "--checkpoint-every",
-                                                "0.1s", "--keep-last", "100"], tmp_path)  # fmt: skip
+    done = run_ranks(
+        "python",
+        SCRIPTS["fabric"],
+        [*QUICK_PPO, "--total-timesteps", "6144", "--checkpoint-every", "0.1s", "--keep-last", "100"],
+        tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     # 12 iterations, each longer than 0.1 s: a checkpoint after most of them, and the last
     assert len(list(tmp_path.glob("logs/*/*/checkpoints/step_*.ckpt"))) >= 3
@@ -306,16 +369,25 @@ def test_the_journal_tells_each_round_its_start_reach_and_cause(tmp_path):
 
 def agent(cwd: Path, port: int, args: list[str]) -> subprocess.Popen:
     """One torchrun agent (a "node" of one process) of a job whose c10d rendezvous admits 1 to 2 nodes."""
-    command = [str(BIN / "torchrun"), "--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d",
-               f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=shrinks-and-grows", "--max-restarts=3",
-               "--monitor-interval=0.2",
-               "--rdzv-conf=last_call_timeout=2,keep_alive_interval=2,keep_alive_max_attempt=3",
-               str(SCRIPTS["fabric"]), *args]  # fmt: skip
+    command = [
+        str(BIN / "torchrun"),
+        "--nnodes=1:2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=shrinks-and-grows",
+        "--max-restarts=3",
+        "--monitor-interval=0.2",
+        "--rdzv-conf=last_call_timeout=2,keep_alive_interval=2,keep_alive_max_attempt=3",
+        str(SCRIPTS["fabric"]),
+        *args,
+    ]
     # torchrun 2.13's agents share one store across rounds by default, and a round that a node joins then
     # waits forever for the store's address (the first node does not publish it again): a store per round.
     env = child_env() | {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+    return subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
 
 
 def test_a_node_lost_leaves_the_job_on_fewer_nodes_and_a_node_that_joins_is_taken_in(tmp_path):
@@ -368,11 +440,19 @@ def test_a_run_that_resumes_on_fewer_ranks_from_fresh_resets_still_learns(tmp_pa
         wait_for_new_checkpoint(two_ranks, tmp_path, seen=-1)
     finally:
         kill_node(two_ranks)  # the whole job, at once: the newest checkpoint is the first
-    one_rank = subprocess.run(torchrun(SCRIPTS["fabric"], args, nproc=1), cwd=tmp_path, env=child_env(),
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
+    one_rank = subprocess.run(
+        torchrun(SCRIPTS["fabric"], args, nproc=1),
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert one_rank.returncode == 0, one_rank.stderr[-3000:]
-    assert "warning: the checkpoint's 2 ranks now run as 1: every rank's envs restart from fresh resets (4 per rank)" \
-        in one_rank.stderr, one_rank.stderr[-3000:]  # fmt: skip
+    assert (
+        "warning: the checkpoint's 2 ranks now run as 1: every rank's envs restart from fresh resets (4 per rank)"
+        in one_rank.stderr
+    ), one_rank.stderr[-3000:]
     assert "resumes from step 16384" in one_rank.stderr, one_rank.stderr[-3000:]
     ((_, greedy_return),) = read_scalars(run_dir(tmp_path, "fabric"))["Test/return_mean"]
     assert greedy_return >= 475, greedy_return

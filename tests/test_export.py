@@ -20,11 +20,28 @@ TINY = ["--eval-episodes", "0", "--no-progress-bar", "--torch-threads", "1"]
 AGENTS = {
     "ppo-discrete-mlp": ["--env-id", "CartPole-v1", "--total-timesteps", "512"],
     "ppo-box-mlp-normalized": ["--env-id", "Pendulum-v1", "--normalize-observations", "--total-timesteps", "512"],
-    "ppo-discrete-cnn": ["--env-id", "rl/PixelCartPole-v1", "--resize", "0", "--frame-stack", "2",
-                         "--total-timesteps", "512"],
-    "sac-box": ["sac", "--env-id", "Pendulum-v1", "--total-timesteps", "300", "--learning-starts", "100",
-                "--batch-size", "32"],
-}  # fmt: skip
+    "ppo-discrete-cnn": [
+        "--env-id",
+        "rl/PixelCartPole-v1",
+        "--resize",
+        "0",
+        "--frame-stack",
+        "2",
+        "--total-timesteps",
+        "512",
+    ],
+    "sac-box": [
+        "sac",
+        "--env-id",
+        "Pendulum-v1",
+        "--total-timesteps",
+        "300",
+        "--learning-starts",
+        "100",
+        "--batch-size",
+        "32",
+    ],
+}
 FORMATS = {"torchscript": "pt", "onnx": "onnx"}
 # Acts with every exported policy given as (policy, observations, actions out) triples, in a process where any
 # import of this project fails.
@@ -82,8 +99,16 @@ def acted(agents, tmp_path_factory) -> dict[tuple[str, str], tuple[np.ndarray, n
     policies = {case: folder / f"{case[0]}.{FORMATS[case[1]]}" for case in cases}
 
     def export(case: tuple[str, str]) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "rl.export", str(agents[case[0]]), "--format", case[1], "--out",
-                   str(policies[case])]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "rl.export",
+            str(agents[case[0]]),
+            "--format",
+            case[1],
+            "--out",
+            str(policies[case]),
+        ]
         return subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=120)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
@@ -98,8 +123,13 @@ def acted(agents, tmp_path_factory) -> dict[tuple[str, str], tuple[np.ndarray, n
         for fmt in FORMATS:
             actions = folder / f"{name}-{fmt}-actions.npy"
             triples += [str(policies[name, fmt]), str(folder / f"{name}.npy"), str(actions)]
-    ran = subprocess.run([sys.executable, "-c", RUN_WITHOUT_THE_PROJECT, *triples], cwd=folder, capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+    ran = subprocess.run(
+        [sys.executable, "-c", RUN_WITHOUT_THE_PROJECT, *triples],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert ran.returncode == 0, ran.stderr[-2000:]
     return {(name, fmt): (np.load(folder / f"{name}-{fmt}-actions.npy"), expected[name]) for name, fmt in cases}
 
@@ -158,8 +188,9 @@ def test_a_file_that_would_run_code_when_unpickled_is_refused_unread(tmp_path, m
     marker, evil = tmp_path / "the_pickle_ran", tmp_path / "agent.ckpt"
     torch.save({"format": "x", "payload": WritesAFileWhenUnpickled(marker)}, evil)
     extra = ["--out", str(tmp_path / "p.pt")] if module == "rl.export" else []
-    done = subprocess.run([sys.executable, "-m", module, str(evil), *extra], env=child_env(), capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", module, str(evil), *extra], env=child_env(), capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2
     (line,) = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert line.startswith(f"error: CHECKPOINT: {evil} holds Python objects (classes or code)") and "trust" in line
@@ -174,8 +205,10 @@ def export_to(agent: Path, out: str, cwd: Path, *extra: str) -> subprocess.Compl
 def test_bad_output_paths_end_with_one_line_and_a_onnx_file_is_onnx(agents, tmp_path):
     agent = next(iter(agents.values()))
     (tmp_path / "a-file").write_text("in the way")
-    for out, told in ((str(tmp_path), "is a folder; give the file to write"),
-                      (str(tmp_path / "a-file" / "policy.pt"), "a-file is a file, not a folder")):  # fmt: skip
+    for out, told in (
+        (str(tmp_path), "is a folder; give the file to write"),
+        (str(tmp_path / "a-file" / "policy.pt"), "a-file is a file, not a folder"),
+    ):
         done = export_to(agent, out, tmp_path)
         assert done.returncode == 2, done.stderr[-2000:]
         (line,) = done.stderr.strip().splitlines()
@@ -186,8 +219,16 @@ def test_bad_output_paths_end_with_one_line_and_a_onnx_file_is_onnx(agents, tmp_
 
 
 def test_a_recurrent_policy_evaluates_with_its_state_and_is_refused_by_export_with_one_line(tmp_path):
-    args = [*TINY, "--env-id", "rl/MaskedCartPole-v1", "--recurrent", "--per-rank-batch-size", "128",
-            "--total-timesteps", "256"]  # fmt: skip
+    args = [
+        *TINY,
+        "--env-id",
+        "rl/MaskedCartPole-v1",
+        "--recurrent",
+        "--per-rank-batch-size",
+        "128",
+        "--total-timesteps",
+        "256",
+    ]
     finished = run_ranks("python", SCRIPTS["fabric"], args, tmp_path, 1)
     assert finished.returncode == 0, finished.stderr[-2000:]
     agent = str(run_dir(tmp_path, "fabric") / "agent.ckpt")

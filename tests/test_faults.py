@@ -20,8 +20,14 @@ from rl.runtime import TorchRuntime
 
 
 def _average_after_peer_exits(rank: int, port: int, folder: str, path: str) -> None:
-    os.environ |= {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+    os.environ |= {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
     torch.set_num_threads(1)
     runtime = TorchRuntime(SACConfig(), 2)
     torch.distributed.barrier()
@@ -57,10 +63,23 @@ def test_a_rendezvous_port_taken_by_another_job_is_named_with_the_flag_that_free
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        rank_zero = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "NODE_RANK": "0",
-                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
-        finished = subprocess.run([sys.executable, str(SCRIPTS[script]), "--no-progress-bar"], cwd=tmp_path,
-                                  env=child_env() | rank_zero, capture_output=True, text=True, timeout=120)  # fmt: skip
+        rank_zero = {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "2",
+            "NODE_RANK": "0",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        finished = subprocess.run(
+            [sys.executable, str(SCRIPTS[script]), "--no-progress-bar"],
+            cwd=tmp_path,
+            env=child_env() | rank_zero,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert finished.returncode == 2, finished.stderr[-3000:]
     lines = finished.stderr.strip().split("\n")
     assert (
@@ -91,8 +110,9 @@ def test_a_killed_peer_counts_as_ended_as_soon_as_its_connection_drops():
     # the peer's process as ended (a race first seen in CI).
     for _ in range(5):
         ours, theirs = socket.socketpair()
-        peer = subprocess.Popen([sys.executable, "-c", PEER, str(theirs.fileno())], pass_fds=[theirs.fileno()],
-                                stdout=subprocess.PIPE)  # fmt: skip
+        peer = subprocess.Popen(
+            [sys.executable, "-c", PEER, str(theirs.fileno())], pass_fds=[theirs.fileno()], stdout=subprocess.PIPE
+        )
         theirs.close()
         assert peer.stdout.readline() == b"ready\n"
         assert not _process_ended(peer.pid)

@@ -11,11 +11,35 @@ from conftest import SCRIPTS, Finished, launch, load_agent, read_scalars, run_di
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-SHORT_PPO = ["--env-id", "Pendulum-v1", "--total-timesteps", "2048", "--update-epochs", "2", "--eval-episodes", "2",
-             "--no-progress-bar", "--cuda"]  # fmt: skip
-SHORT_SAC = ["sac", "--env-id", "Pendulum-v1", "--total-timesteps", "600", "--learning-starts", "200",
-             "--batch-size", "64", "--log-every", "200", "--eval-episodes", "2", "--no-progress-bar",
-             "--cuda"]  # fmt: skip
+SHORT_PPO = [
+    "--env-id",
+    "Pendulum-v1",
+    "--total-timesteps",
+    "2048",
+    "--update-epochs",
+    "2",
+    "--eval-episodes",
+    "2",
+    "--no-progress-bar",
+    "--cuda",
+]
+SHORT_SAC = [
+    "sac",
+    "--env-id",
+    "Pendulum-v1",
+    "--total-timesteps",
+    "600",
+    "--learning-starts",
+    "200",
+    "--batch-size",
+    "64",
+    "--log-every",
+    "200",
+    "--eval-episodes",
+    "2",
+    "--no-progress-bar",
+    "--cuda",
+]
 PRECISIONS = ["32-true", "bf16-mixed", "16-mixed", "bf16-true"]
 
 
@@ -42,8 +66,15 @@ def test_fabric_and_torchrun_agree_on_a_gpu(tmp_path, precision):
 @pytest.mark.parametrize("algorithm", ["ppo", "sac"])
 @pytest.mark.parametrize("precision", PRECISIONS[1:])
 def test_each_precision_trains_checkpoints_in_float32_and_resumes_at_another(tmp_path, algorithm, precision):
-    args = [*(SHORT_PPO if algorithm == "ppo" else SHORT_SAC), "--precision", precision, "--checkpoint-every",
-            "1024" if algorithm == "ppo" else "400", "--eval-episodes", "0"]  # fmt: skip
+    args = [
+        *(SHORT_PPO if algorithm == "ppo" else SHORT_SAC),
+        "--precision",
+        precision,
+        "--checkpoint-every",
+        "1024" if algorithm == "ppo" else "400",
+        "--eval-episodes",
+        "0",
+    ]
     first = launch_on_gpu("fabric run", "fabric", args, tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     folder = run_dir(tmp_path, "fabric")
@@ -51,8 +82,9 @@ def test_each_precision_trains_checkpoints_in_float32_and_resumes_at_another(tmp
     saved = torch.load(checkpoint, map_location="cpu", weights_only=True)
     assert saved["config"]["precision"] == precision
     assert all(tensor.dtype == torch.float32 for tensor in saved["policy"].values())
-    resumed = launch_on_gpu("fabric run", "fabric", [*args, "--precision", "32-true", "--resume-from", checkpoint],
-                            tmp_path)  # fmt: skip
+    resumed = launch_on_gpu(
+        "fabric run", "fabric", [*args, "--precision", "32-true", "--resume-from", checkpoint], tmp_path
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resuming a {precision} checkpoint at --precision 32-true" in resumed.stdout
 
@@ -63,8 +95,9 @@ def test_a_compiled_run_on_a_gpu_starts_as_the_eager_run_does(tmp_path, algorith
     args = [*(SHORT_PPO if algorithm == "ppo" else SHORT_SAC), "--eval-episodes", "0"]
     (tmp_path / "eager").mkdir(), (tmp_path / "compiled").mkdir()
     eager = launch_on_gpu("fabric run", "fabric", args, tmp_path / "eager")
-    compiled = launch_on_gpu("fabric run", "fabric", [*args, "--compile", "--compile-mode", mode],
-                             tmp_path / "compiled")  # fmt: skip
+    compiled = launch_on_gpu(
+        "fabric run", "fabric", [*args, "--compile", "--compile-mode", mode], tmp_path / "compiled"
+    )
     assert eager.returncode == 0 and compiled.returncode == 0, compiled.stderr[-8000:]
     assert "torch.compile: " in compiled.stdout
     tags = ("Loss/policy_loss", "Loss/value_loss") if algorithm == "ppo" else ("Loss/critic_loss", "Loss/actor_loss")

@@ -114,8 +114,22 @@ def test_use_sde_is_refused_for_discrete_actions_with_one_line(tmp_path):
 
 SHORT = ["--eval-episodes", "0", "--no-progress-bar", "--use-sde", "--sde-sample-freq", "4"]
 PPO_RUN = [*SHORT, "--env-id", "Pendulum-v1", "--update-epochs", "2", "--num-steps", "64"]
-SAC_RUN = ["sac", *SHORT, "--learning-starts", "64", "--batch-size", "32", "--train-freq", "8", "--gradient-steps",
-           "2", "--net-arch", "32", "32", "--save-buffer"]  # fmt: skip
+SAC_RUN = [
+    "sac",
+    *SHORT,
+    "--learning-starts",
+    "64",
+    "--batch-size",
+    "32",
+    "--train-freq",
+    "8",
+    "--gradient-steps",
+    "2",
+    "--net-arch",
+    "32",
+    "32",
+    "--save-buffer",
+]
 
 
 @pytest.mark.parametrize(("algorithm", "args", "steps"), [("ppo", PPO_RUN, 512), ("sac", SAC_RUN, 256)])
@@ -130,8 +144,12 @@ def test_a_resumed_gsde_run_equals_an_uninterrupted_one(tmp_path, algorithm, arg
     )
     assert whole.returncode == 0 and half.returncode == 0, (whole.stderr + half.stderr)[-3000:]
     (checkpoint,) = sorted((run_dir(tmp_path / "half", "fabric") / "checkpoints").glob("step_*.ckpt"))
-    resumed = run_ranks("fabric run", SCRIPTS["fabric"], [*args, "--total-timesteps", str(steps), "--resume-from",
-                                                        str(checkpoint)], tmp_path / "half")  # fmt: skip
+    resumed = run_ranks(
+        "fabric run",
+        SCRIPTS["fabric"],
+        [*args, "--total-timesteps", str(steps), "--resume-from", str(checkpoint)],
+        tmp_path / "half",
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     uninterrupted = load_agent(run_dir(tmp_path / "whole", "fabric"))["policy"]
     continued = load_agent(run_dir(tmp_path / "half", "fabric"))["policy"]

@@ -17,8 +17,18 @@ from conftest import SCRIPTS, all_scalars, launch, load_agent, refusal_line, run
 from rl.modes.hogwild import MergedWeights, SharedState
 
 PPO_SHORT = ["--total-timesteps", "4096", "--no-progress-bar", "--eval-episodes", "0"]
-SAC_SHORT = ["sac", "--env-id", "Pendulum-v1", "--total-timesteps", "600", "--learning-starts", "300",
-             "--no-progress-bar", "--eval-episodes", "0"]  # fmt: skip
+SAC_SHORT = [
+    "sac",
+    "--env-id",
+    "Pendulum-v1",
+    "--total-timesteps",
+    "600",
+    "--learning-starts",
+    "300",
+    "--no-progress-bar",
+    "--eval-episodes",
+    "0",
+]
 
 
 def agent_weights(folder) -> dict[str, torch.Tensor]:
@@ -137,8 +147,17 @@ def running(pid: int) -> bool:
 
 
 def long_run(tmp_path, sync: str = "shared") -> subprocess.Popen:
-    args = ["--total-timesteps", "10000000", "--workers", "2", "--sync", sync, "--no-progress-bar",
-            "--checkpoint-every", "4096"]  # fmt: skip
+    args = [
+        "--total-timesteps",
+        "10000000",
+        "--workers",
+        "2",
+        "--sync",
+        sync,
+        "--no-progress-bar",
+        "--checkpoint-every",
+        "4096",
+    ]
     return start("python", SCRIPTS["hogwild"], args, tmp_path, nproc=1)
 
 
@@ -189,8 +208,12 @@ def test_ctrl_c_checkpoints_every_worker_and_stops(tmp_path):
     assert not (folder / "agent.ckpt").exists()
 
 
-BAD_HOGWILD_INPUTS = [(["--workers", "0"], "--workers"), (["--sync", "sometimes"], "--sync"),
-                      (["--share-data"], "--share-data"), (["--pipeline"], "--pipeline")]  # fmt: skip
+BAD_HOGWILD_INPUTS = [
+    (["--workers", "0"], "--workers"),
+    (["--sync", "sometimes"], "--sync"),
+    (["--share-data"], "--share-data"),
+    (["--pipeline"], "--pipeline"),
+]
 
 
 @pytest.mark.parametrize(("args", "flag"), BAD_HOGWILD_INPUTS, ids=[flag for _, flag in BAD_HOGWILD_INPUTS])

@@ -54,8 +54,12 @@ def test_csv_and_tensorboard_log_the_same_points_and_a_resume_keeps_the_rows_bef
     before = {int(row["step"]): row["Loss/policy_loss"] for row in csv_rows(directory) if row["Loss/policy_loss"]}
     assert sorted(before) == [step for step, _ in read_scalars(directory)["Loss/policy_loss"]]
     checkpoint = directory / "checkpoints" / "step_000000001024.ckpt"
-    resumed = run_ranks("fabric run", SCRIPTS["fabric"], [*args, "--total-timesteps", "3072", "--resume-from",
-                                                        str(checkpoint)], tmp_path)  # fmt: skip
+    resumed = run_ranks(
+        "fabric run",
+        SCRIPTS["fabric"],
+        [*args, "--total-timesteps", "3072", "--resume-from", str(checkpoint)],
+        tmp_path,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     after = {int(row["step"]): row["Loss/policy_loss"] for row in csv_rows(directory) if row["Loss/policy_loss"]}
     assert sorted(after) == [512 * k for k in range(1, 7)]  # each step once: 512 and 1024 kept, the rest logged anew
@@ -74,8 +78,12 @@ def test_wandb_offline_keeps_the_metrics_the_config_and_the_videos_and_a_resume_
     assert b"Rewards/rew_avg" in logged and b"Loss/policy_loss" in logged and b"num_envs" in logged
     assert list((offline / "files" / "media" / "videos").rglob("*.mp4"))
     checkpoint = directory / "checkpoints" / "step_000000001024.ckpt"
-    resumed = run_ranks("python", SCRIPTS["fabric"], [*args, "--run-name", "tracked", "--total-timesteps", "3072",
-                                                     "--resume-from", str(checkpoint)], tmp_path)  # fmt: skip
+    resumed = run_ranks(
+        "python",
+        SCRIPTS["fabric"],
+        [*args, "--run-name", "tracked", "--total-timesteps", "3072", "--resume-from", str(checkpoint)],
+        tmp_path,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert len(list((directory / "wandb").glob(f"offline-run-*-{run_id}"))) == 2  # the same W&B run, continued
 

@@ -12,16 +12,47 @@ import torch
 from conftest import BIN, SCRIPTS, child_env, child_pids, free_port, load_agent, rank_pid, run_dir, run_ranks
 
 PPO_ARGS = ["--total-timesteps", "1024", "--update-epochs", "2", "--eval-episodes", "0", "--torch-threads", "1"]
-SAC_ARGS = ["sac", "--total-timesteps", "600", "--learning-starts", "200", "--batch-size", "32", "--log-every", "200",
-            "--eval-episodes", "0", "--torch-threads", "1"]  # fmt: skip
+SAC_ARGS = [
+    "sac",
+    "--total-timesteps",
+    "600",
+    "--learning-starts",
+    "200",
+    "--batch-size",
+    "32",
+    "--log-every",
+    "200",
+    "--eval-episodes",
+    "0",
+    "--torch-threads",
+    "1",
+]
 
 
 def node_command(launcher: str, node_rank: int, port: int, script: Path, args: list[str]) -> list[str]:
     if launcher == "fabric run":
-        return [str(BIN / "fabric"), "run", "--accelerator=cpu", "--num-nodes=2", f"--node-rank={node_rank}",
-                "--main-address=127.0.0.1", f"--main-port={port}", "--devices=1", str(script), *args]  # fmt: skip
-    return [str(BIN / "torchrun"), "--nnodes=2", "--nproc-per-node=1", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=two-nodes", str(script), *args]  # fmt: skip
+        return [
+            str(BIN / "fabric"),
+            "run",
+            "--accelerator=cpu",
+            "--num-nodes=2",
+            f"--node-rank={node_rank}",
+            "--main-address=127.0.0.1",
+            f"--main-port={port}",
+            "--devices=1",
+            str(script),
+            *args,
+        ]
+    return [
+        str(BIN / "torchrun"),
+        "--nnodes=2",
+        "--nproc-per-node=1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=two-nodes",
+        str(script),
+        *args,
+    ]
 
 
 def launch_two_nodes(launcher: str, script: Path, args: list[str], cwd: Path) -> list[subprocess.CompletedProcess]:
@@ -59,9 +90,18 @@ def test_two_nodes_train_exactly_as_two_processes_on_one_machine(tmp_path, launc
 def test_a_rank_killed_on_another_node_is_named_by_the_survivor(tmp_path):
     port = free_port()
     args = ["--total-timesteps", "100000000", "--no-progress-bar", "--torch-threads", "1"]
-    nodes = [subprocess.Popen(node_command("fabric run", rank, port, SCRIPTS["fabric"], args), cwd=tmp_path,
-                              env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True) for rank in range(2)]  # fmt: skip
+    nodes = [
+        subprocess.Popen(
+            node_command("fabric run", rank, port, SCRIPTS["fabric"], args),
+            cwd=tmp_path,
+            env=child_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for rank in range(2)
+    ]
     try:
         deadline = time.monotonic() + 90
         while not list(tmp_path.glob("logs/*/*/events.*")):
@@ -92,9 +132,23 @@ def test_the_slurm_script_starts_one_launcher_per_node_with_the_first_node_as_re
     # A stand-in interpreter that prints the arguments it gets: what each node's launcher would receive.
     (python := tmp_path / "python").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
     python.chmod(0o755)
-    rendered = render_slurm("--nodes", "4", "--gpus-per-node", "8", "--processes-per-node", "8", "--launcher",
-                            launcher, "--python", str(python), "--", "train_fabric.py", "sac", "--exp-name",
-                            "it's mine")  # fmt: skip
+    rendered = render_slurm(
+        "--nodes",
+        "4",
+        "--gpus-per-node",
+        "8",
+        "--processes-per-node",
+        "8",
+        "--launcher",
+        launcher,
+        "--python",
+        str(python),
+        "--",
+        "train_fabric.py",
+        "sac",
+        "--exp-name",
+        "it's mine",
+    )
     assert rendered.returncode == 0, rendered.stderr
     script = rendered.stdout
     for directive in ("--nodes=4", "--ntasks-per-node=1", "--gpus-per-node=8", "--cpus-per-task=16"):
@@ -126,8 +180,20 @@ def test_a_slurm_script_needs_an_entry_script():
 
 
 def test_a_slurm_script_for_an_elastic_job_restarts_and_admits_fewer_nodes():
-    rendered = render_slurm("--nodes", "4", "--launcher", "torchrun", "--max-restarts", "3", "--min-nodes", "2", "--",
-                            "train_fabric.py", "--checkpoint-every", "10m")  # fmt: skip
+    rendered = render_slurm(
+        "--nodes",
+        "4",
+        "--launcher",
+        "torchrun",
+        "--max-restarts",
+        "3",
+        "--min-nodes",
+        "2",
+        "--",
+        "train_fabric.py",
+        "--checkpoint-every",
+        "10m",
+    )
     assert rendered.returncode == 0, rendered.stderr
     assert "--max-restarts=3" in rendered.stdout and '--nnodes="2:$SLURM_NNODES"' in rendered.stdout
     assert "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in rendered.stdout

@@ -10,13 +10,32 @@ from conftest import SCRIPTS, child_env, load_agent, refusal_line, run_dir, run_
 
 from rl.cli import parse_config
 
-OWN_ENV = ["--env-id", "envs_for_tests:FixedLength-v0", "--num-steps", "64", "--total-timesteps", "256",
-           "--no-progress-bar", "--eval-episodes", "2"]  # fmt: skip
+OWN_ENV = [
+    "--env-id",
+    "envs_for_tests:FixedLength-v0",
+    "--num-steps",
+    "64",
+    "--total-timesteps",
+    "256",
+    "--no-progress-bar",
+    "--eval-episodes",
+    "2",
+]
 
 
 def test_keyword_arguments_merge_json_and_key_value_pairs_read_as_json_where_they_parse():
-    cfg = parse_config(["--env-kwargs", '{"a": 1, "b": "x"}', "--env-kwarg", "b=true", "--env-kwarg", "c=0.5",
-                        "--env-kwarg", "d=some text"])  # fmt: skip
+    cfg = parse_config(
+        [
+            "--env-kwargs",
+            '{"a": 1, "b": "x"}',
+            "--env-kwarg",
+            "b=true",
+            "--env-kwarg",
+            "c=0.5",
+            "--env-kwarg",
+            "d=some text",
+        ]
+    )
     assert cfg.make_kwargs() == {"a": 1, "b": True, "c": 0.5, "d": "some text"}
     assert dict(cfg.preprocessing().env_kwargs) == cfg.make_kwargs()
 
@@ -54,8 +73,18 @@ def test_an_env_of_your_own_trains_with_its_keyword_arguments_and_evaluates_with
 
 
 def test_a_run_with_the_time_feature_evaluates_with_it_again(tmp_path):
-    args = ["--env-id", "Pendulum-v1", "--time-feature", "--num-steps", "64", "--total-timesteps", "256",
-            "--no-progress-bar", "--eval-episodes", "1"]  # fmt: skip
+    args = [
+        "--env-id",
+        "Pendulum-v1",
+        "--time-feature",
+        "--num-steps",
+        "64",
+        "--total-timesteps",
+        "256",
+        "--no-progress-bar",
+        "--eval-episodes",
+        "1",
+    ]
     finished = run_ranks("python", SCRIPTS["fabric"], args, tmp_path)
     assert finished.returncode == 0, finished.stderr[-2000:]
     agent = run_dir(tmp_path, "fabric") / "agent.ckpt"
@@ -82,13 +111,22 @@ def test_an_env_that_breaks_the_gymnasium_api_ends_with_one_line_naming_it_and_t
 def test_the_docs_example_env_trains_with_the_docs_command(tmp_path):
     page = (Path(__file__).resolve().parents[1] / "docs" / "own-env.md").read_text()
     code = re.search(r"```python\n# my_package/my_module.py\n(.*?)```", page, re.S).group(1)
-    command = re.search(r"```bash\n(python train_fabric.py --env-id my_package.my_module:MyEnv-v0[^\n]*)\n```",
-                        page).group(1).split()  # fmt: skip
+    command = (
+        re.search(r"```bash\n(python train_fabric.py --env-id my_package.my_module:MyEnv-v0[^\n]*)\n```", page)
+        .group(1)
+        .split()
+    )
     (tmp_path / "my_package").mkdir()
     (tmp_path / "my_package" / "__init__.py").write_text("")
     (tmp_path / "my_package" / "my_module.py").write_text(code)
     args = [*command[2:], "--total-timesteps", "512", "--eval-episodes", "1", "--no-progress-bar"]
-    done = subprocess.run([sys.executable, str(SCRIPTS["fabric"]), *args], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120, env={**child_env(), "PYTHONPATH": str(tmp_path)})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS["fabric"]), *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**child_env(), "PYTHONPATH": str(tmp_path)},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "evaluation over 1 greedy episodes:" in done.stdout and "length 100.0" in done.stdout

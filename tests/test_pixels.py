@@ -180,7 +180,9 @@ def test_sac_trains_the_image_encoder_through_the_critics_loss_alone():
     stats, noise = StatMeans(), policy.noise(8, None)
     assert encoder_and_head_gradients(lambda f: learner.critic_loss(batch, f, noise, stats)) == (True, False)
     assert encoder_and_head_gradients(lambda f: learner.actor_and_temperature_loss(f.detach(), noise, stats)) == (
-        False, True)  # fmt: skip
+        False,
+        True,
+    )
     target_before = [p.clone() for p in learner.target_encoder.parameters()]
     learned = learner.update(batch, iteration=1)
     assert all(torch.isfinite(value) for value in learned.values())
@@ -195,9 +197,18 @@ def lives_game_collector(signal: TrainingSignal, steps: int = 9) -> tuple[Rollou
     )
     spaces = EnvSpaces("LivesGame-v0", 2, envs.single_action_space, envs.single_observation_space)
     collector = RolloutCollector(
-        envs, steps, spaces, CPU, ObservationNormalizer(2, False, CPU), RewardScaler(2, 0.99, False), [0, 1],
-        torch.Generator().manual_seed(0), 0.99, 0.95, signal,
-    )  # fmt: skip
+        envs,
+        steps,
+        spaces,
+        CPU,
+        ObservationNormalizer(2, False, CPU),
+        RewardScaler(2, 0.99, False),
+        [0, 1],
+        torch.Generator().manual_seed(0),
+        0.99,
+        0.95,
+        signal,
+    )
     return collector, MLPActorCritic(2, envs.single_action_space)
 
 
@@ -241,9 +252,27 @@ def test_videos_show_the_envs_own_frames_not_the_agents_input(tmp_path):
 
 
 PPO_ON_PIXELS = [*PIXEL_CARTPOLE, "--total-timesteps", "1024", "--update-epochs", "2", "--eval-episodes", "2"]
-SAC_ON_PIXELS = ["sac", "--env-id", "CarRacing-v3", "--resize", "36", "--frame-stack", "2", "--total-timesteps", "300",
-                 "--learning-starts", "200", "--batch-size", "16", "--buffer-size", "1000", "--log-every", "100",
-                 "--eval-episodes", "0"]  # fmt: skip
+SAC_ON_PIXELS = [
+    "sac",
+    "--env-id",
+    "CarRacing-v3",
+    "--resize",
+    "36",
+    "--frame-stack",
+    "2",
+    "--total-timesteps",
+    "300",
+    "--learning-starts",
+    "200",
+    "--batch-size",
+    "16",
+    "--buffer-size",
+    "1000",
+    "--log-every",
+    "100",
+    "--eval-episodes",
+    "0",
+]
 
 
 @pytest.mark.parametrize(

@@ -126,8 +126,15 @@ def test_a_non_finite_gradient_norm_stops_training_before_any_change():
 
 def test_minibatches_take_the_listed_rows_in_order():
     rows = torch.arange(10.0)
-    batch = Batch(obs=rows[:, None], actions=rows, logprobs=rows, values=rows, advantages=rows, returns=rows,
-                  is_transition=rows >= 0)  # fmt: skip
+    batch = Batch(
+        obs=rows[:, None],
+        actions=rows,
+        logprobs=rows,
+        values=rows,
+        advantages=rows,
+        returns=rows,
+        is_transition=rows >= 0,
+    )
     epoch = [[3, 1, 4], [0, 9], [2]]
     minibatches = batch.minibatches(epoch)
     for minibatch, index in zip(minibatches, epoch, strict=True):

@@ -179,8 +179,20 @@ def test_a_checkpoint_is_float32_resumes_exactly_and_at_another_precision(tmp_pa
     if algorithm == "ppo":
         args = ["--total-timesteps", "1024", "--checkpoint-every", "512", "--update-epochs", "2"]
     else:
-        args = ["sac", "--total-timesteps", "240", "--learning-starts", "80", "--checkpoint-every", "160",
-                "--save-buffer", "--batch-size", "32", "--log-every", "80"]  # fmt: skip
+        args = [
+            "sac",
+            "--total-timesteps",
+            "240",
+            "--learning-starts",
+            "80",
+            "--checkpoint-every",
+            "160",
+            "--save-buffer",
+            "--batch-size",
+            "32",
+            "--log-every",
+            "80",
+        ]
     args += ["--precision", precision, "--eval-episodes", "0", "--no-progress-bar"]
     assert run_ranks("python", SCRIPTS["fabric"], args, tmp_path).returncode == 0
     folder = run_dir(tmp_path, "fabric")
@@ -199,8 +211,9 @@ def test_a_checkpoint_is_float32_resumes_exactly_and_at_another_precision(tmp_pa
     for name, tensor in uninterrupted["policy"].items():
         assert torch.equal(tensor, load_agent(folder)["policy"][name]), name
 
-    other = run_ranks("python", SCRIPTS["fabric"], [*args, "--precision", "32-true", "--resume-from", checkpoints[0]],
-                   tmp_path)  # fmt: skip
+    other = run_ranks(
+        "python", SCRIPTS["fabric"], [*args, "--precision", "32-true", "--resume-from", checkpoints[0]], tmp_path
+    )
     assert other.returncode == 0, other.stderr[-3000:]
     assert f"resuming a {precision} checkpoint at --precision 32-true" in other.stdout
 

@@ -23,8 +23,22 @@ from rl.envs import inspect_env
 
 MASKED = "rl/MaskedCartPole-v1"
 # 4 envs x 64 steps per rank; minibatches of 2 whole sequences
-RECURRENT = ["--env-id", MASKED, "--recurrent", "--lstm-hidden-size", "16", "--num-envs", "4", "--num-steps", "64",
-             "--per-rank-batch-size", "128", "--update-epochs", "2", "--no-progress-bar"]  # fmt: skip
+RECURRENT = [
+    "--env-id",
+    MASKED,
+    "--recurrent",
+    "--lstm-hidden-size",
+    "16",
+    "--num-envs",
+    "4",
+    "--num-steps",
+    "64",
+    "--per-rank-batch-size",
+    "128",
+    "--update-epochs",
+    "2",
+    "--no-progress-bar",
+]
 
 
 def stepwise(agent: RecurrentActorCritic, obs, starts, memory, actions):
@@ -48,16 +62,16 @@ def test_replaying_sequences_gives_what_stepping_gave(space):
     actions = torch.stack([agent.act(obs[0], None, memory, starts[0])[0]] * steps)
     with torch.no_grad():
         logprobs, values = stepwise(agent, obs, starts, memory, actions)
-        replayed, _, replayed_values = agent(obs.transpose(0, 1), actions.transpose(0, 1), starts.transpose(0, 1),
-                                             memory.permute(2, 0, 1, 3))  # fmt: skip
+        replayed, _, replayed_values = agent(
+            obs.transpose(0, 1), actions.transpose(0, 1), starts.transpose(0, 1), memory.permute(2, 0, 1, 3)
+        )
     torch.testing.assert_close(replayed, logprobs.transpose(0, 1).reshape(-1), rtol=0, atol=1e-5)
     torch.testing.assert_close(replayed_values, values.transpose(0, 1).reshape(-1), rtol=0, atol=1e-5)
 
 
 def test_an_episode_start_zeroes_that_envs_state_alone():
     torch.manual_seed(0)
-    agent = RecurrentActorCritic(3, (3,), gym.spaces.Discrete(2), cnn=False, pixels=False, lstm_hidden=4,
-                                 lstm_layers=1)  # fmt: skip
+    agent = RecurrentActorCritic(3, (3,), gym.spaces.Discrete(2), cnn=False, pixels=False, lstm_hidden=4, lstm_layers=1)
     obs, memory = torch.randn(3, 3), torch.randn(2, 1, 3, 4)
     _, carried = agent._step(obs, memory, torch.tensor([False, False, False]))
     _, reset = agent._step(obs, memory, torch.tensor([False, True, False]))
@@ -155,9 +169,11 @@ def test_what_recurrent_cannot_do_ends_with_one_line_naming_the_flag(tmp_path, a
 def test_fabric_and_torchrun_are_bit_identical_with_shared_data(tmp_path):
     args = [*RECURRENT, "--total-timesteps", "1024", "--share-data", "--eval-episodes", "2"]
     (tmp_path / "fabric").mkdir(), (tmp_path / "torch").mkdir()
-    fabric, torchrun = launch_together(("fabric run", SCRIPTS["fabric"], args, tmp_path / "fabric", 2),
-                                       ("torchrun", SCRIPTS["torch"], args, tmp_path / "torch", 2),
-                                       via=run_ranks)  # fmt: skip
+    fabric, torchrun = launch_together(
+        ("fabric run", SCRIPTS["fabric"], args, tmp_path / "fabric", 2),
+        ("torchrun", SCRIPTS["torch"], args, tmp_path / "torch", 2),
+        via=run_ranks,
+    )
     assert fabric.returncode == 0 and torchrun.returncode == 0, (fabric.stderr + torchrun.stderr)[-3000:]
     fabric_dir, torch_dir = run_dir(tmp_path / "fabric", "fabric"), run_dir(tmp_path / "torch", "torch")
     fabric_agent, torch_agent = load_agent(fabric_dir)["policy"], load_agent(torch_dir)["policy"]
@@ -186,8 +202,12 @@ def test_decoupled_players_send_sequences_the_trainers_replay(tmp_path, nproc, a
 
 @pytest.mark.parametrize("sync", ["shared", "synced"])
 def test_hogwild_workers_carry_their_own_states(tmp_path, sync):
-    finished = run_ranks("python", SCRIPTS["hogwild"], [*RECURRENT, "--total-timesteps", "2048", "--workers", "2",
-                                                      "--sync", sync, "--eval-episodes", "2"], tmp_path)  # fmt: skip
+    finished = run_ranks(
+        "python",
+        SCRIPTS["hogwild"],
+        [*RECURRENT, "--total-timesteps", "2048", "--workers", "2", "--sync", sync, "--eval-episodes", "2"],
+        tmp_path,
+    )
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "evaluation over 2 greedy episodes" in finished.stdout
 
@@ -207,8 +227,13 @@ def test_resuming_mid_episode_equals_an_uninterrupted_run(tmp_path, script, npro
     (saved,) = sorted((part_dir / "checkpoints").glob("step_*.ckpt"))
     state = torch.load(saved, weights_only=True)
     assert state["rank_states"][0]["memory"].abs().sum() > 0  # a state mid-episode, not a fresh one
-    resumed = run_ranks("fabric run", SCRIPTS[script], [*args, "--total-timesteps", "2048", "--resume-from",
-                                                      str(saved)], tmp_path / "part", nproc=nproc)  # fmt: skip
+    resumed = run_ranks(
+        "fabric run",
+        SCRIPTS[script],
+        [*args, "--total-timesteps", "2048", "--resume-from", str(saved)],
+        tmp_path / "part",
+        nproc=nproc,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     whole, continued = load_agent(run_dir(tmp_path / "full", script)), load_agent(part_dir)
     assert all(torch.equal(whole["policy"][name], continued["policy"][name]) for name in whole["policy"])

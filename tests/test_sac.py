@@ -110,8 +110,9 @@ def test_the_buffer_wraps_around_and_samples_what_it_holds():
     assert torch.equal(sample["y"][:, 0], sample["x"]) and torch.equal(sample["y"][:, 1], sample["x"])
     again = ReplayBuffer(5, buffer.columns, torch.device("cpu"))
     again.load_state_dict(buffer.state_dict())
-    assert torch.equal(again.sample(7, torch.Generator().manual_seed(1))["x"],
-                       buffer.sample(7, torch.Generator().manual_seed(1))["x"])  # fmt: skip
+    assert torch.equal(
+        again.sample(7, torch.Generator().manual_seed(1))["x"], buffer.sample(7, torch.Generator().manual_seed(1))["x"]
+    )
 
 
 def test_a_saved_buffer_holds_its_filled_rows_only(tmp_path):
@@ -271,8 +272,9 @@ def test_envs_sac_cannot_train_on_are_refused_with_what_to_do():
 
 def test_unbounded_actions_are_refused():
     spaces = inspect_env("Pendulum-v1")
-    unbounded = type(spaces)(spaces.env_id, spaces.obs_dim, gym.spaces.Box(-math.inf, math.inf, (1,)),
-                             spaces.observation_space)  # fmt: skip
+    unbounded = type(spaces)(
+        spaces.env_id, spaces.obs_dim, gym.spaces.Box(-math.inf, math.inf, (1,)), spaces.observation_space
+    )
     with pytest.raises(UsageError, match="not finite"):
         SAC.check_spaces(unbounded)
 

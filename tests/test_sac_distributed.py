@@ -30,13 +30,35 @@ from rl.envs import inspect_env
 from rl.runtime import TorchRuntime
 
 SAC_TAGS = {
-    "Loss/critic_loss", "Loss/actor_loss", "Loss/alpha_loss", "Loss/entropy", "Info/q_values", "Info/alpha",
-    "Info/replay_ratio", "Time/gradient_step_ms", "Time/steps_per_second", "Rewards/rew_avg", "Game/ep_len_avg",
-    "Test/return_mean", "Perf/loop_steps_per_second",
-}  # fmt: skip
+    "Loss/critic_loss",
+    "Loss/actor_loss",
+    "Loss/alpha_loss",
+    "Loss/entropy",
+    "Info/q_values",
+    "Info/alpha",
+    "Info/replay_ratio",
+    "Time/gradient_step_ms",
+    "Time/steps_per_second",
+    "Rewards/rew_avg",
+    "Game/ep_len_avg",
+    "Test/return_mean",
+    "Perf/loop_steps_per_second",
+}
 # 2 ranks x 1 env: 600 steps per rank, learning from global step 400 on, a point logged every 400 steps.
-SHORT = ["sac", "--total-timesteps", "1200", "--learning-starts", "400", "--batch-size", "64", "--log-every", "400",
-         "--eval-episodes", "2", "--no-progress-bar"]  # fmt: skip
+SHORT = [
+    "sac",
+    "--total-timesteps",
+    "1200",
+    "--learning-starts",
+    "400",
+    "--batch-size",
+    "64",
+    "--log-every",
+    "400",
+    "--eval-episodes",
+    "2",
+    "--no-progress-bar",
+]
 
 
 class CountingRuntime(TorchRuntime):
@@ -52,8 +74,14 @@ class CountingRuntime(TorchRuntime):
 
 
 def _sync_worker(rank: int, port: int, folder: str) -> None:
-    os.environ |= {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+    os.environ |= {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
     torch.set_num_threads(1)
     cfg = SACConfig(batch_size=16, gradient_steps=3, policy_frequency=1, tau=0.1, scale_lr=True)
     algorithm = SAC(cfg, inspect_env("Pendulum-v1"))
@@ -113,9 +141,11 @@ def test_scale_lr_multiplies_every_learning_rate_by_the_number_of_learners(synce
 def fabric_and_torch_sac_runs(tmp_path_factory):
     folders = {mode: tmp_path_factory.mktemp(f"sac-{mode}") for mode in ("fabric", "torch")}
     # Forked ranks (conftest.run_ranks): what the launchers themselves do is checked with PPO's runs.
-    fabric, torchrun = launch_together(("fabric run", SCRIPTS["fabric"], SHORT, folders["fabric"], 2),
-                                       ("torchrun", SCRIPTS["torch"], SHORT, folders["torch"], 2),
-                                       via=run_ranks)  # fmt: skip
+    fabric, torchrun = launch_together(
+        ("fabric run", SCRIPTS["fabric"], SHORT, folders["fabric"], 2),
+        ("torchrun", SCRIPTS["torch"], SHORT, folders["torch"], 2),
+        via=run_ranks,
+    )
     for finished in (fabric, torchrun):
         assert finished.returncode == 0, finished.stderr[-3000:]
     return {mode: run_dir(cwd, mode) for mode, cwd in folders.items()}

@@ -6,8 +6,21 @@ import sys
 
 from conftest import REPO, child_env
 
-STUDY = [sys.executable, str(REPO / "benchmarks" / "scaling.py"), "--modes", "coupled", "decoupled", "hogwild-synced",
-         "--world-sizes", "1", "2", "--seeds", "1", "--total-timesteps", "3072"]  # fmt: skip
+STUDY = [
+    sys.executable,
+    str(REPO / "benchmarks" / "scaling.py"),
+    "--modes",
+    "coupled",
+    "decoupled",
+    "hogwild-synced",
+    "--world-sizes",
+    "1",
+    "2",
+    "--seeds",
+    "1",
+    "--total-timesteps",
+    "3072",
+]
 
 
 def run_study(out) -> subprocess.CompletedProcess:
@@ -21,8 +34,13 @@ def test_a_study_writes_one_row_per_run_its_figures_and_resumes_without_rerunnin
     with open(tmp_path / "results.csv") as file:
         rows = list(csv.DictReader(file))
     runs = [(row["mode"], row["world_size"]) for row in rows]
-    assert runs == [("coupled", "1"), ("hogwild-synced", "1"), ("coupled", "2"), ("decoupled", "2"),
-                    ("hogwild-synced", "2")]  # fmt: skip
+    assert runs == [
+        ("coupled", "1"),
+        ("hogwild-synced", "1"),
+        ("coupled", "2"),
+        ("decoupled", "2"),
+        ("hogwild-synced", "2"),
+    ]
     by_mode = {(row["mode"], row["world_size"]): row for row in rows}
     assert float(by_mode[("coupled", "1")]["speedup"]) == 1.0
     for row in rows:

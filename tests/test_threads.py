@@ -46,7 +46,13 @@ def test_openmp_threads_sleep_while_they_wait_unless_the_user_chose_a_wait(tmp_p
     """A spinning thread holds a core that other processes need: an entry point starts torch with sleeping ones."""
     inherited = {k: v for k, v in child_env().items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     env = inherited | chosen | {"OMP_DISPLAY_ENV": "VERBOSE"}  # OpenMP prints its settings as it loads
-    done = subprocess.run([sys.executable, str(SCRIPTS["fabric"]), "--env-id", "NoSuchEnv-v0"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS["fabric"]), "--env-id", "NoSuchEnv-v0"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     assert f"GOMP_SPINCOUNT = '{spin_count}'" in done.stderr, done.stderr[-2000:]

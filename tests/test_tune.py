@@ -14,8 +14,22 @@ TRAINING = ["--", "--preset", "cartpole", "--total-timesteps", "2048", "--eval-e
 
 def tune(tmp_path, *flags: str, training: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     storage = f"sqlite:///{tmp_path / 'study.db'}"
-    command = [sys.executable, "-m", "rl.tune", "--storage", storage, "--study-name", "cartpole", "--out",
-               str(tmp_path / "runs"), "--eval-every", "512", *flags, *TRAINING, *training]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "rl.tune",
+        "--storage",
+        storage,
+        "--study-name",
+        "cartpole",
+        "--out",
+        str(tmp_path / "runs"),
+        "--eval-every",
+        "512",
+        *flags,
+        *TRAINING,
+        *training,
+    ]
     return subprocess.run(command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=400)
 
 

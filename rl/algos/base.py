@@ -79,9 +79,12 @@ class Algorithm(ABC):
         self.cfg = cfg
         self.spaces = spaces
         self.vector_mode: VectorMode = choose_vector_mode(
-            cfg.vector_mode, spaces.env_id, cfg.capture_video, self.handles_late_resets,
+            cfg.vector_mode,
+            spaces.env_id,
+            cfg.capture_video,
+            self.handles_late_resets,
             spaces.preprocessing.single_env_flag(),
-        )  # fmt: skip
+        )
         self.cnn = uses_cnn(cfg.encoder, spaces.observation_space)  # else an MLP
 
     def make_envs(self, video_dir: str | None, seed: int) -> gym.vector.VectorEnv:
@@ -90,9 +93,10 @@ class Algorithm(ABC):
         envs = make_vector_env(spaces.env_id, cfg.num_envs, video_dir, self.vector_mode, spaces.preprocessing, seed)
         if tuple(envs.single_observation_space.shape) != tuple(spaces.observation_space.shape):
             raise UsageError(
-                "--vector-mode", f"{self.vector_mode} envs give observations of shape "
+                "--vector-mode",
+                f"{self.vector_mode} envs give observations of shape "
                 f"{envs.single_observation_space.shape}, gymnasium's {spaces.observation_space.shape}; use sync",
-            )  # fmt: skip
+            )
         return envs
 
     def training_signal(self) -> TrainingSignal:

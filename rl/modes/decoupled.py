@@ -130,8 +130,9 @@ class Player:
         self.stats_message = StatsMessage(list(tags))
         num_rows = rows_per_player(algorithm, topology)[topology.rank]
         video_dir = training_video_folder(self.run.dir, resume) if cfg.capture_video and self.run else None
-        self.source = algorithm.make_source(topology.rank, topology.device, video_dir, env_ranks=topology.num_players,
-                                            batch_rows=num_rows)  # fmt: skip
+        self.source = algorithm.make_source(
+            topology.rank, topology.device, video_dir, env_ranks=topology.num_players, batch_rows=num_rows
+        )
         self.outbox = PlayerOutbox(cfg, topology, num_rows, self.codec.width, lag)
         self.inbox = WeightsInbox(topology, message_size(algorithm), lag, cfg.collective_timeout)
         self.stop = StopAgreement(topology, lag, cfg.collective_timeout)
@@ -140,16 +141,21 @@ class Player:
             self._restore(resume)
         self.rows = self.codec.empty_rows(num_rows, topology.device)
         self.metrics = TrainingMetrics(topology.device, lambda tensor: tensor, tags)  # the lead's updates
-        self.episodes = MeanOverRanks(EPISODE_STATISTICS, topology.device, players_sum,
-                                      counted={EPISODE_RETURN: EPISODE_COUNT})  # fmt: skip
+        self.episodes = MeanOverRanks(
+            EPISODE_STATISTICS, topology.device, players_sum, counted={EPISODE_RETURN: EPISODE_COUNT}
+        )
         self.num_iterations = cfg.num_iterations(topology.num_players)
         self.steps_per_iteration = cfg.steps_per_iteration * topology.num_players  # every player's steps
         self.report_every = algorithm.iterations_per_report(topology.num_players)
         rows_per_update = sum(rows_per_player(algorithm, topology))
         self.replay_ratio = algorithm.passes_per_batch * rows_per_update * cfg.steps_per_row / self.steps_per_iteration
         self.start_step = self.reported_step = (self.first_iteration - 1) * self.steps_per_iteration
-        self.progress = ProgressBar(self.num_iterations * self.steps_per_iteration, cfg.progress_bar and self.is_lead,
-                                    initial=self.start_step, drawn_by_job=cfg.progress_bar)  # fmt: skip
+        self.progress = ProgressBar(
+            self.num_iterations * self.steps_per_iteration,
+            cfg.progress_bar and self.is_lead,
+            initial=self.start_step,
+            drawn_by_job=cfg.progress_bar,
+        )
         self.batches_sent = 0
         self.lag_window: list[float] = []  # the policy lags of the updates since the last report
         self.reports_waiting: dict[int, tuple[int, dict[str, float]]] = {}  # update -> (iteration, episode means)
@@ -175,11 +181,25 @@ class Player:
     def train(self, callbacks: Sequence[Callback] = ()) -> TrainingResult | None:
         """The players' loop; the run's result on the lead player."""
         topology = self.topology
-        state = LoopState(self.first_iteration - 1, self.start_step, self.num_iterations, topology.rank, self.is_lead,
-                          self.run.dir if self.run else None)  # fmt: skip
+        state = LoopState(
+            self.first_iteration - 1,
+            self.start_step,
+            self.num_iterations,
+            topology.rank,
+            self.is_lead,
+            self.run.dir if self.run else None,
+        )
         # With more than one player --checkpoint-every is in steps (checked at start), which every player counts.
-        loop = TrainingLoop(self.cfg, self, state, self.first_iteration, self.report_every, self.steps_per_iteration,
-                            keeps_clock=True, callbacks=callbacks)  # fmt: skip
+        loop = TrainingLoop(
+            self.cfg,
+            self,
+            state,
+            self.first_iteration,
+            self.report_every,
+            self.steps_per_iteration,
+            keeps_clock=True,
+            callbacks=callbacks,
+        )
         state = loop.run()
         self.outbox.send_command(Command.STOP, state.iteration)
         self.outbox.drain()
@@ -274,8 +294,9 @@ class Player:
         others = [receive_state(other, topology.role_name(other)) for other in topology.players[1:]]
         step = iteration * self.steps_per_iteration
         agent = agent_of(self.algorithm, self.policy, self.source)
-        checkpoint = training_checkpoint(agent, learner_state, Counters(step, iteration), [player_state, *others],
-                                         MODE, topology.world_size)  # fmt: skip
+        checkpoint = training_checkpoint(
+            agent, learner_state, Counters(step, iteration), [player_state, *others], MODE, topology.world_size
+        )
         write_file(checkpoint_path(self.run.dir, step), checkpoint)
         prune_checkpoints(self.run.dir, self.cfg.keep_last)
 
@@ -389,8 +410,11 @@ def train_decoupled(
     topology = Topology(world.rank, world_size, device, comm_device, cfg.num_players, cfg.evaluator)
     # Every rank creates every group, in the same order.
     trainers = TorchCollective().create_group(ranks=list(topology.trainers), backend=trainer_backend, timeout=timeout)
-    players = TorchCollective().create_group(ranks=list(topology.players), backend=world_backend,
-                                             timeout=timeout) if topology.num_players > 1 else None  # fmt: skip
+    players = (
+        TorchCollective().create_group(ranks=list(topology.players), backend=world_backend, timeout=timeout)
+        if topology.num_players > 1
+        else None
+    )
     with report_lost_peers(topology.rank, topology.role_name, gather_process_ids(comm_device)):
         if topology.is_player:
             result = Player(algorithm, topology, sum_over(players.group if players else None), resume).train(callbacks)

@@ -52,8 +52,11 @@ class WeightsMessage:
 
     def pack(self, command: Command, step: int, seconds: float, policy: nn.Module, normalizer: dict) -> Tensor:
         head = torch.tensor([float(command), float(step), seconds])
-        stats = [torch.as_tensor(normalizer["mean"]).float(), torch.as_tensor(normalizer["var"]).float(),
-                 torch.tensor([float(normalizer["count"])])]  # fmt: skip
+        stats = [
+            torch.as_tensor(normalizer["mean"]).float(),
+            torch.as_tensor(normalizer["var"]).float(),
+            torch.tensor([float(normalizer["count"])]),
+        ]
         torch.cat([head, flat_parameters(policy).cpu(), *stats], out=self.buffer)
         return self.buffer
 
@@ -131,14 +134,28 @@ def run_evaluator(algorithm: Algorithm, weights_rank: int) -> None:
             dist.recv(message.buffer, src=weights_rank)
         command, step, seconds, normalizer_state = message.unpack(policy)
         normalizer.load_state_dict(normalizer_state)
-        returns, _ = evaluate_greedy(policy, spaces.env_id, cfg.eval_episodes, cfg.seed, normalizer,
-                                     torch.device("cpu"), preprocessing=spaces.preprocessing)  # fmt: skip
+        returns, _ = evaluate_greedy(
+            policy,
+            spaces.env_id,
+            cfg.eval_episodes,
+            cfg.seed,
+            normalizer,
+            torch.device("cpu"),
+            preprocessing=spaces.preprocessing,
+        )
         mean = float(np.mean(returns))
         if mean > best:
             best = mean
             agent = saved_agent(algorithm, policy, normalizer.state_dict())
             agent.eval_return, agent.eval_step = mean, step
             write_file(os.path.join(run_dir, BEST_FILENAME), agent)
-        sink.log_scalars({"Eval/return_mean": mean, "Eval/return_std": float(np.std(returns)),
-                          "Eval/best_return": best, "Eval/seconds": seconds}, step)  # fmt: skip
+        sink.log_scalars(
+            {
+                "Eval/return_mean": mean,
+                "Eval/return_std": float(np.std(returns)),
+                "Eval/best_return": best,
+                "Eval/seconds": seconds,
+            },
+            step,
+        )
     sink.close()

@@ -237,9 +237,14 @@ class WorkerLoop:
     """One worker: its envs and learner on the global weights, its training loop, its checkpoint parts."""
 
     def __init__(
-        self, index: int, algorithm: Algorithm, shared: SharedState, channel: Channel, run_dir: str,
+        self,
+        index: int,
+        algorithm: Algorithm,
+        shared: SharedState,
+        channel: Channel,
+        run_dir: str,
         resume: TrainingCheckpoint | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         cfg = self.cfg = algorithm.cfg
         configure_torch_threads(worker_threads(cfg))
         self.index, self.algorithm, self.shared, self.channel, self.run_dir = index, algorithm, shared, channel, run_dir
@@ -283,9 +288,16 @@ class WorkerLoop:
         )
         report_every = self.algorithm.iterations_per_report(cfg.workers)
         loop = TrainingLoop(
-            cfg, self, state, self.first_iteration, report_every, self.steps_per_iteration, keeps_clock=False,
-            callbacks=callbacks, interrupt=SupervisorStop(self.channel),
-        )  # fmt: skip
+            cfg,
+            self,
+            state,
+            self.first_iteration,
+            report_every,
+            self.steps_per_iteration,
+            keeps_clock=False,
+            callbacks=callbacks,
+            interrupt=SupervisorStop(self.channel),
+        )
         loop.run()
         while not self.stopping:  # done before the others: a resumed run whose workers had stopped at different
             self.agree(self.num_iterations, Requests())  # iterations; it takes part in the others' checkpoints
@@ -430,10 +442,13 @@ def train_hogwild(
     context = mp.get_context("spawn")
     channel = Channel(context, cfg.workers)
     processes = [
-        context.Process(target=run_worker, name=worker_name(index),
-                        args=(index, algorithm, shared, channel, run.dir, worker_resume(resume, index), callbacks))
+        context.Process(
+            target=run_worker,
+            name=worker_name(index),
+            args=(index, algorithm, shared, channel, run.dir, worker_resume(resume, index), callbacks),
+        )
         for index in range(cfg.workers)
-    ]  # fmt: skip
+    ]
     signal.signal(signal.SIGINT, lambda *_: channel.stop_requested.set())
     for process in processes:
         process.start()

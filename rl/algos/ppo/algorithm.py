@@ -82,8 +82,9 @@ class PPOLearner(Learner):
         lr = annealed_lr(self.cfg, iteration, self.num_updates)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        stats = ppo_update(self.policy, batch, self.schedule, self.hp, self.backward_and_average, self.step,
-                           self.loss_of)  # fmt: skip
+        stats = ppo_update(
+            self.policy, batch, self.schedule, self.hp, self.backward_and_average, self.step, self.loss_of
+        )
         return stats | {"learning_rate": torch.tensor(lr)}
 
     def backward_and_average(self, loss: Tensor, kl: Tensor | None = None) -> Tensor | None:
@@ -141,8 +142,11 @@ class PPO(Algorithm):
     def __init__(self, cfg: PPOConfig, spaces: EnvSpaces) -> None:
         super().__init__(cfg, spaces)
         if cfg.use_sde and not isinstance(spaces.action_space, gym.spaces.Box):
-            raise UsageError("--use-sde", f"state-dependent exploration perturbs continuous actions; "
-                             f"{spaces.env_id}'s are {spaces.action_space}: drop the flag")  # fmt: skip
+            raise UsageError(
+                "--use-sde",
+                f"state-dependent exploration perturbs continuous actions; "
+                f"{spaces.env_id}'s are {spaces.action_space}: drop the flag",
+            )
         if cfg.normalize_observations and spaces.pixels:
             raise UsageError(
                 "--normalize-observations", "image observations are scaled to [0, 1] by the encoder; drop the flag"
@@ -155,18 +159,36 @@ class PPO(Algorithm):
         agent: ActorCritic | RecurrentActorCritic
         if cfg.recurrent:
             agent = RecurrentActorCritic(
-                spaces.obs_dim, spaces.obs_shape, spaces.action_space, self.cnn, spaces.pixels, cfg.lstm_hidden_size,
-                cfg.lstm_layers, cfg.activation_function, cfg.ortho_init, precision, cfg.hidden_size, cfg.log_std_init,
+                spaces.obs_dim,
+                spaces.obs_shape,
+                spaces.action_space,
+                self.cnn,
+                spaces.pixels,
+                cfg.lstm_hidden_size,
+                cfg.lstm_layers,
+                cfg.activation_function,
+                cfg.ortho_init,
+                precision,
+                cfg.hidden_size,
+                cfg.log_std_init,
                 cfg.use_sde,
-            )  # fmt: skip
+            )
         elif self.cnn:
-            agent = CNNActorCritic(spaces.obs_shape, spaces.action_space, cfg.ortho_init, precision, cfg.log_std_init,
-                                   cfg.use_sde)  # fmt: skip
+            agent = CNNActorCritic(
+                spaces.obs_shape, spaces.action_space, cfg.ortho_init, precision, cfg.log_std_init, cfg.use_sde
+            )
         else:
             agent = MLPActorCritic(
-                spaces.obs_dim, spaces.action_space, cfg.activation_function, cfg.ortho_init, spaces.pixels, precision,
-                cfg.hidden_size, cfg.log_std_init, cfg.use_sde,
-            )  # fmt: skip
+                spaces.obs_dim,
+                spaces.action_space,
+                cfg.activation_function,
+                cfg.ortho_init,
+                spaces.pixels,
+                precision,
+                cfg.hidden_size,
+                cfg.log_std_init,
+                cfg.use_sde,
+            )
         if cfg.compile:
             agent.compile_acting(cfg.compile_mode)
         return agent.to(device)
@@ -208,8 +230,10 @@ class PPO(Algorithm):
         steps = (self.cfg.num_steps,) if self.cfg.recurrent else ()
         action_shape, action_dtype = action_shape_and_dtype(self.spaces.action_space)
         obs = self.obs_column()
-        columns = {"obs": Column((*steps, *obs.shape), obs.dtype), "actions": Column((*steps, *action_shape),
-                   action_dtype)}  # fmt: skip
+        columns = {
+            "obs": Column((*steps, *obs.shape), obs.dtype),
+            "actions": Column((*steps, *action_shape), action_dtype),
+        }
         columns |= {name: Column(steps) for name in ("logprobs", "values", "advantages", "returns")}
         columns |= {"is_transition": Column(steps, torch.bool)}
         if not self.cfg.recurrent:

@@ -15,9 +15,24 @@ class PPOConfig(RunConfig):
     """Proximal Policy Optimization trained across processes (the default algorithm; `sac --help` for SAC)."""
 
     preset: (
-        Literal["cartpole", "acrobot", "lunarlander", "masked-cartpole", "pendulum", "pendulum-gsde", "atari-ppo",
-                "halfcheetah", "hopper", "walker2d", "ant", "swimmer", "swimmer-tuned", "cleanrl-mujoco"] | None
-    ) = None  # fmt: skip
+        Literal[
+            "cartpole",
+            "acrobot",
+            "lunarlander",
+            "masked-cartpole",
+            "pendulum",
+            "pendulum-gsde",
+            "atari-ppo",
+            "halfcheetah",
+            "hopper",
+            "walker2d",
+            "ant",
+            "swimmer",
+            "swimmer-tuned",
+            "cleanrl-mujoco",
+        ]
+        | None
+    ) = None
     """start from tuned settings for an env (flags given as well override them), per process: the classic-control
     ones tuned for 2 processes (masked-cartpole: rl/MaskedCartPole-v1 with --recurrent; pendulum-gsde: rl-zoo's
     gSDE entry, for 1 process); the MuJoCo ones (halfcheetah, hopper, walker2d, ant, swimmer: the -v5 envs) are
@@ -73,8 +88,14 @@ class PPOConfig(RunConfig):
     """with --recurrent: the LSTM's layers"""
 
     PRESETS = PPO_PRESETS
-    IMMUTABLE = (*RunConfig.IMMUTABLE, "activation_function", "hidden_size", "recurrent", "lstm_hidden_size",
-                 "lstm_layers")  # fmt: skip
+    IMMUTABLE = (
+        *RunConfig.IMMUTABLE,
+        "activation_function",
+        "hidden_size",
+        "recurrent",
+        "lstm_hidden_size",
+        "lstm_layers",
+    )
     PER_RANK = (*RunConfig.PER_RANK, "per_rank_batch_size")
     ITERATION_NAME = "rollout"
 
@@ -125,16 +146,25 @@ class PPOConfig(RunConfig):
                 f"sequence at a time), not {self.per_rank_batch_size}",
             )
         if self.compile:
-            raise UsageError("--compile", "a recurrent policy runs eagerly: its packed sequences change shape "
-                             "with every batch; drop --compile or --recurrent")  # fmt: skip
+            raise UsageError(
+                "--compile",
+                "a recurrent policy runs eagerly: its packed sequences change shape "
+                "with every batch; drop --compile or --recurrent",
+            )
         if self.vector_mode in ("native", "envpool"):
-            raise UsageError("--vector-mode", f"{self.vector_mode} envs reset a step after an episode ends, which "
-                             "a recurrent policy's state does not follow; use sync or async")  # fmt: skip
+            raise UsageError(
+                "--vector-mode",
+                f"{self.vector_mode} envs reset a step after an episode ends, which "
+                "a recurrent policy's state does not follow; use sync or async",
+            )
 
     def validate_decoupled(self, num_trainers: int) -> None:
         if self.recurrent and self.num_envs < num_trainers:
-            raise UsageError("--num-envs", f"with --recurrent each trainer takes whole env sequences: "
-                             f"{self.num_envs} envs cannot feed {num_trainers} trainers")  # fmt: skip
+            raise UsageError(
+                "--num-envs",
+                f"with --recurrent each trainer takes whole env sequences: "
+                f"{self.num_envs} envs cannot feed {num_trainers} trainers",
+            )
         if self.rollout_steps_per_rank < num_trainers:
             raise UsageError(
                 "--num-steps", f"a rollout of {self.rollout_steps_per_rank} rows cannot feed {num_trainers} trainers"

@@ -289,10 +289,17 @@ class MLPActorCritic(ActorCritic):
     """
 
     def __init__(
-        self, obs_dim: int, action_space: gym.Space, activation: str = "relu", ortho_init: bool = False,
-        pixels: bool = False, precision: Precision = FLOAT32, hidden: int = HIDDEN_SIZE, log_std_init: float = 0.0,
+        self,
+        obs_dim: int,
+        action_space: gym.Space,
+        activation: str = "relu",
+        ortho_init: bool = False,
+        pixels: bool = False,
+        precision: Precision = FLOAT32,
+        hidden: int = HIDDEN_SIZE,
+        log_std_init: float = 0.0,
         state_dependent: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
         self.precision = precision
         self.actor_body = MLP(obs_dim, activation, hidden)
@@ -323,9 +330,14 @@ class CNNActorCritic(ActorCritic):
     (Mnih et al. 2016, as CleanRL's and SB3's Atari PPO): both losses train the encoder."""
 
     def __init__(
-        self, obs_shape: tuple[int, ...], action_space: gym.Space, ortho_init: bool = False,
-        precision: Precision = FLOAT32, log_std_init: float = 0.0, state_dependent: bool = False,
-    ) -> None:  # fmt: skip
+        self,
+        obs_shape: tuple[int, ...],
+        action_space: gym.Space,
+        ortho_init: bool = False,
+        precision: Precision = FLOAT32,
+        log_std_init: float = 0.0,
+        state_dependent: bool = False,
+    ) -> None:
         super().__init__()
         self.precision = precision
         self.encoder = NatureCNN(obs_shape)

@@ -42,11 +42,21 @@ class RecurrentActorCritic(nn.Module):
     recurrent = True
 
     def __init__(
-        self, obs_dim: int, obs_shape: tuple[int, ...], action_space: gym.Space, cnn: bool, pixels: bool,
-        lstm_hidden: int, lstm_layers: int, activation: str = "relu", ortho_init: bool = False,
-        precision: Precision = FLOAT32, hidden: int = HIDDEN_SIZE, log_std_init: float = 0.0,
+        self,
+        obs_dim: int,
+        obs_shape: tuple[int, ...],
+        action_space: gym.Space,
+        cnn: bool,
+        pixels: bool,
+        lstm_hidden: int,
+        lstm_layers: int,
+        activation: str = "relu",
+        ortho_init: bool = False,
+        precision: Precision = FLOAT32,
+        hidden: int = HIDDEN_SIZE,
+        log_std_init: float = 0.0,
         state_dependent: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
         self.precision = precision
         if cnn:
@@ -94,9 +104,13 @@ class RecurrentActorCritic(nn.Module):
 
     @torch.no_grad()
     def act(
-        self, obs: Tensor, generator: torch.Generator | None, memory: Memory, starts: Tensor,
+        self,
+        obs: Tensor,
+        generator: torch.Generator | None,
+        memory: Memory,
+        starts: Tensor,
         exploration: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor, Memory]:  # fmt: skip
+    ) -> tuple[Tensor, Tensor, Tensor, Memory]:
         """Sample actions (through gSDE's `exploration` matrices, with --use-sde); returns (action, log-prob,
         value, next memory)."""
         features, memory = self._step(obs, memory, starts)

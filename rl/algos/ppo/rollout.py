@@ -44,9 +44,14 @@ class Rollout:
 
     @classmethod
     def allocate(
-        cls, num_steps: int, num_envs: int, spaces: EnvSpaces, device: torch.device, normalizes_obs: bool,
+        cls,
+        num_steps: int,
+        num_envs: int,
+        spaces: EnvSpaces,
+        device: torch.device,
+        normalizes_obs: bool,
         memory_shape: tuple[int, int] | None = None,
-    ) -> Rollout:  # fmt: skip
+    ) -> Rollout:
         action_shape, action_dtype = action_shape_and_dtype(spaces.action_space)
         steps = (num_steps, num_envs)
 
@@ -160,8 +165,9 @@ class RolloutCollector(ExperienceSource):
             return policy.act(obs, self.generator, exploration)
         assert isinstance(policy, RecurrentActorCritic)
         self.buffer.starts[step] = self.starts
-        action, logprob, value, self.stepped_memory = policy.act(obs, self.generator, self.memory, self.starts,
-                                                                 exploration)  # fmt: skip
+        action, logprob, value, self.stepped_memory = policy.act(
+            obs, self.generator, self.memory, self.starts, exploration
+        )
         return action, logprob, value
 
     def _advance_memory(self, ended: np.ndarray) -> None:
@@ -315,8 +321,15 @@ def rollout_to_batch(rollout: Rollout, gamma: float, gae_lambda: float) -> Batch
         gamma,
         gae_lambda,
     )
-    columns = {"obs": rollout.obs, "actions": rollout.actions, "logprobs": rollout.logprobs, "values": rollout.values,
-               "advantages": advantages, "returns": returns, "is_transition": rollout.is_transition}  # fmt: skip
+    columns = {
+        "obs": rollout.obs,
+        "actions": rollout.actions,
+        "logprobs": rollout.logprobs,
+        "values": rollout.values,
+        "advantages": advantages,
+        "returns": returns,
+        "is_transition": rollout.is_transition,
+    }
     if rollout.recurrent:
         sequences = {name: steps.transpose(0, 1) for name, steps in columns.items()}  # [T, N] -> [N, T]
         return SequenceBatch(**sequences, starts=rollout.starts.transpose(0, 1), memory=rollout.memory)

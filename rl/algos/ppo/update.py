@@ -138,8 +138,9 @@ def minibatch_loss(
     advantages = minibatch.advantages.reshape(-1)
     advantages = normalize(advantages, mask) if hp.normalize_advantages else advantages
     pg_loss = policy_loss(new_logprobs, minibatch.logprobs.reshape(-1), advantages, hp.clip_coef, mask)
-    v_loss = value_loss(new_values, minibatch.values.reshape(-1), minibatch.returns.reshape(-1), hp.clip_coef,
-                        hp.clip_vloss, mask)  # fmt: skip
+    v_loss = value_loss(
+        new_values, minibatch.values.reshape(-1), minibatch.returns.reshape(-1), hp.clip_coef, hp.clip_vloss, mask
+    )
     ent_loss = entropy_loss(entropy, mask)
     loss = pg_loss + hp.vf_coef * v_loss
     if hp.ent_coef != 0:  # at 0 (the example's default) the term adds only backward work, no gradient

@@ -51,18 +51,31 @@ class Transitions(TensorBatch):
 def transition_columns(spaces: EnvSpaces) -> dict[str, Column]:
     action_dim = int(spaces.action_space.shape[0])
     obs = Column(spaces.obs_shape, spaces.obs_dtype)  # images stay uint8 in the buffer
-    return {"obs": obs, "actions": Column((action_dim,)), "rewards": Column(()), "next_obs": obs,
-            "terminated": Column(())}  # fmt: skip
+    return {
+        "obs": obs,
+        "actions": Column((action_dim,)),
+        "rewards": Column(()),
+        "next_obs": obs,
+        "terminated": Column(()),
+    }
 
 
 class ReplayCollector(ExperienceSource):
     """Steps the envs `train_freq` times per iteration into a replay buffer, and samples batches from it."""
 
     def __init__(
-        self, cfg: SACConfig, envs: gym.vector.VectorEnv, action_space: gym.spaces.Box, buffer: ReplayBuffer,
-        rank: int, env_ranks: int, batch_rows: int, device: torch.device, signal: TrainingSignal,
+        self,
+        cfg: SACConfig,
+        envs: gym.vector.VectorEnv,
+        action_space: gym.spaces.Box,
+        buffer: ReplayBuffer,
+        rank: int,
+        env_ranks: int,
+        batch_rows: int,
+        device: torch.device,
+        signal: TrainingSignal,
         exploration: StateDependentExploration | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.cfg, self.buffer, self.batch_rows = cfg, buffer, batch_rows
         self.exploration = exploration
         self.steps_per_vector_step = cfg.num_envs * env_ranks  # global env steps per step of this rank's envs
@@ -72,9 +85,15 @@ class ReplayCollector(ExperienceSource):
         self.action_low = torch.as_tensor(space.low, dtype=torch.float32, device=device)
         self.action_range = torch.as_tensor(space.high - space.low, dtype=torch.float32, device=device)
         disabled_normalizer = ObservationNormalizer(buffer.columns["obs"].width, False, device)
-        super().__init__(envs, device, disabled_normalizer, RewardScaler(cfg.num_envs, cfg.gamma, False),
-                         env_seeds(cfg.seed, rank, cfg.num_envs), seeded_generator(device, cfg.seed, ACTION_STREAM,
-                                                                                   rank), signal)  # fmt: skip
+        super().__init__(
+            envs,
+            device,
+            disabled_normalizer,
+            RewardScaler(cfg.num_envs, cfg.gamma, False),
+            env_seeds(cfg.seed, rank, cfg.num_envs),
+            seeded_generator(device, cfg.seed, ACTION_STREAM, rank),
+            signal,
+        )
 
     def collect(self, policy: SquashedGaussianActor, global_step: int) -> EpisodeLog:
         episodes = EpisodeLog()
@@ -158,8 +177,9 @@ class SACLearner(Learner):
         device = runtime.device
         lr_scale = runtime.world_size if cfg.scale_lr else 1
         torch.manual_seed(derive_seed(cfg.seed, CRITIC_STREAM))  # the same critics on every learner
-        self.critic = CriticEnsemble(actor.feature_dim, actor.action_dim, cfg.net_arch,
-                                     precision=actor.precision).to(device)  # fmt: skip
+        self.critic = CriticEnsemble(actor.feature_dim, actor.action_dim, cfg.net_arch, precision=actor.precision).to(
+            device
+        )
         self.critic_target = copy.deepcopy(self.critic).requires_grad_(False)
         # An image encoder belongs to the critics' side: their loss trains it, their target has a copy.
         self.encoder_parameters = [] if actor.encoder is None else list(actor.encoder.parameters())
@@ -336,14 +356,16 @@ class SAC(Algorithm):
         action_space, env_id = spaces.action_space, spaces.env_id
         if not isinstance(action_space, gym.spaces.Box):
             raise UsageError(
-                "--env-id", f"SAC needs continuous (Box) actions, but {env_id} has {action_space}; "
+                "--env-id",
+                f"SAC needs continuous (Box) actions, but {env_id} has {action_space}; "
                 "train it with PPO instead (drop the 'sac' subcommand)",
-            )  # fmt: skip
+            )
         if not (np.isfinite(action_space.low).all() and np.isfinite(action_space.high).all()):
             raise UsageError(
-                "--env-id", f"SAC squashes actions into the action bounds, but {env_id}'s are not finite "
+                "--env-id",
+                f"SAC squashes actions into the action bounds, but {env_id}'s are not finite "
                 f"({action_space}); wrap the env with finite bounds (gymnasium's RescaleAction), or use PPO",
-            )  # fmt: skip
+            )
 
     def check_memory(self, env_ranks: int, processes_here: int, on_gpu: bool) -> None:
         check_buffer_fits(self.capacity_per_rank(env_ranks), transition_columns(self.spaces), processes_here, on_gpu)
@@ -356,8 +378,15 @@ class SAC(Algorithm):
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every rank and in every mode
         spaces = self.spaces
         encoder = NatureCNN(spaces.obs_shape) if self.cnn else FlatPixels() if spaces.pixels else None
-        actor = SquashedGaussianActor(spaces.obs_dim, spaces.action_space, self.cfg.net_arch, encoder,
-                                      self.precision(device), self.cfg.use_sde, self.cfg.log_std_init)  # fmt: skip
+        actor = SquashedGaussianActor(
+            spaces.obs_dim,
+            spaces.action_space,
+            self.cfg.net_arch,
+            encoder,
+            self.precision(device),
+            self.cfg.use_sde,
+            self.cfg.log_std_init,
+        )
         if self.cfg.compile:
             actor.compile_acting(self.cfg.compile_mode)
         return actor.to(device)
@@ -367,8 +396,18 @@ class SAC(Algorithm):
     ) -> ReplayCollector:
         buffer = ReplayBuffer(self.capacity_per_rank(env_ranks), transition_columns(self.spaces), device)
         envs = self.make_envs(video_dir, env_seeds(self.cfg.seed, rank, self.cfg.num_envs)[0])
-        return ReplayCollector(self.cfg, envs, self.spaces.action_space, buffer, rank, env_ranks, batch_rows, device,
-                               self.training_signal(), self.exploration())  # fmt: skip
+        return ReplayCollector(
+            self.cfg,
+            envs,
+            self.spaces.action_space,
+            buffer,
+            rank,
+            env_ranks,
+            batch_rows,
+            device,
+            self.training_signal(),
+            self.exploration(),
+        )
 
     def make_learner(self, policy: nn.Module, runtime: Runtime, shard: DataShard, env_ranks: int) -> SACLearner:
         assert isinstance(policy, SquashedGaussianActor)

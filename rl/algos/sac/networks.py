@@ -61,10 +61,15 @@ class SquashedGaussianActor(nn.Module):
     recurrent = False
 
     def __init__(
-        self, obs_dim: int, action_space: gym.spaces.Box, hidden: Hidden = HIDDEN_SIZE,
-        encoder: nn.Module | None = None, precision: Precision = FLOAT32, state_dependent: bool = False,
+        self,
+        obs_dim: int,
+        action_space: gym.spaces.Box,
+        hidden: Hidden = HIDDEN_SIZE,
+        encoder: nn.Module | None = None,
+        precision: Precision = FLOAT32,
+        state_dependent: bool = False,
         log_std_init: float = -3.0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
         action_dim = int(action_space.shape[0])
         first, second = _layer_sizes(hidden)
@@ -191,9 +196,13 @@ class CriticEnsemble(nn.Module):
     """
 
     def __init__(
-        self, feature_dim: int, action_dim: int, hidden: Hidden = HIDDEN_SIZE, members: int = NUM_CRITICS,
+        self,
+        feature_dim: int,
+        action_dim: int,
+        hidden: Hidden = HIDDEN_SIZE,
+        members: int = NUM_CRITICS,
         precision: Precision = FLOAT32,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
         inputs = feature_dim + action_dim
         first, second = _layer_sizes(hidden)
