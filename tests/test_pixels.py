@@ -15,8 +15,10 @@ from rl.algos.ppo.algorithm import PPO
 from rl.algos.ppo.config import PPOConfig
 from rl.algos.ppo.policy import CNNActorCritic, MLPActorCritic
 from rl.algos.ppo.rollout import RolloutCollector
-from rl.algos.sac.algorithm import SAC, StatMeans, Transitions, transition_columns
+from rl.algos.sac.algorithm import SAC
+from rl.algos.sac.collector import Transitions, transition_columns
 from rl.algos.sac.config import SACConfig
+from rl.algos.sac.learner import StatMeans
 from rl.batch import DataShard
 from rl.encoders import ImageLayout, NatureCNN, uses_cnn
 from rl.envs import EnvSpaces, Preprocessing, inspect_env

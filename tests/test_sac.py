@@ -8,14 +8,10 @@ import pytest
 import torch
 from torch.distributions import AffineTransform, Independent, Normal, TanhTransform, TransformedDistribution
 
-from rl.algos.sac.algorithm import (
-    SAC,
-    SACLearner,
-    StatMeans,
-    Transitions,
-    transition_columns,
-)
+from rl.algos.sac.algorithm import SAC
+from rl.algos.sac.collector import Transitions, transition_columns
 from rl.algos.sac.config import SACConfig
+from rl.algos.sac.learner import SACLearner, StatMeans
 from rl.algos.sac.losses import actor_loss, critic_loss, soft_target, temperature_loss
 from rl.algos.sac.networks import CriticEnsemble, SquashedGaussianActor
 from rl.algos.sac.replay import ReplayBuffer, check_buffer_fits

@@ -1,0 +1,131 @@
+"""SAC's experience: each rank's envs stepped by the actor, their transitions in its replay buffer, and
+the batches sampled from it for the learner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import torch
+from torch import Tensor
+
+from rl.algos.sac.config import SACConfig
+from rl.algos.sac.networks import SquashedGaussianActor
+from rl.algos.sac.replay import ReplayBuffer
+from rl.batch import Column, TensorBatch
+from rl.envs import EnvSpaces
+from rl.experience import EpisodeLog, ExperienceSource, StateDependentExploration, TrainingSignal
+from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
+from rl.seeds import (
+    ACTION_STREAM,
+    REPLAY_STREAM,
+    env_seeds,
+    seeded_generator,
+)
+
+
+@dataclass
+class Transitions(TensorBatch):
+    """Replayed transitions; `next_obs` is the true final observation where an episode ended."""
+
+    obs: Tensor
+    actions: Tensor
+    rewards: Tensor
+    next_obs: Tensor
+    terminated: Tensor  # 1.0 where the episode terminated (no bootstrap); truncation keeps it
+
+
+def transition_columns(spaces: EnvSpaces) -> dict[str, Column]:
+    action_dim = int(spaces.action_space.shape[0])
+    obs = Column(spaces.obs_shape, spaces.obs_dtype)  # images stay uint8 in the buffer
+    return {
+        "obs": obs,
+        "actions": Column((action_dim,)),
+        "rewards": Column(()),
+        "next_obs": obs,
+        "terminated": Column(()),
+    }
+
+
+class ReplayCollector(ExperienceSource):
+    """Steps the envs `train_freq` times per iteration into a replay buffer, and samples batches from it."""
+
+    def __init__(
+        self,
+        cfg: SACConfig,
+        envs: gym.vector.VectorEnv,
+        action_space: gym.spaces.Box,
+        buffer: ReplayBuffer,
+        rank: int,
+        env_ranks: int,
+        batch_rows: int,
+        device: torch.device,
+        signal: TrainingSignal,
+        exploration: StateDependentExploration | None = None,
+    ) -> None:
+        self.cfg, self.buffer, self.batch_rows = cfg, buffer, batch_rows
+        self.exploration = exploration
+        self.steps_per_vector_step = cfg.num_envs * env_ranks  # global env steps per step of this rank's envs
+        self.rows_before_training = cfg.batch_size
+        self.sampler = seeded_generator(device, cfg.seed, REPLAY_STREAM, rank)
+        space = action_space  # the env's own bounds: ClipAction widens the vector env's to +-inf
+        self.action_low = torch.as_tensor(space.low, dtype=torch.float32, device=device)
+        self.action_range = torch.as_tensor(space.high - space.low, dtype=torch.float32, device=device)
+        disabled_normalizer = ObservationNormalizer(buffer.columns["obs"].width, False, device)
+        super().__init__(
+            envs,
+            device,
+            disabled_normalizer,
+            RewardScaler(cfg.num_envs, cfg.gamma, False),
+            env_seeds(cfg.seed, rank, cfg.num_envs),
+            seeded_generator(device, cfg.seed, ACTION_STREAM, rank),
+            signal,
+        )
+
+    def collect(self, policy: SquashedGaussianActor, global_step: int) -> EpisodeLog:
+        episodes = EpisodeLog()
+        for step in range(self.cfg.train_freq):
+            if global_step < self.cfg.learning_starts:  # uniform exploration first, as SB3 and CleanRL
+                actions = self.action_low + self.action_range * torch.rand(
+                    (self.envs.num_envs, *self.action_low.shape), generator=self.generator, device=self.device
+                )
+            else:
+                exploration = None
+                if self.exploration is not None:
+                    exploration = self.exploration.for_step(policy, step, self.envs.num_envs, self.generator)
+                actions, _ = policy.act(self.raw_obs, self.generator, exploration)
+            next_obs, rewards, terminated, _, info, _, ended = self.step_envs(actions.cpu().numpy())
+            self.buffer.add(
+                obs=self.raw_obs,
+                actions=actions,
+                rewards=torch.as_tensor(rewards, dtype=torch.float32, device=self.device),
+                next_obs=self.to_tensor(self.led_to(next_obs, ended, info)),
+                terminated=torch.as_tensor(terminated, dtype=torch.float32, device=self.device),
+            )
+            episodes.record(info)
+            self.raw_obs = self.to_tensor(next_obs)
+            global_step += self.steps_per_vector_step
+        return episodes
+
+    def next_batch(self, global_step: int, all_reduce_sum: AllReduceSum) -> Transitions | None:
+        if global_step <= self.cfg.learning_starts or len(self.buffer) < self.rows_before_training:
+            return None
+        return Transitions(**self.buffer.sample(self.batch_rows, self.sampler))
+
+    def capture_state(self) -> dict[str, Any]:
+        state = super().capture_state() | {"sampler": self.sampler.get_state()}
+        if self.cfg.save_buffer:
+            state["buffer"] = self.buffer.state_dict()
+        return state
+
+    def restore_state(self, state: dict[str, Any], fresh_seeds: list[int]) -> bool:
+        self.sampler.set_state(state["sampler"])
+        if "buffer" in state:
+            self.buffer.load_state_dict(state["buffer"])
+        else:
+            # Refill this rank's share of --learning-starts rows, acting with the policy, before training
+            # again: gradient steps on the first few hundred rows would fit the critics to those alone.
+            share = -(-self.cfg.learning_starts * self.cfg.num_envs // self.steps_per_vector_step)
+            self.rows_before_training = max(self.cfg.batch_size, share)
+        return super().restore_state(state, fresh_seeds)
