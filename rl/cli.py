@@ -51,18 +51,42 @@ from rl.runtime import configure_torch_threads
 Mode = Literal["coupled", "decoupled", "hogwild"]
 
 
-def parse_config(argv: list[str]) -> RunConfig:
+def parse_config(argv: list[str], mode: Mode | None = None) -> RunConfig:
     """`[ALGORITHM] [FLAGS]`: a leading algorithm name (`ppo`, `sac`) picks its config; PPO by default.
 
     Without a name the whole command line is PPO's, so the Lightning example's commands run
     unchanged, and `--help` shows PPO's flags (its description names the other algorithms).
+    `mode`: the entry script's mode, whose flags it takes, and not the other modes' (None: every flag).
     """
     name, flags = (argv[0], argv[1:]) if argv and argv[0] in ALGORITHMS else (DEFAULT_ALGORITHM, argv)
     program = f"{os.path.basename(sys.argv[0])} {name}"
     try:
-        return parse_config_flags(ALGORITHMS[name].config_type, flags, prog=program)
+        return parse_config_flags(ALGORITHMS[name].config_type, flags, prog=program, mode=mode)
     except UsageError as error:
-        raise other_algorithms_flag(error, name) or error from None
+        raise other_modes_flag(error, mode) or other_algorithms_flag(error, name) or error from None
+
+
+MODE_COMMANDS = {
+    "coupled": "coupled mode: fabric run ... train_fabric.py ...",
+    "decoupled": "decoupled mode: fabric run ... train_fabric_decoupled.py ...",
+    "hogwild": "Hogwild mode: python train_hogwild.py ...",
+}
+
+
+def other_modes_flag(error: UsageError, mode: Mode | None) -> UsageError | None:
+    """An unknown flag that another mode takes, named as that mode's (train_fabric.py with --workers)."""
+    if mode is None or "Unrecognized" not in str(error):
+        return None
+    return mode_flag_error(error.flag, mode)
+
+
+def mode_flag_error(flag_name: str, mode: Mode) -> UsageError | None:
+    """The error for `flag_name` given to `mode` if another mode owns it, else None."""
+    for other, names in RunConfig.MODE_FIELDS.items():
+        if other != mode and flag_name in {flag(name) for name in names}:
+            evaluator = " (decoupled mode evaluates as it goes with --evaluator)" if mode == "decoupled" else ""
+            return UsageError(flag_name, f"belongs to {MODE_COMMANDS[other]}{evaluator if other == 'coupled' else ''}")
+    return None
 
 
 def other_algorithms_flag(error: UsageError, name: str) -> UsageError | None:
@@ -88,7 +112,7 @@ def prepare(
     same one-line error, before a collective could leave one of them waiting. `log_subdir`
     is the mode's folder under --log-dir.
     """
-    cfg = parse_config(argv)
+    cfg = parse_config(argv, mode)
     if cfg.write_config is not None:
         write_resolved_config(cfg, cfg.write_config)
     return prepare_config(cfg, log_subdir, mode)
@@ -235,28 +259,14 @@ def keep_global_batch(cfg: RunConfig, resume: TrainingCheckpoint, world_size: in
 
 
 def check_mode_flags(cfg: RunConfig, mode: Mode) -> None:
-    """Refuse a flag that the chosen mode would silently ignore."""
-    hogwild_flags = {"--workers": cfg.workers != 1, "--sync": cfg.sync != "shared", "--sync-every": cfg.sync_every != 1}
-    decoupled_flags = {
-        "--evaluator": cfg.evaluator,
-        "--num-players": cfg.num_players != 1,
-        "--async": cfg.asynchronous,
-        "--max-policy-lag": cfg.max_policy_lag != 1,
-    }
-    coupled_flags = {"--eval-every": cfg.eval_every != 0, "--stop-at-return": cfg.stop_at_return is not None}
-    if mode != "coupled":
-        for flag, given in coupled_flags.items():
-            if given:
-                evaluator = " (decoupled mode evaluates as it goes with --evaluator)" if mode == "decoupled" else ""
-                raise UsageError(flag, f"belongs to coupled mode: fabric run ... train_fabric.py ...{evaluator}")
-    if mode != "decoupled":
-        for flag, given in decoupled_flags.items():
-            if given:
-                raise UsageError(flag, "belongs to decoupled mode: fabric run ... train_fabric_decoupled.py ...")
+    """Refuse another mode's flag (a config built in Python has them all), or a value the chosen mode would
+    silently ignore."""
+    defaults = type(cfg)()
+    for other, names in cfg.MODE_FIELDS.items():
+        for name in names:
+            if other != mode and getattr(cfg, name) != getattr(defaults, name):
+                raise mode_flag_error(flag(name), mode) or UsageError(flag(name), f"belongs to {other} mode")
     if mode != "hogwild":
-        for flag, given in hogwild_flags.items():
-            if given:
-                raise UsageError(flag, "belongs to Hogwild mode: python train_hogwild.py ...")
         return
     if cfg.checkpoint_seconds:
         raise UsageError("--checkpoint-every", "Hogwild workers meet at checkpoints by step; give env steps")

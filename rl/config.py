@@ -7,10 +7,12 @@ Stable-Baselines3 / CleanRL (SAC), so their commands run unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
 import re
+import typing
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import asdict, dataclass, field, fields
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args
@@ -161,6 +163,12 @@ class RunConfig:
     sync_every: int = 1
     """Hogwild synced mode: a worker's updates between two merges with the global networks"""
 
+    # Each mode's own flags: the other modes' entry scripts do not take them (`mode_view`).
+    MODE_FIELDS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "coupled": ("eval_every", "stop_at_return"),
+        "decoupled": ("evaluator", "num_players", "asynchronous", "max_policy_lag"),
+        "hogwild": ("workers", "sync", "sync_every"),
+    }
     # Tuned starting points by name (`--preset`), each a mapping of field names to values.
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
     REPORT_FLAG: ClassVar[str | None] = None  # the flag that sets the steps between reports, where there is one
@@ -415,13 +423,32 @@ Config = TypeVar("Config")
 RunConfigT = TypeVar("RunConfigT", bound=RunConfig)
 
 
-def parse_config_flags(config_type: type[RunConfigT], argv: list[str], prog: str | None = None) -> RunConfigT:
-    """A run config from the command line; `--preset NAME` replaces the defaults with the preset's values."""
+def mode_view(config_type: type[RunConfigT], mode: str | None) -> type[RunConfigT]:
+    """`config_type` as one mode's entry script parses it: without the other modes' flags (all of them: None)."""
+    if mode is None:
+        return config_type
+    hidden = [name for other, names in config_type.MODE_FIELDS.items() if other != mode for name in names]
+    hints = typing.get_type_hints(config_type, include_extras=True)
+    defaults = config_type()
+    suppressed = [
+        (name, Annotated[hints[name], tyro.conf.Suppress], field(default=getattr(defaults, name))) for name in hidden
+    ]
+    return dataclasses.make_dataclass(config_type.__name__, suppressed, bases=(config_type,))
+
+
+def parse_config_flags(
+    config_type: type[RunConfigT], argv: list[str], prog: str | None = None, mode: str | None = None
+) -> RunConfigT:
+    """A run config from the command line; `--preset NAME` replaces the defaults with the preset's values.
+
+    `mode`: the flags of that mode's entry script (its own, and those every mode shares)."""
     from_file = config_file_values(config_type, flag_value(argv, "--config"))
     name = flag_value(argv, "--preset") or from_file.get("preset")
     preset = {} if name is None else preset_values(config_type, name)
     base = preset | from_file | ({} if name is None else {"preset": name})
-    cfg = parse_dataclass(config_type, argv, prog, config_type(**base) if base else None)
+    view = mode_view(config_type, mode)
+    parsed = parse_dataclass(view, argv, prog, view(**base) if base else None)
+    cfg = config_type(**{member.name: getattr(parsed, member.name) for member in fields(config_type)})
     cfg.precision = launcher_precision() or cfg.precision
     cfg.fill_defaults(set(base) | fields_on_command_line(config_type, argv))
     return cfg

@@ -11,7 +11,7 @@ import pytest
 
 from rl.algos.ppo.config import PPOConfig
 from rl.cli import parse_config
-from rl.config import flag, local_gpu_index, uses_gpu, validate, validate_decoupled
+from rl.config import RunConfig, flag, local_gpu_index, uses_gpu, validate, validate_decoupled
 from rl.envs import inspect_env
 from rl.errors import UsageError
 from rl.seeds import derive_seed
@@ -496,3 +496,36 @@ def test_a_bad_config_file_is_named_in_one_line(tmp_path, text, told):
     with pytest.raises(UsageError, match=re.escape(told)) as raised:
         parse_config(["--config", str(path)])
     assert raised.value.flag == "--config"
+
+
+MODE_FLAG_EXAMPLES = {
+    "eval_every": ["--eval-every", "100"],
+    "stop_at_return": ["--stop-at-return", "5"],
+    "evaluator": ["--evaluator"],
+    "num_players": ["--num-players", "2"],
+    "asynchronous": ["--async"],
+    "max_policy_lag": ["--max-policy-lag", "2"],
+    "workers": ["--workers", "2"],
+    "sync": ["--sync", "synced"],
+    "sync_every": ["--sync-every", "2"],
+}
+
+
+@pytest.mark.parametrize("mode", ["coupled", "decoupled", "hogwild"])
+def test_each_entry_script_takes_its_own_modes_flags_and_names_the_mode_of_anothers(mode, capsys):
+    from rl.cli import MODE_COMMANDS
+
+    assert set(MODE_FLAG_EXAMPLES) == {name for names in RunConfig.MODE_FIELDS.values() for name in names}
+    with pytest.raises(SystemExit):
+        parse_config(["--help"], mode)
+    listed = set(re.findall(r"^\s+(--[a-z0-9-]+)", capsys.readouterr().out, re.MULTILINE))
+    for other, names in RunConfig.MODE_FIELDS.items():
+        for name in names:
+            assert (flag(name) in listed) == (other == mode), name
+            if other == mode:
+                parse_config(MODE_FLAG_EXAMPLES[name], mode)
+                continue
+            with pytest.raises(UsageError, match=f"belongs to {re.escape(MODE_COMMANDS[other])}") as error:
+                parse_config(MODE_FLAG_EXAMPLES[name], mode)
+            assert error.value.flag == flag(name)
+    assert {"--seed", "--env-id", "--checkpoint-every"} <= listed  # every mode's
