@@ -157,6 +157,9 @@ class Callback:
     from any event, on any process, ends the run on all of them at the report where it was asked
     (the next one if asked between reports), as a finished run. Override the events you need."""
 
+    def on_iteration_start(self, state: LoopState) -> None:
+        """Before each iteration (`state.iteration` is the one about to run)."""
+
     def on_iteration_end(self, state: LoopState) -> None:
         """After each iteration: a rollout collected, and learned from."""
 
@@ -230,6 +233,7 @@ class TrainingLoop:
         for iteration in range(self.first_iteration, state.num_iterations + 1):
             state.iteration = iteration
             state.global_step = start_step + (iteration - self.first_iteration + 1) * self.steps_per_iteration
+            self.fire("on_iteration_start")
             self.body.iterate(iteration)
             self.fire("on_iteration_end")
             if not report_due(iteration, self.report_every, state.num_iterations):

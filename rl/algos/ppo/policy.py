@@ -30,8 +30,14 @@ def _linear(layer: nn.Linear, x: Tensor) -> Tensor:
 
 
 def _sample(log_probs: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-    """One draw per row of a categorical given as log-probabilities; returns (index, log-prob)."""
-    index = torch.multinomial(log_probs.exp(), 1, generator=generator)
+    """One draw per row of a categorical given as log-probabilities; returns (index, log-prob).
+
+    The exponential-race draw that `torch.multinomial(probs, 1)` makes on the CPU (argmax of the
+    probabilities over Exp(1) noise), the same draws from the same generator, without the checks
+    of its input that read the probabilities on the host: on a GPU those wait for the stream."""
+    probs = log_probs.exp()
+    noise = torch.empty_like(probs).exponential_(1, generator=generator)
+    index = (probs / noise).argmax(-1, keepdim=True)
     return index.squeeze(-1), log_probs.gather(-1, index).squeeze(-1)
 
 
