@@ -2,6 +2,7 @@
 run at the next report on all of them, as a finished run (its agent saved and evaluated)."""
 
 import json
+import re
 from pathlib import Path
 
 from conftest import launch, run_dir, run_ranks
@@ -32,9 +33,9 @@ def events(folder: Path, rank: int) -> dict:
 
 def finished_early_and_saved(stdout: str) -> int:
     """The step the run ended at, from the result line, after checking it ended finished."""
-    results = {line for line in stdout.splitlines() if line.startswith("result:")}
+    results = set(re.findall(r"result: (\S+agent\.ckpt) (\d+)", stdout))  # ranks' lines may interleave
     assert len(results) == 1  # every process that returns a result returns the same
-    _, agent_path, step = results.pop().split()
+    agent_path, step = results.pop()
     assert Path(agent_path).is_file() and "evaluation over 2 greedy episodes" in stdout
     assert int(step) < TOTAL
     return int(step)
