@@ -34,7 +34,7 @@ import sys
 from pathlib import Path
 
 from launch import RESULTS, fabric_run, loop_steps_per_second
-from resumable import Run, curve, run_all
+from resumable import Run, curve, resumable_flags, run_all
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -64,23 +64,8 @@ def variant_flags(variant: str) -> list[str]:
 
 
 def command(config: str, variant: str, seed: int, out: Path) -> list[str]:
-    flags = [
-        *CONFIGS[config],
-        "--seed",
-        str(seed),
-        *variant_flags(variant),
-        "--torch-threads",
-        "1",
-        "--no-progress-bar",
-        "--run-name",
-        run_name(config, variant, seed),
-        "--log-dir",
-        str(out / "runs"),
-        "--checkpoint-every",
-        "5m",
-        "--keep-last",
-        "1",
-    ]
+    flags = [*CONFIGS[config], "--seed", str(seed), *variant_flags(variant)]
+    flags += resumable_flags(run_name(config, variant, seed), out)
     return fabric_run(flags)
 
 

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from launch import RESULTS, fabric_run, loop_steps_per_second
-from resumable import Run, curve, run_all
+from resumable import Run, curve, resumable_flags, run_all
 
 PIXEL_SINGLE_FRAMES = [
     "--env-id",
@@ -66,24 +66,7 @@ def run_name(config: str, seed: int) -> str:
 
 
 def command(config: str, seed: int, out: Path) -> list[str]:
-    return fabric_run(
-        [
-            *CONFIGS[config],
-            "--seed",
-            str(seed),
-            "--torch-threads",
-            "1",
-            "--no-progress-bar",
-            "--run-name",
-            run_name(config, seed),
-            "--log-dir",
-            str(out / "runs"),
-            "--checkpoint-every",
-            "5m",
-            "--keep-last",
-            "1",
-        ]
-    )
+    return fabric_run([*CONFIGS[config], "--seed", str(seed), *resumable_flags(run_name(config, seed), out)])
 
 
 def plan(seeds: list[int], out: Path) -> list[Run]:

@@ -52,6 +52,13 @@ class Run:
     keep_agent: bool = False  # whether its saved agent outlives the run folder (OUT/agents/NAME.ckpt)
 
 
+def resumable_flags(name: str, out: Path) -> list[str]:
+    """What makes a training command a resumable run of a study: its fixed name under OUT/runs, a checkpoint
+    every 5 minutes (only the newest kept), one torch thread, and no progress bar."""
+    return ["--torch-threads", "1", "--no-progress-bar", "--run-name", name, "--log-dir", str(out / "runs"),
+            "--checkpoint-every", "5m", "--keep-last", "1"]  # fmt: skip
+
+
 def run_folder(out: Path, name: str) -> Path:
     return out / "runs" / "fabric_logs" / name
 

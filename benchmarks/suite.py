@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from launch import RESULTS, fabric_run
-from resumable import Run, curve, row_file, run_all, segments, training_return_of_last
+from resumable import Run, curve, resumable_flags, row_file, run_all, segments, training_return_of_last
 
 from rl.config import flag
 
@@ -100,26 +100,8 @@ class Row:
     def command(self, seed: int, name: str, out: Path) -> list[str]:
         algorithm = ["sac"] if self.algorithm == "sac" else []
         target = [] if self.target is None else ["--eval-every", "250000", "--stop-at-return", str(self.target)]
-        flags = [
-            *algorithm,
-            "--preset",
-            self.preset,
-            *self.flags,
-            *target,
-            "--seed",
-            str(seed),
-            "--torch-threads",
-            "1",
-            "--no-progress-bar",
-            "--run-name",
-            name,
-            "--log-dir",
-            str(out / "runs"),
-            "--checkpoint-every",
-            "5m",
-            "--keep-last",
-            "1",
-        ]
+        flags = [*algorithm, "--preset", self.preset, *self.flags, *target, "--seed", str(seed)]
+        flags += resumable_flags(name, out)
         if self.devices > 1:  # a fresh port at each launch
             return fabric_run(flags, self.devices)
         return [sys.executable, str(REPO / "train_fabric.py"), *flags]
