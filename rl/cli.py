@@ -77,16 +77,16 @@ def other_modes_flag(error: UsageError, mode: Mode | None) -> UsageError | None:
     """An unknown flag that another mode takes, named as that mode's (train_fabric.py with --workers)."""
     if mode is None or "Unrecognized" not in str(error):
         return None
-    return mode_flag_error(error.flag, mode)
+    owners = [other for other, names in RunConfig.MODE_FIELDS.items() if error.flag in {flag(name) for name in names}]
+    return mode_flag_error(error.flag, owners[0], mode) if owners else None
 
 
-def mode_flag_error(flag_name: str, mode: Mode) -> UsageError | None:
-    """The error for `flag_name` given to `mode` if another mode owns it, else None."""
-    for other, names in RunConfig.MODE_FIELDS.items():
-        if other != mode and flag_name in {flag(name) for name in names}:
-            evaluator = " (decoupled mode evaluates as it goes with --evaluator)" if mode == "decoupled" else ""
-            return UsageError(flag_name, f"belongs to {MODE_COMMANDS[other]}{evaluator if other == 'coupled' else ''}")
-    return None
+def mode_flag_error(flag_name: str, owner: str, mode: Mode) -> UsageError:
+    """`flag_name`, which the `owner` mode takes, given to `mode`."""
+    evaluator = (
+        " (decoupled mode evaluates as it goes with --evaluator)" if owner == "coupled" and mode == "decoupled" else ""
+    )
+    return UsageError(flag_name, f"belongs to {MODE_COMMANDS[owner]}{evaluator}")
 
 
 def other_algorithms_flag(error: UsageError, name: str) -> UsageError | None:
@@ -265,7 +265,7 @@ def check_mode_flags(cfg: RunConfig, mode: Mode) -> None:
     for other, names in cfg.MODE_FIELDS.items():
         for name in names:
             if other != mode and getattr(cfg, name) != getattr(defaults, name):
-                raise mode_flag_error(flag(name), mode) or UsageError(flag(name), f"belongs to {other} mode")
+                raise mode_flag_error(flag(name), other, mode)
     if mode != "hogwild":
         return
     if cfg.checkpoint_seconds:

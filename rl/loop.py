@@ -158,7 +158,7 @@ class Callback:
     (the next one if asked between reports), as a finished run. Override the events you need."""
 
     def on_iteration_start(self, state: LoopState) -> None:
-        """Before each iteration (`state.iteration` is the one about to run)."""
+        """Before each iteration (`state.iteration` and `state.global_step` are those it is about to reach)."""
 
     def on_iteration_end(self, state: LoopState) -> None:
         """After each iteration: a rollout collected, and learned from."""
