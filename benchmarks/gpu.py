@@ -1,10 +1,15 @@
 """Env steps/s on one CUDA GPU at each precision, eager and compiled, beside LeanRL's H100 figures.
 
-    python benchmarks/gpu.py [--configs atari sac] [--variants 32-true bf16-mixed+compile ...] [--rounds 1]
+    python benchmarks/gpu.py [--configs atari sac] [--variants 32-true 32-true+cuda-graphs ...] [--rounds 1]
+                             [--baseline DIR]
 
 Each config runs as one process (`fabric run --devices=1 ... --cuda`) at every variant, the variants
 alternating round by round; a row gives the loop's env steps/s as the run prints it (compile time
-left out, as the run reports it), the compile seconds, and the ratio to the float32 eager row.
+left out, as the run reports it), the compile seconds, and the ratio to the first variant's row. A
+variant is a precision and what follows it: `+compile`, `+reduce-overhead` (--compile with that
+mode), `+cuda-graphs`. With `--baseline DIR` (a checkout of another revision) each variant also
+(or each of `--baseline-variants`) runs from there too, in the same rounds: a before-and-after on
+the same GPU.
 The configs are LeanRL's: PPO on ALE/Breakout-v5 with CleanRL's Atari settings (8 envs x 128
 steps, 4 epochs of 4 minibatches; here ale-py's threaded vector env, LeanRL's runs use envpool),
 and SAC on HalfCheetah (1 env, a batch of 256, one gradient step per env step; -v5 here, -v4 in
@@ -15,6 +20,7 @@ PPO 6,809 env steps/s.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
@@ -30,22 +36,38 @@ CONFIGS: dict[str, list[str]] = {
     "sac": ["sac", "--preset", "halfcheetah", "--learning-starts", "1000", "--total-timesteps", "8000"],
 }
 LEANRL_H100 = {"atari": 6809, "sac": 725}
-VARIANTS = ["32-true", "bf16-mixed", "16-mixed", "32-true+compile", "bf16-mixed+compile", "bf16-mixed+reduce-overhead"]
+VARIANTS = [
+    "32-true",
+    "32-true+cuda-graphs",
+    "bf16-mixed",
+    "16-mixed",
+    "32-true+compile",
+    "bf16-mixed+compile",
+    "bf16-mixed+reduce-overhead",
+]
+OPTIONS = {
+    "compile": ["--compile"],
+    "reduce-overhead": ["--compile", "--compile-mode", "reduce-overhead"],
+    "cuda-graphs": ["--cuda-graphs"],
+}
+BASELINE = "baseline "  # the label's prefix of a run from the --baseline checkout
 
 
 def variant_flags(variant: str) -> list[str]:
-    """`bf16-mixed+reduce-overhead` as flags: the precision, then --compile and its mode if any."""
-    precision, _, compiling = variant.partition("+")
-    flags = ["--precision", precision]
-    if compiling:
-        flags += ["--compile", *(["--compile-mode", compiling] if compiling != "compile" else [])]
-    return flags
+    """`bf16-mixed+cuda-graphs` as flags: the precision, then each option's flags."""
+    precision, *options = variant.removeprefix(BASELINE).split("+")
+    return ["--precision", precision, *(flag for option in options for flag in OPTIONS[option])]
 
 
-def run(config: str, variant: str) -> tuple[float | None, float, str]:
+def run(config: str, variant: str, baseline: str | None, steps: int | None) -> tuple[float | None, float, str]:
     """(loop env steps/s, compile seconds, the last line of stderr if it failed) of one run."""
     flags = [*CONFIGS[config], *variant_flags(variant), "--cuda", "--eval-episodes", "0", "--no-progress-bar"]
+    if steps is not None:
+        flags[flags.index("--total-timesteps") + 1] = str(steps)
     command = fabric_run(flags, devices=1, accelerator="cuda")
+    if variant.startswith(BASELINE):
+        assert baseline is not None
+        command[-len(flags) - 1] = os.path.join(os.path.abspath(baseline), "train_fabric.py")
     with tempfile.TemporaryDirectory() as cwd:
         done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
     loop, compiled = SUMMARY.search(done.stdout), COMPILE.search(done.stdout)
@@ -59,7 +81,13 @@ def main() -> None:
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--variants", nargs="+", default=VARIANTS)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--total-timesteps", type=int, help="each run's length (default: the config's)")
+    parser.add_argument("--baseline", help="a checkout of another revision, run beside this one")
+    parser.add_argument("--baseline-variants", nargs="+", help="the variants it runs (default: every variant)")
     args = parser.parse_args()
+    if args.baseline:
+        before = args.baseline_variants or args.variants
+        args.variants = [BASELINE + variant for variant in before] + args.variants
     import torch
 
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
@@ -69,7 +97,7 @@ def main() -> None:
         for config in args.configs:
             for variant in args.variants:
                 started = time.perf_counter()
-                steps, seconds, failure = run(config, variant)
+                steps, seconds, failure = run(config, variant, args.baseline, args.total_timesteps)
                 wall = time.perf_counter() - started
                 print(
                     f"round {round_}: {config} {variant}: "
@@ -80,7 +108,7 @@ def main() -> None:
                 if steps:
                     speeds.setdefault((config, variant), []).append(steps)
                     compile_s.setdefault((config, variant), []).append(seconds)
-    print("\n| config | variant | env steps/s (median) | x float32 eager | x LeanRL H100 | compile s |")
+    print(f"\n| config | variant | env steps/s (median) | x {args.variants[0]} | x LeanRL H100 | compile s |")
     print("| --- | --- | --- | --- | --- | --- |")
     for config in args.configs:
         base = statistics.median(speeds.get((config, args.variants[0]), [0])) or None

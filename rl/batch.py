@@ -29,6 +29,10 @@ class TensorBatch:
     def map(self: Batch, fn: Callable[[Tensor], Tensor]) -> Batch:
         return type(self)(**{f.name: fn(getattr(self, f.name)) for f in fields(self)})
 
+    def tensors(self) -> list[Tensor]:
+        """The fields in their order (`type(batch)(*batch.tensors())` rebuilds it)."""
+        return [getattr(self, f.name) for f in fields(self)]
+
 
 @dataclass(frozen=True)
 class Column:

@@ -56,6 +56,9 @@ class RunConfig:
     left out of the env steps/s)"""
     compile_mode: CompileMode = "default"
     """torch.compile's mode with --compile: default, reduce-overhead (CUDA graphs on a GPU) or max-autotune"""
+    cuda_graphs: bool = False
+    """with --cuda, capture each gradient step as a CUDA graph, which the GPU replays without the host launching
+    its kernels one by one (SAC, one learner)"""
 
     num_envs: int = 2
     """the number of parallel environments per rank"""
@@ -359,10 +362,28 @@ def validate(
         raise UsageError("--player-on-gpu", "needs --cuda as well")
     check_precision(cfg.precision, cfg.cuda)
     check_periodic_evaluation(cfg)
+    check_cuda_graphs(cfg)
     if cfg.compile_mode != "default" and not cfg.compile:
         raise UsageError("--compile-mode", "chooses how --compile compiles; add --compile (or drop the flag)")
     if cfg.compile:  # every role on a GPU compiles with Triton; a CPU role needs a C++ compiler
         check_compiler(cfg.cuda and (cfg.player_on_gpu or env_ranks == world_size) and not cfg.evaluator)
+
+
+def check_cuda_graphs(cfg: RunConfig) -> None:
+    """Refuse the combinations a captured step cannot take, before training."""
+    if not cfg.cuda_graphs:
+        return
+    if not cfg.cuda:
+        raise UsageError("--cuda-graphs", "captures the learner's step on a GPU: add --cuda")
+    if cfg.precision == "16-mixed":
+        raise UsageError(
+            "--cuda-graphs",
+            "cannot capture 16-mixed's loss scaler, which changes its scale on the host: use bf16-mixed",
+        )
+    if cfg.compile and cfg.compile_mode == "reduce-overhead":
+        raise UsageError(
+            "--cuda-graphs", "and --compile-mode reduce-overhead both capture CUDA graphs: keep one of them"
+        )
 
 
 def check_checkpoint_steps(cfg: RunConfig, env_ranks: int) -> None:

@@ -287,15 +287,22 @@ class MeanOverRanks:
         self._index = {name: i for i, name in enumerate(names)}
         self._counted = counted or {}
         self._sums = torch.zeros(len(self._index), 2, dtype=torch.float64, device=device)  # (sum, count)
+        # Values that are on the host already (episode returns, a learning rate) add up there: uploading each
+        # would make the host wait for the GPU at every step. They join the device's sums once per compute.
+        self._host_sums = torch.zeros(len(self._index), 2, dtype=torch.float64)
         self._all_reduce_sum = all_reduce_sum
 
     def update(self, name: str, values: torch.Tensor | float | list[float]) -> None:
-        values = torch.as_tensor(values, dtype=torch.float64, device=self._sums.device)
+        on_device = isinstance(values, torch.Tensor) and values.device == self._sums.device
+        sums = self._sums if on_device else self._host_sums
+        values = torch.as_tensor(values, dtype=torch.float64, device=sums.device)
         if values.numel():
-            self._sums[self._index[name], 0] += values.sum()
-            self._sums[self._index[name], 1] += values.numel()
+            sums[self._index[name], 0] += values.sum()
+            sums[self._index[name], 1] += values.numel()
 
     def compute(self) -> dict[str, float]:
+        self._sums += self._host_sums.to(self._sums.device)
+        self._host_sums.zero_()
         pooled = self._all_reduce_sum(self._sums).tolist()
         self._sums.zero_()
         means = {name: total / count for name, (total, count) in zip(self._index, pooled, strict=True) if count > 0}

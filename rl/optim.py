@@ -1,5 +1,5 @@
-"""Optimization helpers every algorithm shares: a lean gradient clip that also stops divergence,
-and gradients kept in one flat buffer for a single collective."""
+"""Optimization helpers every algorithm shares: a lean gradient clip, a divergence check that never
+waits for the GPU, and gradients kept in one flat buffer for a single collective."""
 
 from __future__ import annotations
 
@@ -10,28 +10,57 @@ from torch import Tensor, nn
 
 
 class TrainingDiverged(Exception):
-    """A loss or gradient stopped being finite; the step that would spread it was not taken."""
+    """A loss or gradient stopped being finite; the steps that would have spread it were not taken."""
+
+
+class DivergenceGuard:
+    """Skips, on the device, every optimizer step from the first whose gradients are not finite, and says so
+    at the next check.
+
+    Reading a norm on the host at each step would make the host wait for the GPU at each step.
+    Instead one kernel per step marks `found_inf` where a gradient is not finite (the check of
+    AMP's loss scaler, with a scale of 1); fused Adam reads it and leaves the weights and its
+    moments as they were. The mark stays, so the weights stay those of the last finite step, and
+    `raise_if_diverged`, where the host reads its statistics anyway, turns it into
+    `TrainingDiverged`. The gradients are the learners' averages, the same on every rank, so every
+    rank stops at the same check.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.found_inf = torch.zeros((), device=device)  # as fused Adam reads it: 1.0 skips the step
+        self.unit_scale = torch.ones((), device=device)
+
+    def guard(self, optimizers: list[torch.optim.Optimizer]) -> None:
+        """Have these (fused) optimizers skip the steps this guard finds non-finite."""
+        for optimizer in optimizers:
+            optimizer.found_inf = self.found_inf  # type: ignore[attr-defined]
+
+    @torch.no_grad()
+    def check(self, tensors: list[Tensor]) -> None:
+        """Judge the coming step by its gradients, or by their norm (no host sync)."""
+        torch._amp_foreach_non_finite_check_and_unscale_(tensors, self.found_inf, self.unit_scale)
+
+    def raise_if_diverged(self) -> None:
+        if self.found_inf.item():
+            raise TrainingDiverged("the gradient norm is not finite (a loss became NaN or infinite)")
 
 
 @torch.no_grad()
-def clip_grad_norm(parameters: list[Tensor], max_norm: float, stop_if_not_finite: bool = True) -> Tensor:
+def clip_grad_norm(parameters: list[Tensor], max_norm: float, guard: DivergenceGuard | None = None) -> Tensor:
     """Scale the gradients so their global norm is at most `max_norm` (0: no clipping); return the norm.
 
     The same arithmetic as `torch.nn.utils.clip_grad_norm_`, without its per-call grouping of
     tensors by device and dtype, which costs as much as the clipping itself for these small nets.
-    The gradients are the learners' averages, identical on every rank, so a non-finite norm stops
-    every rank at the same step, before the optimizer spreads it into the weights. With a loss
-    scaler (`stop_if_not_finite` False) a non-finite norm is an overflow the scaler skips instead.
+    A `guard` judges the norm: a non-finite one makes the guarded optimizers skip this step. (With
+    a loss scaler there is none: the scaler skips an overflowed step itself.)
     """
     grads = [parameter.grad for parameter in parameters if parameter.grad is not None]
     norms = torch._foreach_norm(grads)
     if any(norm.dtype != torch.float32 for norm in norms):  # bf16 trunks beside float32 heads (bf16-true)
         norms = [norm.float() for norm in norms]
     total_norm = torch.linalg.vector_norm(torch.stack(norms))
-    if not torch.isfinite(total_norm):
-        if stop_if_not_finite:
-            raise TrainingDiverged("the gradient norm is not finite (a loss became NaN or infinite)")
-        return total_norm
+    if guard is not None:
+        guard.check([total_norm])
     if max_norm > 0:
         scale = (max_norm / (total_norm + 1e-6)).clamp_(max=1.0)
         for dtype_grads in _by_dtype(grads):
@@ -51,16 +80,18 @@ def clip_and_step(
     parameters: list[Tensor],
     max_norm: float,
     scaler: torch.amp.GradScaler | None,
+    guard: DivergenceGuard,
 ) -> None:
     """Clip the gradients of `parameters` (0: only check them) and step every optimizer.
 
-    With fp16's loss `scaler` the gradients are unscaled first, and a step whose gradients
-    overflowed is skipped (the scaler then lowers the scale) rather than stopping the run.
+    A step with a non-finite gradient norm is skipped: by the `guard` (which stops the run at its
+    next report), or with fp16's loss `scaler`, by the scaler, which then lowers the scale and
+    trains on. The scaler's gradients are unscaled first.
     """
     if scaler is not None:
         for optimizer in optimizers:
             scaler.unscale_(optimizer)
-    clip_grad_norm(parameters, max_norm, stop_if_not_finite=scaler is None)
+    clip_grad_norm(parameters, max_norm, guard if scaler is None else None)
     optimizer_steps(optimizers, scaler)
 
 

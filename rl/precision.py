@@ -78,7 +78,9 @@ class Precision:
     def autocast(self) -> Any:
         """The trunks' context: torch.autocast for the mixed precisions (as Fabric's `MixedPrecision`), else none."""
         if self.mixed:
-            return torch.autocast(self.device_type, dtype=self.compute_dtype)
+            # A CUDA graph must not keep autocast's cached casts of the weights: they would be stale at replay.
+            capturing = self.device_type == "cuda" and torch.cuda.is_current_stream_capturing()
+            return torch.autocast(self.device_type, dtype=self.compute_dtype, cache_enabled=not capturing)
         return nullcontext()
 
     def convert_trunk(self, *modules: nn.Module | None) -> None:

@@ -114,3 +114,44 @@ def test_decoupled_players_on_the_cpu_leave_the_one_gpu_to_the_trainer(tmp_path,
     finished = launch_on_gpu(launcher, "decoupled", args, tmp_path, nproc=3 if evaluator else 2)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert load_agent(run_dir(tmp_path, "decoupled"))["config"]["cuda"] is True
+
+
+def test_a_captured_step_replays_what_the_eager_step_computes():
+    from rl.cuda_graphs import CapturedSteps
+
+    weights = torch.zeros(3, device="cuda")
+
+    def step(kind: int, inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        weights.add_(inputs * kind)  # state the step changes in place, as an optimizer does
+        return {"total": weights.sum(), "scaled": inputs * kind}
+
+    captured = CapturedSteps(step, warm_up=2)
+    expected = torch.zeros(3, device="cuda")
+    for call in range(8):
+        kind = 1 + call % 2  # two kinds, alternating: each captured at its third call
+        inputs = torch.arange(3.0, device="cuda") + call
+        outputs = captured(kind, inputs)
+        expected += inputs * kind
+        torch.testing.assert_close(outputs["scaled"], inputs * kind, rtol=0, atol=0)
+        torch.testing.assert_close(outputs["total"], expected.sum(), rtol=0, atol=0)
+    assert set(captured.graphs) == {1, 2}
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_sac_with_cuda_graphs_trains_as_the_eager_step_does_and_resumes(tmp_path, precision):
+    args = [*SHORT_SAC, "--precision", precision, "--eval-episodes", "0", "--checkpoint-every", "400"]
+    for name, flags in (("eager", []), ("graphed", ["--cuda-graphs"])):
+        (tmp_path / name).mkdir()
+        finished = launch_on_gpu("fabric run", "fabric", [*args, *flags], tmp_path / name)
+        assert finished.returncode == 0, finished.stderr[-5000:]
+    eager = load_agent(run_dir(tmp_path / "eager", "fabric"))["policy"]
+    graphed = load_agent(run_dir(tmp_path / "graphed", "fabric"))["policy"]
+    for name, tensor in eager.items():
+        difference = (tensor - graphed[name]).abs().max().item()
+        assert difference == 0, f"{name}: the captured run differs by up to {difference}"
+    folder = run_dir(tmp_path / "graphed", "fabric")
+    checkpoint = sorted(glob.glob(str(folder / "checkpoints" / "step_*.ckpt")))[0]
+    resumed = launch_on_gpu(
+        "fabric run", "fabric", [*args, "--cuda-graphs", "--resume-from", checkpoint], tmp_path / "graphed"
+    )
+    assert resumed.returncode == 0, resumed.stderr[-5000:]

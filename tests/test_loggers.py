@@ -97,3 +97,19 @@ def test_the_evaluation_command_logs_its_scores_to_the_loggers_it_is_given(tmp_p
     assert done.returncode == 0, done.stderr[-2000:]
     (row,) = csv_rows(directory, "evaluation-csv")
     assert float(row["Eval/return_mean"]) > 0 and not (directory / "evaluation").exists()  # no TensorBoard asked
+
+
+def test_training_metrics_pool_host_values_and_tensors_into_the_same_means():
+    import torch
+
+    from rl.logger import EPISODE_COUNT, EPISODE_RETURN, TrainingMetrics
+
+    metrics = TrainingMetrics(torch.device("cpu"), lambda sums: sums, {"loss": "Loss/loss", "lr": "Info/lr"})
+    metrics.record_episodes([1.0, 2.0], [10, 20])  # host lists: summed on the host until the report
+    metrics.record_episodes([6.0], [30])
+    metrics.record({"loss": torch.tensor(4.0), "lr": torch.tensor(0.5)})
+    metrics.record({"loss": torch.tensor([2.0, 0.0]), "lr": 0.25})
+    scalars = metrics.compute()
+    assert scalars[EPISODE_RETURN] == 3.0 and scalars[EPISODE_COUNT] == 3
+    assert scalars["Loss/loss"] == 2.0 and scalars["Info/lr"] == 0.375
+    assert metrics.compute() == {}  # each report starts afresh

@@ -7,7 +7,7 @@ import torch
 
 from rl.algos.ppo.rollout import Batch, explained_variance
 from rl.algos.ppo.update import MinibatchSchedule, entropy_loss, normalize, policy_loss, value_loss
-from rl.optim import TrainingDiverged, clip_grad_norm
+from rl.optim import DivergenceGuard, TrainingDiverged, clip_and_step, clip_grad_norm
 
 
 def test_policy_loss_is_the_negated_clipped_surrogate():
@@ -113,15 +113,25 @@ def test_clip_grad_norm_matches_torch(scale, max_norm):
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(ours, reference, strict=True))
 
 
-def test_a_non_finite_gradient_norm_stops_training_before_any_change():
+def test_a_non_finite_gradient_norm_skips_the_step_on_the_device_and_stops_training_at_the_check():
     parameters = _gradients(0, 1.0)
+    optimizer = torch.optim.Adam(parameters, lr=0.1, fused=True)
+    guard = DivergenceGuard(torch.device("cpu"))
+    guard.guard([optimizer])
+    clip_and_step([optimizer], parameters, 0.5, None, guard)
+    guard.raise_if_diverged()  # a finite step: taken, and nothing to say
+    taken = [parameter.detach().clone() for parameter in parameters]
+    moments = [optimizer.state[parameter]["exp_avg"].clone() for parameter in parameters]
     parameters[1].grad[0] = math.nan
-    before = [parameter.grad.clone() for parameter in parameters]
-    with pytest.raises(TrainingDiverged, match="not finite"):
-        clip_grad_norm(parameters, 0.5)
+    clip_and_step([optimizer], parameters, 0.5, None, guard)
+    assert all(torch.equal(parameter, before) for parameter, before in zip(parameters, taken, strict=True))
     assert all(
-        torch.allclose(a.grad, b, rtol=0, atol=0, equal_nan=True) for a, b in zip(parameters, before, strict=True)
+        torch.equal(optimizer.state[parameter]["exp_avg"], moment)
+        for parameter, moment in zip(parameters, moments, strict=True)
     )
+    assert all(optimizer.state[parameter]["step"] == 1 for parameter in parameters)  # the skipped step is not counted
+    with pytest.raises(TrainingDiverged, match="not finite"):
+        guard.raise_if_diverged()
 
 
 def test_minibatches_take_the_listed_rows_in_order():

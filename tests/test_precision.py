@@ -13,7 +13,7 @@ from rl.algos.ppo.update import PPOHyperparameters, minibatch_loss
 from rl.algos.sac.networks import CriticEnsemble, SquashedGaussianActor
 from rl.compiling import compiled
 from rl.envs import inspect_env
-from rl.optim import FlatGradients, TrainingDiverged, clip_and_step
+from rl.optim import DivergenceGuard, FlatGradients, TrainingDiverged, clip_and_step
 from rl.precision import Precision, float32_state
 
 CARTPOLE, PENDULUM = inspect_env("CartPole-v1"), inspect_env("Pendulum-v1")
@@ -86,7 +86,7 @@ def test_bf16_true_keeps_one_gradient_buffer_per_dtype_and_clips_them_together()
     loss.backward()
     optimizer = torch.optim.Adam(network.parameters(), lr=1e-3, fused=True)
     before = [parameter.detach().clone() for parameter in network.parameters()]
-    clip_and_step([optimizer], list(network.parameters()), 1e-3, None)
+    clip_and_step([optimizer], list(network.parameters()), 1e-3, None, DivergenceGuard(torch.device("cpu")))
     norm = torch.linalg.vector_norm(torch.stack([p.grad.float().norm() for p in network.parameters()]))
     assert norm <= 1.01e-3  # one global norm over both dtypes
     assert all(not torch.equal(b, p) for b, p in zip(before, network.parameters(), strict=True))
@@ -101,19 +101,24 @@ def test_fp16_loss_scaling_skips_an_overflowed_step_instead_of_stopping():
     before = [parameter.detach().clone() for parameter in network.parameters()]
     loss, *_ = minibatch_loss(network, random_minibatch(16), hyperparameters())
     scaler.scale(loss * float("inf")).backward()
-    clip_and_step([optimizer], list(network.parameters()), 0.5, scaler)  # no TrainingDiverged: the scaler skips it
+    guard = DivergenceGuard(torch.device("cpu"))
+    guard.guard([optimizer])
+    clip_and_step([optimizer], list(network.parameters()), 0.5, scaler, guard)  # the scaler skips it
     assert all(torch.equal(b, p) for b, p in zip(before, network.parameters(), strict=True))
     assert scaler.get_scale() == 2.0**15
     for parameter in network.parameters():
         parameter.grad.zero_()
     loss, *_ = minibatch_loss(network, random_minibatch(16), hyperparameters())
     scaler.scale(loss).backward()
-    clip_and_step([optimizer], list(network.parameters()), 0.5, scaler)
+    clip_and_step([optimizer], list(network.parameters()), 0.5, scaler, guard)
+    guard.raise_if_diverged()  # an overflow the scaler skipped is no divergence
     assert all(not torch.equal(b, p) for b, p in zip(before, network.parameters(), strict=True))
     for parameter in network.parameters():
         parameter.grad.fill_(float("nan"))
+    guard.guard([optimizer])  # the scaler's step took its own flag away
+    clip_and_step([optimizer], list(network.parameters()), 0.5, None, guard)
     with pytest.raises(TrainingDiverged):  # without a scaler a non-finite gradient still stops the run
-        clip_and_step([optimizer], list(network.parameters()), 0.5, None)
+        guard.raise_if_diverged()
 
 
 def hyperparameters() -> PPOHyperparameters:

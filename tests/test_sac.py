@@ -316,11 +316,38 @@ def test_targets_move_every_target_network_frequency_steps_and_the_target_entrop
     assert not torch.equal(learner.critic_target.w1, before)
 
 
-def test_a_diverged_critic_stops_training_at_the_update():
+def test_a_diverged_critic_skips_its_step_and_stops_training_at_the_check():
     from rl.optim import TrainingDiverged
 
     _, learner = one_process_learner()
+    weights = [tensor.detach().clone() for tensor in learner.weight_tensors()]
     batch = random_transitions(8)
     batch.rewards[0] = math.inf
+    learner.update(batch, iteration=1)
+    assert all(torch.equal(now, before) for now, before in zip(learner.weight_tensors(), weights, strict=True))
     with pytest.raises(TrainingDiverged, match="not finite"):
-        learner.update(batch, iteration=1)
+        learner.raise_if_diverged()
+
+
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"precision": "16-mixed"}, "loss scaler"),
+        ({"compile": True, "compile_mode": "reduce-overhead"}, "both capture CUDA graphs"),
+    ],
+)
+def test_cuda_graphs_refuse_what_a_captured_step_cannot_hold(changes, words):
+    from rl.config import check_cuda_graphs
+
+    check_cuda_graphs(SACConfig(cuda=True, cuda_graphs=True))
+    with pytest.raises(UsageError, match=words) as refused:
+        check_cuda_graphs(SACConfig(cuda=True, cuda_graphs=True, **changes))
+    assert refused.value.flag == "--cuda-graphs"
+
+
+def test_cuda_graphs_capture_one_learner_only():
+    from rl.cuda_graphs import check_one_learner
+
+    check_one_learner(1)
+    with pytest.raises(UsageError, match="2 learners"):
+        check_one_learner(2)

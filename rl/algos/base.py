@@ -26,7 +26,7 @@ from rl.envs import EnvSpaces, VectorMode, choose_vector_mode, make_vector_env
 from rl.errors import UsageError
 from rl.experience import ExperienceSource, StateDependentExploration, TrainingSignal
 from rl.normalization import ObservationNormalizer
-from rl.optim import flat_parameters
+from rl.optim import DivergenceGuard, flat_parameters
 from rl.precision import Precision
 from rl.runtime import Runtime
 
@@ -36,6 +36,12 @@ class Learner(ABC):
 
     def __init__(self, policy: nn.Module) -> None:
         self.policy = policy  # the plain module: acting and evaluation use it, and it shares the trained weights
+        self.divergence = DivergenceGuard(next(policy.parameters()).device)
+
+    def raise_if_diverged(self) -> None:
+        """Raise `TrainingDiverged` if an update skipped a step for a non-finite gradient. It reads a
+        value from the device: modes call it where they read the statistics (each report, each checkpoint)."""
+        self.divergence.raise_if_diverged()
 
     @abstractmethod
     def update(self, batch: TensorBatch, iteration: int) -> dict[str, Tensor]:

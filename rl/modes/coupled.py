@@ -102,6 +102,7 @@ class CoupledRank:
         self.metrics.record_episodes(episodes.returns, episodes.lengths)
 
     def report(self, iteration: int) -> dict[str, float]:
+        self.learner.raise_if_diverged()
         steps_per_second = (self.global_step - self.start_step) / self.loop_clock.seconds(self.evaluation.seconds)
         scalars = self.metrics.compute() | {
             "Time/steps_per_second": steps_per_second,
@@ -124,6 +125,7 @@ class CoupledRank:
         self.progress.close()
 
     def checkpoint(self, iteration: int) -> None:
+        self.learner.raise_if_diverged()
         assert_finite(self.policy)
         rank_states = self.runtime.all_gather_object(self.source.capture_state())
         agent = agent_of(self.algorithm, self.policy, self.source)
@@ -170,6 +172,7 @@ def _train_coupled(
 
     if runtime.is_main:
         report_compile_time(cfg, rank.loop_clock.compile_seconds(), "rank 0")
+    rank.learner.raise_if_diverged()
     assert_finite(rank.policy)
     runtime.save_atomically(agent_path(run.dir), agent_of(algorithm, rank.policy, rank.source).to_file())
     evaluation = None

@@ -354,7 +354,9 @@ def run_trainer(
             continue
         batch = codec.unpack(inbox.rows.to(runtime.device))  # the players' rows, one player after another
         with peer("another trainer"):
-            stats = learner.update(batch, iteration) | {
+            stats = learner.update(batch, iteration)
+            learner.raise_if_diverged()  # one read from the device per update
+            stats |= {
                 "policy_lag": torch.tensor(float(policy_lag)),
                 "compile_seconds": torch.tensor(loop_clock.compile_seconds()),
             }

@@ -318,6 +318,7 @@ class WorkerLoop:
         self.metrics.record_episodes(episodes.returns, episodes.lengths)
 
     def report(self, iteration: int) -> dict[str, float]:
+        self.learner.raise_if_diverged()
         counts = self.frame_counts()  # read once: the other workers go on counting meanwhile
         all_frames = int(counts["Frames/global"])
         steps_per_second = (all_frames - self.start_frames) / self.loop_clock.seconds()
@@ -370,6 +371,7 @@ class WorkerLoop:
 
     def checkpoint(self, iteration: int) -> None:
         """Hand the supervisor this worker's part of the checkpoint the workers met for."""
+        self.learner.raise_if_diverged()
         self.checkpoints += 1
         part = serialized(self.checkpoint_part(iteration, self.loop_clock))
         self.channel.parts.put((self.checkpoints, self.index, part))

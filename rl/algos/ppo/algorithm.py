@@ -63,6 +63,7 @@ class PPOLearner(Learner):
         self.cfg, self.num_updates = cfg, num_updates
         # The fused kernel is several times faster than the per-tensor loop on CPU for these small nets.
         self.optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=ADAM_EPS, fused=True)
+        self.divergence.guard([self.optimizer])
         # With --target-kl each minibatch's KL rides at the end of the gradient buffer, averaged in its collective.
         self.kl_carrier = None if cfg.target_kl is None else torch.zeros(1, device=next(agent.parameters()).device)
         carried = [] if self.kl_carrier is None else [[self.kl_carrier]]
@@ -99,7 +100,7 @@ class PPOLearner(Learner):
         return carried[0]
 
     def step(self) -> None:
-        clip_and_step([self.optimizer], self.trained, self.hp.max_grad_norm, self.runtime.scaler)
+        clip_and_step([self.optimizer], self.trained, self.hp.max_grad_norm, self.runtime.scaler, self.divergence)
 
     def weight_tensors(self) -> list[Tensor]:
         return list(self.policy.parameters())

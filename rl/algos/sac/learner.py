@@ -17,7 +17,8 @@ from rl.algos.sac.losses import actor_loss, critic_loss, soft_target, temperatur
 from rl.algos.sac.networks import CriticEnsemble, SquashedGaussianActor
 from rl.batch import DataShard, shard_slice
 from rl.compiling import compiled
-from rl.optim import FlatGradients, clip_grad_norm, optimizer_steps
+from rl.cuda_graphs import CapturedSteps, Step, check_one_learner, make_capturable
+from rl.optim import FlatGradients, optimizer_steps
 from rl.runtime import Runtime
 from rl.seeds import (
     CRITIC_STREAM,
@@ -33,11 +34,16 @@ class StatMeans:
         self.values: dict[str, list[Tensor]] = {}
 
     def add(self, **stats: Tensor) -> None:
+        """Values of named statistics: one each, or several in a 1-D tensor."""
         for name, value in stats.items():
-            self.values.setdefault(name, []).append(value.detach().reshape(()))
+            self.values.setdefault(name, []).append(value.detach().reshape(-1))
 
     def means(self) -> dict[str, Tensor]:
-        return {name: torch.stack(values).mean() for name, values in self.values.items()}
+        return {name: torch.cat(values).mean() for name, values in self.values.items()}
+
+    def gathered(self) -> dict[str, Tensor]:
+        """Each statistic's values so far in one tensor (another `StatMeans` adds them as they are)."""
+        return {name: values[0] if len(values) == 1 else torch.cat(values) for name, values in self.values.items()}
 
 
 class SACLearner(Learner):
@@ -79,6 +85,13 @@ class SACLearner(Learner):
         self.noise = torch.Generator(device=device)
         self.gradient_steps = 0
         self.losses = compiled(self._losses, cfg.compile_mode) if cfg.compile else self._losses
+        if runtime.scaler is None:
+            self.divergence.guard(self.optimizers())
+        self.step: Step = self.step_on_device
+        if cfg.cuda_graphs:
+            check_one_learner(runtime.world_size)
+            make_capturable(self.optimizers())
+            self.step = CapturedSteps(self.step_on_device)
 
     def update(self, batch: Transitions, iteration: int) -> dict[str, Tensor]:
         start = time.perf_counter()
@@ -91,35 +104,45 @@ class SACLearner(Learner):
             # Strided: the rows are independent draws, and a batch may join several sources' draws
             # one after another (decoupled players); every gradient step takes its share of each.
             self.gradient_step(batch.map(lambda t, s=step: t[s::steps][own]), stats)
-        # Once per update, on the averaged gradients (the same on every learner, so all stop together);
-        # with fp16's loss scaler an overflow is a step the scaler skipped, not a divergence.
-        if self.runtime.scaler is None:
-            clip_grad_norm(list(self.critic.parameters()), max_norm=0.0)
+        # The host's time: on a GPU, the time to launch the step (it runs on while the host goes on).
         elapsed_ms = 1000.0 * (time.perf_counter() - start) / self.cfg.gradient_steps
-        return stats.means() | {"gradient_step_ms": torch.tensor(elapsed_ms)}
+        return stats.means() | {"gradient_step_ms": torch.tensor(elapsed_ms)}  # on the host, which logs it there
 
     def gradient_step(self, batch: Transitions, stats: StatMeans) -> None:
         cfg = self.cfg
         self.gradient_steps += 1
-        trains_actor = self.gradient_steps % cfg.policy_frequency == 0
-        next_noise = self.policy.noise(len(batch), self.noise)
-        actor_noise = None
-        if trains_actor:  # gSDE draws one noise matrix per gradient step, for both samples (as SB3)
-            actor_noise = next_noise if self.policy.state_dependent else self.policy.noise(len(batch), self.noise)
+        # A delayed actor trains every policy_frequency steps, then catches up (TD3's rule, as CleanRL).
+        actor_steps = cfg.policy_frequency if self.gradient_steps % cfg.policy_frequency == 0 else 0
+        kind = (actor_steps, self.gradient_steps % cfg.target_network_frequency == 0)
+        stats.add(**self.step(kind, *batch.tensors(), *self.draw_noise(len(batch), actor_steps)))
+
+    def draw_noise(self, rows: int, actor_steps: int) -> list[Tensor]:
+        """The step's noise, drawn here rather than inside the (possibly captured) step: the target's, then
+        one per actor step (gSDE: one noise matrix per gradient step, shared by both samples, as SB3)."""
+        draws = 1 + actor_steps - (1 if actor_steps and self.policy.state_dependent else 0)
+        return [self.policy.noise(rows, self.noise) for _ in range(draws)]
+
+    def step_on_device(self, kind: tuple[int, bool], *tensors: Tensor) -> dict[str, Tensor]:
+        """One gradient step: the critics (and every `actor_steps` the actor and temperature, in as many
+        steps), then the targets; its statistics. Nothing here waits for the GPU (`--cuda-graphs` captures it)."""
+        actor_steps, updates_targets = kind
+        fields = len(Transitions.__dataclass_fields__)
+        batch, noise = Transitions(*tensors[:fields]), list(tensors[fields:])
+        next_noise = noise.pop(0)
+        actor_noise = (next_noise if self.policy.state_dependent else noise.pop(0)) if actor_steps else None
+        stats = StatMeans()
         loss, features, step_stats = self.losses(batch, next_noise, actor_noise)
         stats.add(**step_stats)
-        self.backward_and_average(loss, self.CRITIC, self.ACTOR if trains_actor else self.CRITIC)
-        self.step_optimizers(self.critic_optimizer, *(self.actor_optimizers() if trains_actor else []))
-        if trains_actor:
+        self.backward_and_step(loss, self.CRITIC, self.ACTOR if actor_steps else self.CRITIC)
+        if actor_steps:
             stats.add(alpha=self.alpha)
-            for _ in range(cfg.policy_frequency - 1):  # a delayed actor catches up (TD3's rule, as CleanRL)
-                actor_noise = self.policy.noise(len(batch), self.noise)
-                loss = self.actor_and_temperature_loss(features.detach(), actor_noise, stats)
-                self.backward_and_average(loss, self.ACTOR, self.ACTOR)
-                self.step_optimizers(*self.actor_optimizers())
-                stats.add(alpha=self.alpha)
-        if self.gradient_steps % cfg.target_network_frequency == 0:
-            torch._foreach_lerp_(self.target_tensors(), self.online_tensors(), cfg.tau)
+        for catch_up_noise in noise:
+            loss = self.actor_and_temperature_loss(features.detach(), catch_up_noise, stats)
+            self.backward_and_step(loss, self.ACTOR, self.ACTOR)
+            stats.add(alpha=self.alpha)
+        if updates_targets:
+            torch._foreach_lerp_(self.target_tensors(), self.online_tensors(), self.cfg.tau)
+        return stats.gathered()
 
     def _losses(
         self, batch: Transitions, next_noise: Tensor, actor_noise: Tensor | None
@@ -160,17 +183,18 @@ class SACLearner(Learner):
         """The temperature, read from `log_alpha` when tuned: other processes may have changed it (Hogwild)."""
         return self.log_alpha.detach().exp() if self.cfg.autotune else self.fixed_alpha
 
-    def backward_and_average(self, loss: Tensor, first_group: int, last_group: int) -> None:
-        """Write the gradients of `loss` into groups first..last (the others keep theirs), and
-        average them over the learners in one collective."""
-        self.runtime.backward_and_average(loss, self.gradients.spans(first_group, last_group))
+    def backward_and_step(self, loss: Tensor, first_group: int, last_group: int) -> None:
+        """Write the gradients of `loss` into groups first..last (the others keep theirs), average them over
+        the learners in one collective, and step those groups' optimizers (none if a gradient is not finite)."""
+        spans = self.gradients.spans(first_group, last_group)
+        self.runtime.backward_and_average(loss, spans)
+        if self.runtime.scaler is None:  # fp16's loss scaler skips an overflowed step itself
+            self.divergence.check(spans)
+        optimizers = [self.critic_optimizer] if first_group == self.CRITIC else []
+        optimizer_steps(optimizers + (self.actor_optimizers() if last_group == self.ACTOR else []), self.runtime.scaler)
 
     def actor_optimizers(self) -> list[torch.optim.Optimizer]:
         return [self.actor_optimizer, *([self.alpha_optimizer] if self.alpha_optimizer is not None else [])]
-
-    def step_optimizers(self, *optimizers: torch.optim.Optimizer) -> None:
-        """Step the optimizers of one backward pass's gradients (through fp16's loss scaler, where there is one)."""
-        optimizer_steps(list(optimizers), self.runtime.scaler)
 
     def online_tensors(self) -> list[Tensor]:
         """What the target networks follow: the critics, and the encoder where there is one."""
@@ -214,6 +238,8 @@ class SACLearner(Learner):
             with torch.no_grad():
                 self.log_alpha.copy_(state["log_alpha"])
             self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
+        if self.cfg.cuda_graphs:  # a loaded optimizer takes the saved param groups' settings
+            make_capturable(self.optimizers())
 
 
 def adam(parameters: Any, lr: float) -> torch.optim.Optimizer:

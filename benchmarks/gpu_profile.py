@@ -1,0 +1,135 @@
+"""Where a GPU run's steady-state env step goes: host time, GPU time, kernel launches, copies and host syncs.
+
+    python benchmarks/gpu_profile.py [--configs sac atari ppo-mujoco] [--iterations 4]
+
+Each config trains in this process (coupled, one rank, `--cuda`) and profiles a window of
+iterations after its warm-up (`rl.Callback`'s `on_iteration_start` to `on_iteration_end`, so
+reports, checkpoints and evaluations stay out). Per env step it prints the wall time, the GPU's
+busy time (the kernels' and copies' own time), the kernel launches, the host-to-device and
+device-to-host copies, and every place in this project's code where the host waited for the GPU
+(`torch.cuda.set_sync_debug_mode("warn")`, by file and line). A loop whose GPU time is a small
+part of its wall time is bound by the host's launches and syncs, which CUDA graphs remove. Run
+it in a scratch folder: each run writes its folder under ./logs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import io
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import rl
+
+ON_GPU = torch.cuda.is_available()  # elsewhere the same window on the CPU: a check of this script
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass(frozen=True)
+class Config:
+    preset: str
+    overrides: dict[str, Any]
+    warm_up_steps: int
+
+    def config(self, iterations: int) -> Any:
+        probe = rl.preset(self.preset, **self.overrides)
+        total = self.warm_up_steps + (iterations + 2) * probe.steps_per_iteration
+        values = {"total_timesteps": total, "eval_episodes": 0, "progress_bar": False, "cuda": ON_GPU}
+        return rl.preset(self.preset, **(self.overrides | values))
+
+
+CONFIGS = {
+    "sac": Config("sac/halfcheetah", {"learning_starts": 1000}, warm_up_steps=1100),
+    "atari": Config("atari-ppo", {"env_id": "ALE/Breakout-v5"}, warm_up_steps=2048),
+    "ppo-mujoco": Config("halfcheetah", {}, warm_up_steps=4096),
+}
+
+
+class ProfiledWindow(rl.Callback):
+    """Profile every iteration after `warm_up_steps` (SAC: one env step each), the host's syncs beside."""
+
+    def __init__(self, warm_up_steps: int, iterations: int) -> None:
+        self.warm_up_steps, self.iterations = warm_up_steps, iterations
+        self.profiler = profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if ON_GPU else [])])
+        self.profiled, self.first_step, self.last_step = 0, 0, 0
+        self.syncs: collections.Counter[str] = collections.Counter()
+        self.caught: contextlib.AbstractContextManager | None = None
+        self.warned: list[warnings.WarningMessage] = []
+
+    def on_iteration_start(self, state: rl.LoopState) -> None:
+        if state.global_step < self.warm_up_steps or self.profiled >= self.iterations:
+            return
+        if self.profiled == 0:
+            synchronize()
+            self.first_step = self.last_step
+            self.profiler.__enter__()
+        self.caught = warnings.catch_warnings(record=True)
+        self.warned = self.caught.__enter__()
+        warnings.simplefilter("always")
+        if ON_GPU:
+            torch.cuda.set_sync_debug_mode("warn")
+
+    def on_iteration_end(self, state: rl.LoopState) -> None:
+        if self.caught is not None:
+            if ON_GPU:
+                torch.cuda.set_sync_debug_mode("default")
+            for warning in self.warned:
+                if "synchroniz" in str(warning.message):
+                    self.syncs[f"{os.path.relpath(warning.filename, REPO)}:{warning.lineno}"] += 1
+            self.caught.__exit__(None, None, None)
+            self.caught = None
+            self.profiled += 1
+            if self.profiled == self.iterations:
+                synchronize()
+                self.profiler.__exit__(None, None, None)
+                self.steps = state.global_step - self.first_step
+        self.last_step = state.global_step
+
+
+def synchronize() -> None:
+    if ON_GPU:
+        torch.cuda.synchronize()
+
+
+def summarize(window: ProfiledWindow, name: str) -> None:
+    events = window.profiler.key_averages()
+    steps = window.steps
+    kernels = sum(e.count for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    gpu_us = sum(e.self_device_time_total for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    wall_us = max(e.time_range.end for e in window.profiler.events()) - min(
+        e.time_range.start for e in window.profiler.events()
+    )
+    copies = {e.key: e.count for e in events if "Memcpy" in e.key and e.device_type == torch.autograd.DeviceType.CUDA}
+    print(f"\n## {name}: {steps} env steps profiled")
+    print(f"- wall {wall_us / steps / 1000:.3f} ms per env step; GPU busy {gpu_us / steps / 1000:.3f} ms per env step")
+    print(f"- {kernels / steps:.1f} GPU kernels and copies per env step; copies: {copies}")
+    print(f"- host syncs per env step: {sum(window.syncs.values()) / steps:.2f}")
+    for where, count in window.syncs.most_common(15):
+        print(f"  - {where}: {count / steps:.2f}")
+    print(events.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--iterations", type=int, default=4, help="iterations profiled (SAC: env steps x 50)")
+    args = parser.parse_args()
+    print(f"{torch.cuda.get_device_name() if ON_GPU else 'CPU'}, torch {torch.__version__}", flush=True)
+    for name in args.configs:
+        config = CONFIGS[name]
+        iterations = args.iterations * (50 if name == "sac" else 1)
+        window = ProfiledWindow(config.warm_up_steps, iterations)
+        with contextlib.redirect_stdout(io.StringIO()):
+            rl.train(config.config(iterations), callbacks=[window])
+        summarize(window, name)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""`--cuda-graphs`: a learner's step captured as a CUDA graph, so that the GPU runs it without the host
+launching each of its hundreds of small kernels.
+
+A step of a small network is bound by the host: the GPU finishes each kernel before the host has
+launched the next. A captured graph launches them all at once. The step must take tensors of
+fixed shapes, read nothing on the host and draw no random numbers (its caller draws them and
+passes them in), and its optimizers must be capturable.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rl.errors import UsageError
+
+Step = Callable[..., dict[str, Tensor]]  # step(kind, *inputs) -> named outputs
+
+
+@dataclass
+class CapturedGraph:
+    graph: torch.cuda.CUDAGraph
+    inputs: list[Tensor]  # the static buffers the graph reads
+    outputs: dict[str, Tensor]  # the static buffers the graph writes
+
+
+class CapturedSteps:
+    """Runs `step(kind, *inputs)` as one CUDA graph per kind of step (a learner's step with or without its
+    actor, say).
+
+    The first `warm_up` calls of each kind run as they are, on a side stream (lazily made state, the
+    optimizers' moments and cuBLAS's workspace, must exist before a capture); the next call is
+    captured and replayed; every later one copies its inputs into the graph's buffers and replays
+    it. Every call is a real step, so a run takes the same steps as without graphs. The outputs
+    are copies: the graph overwrites its own at the next replay.
+    """
+
+    def __init__(self, step: Step, warm_up: int = 2) -> None:
+        self.step, self.warm_up = step, warm_up
+        self.graphs: dict[Hashable, CapturedGraph] = {}
+        self.calls: Counter[Hashable] = Counter()
+
+    def __call__(self, kind: Hashable, *inputs: Tensor) -> dict[str, Tensor]:
+        captured = self.graphs.get(kind)
+        if captured is None:
+            self.calls[kind] += 1
+            if self.calls[kind] <= self.warm_up:
+                return self.on_side_stream(kind, inputs)
+            captured = self.graphs[kind] = self.capture(kind, inputs)
+        else:
+            torch._foreach_copy_(captured.inputs, list(inputs))
+        captured.graph.replay()
+        return {name: output.clone() for name, output in captured.outputs.items()}
+
+    def on_side_stream(self, kind: Hashable, inputs: tuple[Tensor, ...]) -> dict[str, Tensor]:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            outputs = self.step(kind, *inputs)
+        torch.cuda.current_stream().wait_stream(side)
+        return outputs
+
+    def capture(self, kind: Hashable, inputs: tuple[Tensor, ...]) -> CapturedGraph:
+        """Record the step on the buffers that hold this call's inputs (the replay that follows runs it)."""
+        static = [value.clone() for value in inputs]
+        graph = torch.cuda.CUDAGraph()
+        # A pool of its own: another kind's replay could otherwise write over memory this graph's outputs hold.
+        with torch.cuda.graph(graph):
+            outputs = self.step(kind, *static)
+        return CapturedGraph(graph, static, outputs)
+
+
+def make_capturable(optimizers: list[torch.optim.Optimizer]) -> None:
+    """Let these optimizers' steps be captured (the same arithmetic; their step counts already live on the
+    device: they are fused)."""
+    for optimizer in optimizers:
+        for group in optimizer.param_groups:
+            group["capturable"] = True
+
+
+def check_one_learner(world_size: int) -> None:
+    """A captured step holds no collective: it serves a learner that averages its gradients with no other."""
+    if world_size > 1:
+        raise UsageError(
+            "--cuda-graphs",
+            f"captures the step of a single learner, and this job has {world_size} learners: "
+            "train on one GPU, or without --cuda-graphs",
+        )
