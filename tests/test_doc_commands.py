@@ -34,7 +34,11 @@ from rl.export import ExportConfig
 from rl.slurm import SlurmConfig, render
 
 REPO = Path(__file__).resolve().parents[1]
-PAGES = [REPO / "README.md", *sorted(p for p in (REPO / "docs").rglob("*.md") if p.name != "flags.md")]
+PAGES = [
+    REPO / "README.md",
+    REPO / "ARCHITECTURE.md",
+    *sorted(p for p in (REPO / "docs").rglob("*.md") if p.name != "flags.md"),
+]
 PROGRAMS = r"python3?|fabric|torchrun|pip|tensorboard|mkdocs|sbatch|train_\w+\.py"
 COMMAND = re.compile(rf"^(?:\.venv/bin/)?(?:{PROGRAMS})(?:\s|$)")
 MODES = {
