@@ -152,7 +152,7 @@ class ExperienceSource(ABC):
         `all_reduce_sum` pools statistics over every rank that runs envs (an identity for one).
         """
 
-    def batch_stats(self, batch: TensorBatch) -> dict[str, float]:
+    def batch_stats(self, batch: TensorBatch) -> dict[str, Tensor]:
         """Metrics of a batch that only the acting side can compute (PPO's explained variance)."""
         return {}
 

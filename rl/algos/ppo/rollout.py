@@ -221,7 +221,7 @@ class RolloutCollector(ExperienceSource):
         self.sync_normalizers(self.buffer, all_reduce_sum)
         return rollout_to_batch(self.buffer, self.gamma, self.gae_lambda)
 
-    def batch_stats(self, batch: Batch) -> dict[str, float]:
+    def batch_stats(self, batch: Batch) -> dict[str, Tensor]:
         return {"explained_variance": explained_variance(batch.values, batch.returns)}
 
     def sync_normalizers(self, rollout: Rollout, all_reduce_sum: AllReduceSum) -> None:
@@ -233,12 +233,11 @@ class RolloutCollector(ExperienceSource):
         self.reward_scaler.sync_update(returns, all_reduce_sum)
 
 
-def explained_variance(predictions: Tensor, targets: Tensor) -> float:
-    """1 - Var[targets - predictions] / Var[targets]; NaN when the targets do not vary."""
+def explained_variance(predictions: Tensor, targets: Tensor) -> Tensor:
+    """1 - Var[targets - predictions] / Var[targets]; NaN when the targets do not vary. A tensor on their device:
+    the host reads it with the other statistics, once per report."""
     target_var = targets.var()
-    if target_var == 0:
-        return float("nan")
-    return float(1.0 - (targets - predictions).var() / target_var)
+    return torch.where(target_var == 0, torch.nan, 1.0 - (targets - predictions).var() / target_var)
 
 
 def compute_gae(
