@@ -54,8 +54,8 @@ PLACEHOLDERS = {
     "=JOB": "=1",
     "--num-players K": "--num-players 1",
 }
-# Tools that are not this project's: shown for the reader, with nothing of ours to parse.
-OTHER_TOOLS = {"tensorboard", "mkdocs", "sbatch"}
+# Tools that are not this project's (and the shell's `source`): shown for the reader, with nothing of ours to parse.
+OTHER_TOOLS = {"tensorboard", "mkdocs", "sbatch", "source"}
 
 
 def shown_commands() -> list[tuple[str, str]]:
