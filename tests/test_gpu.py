@@ -137,9 +137,11 @@ def test_a_captured_step_replays_what_the_eager_step_computes():
     assert set(captured.graphs) == {1, 2}
 
 
+@pytest.mark.parametrize("algorithm", ["ppo", "sac"])
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
-def test_sac_with_cuda_graphs_trains_as_the_eager_step_does_and_resumes(tmp_path, precision):
-    args = [*SHORT_SAC, "--precision", precision, "--eval-episodes", "0", "--checkpoint-every", "400"]
+def test_cuda_graphs_train_as_the_eager_step_does_and_resume(tmp_path, algorithm, precision):
+    short, every = (SHORT_PPO, "1024") if algorithm == "ppo" else (SHORT_SAC, "400")
+    args = [*short, "--precision", precision, "--eval-episodes", "0", "--checkpoint-every", every]
     for name, flags in (("eager", []), ("graphed", ["--cuda-graphs"])):
         (tmp_path / name).mkdir()
         finished = launch_on_gpu("fabric run", "fabric", [*args, *flags], tmp_path / name)

@@ -175,3 +175,77 @@ def test_masked_losses_equal_the_losses_of_the_kept_rows_alone():
     advantages.requires_grad_(True)
     policy_loss(new, old, advantages, 0.2, keep).backward()
     assert torch.all(advantages.grad[~keep] == 0) and torch.all(advantages.grad[keep] != 0)
+
+
+def test_normalizing_with_a_mask_keeps_the_old_rules_for_zero_and_one_kept_rows():
+    advantages = torch.tensor([3.0, -1.0, 2.0])
+    none_kept, one_kept = torch.zeros(3, dtype=torch.bool), torch.tensor([False, True, False])
+    assert torch.equal(normalize(advantages, none_kept), advantages)  # no center, no scale
+    assert torch.equal(normalize(advantages, one_kept), advantages + 1.0)  # centered on the one row
+
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_one_call_per_minibatch_step_trains_as_the_split_steps_do(env_id):
+    """The function `--cuda-graphs` captures (loss, backward, clip and step in one call) takes the same
+    steps as the update's own loop, to the bit: on a GPU the captured graph replays this function."""
+    from rl.algos.ppo.algorithm import PPO
+    from rl.algos.ppo.config import PPOConfig
+    from rl.algos.ppo.update import ppo_update
+    from rl.batch import DataShard
+    from rl.envs import inspect_env
+    from rl.runtime import TorchRuntime
+
+    cfg = PPOConfig(env_id=env_id, num_envs=2, num_steps=16, per_rank_batch_size=12, update_epochs=2)
+    algorithm = PPO(cfg, inspect_env(env_id))
+    learners = []
+    for _ in range(2):
+        policy = algorithm.build_policy(CPU)
+        learners.append(algorithm.make_learner(policy, TorchRuntime(cfg, 1), DataShard(32), env_ranks=1))
+    generator = torch.Generator().manual_seed(0)
+    batch = random_batch(32, algorithm, generator)
+    split, whole = learners
+
+    def one_call(minibatch: Batch):
+        outputs = whole.minibatch_step_on_device(len(minibatch), *minibatch.tensors())
+        return outputs["policy_loss"], outputs["value_loss"], outputs["entropy_loss"], outputs["new_logprobs"]
+
+    for learner, step in ((split, None), (whole, one_call)):
+        backward, loss_of = learner.backward_and_average, learner.loss_of
+        ppo_update(learner.policy, batch, learner.schedule, learner.hp, backward, learner.step, loss_of, step)
+    for ours, theirs in zip(split.policy.parameters(), whole.policy.parameters(), strict=True):
+        assert torch.equal(ours, theirs)
+    assert not torch.equal(next(split.policy.parameters()), next(algorithm.build_policy(CPU).parameters()))
+
+
+def random_batch(rows: int, algorithm, generator: torch.Generator) -> Batch:
+    discrete = algorithm.spaces.action_space.shape == ()
+    if discrete:
+        actions = torch.randint(0, 2, (rows,), generator=generator)
+    else:
+        actions = torch.rand(rows, 1, generator=generator)
+    return Batch(
+        obs=torch.rand(rows, algorithm.spaces.obs_dim, generator=generator),
+        actions=actions,
+        logprobs=-torch.rand(rows, generator=generator),
+        values=torch.rand(rows, generator=generator),
+        advantages=torch.randn(rows, generator=generator),
+        returns=torch.rand(rows, generator=generator),
+        is_transition=torch.ones(rows, dtype=torch.bool),
+    )
+
+
+CAPTURE_REFUSALS = [({"recurrent": True}, "recurrent"), ({"target_kl": 0.01}, "--target-kl")]
+
+
+@pytest.mark.parametrize(("changes", "words"), CAPTURE_REFUSALS)
+def test_cuda_graphs_refuse_what_a_captured_minibatch_step_cannot_hold(changes, words):
+    from rl.algos.ppo.config import PPOConfig
+    from rl.errors import UsageError
+
+    PPOConfig(cuda_graphs=True).validate_algorithm()
+    with pytest.raises(UsageError, match=words) as refused:
+        PPOConfig(cuda_graphs=True, **changes).validate_algorithm()
+    assert refused.value.flag == "--cuda-graphs"

@@ -17,6 +17,7 @@ from rl.algos.ppo.rollout import Batch, RolloutCollector, SequenceBatch
 from rl.algos.ppo.update import MinibatchSchedule, PPOHyperparameters, minibatch_loss, ppo_update
 from rl.batch import Column, DataShard, RowCodec
 from rl.compiling import compiled
+from rl.cuda_graphs import CapturedSteps, check_one_learner, make_capturable
 from rl.envs import EnvSpaces
 from rl.errors import UsageError
 from rl.normalization import ObservationNormalizer, RewardScaler
@@ -63,7 +64,8 @@ class PPOLearner(Learner):
         self.cfg, self.num_updates = cfg, num_updates
         # The fused kernel is several times faster than the per-tensor loop on CPU for these small nets.
         self.optimizer = torch.optim.Adam(agent.parameters(), lr=cfg.learning_rate, eps=ADAM_EPS, fused=True)
-        self.divergence.guard([self.optimizer])
+        if runtime.scaler is None:
+            self.divergence.guard([self.optimizer])
         # With --target-kl each minibatch's KL rides at the end of the gradient buffer, averaged in its collective.
         self.kl_carrier = None if cfg.target_kl is None else torch.zeros(1, device=next(agent.parameters()).device)
         carried = [] if self.kl_carrier is None else [[self.kl_carrier]]
@@ -78,15 +80,57 @@ class PPOLearner(Learner):
         # Learners whose shards differ by a row take the same number of minibatches: their averages stay in step.
         minibatches = math.ceil(shard.largest_rows / minibatch_rows) if shard.largest_rows else None
         self.schedule = MinibatchSchedule(shard.rows, minibatch_rows, shard.shards, shard.index, cfg.seed, minibatches)
+        self.captured: CapturedSteps | None = None
+        if cfg.cuda_graphs:
+            check_one_learner(runtime.world_size)
+            self.captured = CapturedSteps(self.minibatch_step_on_device)
+            self.prepare_capture()
+
+    def prepare_capture(self) -> None:
+        """A captured optimizer step reads its learning rate from the device, where the annealing writes it."""
+        make_capturable([self.optimizer])
+        for group in self.optimizer.param_groups:
+            group["lr"] = torch.tensor(float(group["lr"]), device=self.trained[0].device)
+
+    def set_learning_rate(self, lr: float) -> None:
+        for group in self.optimizer.param_groups:
+            if isinstance(group["lr"], Tensor):
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
 
     def update(self, batch: Batch, iteration: int) -> dict[str, Tensor]:
         lr = annealed_lr(self.cfg, iteration, self.num_updates)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self.set_learning_rate(lr)
         stats = ppo_update(
-            self.policy, batch, self.schedule, self.hp, self.backward_and_average, self.step, self.loss_of
+            self.policy,
+            batch,
+            self.schedule,
+            self.hp,
+            self.backward_and_average,
+            self.step,
+            self.loss_of,
+            None if self.captured is None else self.captured_minibatch_step,
         )
         return stats | {"learning_rate": torch.tensor(lr)}
+
+    def captured_minibatch_step(self, minibatch: Batch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """A minibatch's whole step as a CUDA graph, one per minibatch size (a shard's last may be smaller)."""
+        assert self.captured is not None
+        outputs = self.captured(len(minibatch), *minibatch.tensors())
+        return outputs["policy_loss"], outputs["value_loss"], outputs["entropy_loss"], outputs["new_logprobs"]
+
+    def minibatch_step_on_device(self, rows: int, *tensors: Tensor) -> dict[str, Tensor]:
+        """Loss, backward, clip and optimizer step of one minibatch; nothing here waits for the GPU."""
+        loss, pg_loss, v_loss, ent_loss, new_logprobs = self.loss_of(self.policy, Batch(*tensors), self.hp)
+        self.backward_and_average(loss)
+        self.step()
+        return {
+            "policy_loss": pg_loss.detach(),
+            "value_loss": v_loss.detach(),
+            "entropy_loss": ent_loss.detach(),
+            "new_logprobs": new_logprobs.detach(),
+        }
 
     def backward_and_average(self, loss: Tensor, kl: Tensor | None = None) -> Tensor | None:
         """The averaged gradient of `loss`; and, given the minibatch's KL, the KL averaged over the learners."""
@@ -114,6 +158,8 @@ class PPOLearner(Learner):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.schedule.epoch = state["epoch"]
+        if self.captured is not None:  # a loaded optimizer takes the saved param groups' settings
+            self.prepare_capture()
 
 
 class PPO(Algorithm):

@@ -123,8 +123,16 @@ class PPOConfig(RunConfig):
             positive=("num_steps", "per_rank_batch_size", "update_epochs", "learning_rate", "clip_coef", "hidden_size"),
             non_negative=("ent_coef", "vf_coef", "max_grad_norm"),
         )
-        if self.cuda_graphs:
-            raise UsageError("--cuda-graphs", "captures SAC's gradient step; PPO trains without it: drop the flag")
+        if self.cuda_graphs and self.recurrent:
+            raise UsageError(
+                "--cuda-graphs", "cannot capture a recurrent replay, whose segments change shape with every batch"
+            )
+        if self.cuda_graphs and self.target_kl is not None:
+            raise UsageError(
+                "--cuda-graphs",
+                "cannot capture --target-kl's decision, which the host makes between a minibatch's "
+                "backward and its step: drop one of them",
+            )
         if self.target_kl is not None and not self.target_kl > 0:
             raise UsageError("--target-kl", f"must be positive, got {self.target_kl}")
         if not 0.0 <= self.gae_lambda <= 1.0:

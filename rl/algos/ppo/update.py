@@ -58,11 +58,15 @@ def approximate_kl(new_logprobs: Tensor, old_logprobs: Tensor, mask: Tensor | No
 
 
 def normalize(advantages: Tensor, mask: Tensor | None = None) -> Tensor:
-    """Zero mean and unit (sample) std over the rows `mask` keeps (all rows without one)."""
+    """Zero mean and unit (sample) std over the rows `mask` keeps (all rows without one).
+
+    With a mask, masked sums rather than a boolean index: the kept rows' count is never read on the
+    host, so a GPU does not wait for it (and the step can be captured)."""
     if mask is not None:
-        kept = advantages[mask]
-        center = kept.mean() if kept.numel() else advantages.new_zeros(())
-        scale = kept.std() + 1e-8 if kept.numel() >= 2 else advantages.new_ones(())
+        kept = mask.sum()
+        center = mean(advantages, mask)
+        variance = torch.where(mask, (advantages - center).pow(2), 0.0).sum() / (kept - 1).clamp(min=1)
+        scale = torch.where(kept >= 2, variance.sqrt() + 1e-8, 1.0)
         return (advantages - center) / scale
     if advantages.numel() < 2:
         return advantages - advantages.mean()
@@ -156,6 +160,10 @@ MinibatchLoss = Callable[[nn.Module, Batch, PPOHyperparameters], tuple[Tensor, T
 Backward = Callable[[Tensor, Tensor | None], Tensor | None]
 
 
+# A whole minibatch step, loss to optimizer step: (policy loss, value loss, entropy loss, new log-probs).
+MinibatchStep = Callable[[Batch], tuple[Tensor, Tensor, Tensor, Tensor]]
+
+
 def ppo_update(
     model: nn.Module,
     batch: Batch,
@@ -164,6 +172,7 @@ def ppo_update(
     backward: Backward,
     step: Callable[[], None],
     loss_of: MinibatchLoss = minibatch_loss,
+    minibatch_step: MinibatchStep | None = None,
 ) -> dict[str, Tensor]:
     """`update_epochs` passes of minibatch gradient steps over `batch`.
 
@@ -172,11 +181,15 @@ def ppo_update(
     the update stops before the step of the first minibatch whose KL, averaged over the learners,
     passes `hp.kl_limit`: every learner reads the same average, so all stop at the same minibatch.
     Returns the mean of each of `UPDATE_STATS` as tensors, so a GPU run syncs once per update
-    (and once per minibatch with a target KL, to decide).
+    (and once per minibatch with a target KL, to decide). A `minibatch_step` (a captured one) does a
+    minibatch's loss, backward and step in one call, where no target KL asks for a decision between.
     """
     stats = UpdateStats()
     for epoch in range(1, hp.update_epochs + 1):
         for index, minibatch in enumerate(batch.minibatches(schedule.next_epoch()), start=1):
+            if minibatch_step is not None:
+                stats.record(*minibatch_step(minibatch), minibatch.logprobs.reshape(-1))
+                continue
             loss, pg_loss, v_loss, ent_loss, new_logprobs = loss_of(model, minibatch, hp)
             old_logprobs = minibatch.logprobs.reshape(-1)
             stats.record(pg_loss, v_loss, ent_loss, new_logprobs, old_logprobs)
