@@ -19,7 +19,7 @@ import rl
 
 config = rl.preset("cartpole", total_timesteps=2048, update_epochs=2, eval_episodes=0, progress_bar=False, seed=7)
 result = rl.train(config)
-print("agent:", result.agent_path)
+sys.stdout.write(f"agent: {result.agent_path}\\n")  # one write: ranks share the pipe
 """
 
 

@@ -8,6 +8,8 @@ from pathlib import Path
 from conftest import launch, run_dir, run_ranks
 
 SCRIPT = """
+import sys
+
 import rl
 from callbacks_for_tests import StopAtReport
 
@@ -16,7 +18,7 @@ if __name__ == "__main__":
                        progress_bar=False, seed=3, MODE_FLAGS)
     result = rl.train(config, callbacks=[StopAtReport(rank=1, report=2)], mode="MODE")
     if result is not None:
-        print("result:", result.agent_path, result.global_step)
+        sys.stdout.write(f"result: {result.agent_path} {result.global_step}\\n")  # one write: ranks share the pipe
 """
 TOTAL = 65_536  # far more than the runs take: they stop at the callback's request
 

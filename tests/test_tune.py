@@ -57,7 +57,8 @@ def test_two_tuning_processes_share_one_study_that_resumes_and_write_the_best_co
 
 
 def test_a_pruned_trial_is_stopped_at_its_first_evaluation(tmp_path):
-    pruned = tune(tmp_path, "--trials", "1", "--prune-below", "1e9")
+    longer = ("--total-timesteps", "100000")  # so the run is still going when the tuner reads its first evaluation
+    pruned = tune(tmp_path, "--trials", "1", "--prune-below", "1e9", training=longer)
     assert pruned.returncode == 0, pruned.stderr[-3000:]
     (trial,) = trials(tmp_path)
     assert trial.state == optuna.trial.TrialState.PRUNED and sorted(trial.intermediate_values) == [512]
