@@ -30,7 +30,7 @@ from launch import BIN, REPO
 sys.path.insert(0, str(REPO))
 
 from rl.algos.ppo.policy import CNNActorCritic
-from rl.encoders import nature_flops_per_sample
+from rl.encoders import NatureCNN, nature_flops_per_sample
 
 OBS_SHAPE = (4, 84, 84)
 NUM_ENVS, NUM_STEPS, MINIBATCH, EPOCHS = 8, 128, 256, 4
@@ -49,7 +49,7 @@ def make_agent(channels_last: bool = False) -> CNNActorCritic:
     import gymnasium as gym
 
     torch.manual_seed(0)
-    agent = CNNActorCritic(OBS_SHAPE, gym.spaces.Discrete(6), ortho_init=True)
+    agent = CNNActorCritic(NatureCNN(OBS_SHAPE), gym.spaces.Discrete(6), ortho_init=True)
     return agent.to(memory_format=torch.channels_last) if channels_last else agent
 
 

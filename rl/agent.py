@@ -18,8 +18,9 @@ import torch
 from torch import Tensor, nn
 
 from rl.checkpoint import SavedAgent, load_checkpoint, restored_agent
-from rl.envs import Preprocessing, env_observation_space, inspect_env, is_image_space, observations_tensor
+from rl.envs import Preprocessing, env_observation_space, inspect_env, observations_tensor, stored_as_bytes
 from rl.errors import UsageError
+from rl.multi_input import pack_each, packed_layout
 from rl.normalization import ObservationNormalizer
 from rl.registry import ALGORITHMS
 
@@ -105,8 +106,12 @@ class Agent:
         """`obs` as a batch of float32 vectors or uint8 images on the agent's device, and whether it was one.
 
         A Dict or Tuple env's observations come as the env gives them (one, or a list of them), and are
-        flattened as training flattened them."""
-        if self.env_observation_space is not None:
+        flattened as training flattened them; a Dict with images is packed into rows of bytes, as
+        training carried it."""
+        layout = packed_layout(self.observation_space)
+        if layout is not None and not isinstance(obs, np.ndarray | Tensor):
+            obs = pack_each(layout, obs)  # a Dict with images: each observation as its row of bytes
+        elif self.env_observation_space is not None:
             obs = self._flattened(obs, self.env_observation_space)
         array = obs.cpu().numpy() if isinstance(obs, Tensor) else np.asarray(obs)
         shape = tuple(self.observation_space.shape or ())
@@ -114,7 +119,7 @@ class Agent:
         if not single and array.shape[1:] != shape:
             raise ValueError(f"observations of shape {array.shape}: this agent takes {shape}, or a batch of them")
         batch = array[None] if single else array
-        return observations_tensor(batch, is_image_space(self.observation_space), self.device), single
+        return observations_tensor(batch, stored_as_bytes(self.observation_space), self.device), single
 
     def _flattened(self, obs: Any, space: gym.Space) -> Any:
         """The env's own observation (or a list or array of them) as training saw it; a flat one as it is."""

@@ -1,4 +1,5 @@
-"""Observation encoders chosen by the observation space: image Boxes get the Nature-DQN CNN.
+"""Observation encoders chosen by the observation space: image Boxes get the Nature-DQN CNN, Dict
+observations with images a CNN per image key beside an MLP for the vectors.
 
 Images arrive as uint8, in any of the layouts envs and frame stacks produce, and become float
 in [0, 1], channels first, inside the encoder: on the device that trains, never before, so
@@ -7,19 +8,21 @@ rollouts, replay buffers and messages carry one byte a pixel.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
-from rl.envs import is_image_space
 from rl.errors import UsageError
+from rl.multi_input import MultiInputLayout, is_image_space, packed_layout
 
 EncoderKind = Literal["auto", "mlp", "cnn"]
 NATURE_FEATURES = 512
 NATURE_CONVS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))  # (channels out, kernel, stride) of each convolution
 NATURE_MIN_SIDE = 36  # the smallest image its three convolutions reduce to one pixel
+VECTOR_FEATURES = 64  # the units of the MLP that encodes a Dict observation's vector keys
 
 
 class ImageLayout:
@@ -92,21 +95,70 @@ class FlatPixels(nn.Module):
         return obs.reshape(obs.shape[0], -1).float().div_(255.0)
 
 
+class MultiInputEncoder(nn.Module):
+    """A Dict observation's keys encoded apart, then together: a Nature CNN per image key and one MLP for
+    the vector keys, concatenated, then a layer of 512 ReLU units over them all (as SB3's
+    `MultiInputPolicy` and sheeprl's multi-encoder follow their concatenation with an MLP).
+
+    It takes the packed rows the experience carries, or (for export) the keys themselves, in the
+    Dict's order."""
+
+    def __init__(self, layout: MultiInputLayout, vector_hidden: int = VECTOR_FEATURES) -> None:
+        super().__init__()
+        self.layout = layout
+        self.cnns = nn.ModuleList(NatureCNN(key.shape) for key in layout.images)
+        values = sum(key.shape[0] for key in layout.vectors)
+        self.mlp = vector_mlp(values, vector_hidden) if values else None
+        concatenated = sum(cnn.features for cnn in self.cnns) + (vector_hidden if values else 0)
+        # One layer over the keys together: features that depend on several keys at once (an image's cue
+        # and a vector's), which the heads, linear in the features, could not form from each key's apart.
+        self.joint = nn.Sequential(nn.Linear(concatenated, NATURE_FEATURES), nn.ReLU())
+        self.features = NATURE_FEATURES
+
+    def forward(self, obs: Tensor | Sequence[Tensor]) -> Tensor:
+        parts = self.layout.unpack(obs) if isinstance(obs, Tensor) else list(obs)
+        images = [part for key, part in zip(self.layout.keys, parts, strict=True) if key.image]
+        features = [cnn(image) for cnn, image in zip(self.cnns, images, strict=True)]
+        if self.mlp is not None:
+            vectors = torch.cat([part for key, part in zip(self.layout.keys, parts, strict=True) if not key.image], 1)
+            features.append(self.mlp(vectors.to(self.mlp[0].weight.dtype)))
+        return self.joint(torch.cat(features, dim=1))
+
+
+def vector_mlp(values: int, hidden: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(values, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh())
+
+
+def image_encoder(observation_space: gym.Space) -> nn.Module:
+    """The CNN encoder of image observations: the Nature CNN, or one per image key of a Dict."""
+    layout = packed_layout(observation_space)
+    return NatureCNN(observation_space.shape) if layout is None else MultiInputEncoder(layout)
+
+
 def uses_cnn(kind: EncoderKind, observation_space: gym.Space) -> bool:
     """Whether `--encoder kind` means the CNN for these observations; raises `UsageError` where it cannot."""
+    layout = packed_layout(observation_space)
+    if layout is not None:
+        if kind == "mlp":
+            raise UsageError("--encoder", "a Dict observation with images takes a CNN per image key; drop --encoder")
+        for key in layout.images:
+            check_cnn_side(key.shape, f"the image key {key.name!r} of shape {key.shape}; give larger images")
+        return True
     image = is_image_space(observation_space)
     if kind == "cnn" and not image:
         raise UsageError("--encoder", f"cnn needs image observations (uint8 H x W [x C]), got {observation_space}")
     if kind == "mlp" or not image:
         return False
-    side = min(ImageLayout(observation_space.shape).chw[1:])
-    if side < NATURE_MIN_SIDE:
-        raise UsageError(
-            "--resize",
-            f"the CNN needs images of at least {NATURE_MIN_SIDE}x{NATURE_MIN_SIDE} pixels, "
-            f"got {observation_space.shape}; resize them (--resize 84) or use --encoder mlp",
-        )
+    shape = observation_space.shape
+    check_cnn_side(shape, f"{shape}; resize them (--resize 84) or use --encoder mlp")
     return True
+
+
+def check_cnn_side(shape: tuple[int, ...], what: str) -> None:
+    if min(ImageLayout(shape).chw[1:]) < NATURE_MIN_SIDE:
+        raise UsageError(
+            "--resize", f"the CNN needs images of at least {NATURE_MIN_SIDE}x{NATURE_MIN_SIDE} pixels, got {what}"
+        )
 
 
 def orthogonal_init(module: nn.Module, gain: float) -> None:

@@ -13,8 +13,16 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from rl import masked_cartpole, pixel_cartpole  # noqa: F401  (register rl/MaskedCartPole-v1, rl/PixelCartPole-v1)
+from rl import masked_cartpole, pixel_cartpole, two_cues  # noqa: F401  (register rl/MaskedCartPole-v1 and others)
 from rl.errors import UsageError
+from rl.multi_input import (
+    MultiInputLayout,
+    PackObservations,
+    is_image_space,
+    is_multi_input_space,
+    is_vector_leaf,
+    packed_layout,
+)
 
 # Rendering is to arrays only; pygame's SDL must not look for a display or a sound device.
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
@@ -80,23 +88,31 @@ class EnvSpaces:
         return is_image_space(self.observation_space)
 
     @property
+    def multi_input(self) -> MultiInputLayout | None:
+        """The keys of a Dict observation with images, carried as rows of bytes; None for any other."""
+        return packed_layout(self.observation_space)
+
+    @property
     def obs_shape(self) -> tuple[int, ...]:
-        """One observation as the experience stores it: its image shape, or a flat vector."""
+        """One observation as the experience stores it: its image shape, or a flat vector (of bytes, for a
+        Dict with images)."""
         return tuple(self.observation_space.shape) if self.pixels else (self.obs_dim,)
 
     @property
     def obs_dtype(self) -> torch.dtype:
-        return torch.uint8 if self.pixels else torch.float32
+        return torch.uint8 if stored_as_bytes(self.observation_space) else torch.float32
 
 
-def is_image_space(space: gym.Space) -> bool:
-    """A uint8 Box of 2 to 4 dimensions: H x W, with channels first or last, possibly stacked frames."""
-    return isinstance(space, gym.spaces.Box) and space.dtype == np.uint8 and 2 <= len(space.shape) <= 4
+def stored_as_bytes(space: gym.Space) -> bool:
+    """Observations kept as uint8 from the env to the encoder: images, and Dict observations with images
+    (packed into rows of bytes)."""
+    return is_image_space(space) or packed_layout(space) is not None
 
 
-def observations_tensor(obs: np.ndarray, pixels: bool, device: torch.device) -> torch.Tensor:
-    """Observations [rows, ...] as the policy takes them: uint8 images as they are, anything else as float32 rows."""
-    if pixels:
+def observations_tensor(obs: np.ndarray, as_bytes: bool, device: torch.device) -> torch.Tensor:
+    """Observations [rows, ...] as the policy takes them: uint8 images and packed rows as they are, anything
+    else as float32 rows."""
+    if as_bytes:
         return torch.as_tensor(obs).to(device)
     return torch.as_tensor(obs, dtype=torch.float32).reshape(obs.shape[0], -1).to(device)
 
@@ -217,23 +233,12 @@ def check_env_api(env_id: str, preprocessing: Preprocessing) -> None:
         env.close()
 
 
-VECTOR_LEAVES = (gym.spaces.Box, gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
-
-
-def is_structured_vector_space(space: gym.Space) -> bool:
-    """A Dict or Tuple (nested or not) whose every leaf is a vector, a number or a choice: gymnasium flattens
-    it into one vector (choices one-hot)."""
-    if isinstance(space, gym.spaces.Dict | gym.spaces.Tuple):
-        children = space.spaces.values() if isinstance(space, gym.spaces.Dict) else space.spaces
-        return all(is_structured_vector_space(child) for child in children)
-    return isinstance(space, VECTOR_LEAVES) and not is_image_space(space)
-
-
 def needs_flattening(space: gym.Space) -> bool:
-    """A Box of more than one axis (not an image), or a Dict or Tuple of vectors: trained on as one vector."""
+    """A Box of more than one axis (not an image), or a Dict or Tuple of vectors: trained on as one vector
+    (gymnasium flattens it, choices one-hot)."""
     if isinstance(space, gym.spaces.Box):
         return len(space.shape) != 1
-    return is_structured_vector_space(space)
+    return isinstance(space, gym.spaces.Dict | gym.spaces.Tuple) and is_vector_leaf(space)
 
 
 def env_observation_space(env_id: str, preprocessing: Preprocessing) -> gym.Space:
@@ -250,7 +255,7 @@ def _obs_dim(space: gym.Space) -> int:
         raise UsageError(
             "--env-id",
             f"observation space {space} is not supported: give Box observations (vectors "
-            "or images), or a Dict or Tuple of vectors, which are flattened",
+            "or images), a Dict or Tuple of vectors, which are flattened, or a Dict of images and vectors",
         )
     return int(np.prod(space.shape))
 
@@ -280,6 +285,8 @@ def make_env(env_id: str, video_dir: str | None, preprocessing: Preprocessing, c
         env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)
     if is_image_space(env.observation_space):
         env = _preprocess_images(env, preprocessing, is_atari(env_id))
+    elif is_multi_input_space(env.observation_space):  # a CNN per image key: carried as rows of bytes
+        env = PackObservations(env)
     elif needs_flattening(env.observation_space):  # a Dict or Tuple in the order gymnasium flattens it
         env = gym.wrappers.FlattenObservation(env)
     if preprocessing.time_feature:
@@ -293,7 +300,7 @@ def make_env(env_id: str, video_dir: str | None, preprocessing: Preprocessing, c
 def _with_time_feature(env: gym.Env, env_id: str) -> gym.Env:
     """Append the elapsed fraction of the time limit to each observation (rl-zoo's TimeFeatureWrapper, as
     gymnasium's own wrapper gives it): the critic then sees how much of the episode the limit leaves."""
-    if not isinstance(env.observation_space, gym.spaces.Box) or is_image_space(env.observation_space):
+    if not isinstance(env.observation_space, gym.spaces.Box) or stored_as_bytes(env.observation_space):
         raise UsageError("--time-feature", f"needs vector observations; {env_id} gives {env.observation_space}")
     if env.spec is None or env.spec.max_episode_steps is None:
         raise UsageError("--time-feature", f"{env_id} has no time limit to measure the episode against")

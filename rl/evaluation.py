@@ -14,9 +14,9 @@ from rl.config import RunConfig
 from rl.envs import (
     ATARI_PREPROCESSING,
     Preprocessing,
-    is_image_space,
     make_vector_env,
     observations_tensor,
+    stored_as_bytes,
     video_folder,
 )
 from rl.experience import Policy
@@ -46,7 +46,7 @@ def evaluate_greedy(
     """
     generator = torch.Generator(device=device).manual_seed(derive_seed(seed, EVAL_STREAM, episodes))
     envs = make_vector_env(env_id, episodes, video_dir, preprocessing=preprocessing)
-    pixels = is_image_space(envs.single_observation_space)
+    as_bytes = stored_as_bytes(envs.single_observation_space)
     returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
     finished = np.zeros(episodes, dtype=bool)
     act = _stepper(agent, episodes, device, deterministic, generator)
@@ -54,7 +54,7 @@ def evaluate_greedy(
         obs, _ = envs.reset(seed=[derive_seed(seed, EVAL_STREAM, i) for i in range(episodes)])
         starts = np.ones(episodes, dtype=bool)
         while not finished.all():
-            obs_t = observations_tensor(obs, pixels, device)
+            obs_t = observations_tensor(obs, as_bytes, device)
             action = act(obs_normalizer(obs_t), torch.as_tensor(starts, device=device)).cpu().numpy()
             obs, _, terminated, truncated, info = envs.step(action)
             starts = terminated | truncated

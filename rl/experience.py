@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from rl.batch import TensorBatch
-from rl.envs import is_image_space, observations_tensor, reset_vector_env, resets_next_step
+from rl.envs import observations_tensor, reset_vector_env, resets_next_step, stored_as_bytes
 from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
 
 
@@ -132,7 +132,7 @@ class ExperienceSource(ABC):
     ) -> None:
         self.envs = envs
         self.signal = signal
-        self.pixels = is_image_space(envs.single_observation_space)
+        self.as_bytes = stored_as_bytes(envs.single_observation_space)
         self.device = device
         self.obs_normalizer = obs_normalizer
         self.reward_scaler = reward_scaler
@@ -197,7 +197,7 @@ class ExperienceSource(ABC):
     def to_tensor(self, array: np.ndarray) -> Tensor:
         """Observations of shape [rows, ...] on this rank's device: uint8 images as they are, anything
         else as float32 vectors."""
-        return observations_tensor(array, self.pixels, self.device)
+        return observations_tensor(array, self.as_bytes, self.device)
 
     def close(self) -> None:
         self.envs.close()

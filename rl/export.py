@@ -9,6 +9,9 @@ the env's bounds, as training sent them. It runs without this project:
 - `--format torchscript`: `torch.jit.load(FILE)(obs)` with plain torch;
 - `--format onnx`: `onnxruntime.InferenceSession(FILE).run(None, {"obs": obs})` (`pip install -e ".[export]"`).
 
+A Dict observation with images is given key by key, as named inputs in the Dict's order: images as
+uint8, vector keys as float32 rows (choices one-hot, as gymnasium flattens them).
+
 Only weights are read from the checkpoint (`torch.load(weights_only=True)`): nothing in it is
 unpickled, whatever the file holds.
 """
@@ -30,6 +33,7 @@ from rl.agent import Agent, load_agent
 from rl.config import parse_dataclass
 from rl.envs import is_image_space
 from rl.errors import UsageError, exit_on_usage_error
+from rl.multi_input import MultiInputLayout, packed_layout
 from rl.normalization import CLIP, ObservationNormalizer
 
 ExportFormat = Literal["torchscript", "onnx"]
@@ -72,21 +76,46 @@ class GreedyPolicy(nn.Module):
             obs = obs.reshape(obs.shape[0], -1).float()
             if self.normalizes:
                 obs = ((obs - self.mean) * self.scale).clamp(-CLIP, CLIP)
-        action = self.policy.greedy_action(obs)
+        return self.bounded(self.policy.greedy_action(obs))
+
+    def bounded(self, action: Tensor) -> Tensor:
         return torch.maximum(torch.minimum(action, self.high), self.low) if self.clips else action
 
 
-def greedy_policy(agent: Agent) -> tuple[GreedyPolicy, Tensor]:
-    """The agent's policy as a `GreedyPolicy` in float32, and an example batch of observations for it."""
+class GreedyMultiInputPolicy(GreedyPolicy):
+    """A Dict observation with images, one input per key in the Dict's order: uint8 images as the env gives
+    them, vector keys as float32 rows (choices one-hot, as gymnasium flattens them)."""
+
+    def __init__(
+        self, policy: nn.Module, normalizer: ObservationNormalizer, layout: MultiInputLayout, space: gym.Space
+    ) -> None:
+        super().__init__(policy, normalizer, True, space)  # its observations are not normalized
+        self.layout = layout
+
+    def forward(self, *keys: Tensor) -> Tensor:  # type: ignore[override]
+        return self.bounded(self.policy.greedy_action(list(keys)))
+
+    @property
+    def input_names(self) -> list[str]:
+        return [key.name for key in self.layout.keys]
+
+
+def greedy_policy(agent: Agent) -> tuple[GreedyPolicy, tuple[Tensor, ...]]:
+    """The agent's policy as a `GreedyPolicy` in float32, and an example batch of its inputs."""
     if agent.recurrent:
         raise UsageError(
             "CHECKPOINT", "a recurrent policy carries state between steps; export takes feed-forward policies only"
         )
     space = agent.observation_space
+    layout = packed_layout(space)
+    module: GreedyPolicy
+    if layout is not None:
+        module = GreedyMultiInputPolicy(agent.policy, agent.normalizer, layout, agent.action_space)
+        return module.eval().requires_grad_(False), tuple(layout.example_inputs(2))
     pixels = is_image_space(space)
     module = GreedyPolicy(agent.policy, agent.normalizer, pixels, agent.action_space).eval().requires_grad_(False)
     example = torch.as_tensor(space.sample()).unsqueeze(0).repeat(2, *[1] * len(space.shape or ()))
-    return module, example if pixels else example.float()
+    return module, (example if pixels else example.float(),)
 
 
 def check_output_file(out: str) -> None:
@@ -104,12 +133,17 @@ def check_output_file(out: str) -> None:
         raise UsageError("--out", f"cannot write {out}: {error.strerror or error}") from None
 
 
-def export(module: GreedyPolicy, example: Tensor, out: str, format: ExportFormat) -> None:
+def export(module: GreedyPolicy, example: tuple[Tensor, ...], out: str, format: ExportFormat) -> None:
     check_output_file(out)
     write(module, example, out, format)
 
 
-def write(module: GreedyPolicy, example: Tensor, out: str, format: ExportFormat) -> None:
+def input_names(module: GreedyPolicy) -> list[str]:
+    """The exported file's inputs: `obs`, or a Dict observation's keys."""
+    return module.input_names if isinstance(module, GreedyMultiInputPolicy) else ["obs"]
+
+
+def write(module: GreedyPolicy, example: tuple[Tensor, ...], out: str, format: ExportFormat) -> None:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's deprecation notes on TorchScript and on tracing
         if format == "torchscript":
@@ -119,13 +153,14 @@ def write(module: GreedyPolicy, example: Tensor, out: str, format: ExportFormat)
             import onnx  # noqa: F401
         except ImportError:
             raise UsageError("--format", "onnx needs the export extra: pip install -e '.[export]'") from None
+        names = input_names(module)
         torch.onnx.export(
             module,
-            (example,),
+            example,
             out,
-            input_names=["obs"],
+            input_names=names,
             output_names=["action"],
-            dynamic_axes={"obs": {0: "batch"}, "action": {0: "batch"}},
+            dynamic_axes={name: {0: "batch"} for name in [*names, "action"]},
             dynamo=False,
         )
 
@@ -135,12 +170,19 @@ def main(argv: list[str]) -> None:
     agent = load_agent(cfg.checkpoint, flag="CHECKPOINT")
     module, example = greedy_policy(agent)
     export(module, example, cfg.out, cfg.chosen_format)
-    kind = "uint8 images" if module.pixels else "float32 vectors"
-    shape = ", ".join(str(side) for side in example.shape[1:])
-    print(
-        f"{cfg.out}: the greedy policy of {agent.env_id} ({cfg.chosen_format}); it takes a batch of {kind} of "
-        f"shape [batch, {shape}]"
-    )
+    print(f"{cfg.out}: the greedy policy of {agent.env_id} ({cfg.chosen_format}); it takes {inputs_text(module)}")
+
+
+def inputs_text(module: GreedyPolicy) -> str:
+    if isinstance(module, GreedyMultiInputPolicy):
+        keys = ", ".join(f"{key.name} ({'uint8' if key.image else 'float32'} [batch, {shape_text(key.shape)}])"
+                         for key in module.layout.keys)  # fmt: skip
+        return f"one batch per key: {keys}"
+    return f"a batch of {'uint8 images' if module.pixels else 'float32 vectors'}"
+
+
+def shape_text(shape: tuple[int, ...]) -> str:
+    return ", ".join(str(side) for side in shape)
 
 
 if __name__ == "__main__":

@@ -194,3 +194,26 @@ class TextObservations(FixedLength):
 
 
 gym.register("TextObservations-v0", entry_point=TextObservations)
+
+
+class ImageAndText(FixedLength):
+    """A Dict of an image and a Text: a key that no encoder takes."""
+
+    observation_space = gym.spaces.Dict(
+        {"image": gym.spaces.Box(0, 255, (36, 36), np.uint8), "note": gym.spaces.Text(8)}
+    )
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation(), {}
+
+    def step(self, action):
+        _, reward, terminated, truncated, info = super().step(action)
+        return self.observation(), reward, terminated, truncated, info
+
+    @staticmethod
+    def observation() -> dict:
+        return {"image": np.zeros((36, 36), np.uint8), "note": "hello"}
+
+
+gym.register("ImageAndText-v0", entry_point=ImageAndText)

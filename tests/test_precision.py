@@ -12,6 +12,7 @@ from rl.algos.ppo.rollout import Batch
 from rl.algos.ppo.update import PPOHyperparameters, minibatch_loss
 from rl.algos.sac.networks import CriticEnsemble, SquashedGaussianActor
 from rl.compiling import compiled
+from rl.encoders import NatureCNN
 from rl.envs import inspect_env
 from rl.optim import DivergenceGuard, FlatGradients, TrainingDiverged, clip_and_step
 from rl.precision import Precision, float32_state
@@ -24,7 +25,7 @@ def networks(precision: Precision) -> dict[str, torch.nn.Module]:
     torch.manual_seed(0)
     return {
         "mlp": MLPActorCritic(4, CARTPOLE.action_space, precision=precision),
-        "cnn": CNNActorCritic((2, 36, 36), CARTPOLE.action_space, precision=precision),
+        "cnn": CNNActorCritic(NatureCNN((2, 36, 36)), CARTPOLE.action_space, precision=precision),
         "actor": SquashedGaussianActor(3, PENDULUM.action_space, precision=precision),
         "critics": CriticEnsemble(3, 1, precision=precision),
     }

@@ -55,7 +55,7 @@ def stepwise(agent: RecurrentActorCritic, obs, starts, memory, actions):
 def test_replaying_sequences_gives_what_stepping_gave(space):
     torch.manual_seed(0)
     steps, envs = 12, 5
-    agent = RecurrentActorCritic(3, (3,), space, cnn=False, pixels=False, lstm_hidden=8, lstm_layers=2)
+    agent = RecurrentActorCritic(3, space, cnn=None, pixels=False, lstm_hidden=8, lstm_layers=2)
     obs, memory = torch.randn(steps, envs, 3), torch.randn(2, 2, envs, 8)
     starts = torch.rand(steps, envs) < 0.25
     starts[0, 1] = starts[5, 1] = starts[6, 1] = True  # a start on the first step, and one-step episodes
@@ -71,7 +71,7 @@ def test_replaying_sequences_gives_what_stepping_gave(space):
 
 def test_an_episode_start_zeroes_that_envs_state_alone():
     torch.manual_seed(0)
-    agent = RecurrentActorCritic(3, (3,), gym.spaces.Discrete(2), cnn=False, pixels=False, lstm_hidden=4, lstm_layers=1)
+    agent = RecurrentActorCritic(3, gym.spaces.Discrete(2), cnn=None, pixels=False, lstm_hidden=4, lstm_layers=1)
     obs, memory = torch.randn(3, 3), torch.randn(2, 1, 3, 4)
     _, carried = agent._step(obs, memory, torch.tensor([False, False, False]))
     _, reset = agent._step(obs, memory, torch.tensor([False, True, False]))

@@ -18,6 +18,7 @@ from rl.algos.ppo.update import MinibatchSchedule, PPOHyperparameters, minibatch
 from rl.batch import Column, DataShard, RowCodec
 from rl.compiling import compiled
 from rl.cuda_graphs import CapturedSteps, check_one_learner, make_capturable
+from rl.encoders import image_encoder
 from rl.envs import EnvSpaces
 from rl.errors import UsageError
 from rl.normalization import ObservationNormalizer, RewardScaler
@@ -198,6 +199,11 @@ class PPO(Algorithm):
             raise UsageError(
                 "--normalize-observations", "image observations are scaled to [0, 1] by the encoder; drop the flag"
             )
+        if cfg.normalize_observations and spaces.multi_input:
+            raise UsageError(
+                "--normalize-observations",
+                "it normalizes vector observations, not a Dict observation with images; drop the flag",
+            )
 
     def build_policy(self, device: torch.device) -> nn.Module:
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every rank and in every mode
@@ -207,9 +213,8 @@ class PPO(Algorithm):
         if cfg.recurrent:
             agent = RecurrentActorCritic(
                 spaces.obs_dim,
-                spaces.obs_shape,
                 spaces.action_space,
-                self.cnn,
+                image_encoder(spaces.observation_space) if self.cnn else None,
                 spaces.pixels,
                 cfg.lstm_hidden_size,
                 cfg.lstm_layers,
@@ -222,7 +227,12 @@ class PPO(Algorithm):
             )
         elif self.cnn:
             agent = CNNActorCritic(
-                spaces.obs_shape, spaces.action_space, cfg.ortho_init, precision, cfg.log_std_init, cfg.use_sde
+                image_encoder(spaces.observation_space),
+                spaces.action_space,
+                cfg.ortho_init,
+                precision,
+                cfg.log_std_init,
+                cfg.use_sde,
             )
         else:
             agent = MLPActorCritic(

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from rl.compiling import CompileMode, compiled
-from rl.encoders import FlatPixels, NatureCNN, orthogonal_init
+from rl.encoders import FlatPixels, orthogonal_init
 from rl.precision import FLOAT32, Precision
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": torch.relu, "tanh": torch.tanh}
@@ -337,7 +337,7 @@ class CNNActorCritic(ActorCritic):
 
     def __init__(
         self,
-        obs_shape: tuple[int, ...],
+        encoder: nn.Module,
         action_space: gym.Space,
         ortho_init: bool = False,
         precision: Precision = FLOAT32,
@@ -346,7 +346,7 @@ class CNNActorCritic(ActorCritic):
     ) -> None:
         super().__init__()
         self.precision = precision
-        self.encoder = NatureCNN(obs_shape)
+        self.encoder = encoder
         self.critic_head = nn.Linear(self.encoder.features, 1)
         self.action_head = make_action_head(action_space, self.encoder.features, log_std_init, state_dependent)
         if ortho_init:

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from rl.algos.ppo.policy import HIDDEN_SIZE, MLP, exploration_matrices, make_action_head, sample_action
-from rl.encoders import FlatPixels, NatureCNN, orthogonal_init
+from rl.encoders import FlatPixels, orthogonal_init
 from rl.precision import FLOAT32, Precision
 
 Memory = Tensor  # [2 (h, c), layers, envs, hidden]
@@ -44,9 +44,8 @@ class RecurrentActorCritic(nn.Module):
     def __init__(
         self,
         obs_dim: int,
-        obs_shape: tuple[int, ...],
         action_space: gym.Space,
-        cnn: bool,
+        cnn: nn.Module | None,
         pixels: bool,
         lstm_hidden: int,
         lstm_layers: int,
@@ -59,9 +58,9 @@ class RecurrentActorCritic(nn.Module):
     ) -> None:
         super().__init__()
         self.precision = precision
-        if cnn:
-            self.encoder: nn.Module = NatureCNN(obs_shape)
-            features = self.encoder.features
+        if cnn is not None:  # image observations: their CNN encoder
+            self.encoder: nn.Module = cnn
+            features = cnn.features
         else:
             self.encoder = nn.Sequential(*([FlatPixels()] if pixels else []), MLP(obs_dim, activation, hidden))
             features = hidden

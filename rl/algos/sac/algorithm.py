@@ -16,7 +16,7 @@ from rl.algos.sac.learner import SACLearner
 from rl.algos.sac.networks import SquashedGaussianActor
 from rl.algos.sac.replay import ReplayBuffer, check_buffer_fits
 from rl.batch import DataShard, RowCodec, shard_sizes
-from rl.encoders import FlatPixels, NatureCNN
+from rl.encoders import FlatPixels, image_encoder
 from rl.envs import EnvSpaces
 from rl.errors import UsageError
 from rl.runtime import Runtime
@@ -65,7 +65,7 @@ class SAC(Algorithm):
     def build_policy(self, device: torch.device) -> nn.Module:
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every rank and in every mode
         spaces = self.spaces
-        encoder = NatureCNN(spaces.obs_shape) if self.cnn else FlatPixels() if spaces.pixels else None
+        encoder = image_encoder(spaces.observation_space) if self.cnn else FlatPixels() if spaces.pixels else None
         actor = SquashedGaussianActor(
             spaces.obs_dim,
             spaces.action_space,

@@ -1,0 +1,184 @@
+"""Dict observations with images and vectors: each key carried in its own dtype as one row of bytes, a CNN
+per image key beside an MLP, in every mode, with exact resume, `predict` and export by key."""
+
+import envs_for_tests  # noqa: F401  (registers ImageAndText-v0)
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from conftest import SCRIPTS, all_scalars, launch_together, load_agent, refusal_line, run_dir, run_ranks
+
+import rl
+from rl.algos.ppo.algorithm import PPO
+from rl.algos.ppo.config import PPOConfig
+from rl.algos.ppo.policy import CNNActorCritic
+from rl.algos.sac.algorithm import SAC
+from rl.algos.sac.config import SACConfig
+from rl.encoders import MultiInputEncoder
+from rl.envs import inspect_env
+from rl.errors import UsageError
+from rl.export import greedy_policy, write
+from rl.multi_input import MultiInputLayout, pack_each
+
+CPU = torch.device("cpu")
+SPACE = gym.spaces.Dict(
+    {
+        "camera": gym.spaces.Box(0, 255, (36, 36, 3), np.uint8),
+        "position": gym.spaces.Box(-np.inf, np.inf, (3,), np.float32),
+        "mode": gym.spaces.Discrete(3),
+        "depth": gym.spaces.Box(0, 255, (2, 40, 40), np.uint8),
+    }
+)
+TWO_CUES = ["--env-id", "rl/TwoCues-v0", "--eval-episodes", "2", "--no-progress-bar", "--torch-threads", "1"]
+PPO_RUN = [*TWO_CUES, "--num-envs", "2", "--num-steps", "64", "--update-epochs", "2"]
+SAC_RUN = ["sac", *TWO_CUES, "--env-kwargs", '{"continuous": true}', "--learning-starts", "100", "--batch-size", "16",
+           "--buffer-size", "1000", "--log-every", "100", "--save-buffer"]  # fmt: skip
+RUNS = {"ppo": (PPO_RUN, 512), "sac": (SAC_RUN, 200)}  # the flags, and the steps of half a run
+
+
+def test_a_row_of_bytes_carries_every_key_bit_for_bit_at_any_offset():
+    layout = MultiInputLayout(SPACE)
+    SPACE.seed(0)
+    observations = [SPACE.sample() for _ in range(5)]
+    rows = torch.from_numpy(pack_each(layout, observations))
+    assert rows.dtype == torch.uint8 and rows.shape[1] % 4 == 0
+    assert rows.shape[1] == 3 * 4 + 3 * 4 + 36 * 36 * 3 + 2 * 40 * 40  # float32 vectors (one-hot mode), uint8 images
+    shifted = torch.zeros(rows.numel() + 1, dtype=torch.uint8)[1:].view(rows.shape)  # rows 1 byte off alignment
+    shifted.copy_(rows)
+    for batch in (rows, shifted):
+        keys = dict(zip([key.name for key in layout.keys], layout.unpack(batch), strict=True))
+        camera, position, mode, depth = (keys[name] for name in ("camera", "position", "mode", "depth"))
+        assert camera.dtype == depth.dtype == torch.uint8 and position.dtype == mode.dtype == torch.float32
+        assert all(np.array_equal(camera[i].numpy(), obs["camera"]) for i, obs in enumerate(observations))
+        assert all(np.array_equal(depth[i].numpy(), obs["depth"]) for i, obs in enumerate(observations))
+        assert all(np.array_equal(position[i].numpy(), obs["position"]) for i, obs in enumerate(observations))
+        assert mode.argmax(1).tolist() == [int(obs["mode"]) for obs in observations]
+
+
+def test_the_encoder_reads_rows_and_keys_alike_with_a_cnn_per_image_key():
+    layout = MultiInputLayout(SPACE)
+    encoder = MultiInputEncoder(layout)
+    assert len(encoder.cnns) == 2 and encoder.joint[0].in_features == 2 * 512 + 64 and encoder.features == 512
+    rows = torch.from_numpy(pack_each(layout, [SPACE.sample() for _ in range(3)]))
+    assert torch.equal(encoder(rows), encoder(layout.unpack(rows)))
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "sac"])
+def test_rollouts_and_replay_buffers_keep_the_rows_as_bytes(algorithm):
+    if algorithm == "ppo":
+        cfg, kind = PPOConfig(env_id="rl/TwoCues-v0", num_envs=2, num_steps=8), PPO
+    else:
+        cfg = SACConfig(env_id="rl/TwoCues-v0", env_kwargs='{"continuous": true}', buffer_size=64, learning_starts=8)
+        kind = SAC
+    spaces = inspect_env(cfg.env_id, cfg.preprocessing())
+    assert spaces.multi_input is not None and spaces.obs_dtype == torch.uint8
+    row_bytes = 4 * 4 + 36 * 36
+    assert spaces.obs_shape == (row_bytes,)
+    agent = kind(cfg, spaces)
+    policy = agent.build_policy(CPU)
+    assert any(isinstance(module, MultiInputEncoder) for module in policy.modules())
+    assert algorithm == "sac" or isinstance(policy, CNNActorCritic)
+    assert agent.batch_codec().columns["obs"].bytes == row_bytes  # one byte a pixel between processes
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "flags", "flag", "says"),
+    [
+        ("ppo", ["--encoder", "mlp"], "--encoder", "a CNN per image key"),
+        ("ppo", ["--normalize-observations"], "--normalize-observations", "not a Dict observation with images"),
+        ("sac", ["--encoder", "mlp"], "--encoder", "a CNN per image key"),
+    ],
+)
+def test_flags_a_dict_with_images_cannot_take_are_refused_naming_them(tmp_path, algorithm, flags, flag, says):
+    args = ["--env-id", "rl/TwoCues-v0", *flags]
+    if algorithm == "sac":
+        args = ["sac", *args, "--env-kwargs", '{"continuous": true}']
+    line = refusal_line("fabric", args, tmp_path)
+    assert line.startswith(f"error: {flag}: ") and says in line
+
+
+def test_a_dict_with_a_key_no_encoder_takes_is_named_in_one_line(tmp_path):
+    line = refusal_line("fabric", ["--env-id", "envs_for_tests:ImageAndText-v0"], tmp_path)
+    assert line.startswith("error: --env-id: observation space Dict(") and "Text(" in line
+    with pytest.raises(UsageError):
+        inspect_env("envs_for_tests:ImageAndText-v0")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """Per algorithm: a run in one go, the same run stopped halfway and resumed, and one decoupled player
+    with one trainer sharing its data (which trains as one coupled process does)."""
+    folders, jobs = {}, []
+    for name, (flags, half) in RUNS.items():
+        for kind, launcher, script, steps, nproc in (
+            ("full", "python", "fabric", 2 * half, 1),
+            ("half", "python", "fabric", half, 1),
+            ("decoupled", "fabric run", "decoupled", 2 * half, 2),
+        ):
+            folders[name, kind] = tmp_path_factory.mktemp(f"{name}-{kind}")
+            extra = ["--share-data"] if kind == "decoupled" else []
+            args = [*flags, *extra, "--total-timesteps", str(steps)]
+            jobs.append((launcher, SCRIPTS[script], args, folders[name, kind], nproc))
+    for finished in launch_together(*jobs, via=run_ranks):
+        assert finished.returncode == 0, finished.stderr[-3000:]
+    for name, (flags, half) in RUNS.items():
+        half_run = run_dir(folders[name, "half"], "fabric")
+        (checkpoint,) = sorted((half_run / "checkpoints").glob("step_*.ckpt"))[-1:]
+        args = [*flags, "--total-timesteps", str(2 * half), "--resume-from", str(checkpoint)]
+        finished = run_ranks("python", SCRIPTS["fabric"], args, folders[name, "half"])
+        assert finished.returncode == 0, finished.stderr[-3000:]
+    return {key: run_dir(folder, "decoupled" if key[1] == "decoupled" else "fabric") for key, folder in folders.items()}
+
+
+@pytest.mark.parametrize("algorithm", list(RUNS))
+def test_a_resumed_run_and_a_decoupled_one_train_as_one_run_in_one_process_does(runs, algorithm):
+    full = load_agent(runs[algorithm, "full"])["policy"]
+    assert any(".cnns.0." in name for name in full) and any(".mlp." in name for name in full)
+    tag = "Loss/policy_loss" if algorithm == "ppo" else "Loss/critic_loss"
+    for other in ("half", "decoupled"):
+        weights = load_agent(runs[algorithm, other])["policy"]
+        assert all(torch.equal(full[name], weights[name]) for name in full), other
+        assert all_scalars(runs[algorithm, other], tag) == all_scalars(runs[algorithm, "full"], tag), other
+
+
+@pytest.mark.parametrize("algorithm", list(RUNS))
+def test_the_agent_predicts_from_dicts_and_its_export_takes_one_input_per_key(runs, algorithm, tmp_path):
+    agent = rl.load_agent(runs[algorithm, "full"] / "agent.ckpt")
+    env = gym.make(agent.env_id, **dict(agent.preprocessing.env_kwargs))
+    observations = [env.reset(seed=seed)[0] for seed in range(4)]
+    actions, _ = agent.predict(observations)
+    one_by_one = np.stack([agent.predict(obs)[0] for obs in observations])
+    np.testing.assert_allclose(one_by_one, actions, rtol=1e-5, atol=1e-6)  # SAC's: a batch's float sums
+    module, example = greedy_policy(agent)
+    assert [tensor.dtype for tensor in example] == [torch.uint8, torch.float32]  # image, then vector
+    keys = [torch.from_numpy(np.stack([obs[key] for obs in observations])) for key in ("image", "vector")]
+    for fmt in ("torchscript", "onnx"):
+        out = tmp_path / f"policy.{fmt}"
+        write(module, example, str(out), fmt)
+        if fmt == "torchscript":
+            exported = torch.jit.load(str(out))(*keys).numpy()
+        else:
+            import onnxruntime
+
+            session = onnxruntime.InferenceSession(str(out))
+            assert [node.name for node in session.get_inputs()] == ["image", "vector"]
+            exported = session.run(None, {"image": keys[0].numpy(), "vector": keys[1].numpy()})[0]
+        np.testing.assert_allclose(exported, actions, atol=1e-5)
+
+
+def test_recurrent_ppo_hogwild_workers_and_the_evaluator_train_on_a_dict_with_images(tmp_path):
+    folders = {name: tmp_path / name for name in ("recurrent", "hogwild", "evaluator")}
+    for folder in folders.values():
+        folder.mkdir()
+    steps = ["--total-timesteps", "512"]
+    jobs = [
+        ("python", SCRIPTS["fabric"], [*PPO_RUN, *steps, "--recurrent", "--per-rank-batch-size", "64"],
+         folders["recurrent"], 1),
+        ("python", SCRIPTS["hogwild"], [*PPO_RUN, *steps, "--workers", "2"], folders["hogwild"], 1),
+        ("fabric run", SCRIPTS["decoupled"], [*PPO_RUN, *steps, "--evaluator"], folders["evaluator"], 3),
+    ]  # fmt: skip
+    for finished in launch_together(*jobs):
+        assert finished.returncode == 0, finished.stderr[-3000:]
+    for name, mode in (("recurrent", "fabric"), ("hogwild", "hogwild"), ("evaluator", "decoupled")):
+        weights = load_agent(run_dir(folders[name], mode))["policy"]
+        assert any(".cnns.0." in key for key in weights) and any(".mlp." in key for key in weights), name
