@@ -58,3 +58,12 @@ def test_the_readme_opens_with_its_title_and_its_two_commands_in_at_most_120_lin
     assert lines[0].startswith("# ") and lines[2] == "```bash" and lines[5] == "```"
     assert "pip install -c constraints.txt -e . &&" in lines[3] and '-e ".[dev]" &&' in lines[4]
     assert len(lines) <= 120
+
+
+GENERATED_PAGES = ("flags.md", "api.md", "agents.md", "hyperparameters.md")  # written by the code, not by hand
+
+
+def test_the_site_written_by_hand_stays_within_15000_words():
+    pages = [page for page in sorted(DOCS.rglob("*.md")) if page.name not in GENERATED_PAGES]
+    words = sum(len(page.read_text().split()) for page in pages)
+    assert words <= 15_000, f"the site has {words} words outside its generated pages; at most 15,000"
