@@ -5,7 +5,7 @@ import os
 
 import pytest
 import torch
-from conftest import SCRIPTS, load_agent, read_scalars, refusal_line, run_dir, run_ranks
+from conftest import SCRIPTS, launch_together, load_agent, read_scalars, refusal_line, run_dir, run_ranks
 
 from rl.algos.ppo.policy import CNNActorCritic, MLPActorCritic
 from rl.algos.ppo.rollout import Batch
@@ -170,6 +170,50 @@ def test_a_compiled_run_reports_its_compile_time_and_learns_as_an_eager_run(tmp_
     for tag in ("Loss/policy_loss", "Loss/value_loss", "Loss/entropy"):
         first_eager, first_compiled = eager_scalars[tag][0][1], compiled_scalars[tag][0][1]
         assert first_compiled == pytest.approx(first_eager, rel=1e-3, abs=1e-5), tag  # the same first update
+
+
+NO_RECOMPILE = """
+import torch
+import rl
+
+
+class NoCompilingAfter(rl.Callback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_iteration_end(self, state):
+        if state.global_step >= self.step:  # warmed up: every compiled region has met each of its shapes
+            torch.compiler.set_stance("fail_on_recompile")
+
+
+if __name__ == "__main__":
+    if "ALGORITHM" == "ppo":  # annealed learning rate; 256 rows in minibatches of 96, the last one short
+        config = rl.preset("cartpole", total_timesteps=1536, num_envs=2, num_steps=128, per_rank_batch_size=96,
+                           update_epochs=2, anneal_lr=True, compile=True, eval_episodes=1, progress_bar=False)
+        warm = 256
+    else:
+        config = rl.preset("sac/pendulum", total_timesteps=600, learning_starts=200, batch_size=32, log_every=100,
+                           compile=True, eval_episodes=1, progress_bar=False)
+        warm = 300
+    rl.train(config, callbacks=[NoCompilingAfter(warm)])
+    from torch._dynamo.utils import counters
+
+    print("graph breaks:", sum(counters["graph_break"].values()))
+"""
+
+
+def test_compiled_runs_have_no_graph_break_and_never_recompile_once_warm(tmp_path):
+    """After the first update (PPO) or the first gradient steps (SAC), torch.compile's stance forbids compiling:
+    the learning rate's annealing, a short last minibatch and the steps after never recompile."""
+    jobs = []
+    for algorithm in ("ppo", "sac"):
+        (tmp_path / algorithm).mkdir()
+        script = tmp_path / algorithm / "train.py"
+        script.write_text(NO_RECOMPILE.replace("ALGORITHM", algorithm))
+        jobs.append(("python", script, [], tmp_path / algorithm, 1))
+    for finished in launch_together(*jobs):
+        assert finished.returncode == 0, finished.stderr[-3000:]
+        assert "graph breaks: 0" in finished.stdout
 
 
 def test_compile_without_a_cpp_compiler_ends_with_one_line(tmp_path, monkeypatch):

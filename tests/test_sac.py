@@ -221,6 +221,8 @@ def test_update_takes_gradient_steps_and_moves_targets_and_temperature():
     assert all(torch.isfinite(value) for value in stats.values())
     assert not torch.equal(target_before[0], learner.critic_target.w1)
     assert learner.alpha.item() != 1.0  # log_alpha took a step from 0
+    # The targets move outside autograd: no history that would grow with every update.
+    assert all(p.is_leaf and p.grad_fn is None and not p.requires_grad for p in learner.target_tensors())
 
 
 def test_a_fixed_entropy_coefficient_is_not_tuned():

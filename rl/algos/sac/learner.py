@@ -141,7 +141,8 @@ class SACLearner(Learner):
             self.backward_and_step(loss, self.ACTOR, self.ACTOR)
             stats.add(alpha=self.alpha)
         if updates_targets:
-            torch._foreach_lerp_(self.target_tensors(), self.online_tensors(), self.cfg.tau)
+            with torch.no_grad():  # else autograd records every update: the targets' history grows without end
+                torch._foreach_lerp_(self.target_tensors(), self.online_tensors(), self.cfg.tau)
         return stats.gathered()
 
     def _losses(
