@@ -33,7 +33,7 @@ from rl.agent import Agent, load_agent
 from rl.config import parse_dataclass
 from rl.envs import is_image_space
 from rl.errors import UsageError, exit_on_usage_error
-from rl.multi_input import MultiInputLayout, packed_layout
+from rl.multi_input import KeyInput, MultiInputLayout, packed_layout
 from rl.normalization import CLIP, ObservationNormalizer
 
 ExportFormat = Literal["torchscript", "onnx"]
@@ -175,14 +175,14 @@ def main(argv: list[str]) -> None:
 
 def inputs_text(module: GreedyPolicy) -> str:
     if isinstance(module, GreedyMultiInputPolicy):
-        keys = ", ".join(f"{key.name} ({'uint8' if key.image else 'float32'} [batch, {shape_text(key.shape)}])"
-                         for key in module.layout.keys)  # fmt: skip
+        keys = ", ".join(key_text(key) for key in module.layout.keys)
         return f"one batch per key: {keys}"
     return f"a batch of {'uint8 images' if module.pixels else 'float32 vectors'}"
 
 
-def shape_text(shape: tuple[int, ...]) -> str:
-    return ", ".join(str(side) for side in shape)
+def key_text(key: KeyInput) -> str:
+    sides = ", ".join(str(side) for side in key.shape)
+    return f"{key.name} ({'uint8' if key.image else 'float32'} [batch, {sides}])"
 
 
 if __name__ == "__main__":

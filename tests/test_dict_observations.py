@@ -31,8 +31,8 @@ SPACE = gym.spaces.Dict(
 )
 TWO_CUES = ["--env-id", "rl/TwoCues-v0", "--eval-episodes", "2", "--no-progress-bar", "--torch-threads", "1"]
 PPO_RUN = [*TWO_CUES, "--num-envs", "2", "--num-steps", "64", "--update-epochs", "2"]
-SAC_RUN = ["sac", *TWO_CUES, "--env-kwargs", '{"continuous": true}', "--learning-starts", "100", "--batch-size", "16",
-           "--buffer-size", "1000", "--log-every", "100", "--save-buffer"]  # fmt: skip
+SAC_RUN = ["sac", *TWO_CUES, "--env-kwargs", '{"continuous": true}', "--learning-starts", "100"]
+SAC_RUN += ["--batch-size", "16", "--buffer-size", "1000", "--log-every", "100", "--save-buffer"]
 RUNS = {"ppo": (PPO_RUN, 512), "sac": (SAC_RUN, 200)}  # the flags, and the steps of half a run
 
 
@@ -171,12 +171,12 @@ def test_recurrent_ppo_hogwild_workers_and_the_evaluator_train_on_a_dict_with_im
     for folder in folders.values():
         folder.mkdir()
     steps = ["--total-timesteps", "512"]
+    recurrent = [*PPO_RUN, *steps, "--recurrent", "--per-rank-batch-size", "64"]
     jobs = [
-        ("python", SCRIPTS["fabric"], [*PPO_RUN, *steps, "--recurrent", "--per-rank-batch-size", "64"],
-         folders["recurrent"], 1),
+        ("python", SCRIPTS["fabric"], recurrent, folders["recurrent"], 1),
         ("python", SCRIPTS["hogwild"], [*PPO_RUN, *steps, "--workers", "2"], folders["hogwild"], 1),
         ("fabric run", SCRIPTS["decoupled"], [*PPO_RUN, *steps, "--evaluator"], folders["evaluator"], 3),
-    ]  # fmt: skip
+    ]
     for finished in launch_together(*jobs):
         assert finished.returncode == 0, finished.stderr[-3000:]
     for name, mode in (("recurrent", "fabric"), ("hogwild", "hogwild"), ("evaluator", "decoupled")):
