@@ -28,8 +28,8 @@ from rl.precision import DEFAULT_PRECISION, PrecisionName, check_precision
 
 
 @dataclass
-class RunConfig:
-    """What every algorithm shares: the run, its envs, its processes, logging and checkpoints."""
+class RunFlags:
+    """The run-level flags every mode takes: the run, its envs, its processes, logging and checkpoints."""
 
     config: str | None = None
     """a YAML or JSON file of flags (by their names, such as num_envs: 4); flags on the command line override it,
@@ -115,13 +115,6 @@ class RunConfig:
 
     eval_episodes: int = 10
     """greedy evaluation episodes at the end of training (0 skips the evaluation)"""
-    eval_every: int = 0
-    """coupled mode: also evaluate --eval-episodes greedy episodes every this many env steps during training,
-    on rank 0 while the others wait (within --collective-timeout), logged as Eval/return_mean (0: only at the
-    end)"""
-    stop_at_return: float | None = None
-    """coupled mode: end training, as at its last step, once an --eval-every evaluation's mean return reaches
-    this"""
     logger: tuple[LoggerName, ...] = ("tensorboard",)
     """where the run logs its scalars, one or several: tensorboard (event files), csv (RUN/csv/metrics.csv) and
     wandb (Weights & Biases, offline without a network; pip install -e '.[tracking]'), through Lightning's loggers"""
@@ -143,6 +136,25 @@ class RunConfig:
     """torch threads per process; 0 takes the machine's cores divided by the local processes"""
     collective_timeout: float = 300.0
     """seconds a collective may wait for a peer before the job fails (instead of gloo's 30 minutes)"""
+
+
+@dataclass
+class CoupledFlags:
+    """Coupled mode's own flags (train_fabric.py, train_torch.py)."""
+
+    eval_every: int = 0
+    """coupled mode: also evaluate --eval-episodes greedy episodes every this many env steps during training,
+    on rank 0 while the others wait (within --collective-timeout), logged as Eval/return_mean (0: only at the
+    end)"""
+    stop_at_return: float | None = None
+    """coupled mode: end training, as at its last step, once an --eval-every evaluation's mean return reaches
+    this"""
+
+
+@dataclass
+class DecoupledFlags:
+    """Decoupled mode's own flags (train_fabric_decoupled.py)."""
+
     pipeline: bool = False
     """decoupled mode: the players collect the next batch while the trainers train on this one
     (they act with weights exactly one update old)"""
@@ -158,6 +170,12 @@ class RunConfig:
     evaluator: bool = False
     """decoupled mode: one more process evaluates the newest weights whenever it is free (never making
     anyone wait), logs Eval/ scalars and keeps the best agent as best.ckpt"""
+
+
+@dataclass
+class HogwildFlags:
+    """Hogwild mode's own flags (train_hogwild.py)."""
+
     workers: int = 1
     """Hogwild mode (train_hogwild.py): worker processes, each with its own envs, training one set of networks"""
     sync: Literal["shared", "synced"] = "shared"
@@ -166,11 +184,18 @@ class RunConfig:
     sync_every: int = 1
     """Hogwild synced mode: a worker's updates between two merges with the global networks"""
 
-    # Each mode's own flags: the other modes' entry scripts do not take them (`mode_view`).
+
+MODE_GROUPS: dict[str, type] = {"coupled": CoupledFlags, "decoupled": DecoupledFlags, "hogwild": HogwildFlags}
+
+
+@dataclass
+class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
+    """What every algorithm shares: the run-level flags, then each mode's own group (fields gather from the
+    last base to the first)."""
+
+    # Each mode's own flags, from its group: the other modes' entry scripts do not take them (`mode_view`).
     MODE_FIELDS: ClassVar[dict[str, tuple[str, ...]]] = {
-        "coupled": ("eval_every", "stop_at_return"),
-        "decoupled": ("evaluator", "num_players", "asynchronous", "max_policy_lag"),
-        "hogwild": ("workers", "sync", "sync_every"),
+        mode: tuple(member.name for member in fields(group)) for mode, group in MODE_GROUPS.items()
     }
     # Tuned starting points by name (`--preset`), each a mapping of field names to values.
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}

@@ -238,7 +238,7 @@ def needs_flattening(space: gym.Space) -> bool:
     (gymnasium flattens it, choices one-hot)."""
     if isinstance(space, gym.spaces.Box):
         return len(space.shape) != 1
-    return isinstance(space, gym.spaces.Dict | gym.spaces.Tuple) and is_vector_leaf(space)
+    return is_vector_leaf(space)  # a choice (Discrete, ...) becomes one-hot; a Dict or Tuple is concatenated
 
 
 def env_observation_space(env_id: str, preprocessing: Preprocessing) -> gym.Space:

@@ -501,6 +501,7 @@ def test_a_bad_config_file_is_named_in_one_line(tmp_path, text, told):
 MODE_FLAG_EXAMPLES = {
     "eval_every": ["--eval-every", "100"],
     "stop_at_return": ["--stop-at-return", "5"],
+    "pipeline": ["--pipeline"],
     "evaluator": ["--evaluator"],
     "num_players": ["--num-players", "2"],
     "asynchronous": ["--async"],
