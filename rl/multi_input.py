@@ -109,9 +109,10 @@ class MultiInputLayout:
     def unpack(self, rows: Tensor) -> list[Tensor]:
         """A batch of rows [B, row_bytes] as its keys, in the Dict's order: uint8 images [B, *shape] and
         float32 vectors [B, values]."""
-        if self.vector_bytes and (rows.storage_offset() % FLOAT_BYTES or not rows.is_contiguous()):
-            rows = rows.contiguous().clone()  # float32 reads need 4-byte aligned rows
-        values = rows[:, : self.vector_bytes].view(torch.float32) if self.vector_bytes else None
+        values = None
+        if self.vector_bytes:  # a fresh copy of the vectors' bytes: aligned for float32 wherever the rows lie
+            vector_bytes = rows[:, : self.vector_bytes].clone(memory_format=torch.contiguous_format)
+            values = vector_bytes.view(torch.float32)
         keys = []
         for key in self.keys:
             if key.image:

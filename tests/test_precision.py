@@ -191,6 +191,11 @@ if __name__ == "__main__":
         config = rl.preset("cartpole", total_timesteps=1536, num_envs=2, num_steps=128, per_rank_batch_size=96,
                            update_epochs=2, anneal_lr=True, compile=True, eval_episodes=1, progress_bar=False)
         warm = 256
+    elif "ALGORITHM" == "ppo-dict":  # a Dict of an image and a vector, read back from its rows of bytes
+        config = rl.preset("cartpole", env_id="rl/TwoCues-v0", total_timesteps=512, num_envs=2, num_steps=64,
+                           per_rank_batch_size=64, update_epochs=1, normalize_observations=False, compile=True,
+                           eval_episodes=1, progress_bar=False)
+        warm = 128
     else:
         config = rl.preset("sac/pendulum", total_timesteps=600, learning_starts=200, batch_size=32, log_every=100,
                            compile=True, eval_episodes=1, progress_bar=False)
@@ -206,7 +211,7 @@ def test_compiled_runs_have_no_graph_break_and_never_recompile_once_warm(tmp_pat
     """After the first update (PPO) or the first gradient steps (SAC), torch.compile's stance forbids compiling:
     the learning rate's annealing, a short last minibatch and the steps after never recompile."""
     jobs = []
-    for algorithm in ("ppo", "sac"):
+    for algorithm in ("ppo", "sac", "ppo-dict"):
         (tmp_path / algorithm).mkdir()
         script = tmp_path / algorithm / "train.py"
         script.write_text(NO_RECOMPILE.replace("ALGORITHM", algorithm))
