@@ -182,7 +182,7 @@ def inputs_text(module: GreedyPolicy) -> str:
 
 def key_text(key: KeyInput) -> str:
     sides = ", ".join(str(side) for side in key.shape)
-    return f"{key.name} ({'uint8' if key.image else 'float32'} [batch, {sides}])"
+    return f"{key.name} ({key.dtype_name} [batch, {sides}])"
 
 
 if __name__ == "__main__":

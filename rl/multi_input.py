@@ -59,8 +59,8 @@ class KeyInput:
     size: int  # bytes
 
     @property
-    def dtype(self) -> torch.dtype:
-        return torch.uint8 if self.image else torch.float32
+    def dtype_name(self) -> str:
+        return "uint8" if self.image else "float32"
 
 
 class MultiInputLayout:
@@ -129,7 +129,7 @@ class MultiInputLayout:
         return [key.clone() for key in self.unpack(torch.from_numpy(packed))]
 
     def describe(self) -> str:
-        return ", ".join(f"{key.name}: {'uint8' if key.image else 'float32'} {list(key.shape)}" for key in self.keys)
+        return ", ".join(f"{key.name}: {key.dtype_name} {list(key.shape)}" for key in self.keys)
 
 
 class PackedSpace(gym.spaces.Box):
