@@ -207,6 +207,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow
 def test_compiled_runs_have_no_graph_break_and_never_recompile_once_warm(tmp_path):
     """After the first update (PPO) or the first gradient steps (SAC), torch.compile's stance forbids compiling:
     the learning rate's annealing, a short last minibatch and the steps after never recompile."""
