@@ -274,8 +274,6 @@ def check_mode_flags(cfg: RunConfig, mode: Mode) -> None:
         raise UsageError("--cuda", "Hogwild workers share their networks in CPU memory; train without --cuda")
     if cfg.share_data:
         raise UsageError("--share-data", "Hogwild workers train on their own data; drop --share-data")
-    if cfg.pipeline:
-        raise UsageError("--pipeline", "belongs to decoupled mode; Hogwild workers never wait for a trainer")
 
 
 def check_video_support() -> None:

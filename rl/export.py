@@ -71,6 +71,11 @@ class GreedyPolicy(nn.Module):
         self.register_buffer("low", torch.as_tensor(space.low if bounded else 0.0, dtype=torch.float32))
         self.register_buffer("high", torch.as_tensor(space.high if bounded else 0.0, dtype=torch.float32))
 
+    @property
+    def input_names(self) -> list[str]:
+        """The exported file's inputs."""
+        return ["obs"]
+
     def forward(self, obs: Tensor) -> Tensor:
         if not self.pixels:  # vectors train as float32 rows; images stay uint8 into the CNN
             obs = obs.reshape(obs.shape[0], -1).float()
@@ -97,7 +102,7 @@ class GreedyMultiInputPolicy(GreedyPolicy):
 
     @property
     def input_names(self) -> list[str]:
-        return [key.name for key in self.layout.keys]
+        return [key.name for key in self.layout.keys]  # one per key
 
 
 def greedy_policy(agent: Agent) -> tuple[GreedyPolicy, tuple[Tensor, ...]]:
@@ -138,11 +143,6 @@ def export(module: GreedyPolicy, example: tuple[Tensor, ...], out: str, format: 
     write(module, example, out, format)
 
 
-def input_names(module: GreedyPolicy) -> list[str]:
-    """The exported file's inputs: `obs`, or a Dict observation's keys."""
-    return module.input_names if isinstance(module, GreedyMultiInputPolicy) else ["obs"]
-
-
 def write(module: GreedyPolicy, example: tuple[Tensor, ...], out: str, format: ExportFormat) -> None:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's deprecation notes on TorchScript and on tracing
@@ -153,7 +153,7 @@ def write(module: GreedyPolicy, example: tuple[Tensor, ...], out: str, format: E
             import onnx  # noqa: F401
         except ImportError:
             raise UsageError("--format", "onnx needs the export extra: pip install -e '.[export]'") from None
-        names = input_names(module)
+        names = module.input_names
         torch.onnx.export(
             module,
             example,

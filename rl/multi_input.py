@@ -64,9 +64,8 @@ class KeyInput:
 
 
 class MultiInputLayout:
-    """Where each key of a Dict observation lies in its row of bytes: the vectors' float32 values first
-    (at offset 0, so they read back as float32 in place), then the images; the row is padded to a
-    multiple of 4 bytes so that every row's vectors stay aligned."""
+    """Where each key of a Dict observation lies in its row of bytes: the vectors' float32 values first,
+    then the images."""
 
     def __init__(self, space: gym.spaces.Dict) -> None:
         self.space = space
@@ -82,7 +81,7 @@ class MultiInputLayout:
             if is_image_space(key):
                 keys.append(KeyInput(name, tuple(key.shape), True, start, int(np.prod(key.shape))))
                 start += keys[-1].size
-        self.row_bytes = -(-start // FLOAT_BYTES) * FLOAT_BYTES
+        self.row_bytes = start
         order = list(space.spaces)
         self.keys = sorted(keys, key=lambda key: order.index(key.name))  # the Dict's own order
 
