@@ -15,21 +15,18 @@ it in a scratch folder: each run writes its folder under ./logs.
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import io
-import os
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from host_overhead import SyncSites
 from torch.profiler import ProfilerActivity, profile
 
 import rl
 
 ON_GPU = torch.cuda.is_available()  # elsewhere the same window on the CPU: a check of this script
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclass(frozen=True)
@@ -59,9 +56,8 @@ class ProfiledWindow(rl.Callback):
         self.warm_up_steps, self.iterations = warm_up_steps, iterations
         self.profiler = profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if ON_GPU else [])])
         self.profiled, self.first_step, self.last_step = 0, 0, 0
-        self.syncs: collections.Counter[str] = collections.Counter()
-        self.caught: contextlib.AbstractContextManager | None = None
-        self.warned: list[warnings.WarningMessage] = []
+        self.watching = False
+        self.syncs = SyncSites()
 
     def on_iteration_start(self, state: rl.LoopState) -> None:
         if state.global_step < self.warm_up_steps or self.profiled >= self.iterations:
@@ -70,21 +66,13 @@ class ProfiledWindow(rl.Callback):
             synchronize()
             self.first_step = self.last_step
             self.profiler.__enter__()
-        self.caught = warnings.catch_warnings(record=True)
-        self.warned = self.caught.__enter__()
-        warnings.simplefilter("always")
-        if ON_GPU:
-            torch.cuda.set_sync_debug_mode("warn")
+        self.watching = True
+        self.syncs.__enter__()
 
     def on_iteration_end(self, state: rl.LoopState) -> None:
-        if self.caught is not None:
-            if ON_GPU:
-                torch.cuda.set_sync_debug_mode("default")
-            for warning in self.warned:
-                if "synchroniz" in str(warning.message):
-                    self.syncs[f"{os.path.relpath(warning.filename, REPO)}:{warning.lineno}"] += 1
-            self.caught.__exit__(None, None, None)
-            self.caught = None
+        if self.watching:
+            self.syncs.__exit__(None, None, None)
+            self.watching = False
             self.profiled += 1
             if self.profiled == self.iterations:
                 synchronize()
@@ -110,8 +98,8 @@ def summarize(window: ProfiledWindow, name: str) -> None:
     print(f"\n## {name}: {steps} env steps profiled")
     print(f"- wall {wall_us / steps / 1000:.3f} ms per env step; GPU busy {gpu_us / steps / 1000:.3f} ms per env step")
     print(f"- {kernels / steps:.1f} GPU kernels and copies per env step; copies: {copies}")
-    print(f"- host syncs per env step: {sum(window.syncs.values()) / steps:.2f}")
-    for where, count in window.syncs.most_common(15):
+    print(f"- host syncs per env step: {sum(window.syncs.sites.values()) / steps:.2f}")
+    for where, count in window.syncs.sites.most_common(15):
         print(f"  - {where}: {count / steps:.2f}")
     print(events.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
 

@@ -1,6 +1,7 @@
 """The host's work per env step in the steady state: aten ops dispatched, and ops that make the host wait.
 
     python benchmarks/host_overhead.py [--configs ppo/cartpole sac/pendulum ...] [--iterations 8]
+    python benchmarks/host_overhead.py --against REV [--rounds 3]
 
 On a GPU every op is a kernel launch the host pays for, and an op that needs a value on the
 host (`.item()`, `float(t)`, `bool(t)`, a boolean index, `nonzero`, `multinomial`'s checks)
@@ -13,6 +14,11 @@ one rank) and prints, per env step, the aten ops and the host-waiting ops by nam
 loop's env steps/s (in runs without the counter) with the preset's networks and with tiny MLPs
 (16 units), where the networks' compute is negligible and the rate is the host's overhead per
 step. Run it in a scratch folder: each run writes its folder under ./logs.
+
+With `--against REV` it times each config (preset and tiny networks) here and at git revision
+REV instead, each run in a fresh process, alternating which tree goes first, and prints the
+ratios. On a GPU, `sync_sites` finds where the loop waits for the GPU, by file and line
+(`tests/test_gpu.py` holds it to the copy of the actions to the envs).
 """
 
 from __future__ import annotations
@@ -21,12 +27,19 @@ import argparse
 import collections
 import contextlib
 import io
+import os
 import re
+import statistics
+import subprocess
 import sys
+import tempfile
+import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
+from launch import REPO, checkout
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import rl
@@ -51,9 +64,11 @@ class Config:
     preset: str
     overrides: dict[str, Any] = field(default_factory=dict)
     warm_up_steps: int = 0  # env steps before the window: SAC's learning_starts and more
+    timed_iterations: int = 8  # after the warm-up, in the runs that time the loop
 
-    def config(self, steps: int, tiny: bool) -> Any:
+    def config(self, steps: int, tiny: bool, cuda: bool = False) -> Any:
         values = {"total_timesteps": steps, "eval_episodes": 0, "progress_bar": False, "torch_threads": 1}
+        values["cuda"] = cuda
         values |= self.overrides | (self.tiny if tiny else {})
         return rl.preset(self.preset, **values)
 
@@ -63,10 +78,11 @@ class Config:
 
 
 CONFIGS = {
-    "ppo/cartpole": Config("cartpole"),
+    "ppo/cartpole": Config("cartpole", timed_iterations=40),
     "ppo/cnn": Config("cartpole", {"env_id": "rl/PixelCartPole-v1", "num_steps": 32}),
-    "ppo/recurrent": Config("masked-cartpole"),
-    "sac/pendulum": Config("sac/pendulum", {"learning_starts": 256}, warm_up_steps=512),
+    "ppo/recurrent": Config("masked-cartpole", timed_iterations=40),
+    "sac/pendulum": Config("sac/pendulum", {"learning_starts": 256}, warm_up_steps=512, timed_iterations=3000),
+    "ppo/atari": Config("atari-ppo", timed_iterations=4),
 }
 
 
@@ -81,17 +97,51 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-class SteadyStateWindow(rl.Callback):
-    """Count the ops of every iteration after `warm_up_steps`, and the env steps they took."""
+class SyncSites:
+    """Where the host waited for the GPU, by file and line (torch's sync debug mode warns at each wait);
+    entered once per iteration of the window, the counts add up."""
 
-    def __init__(self, warm_up_steps: int, steps_per_iteration: int) -> None:
+    def __init__(self) -> None:
+        self.sites: collections.Counter[str] = collections.Counter()
+        self.caught: contextlib.AbstractContextManager | None = None
+        self.warned: list[warnings.WarningMessage] = []
+
+    def __enter__(self) -> SyncSites:
+        self.caught = warnings.catch_warnings(record=True)
+        self.warned = self.caught.__enter__()
+        warnings.simplefilter("always")
+        if torch.cuda.is_available():  # elsewhere nothing waits: no site is found
+            torch.cuda.set_sync_debug_mode("warn")
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if torch.cuda.is_available():
+            torch.cuda.set_sync_debug_mode("default")
+        for warning in self.warned:
+            if "synchroniz" in str(warning.message):
+                self.sites[f"{os.path.relpath(warning.filename, REPO)}:{warning.lineno}"] += 1
+        assert self.caught is not None
+        self.caught.__exit__(*exc_info)
+
+
+class SteadyStateWindow(rl.Callback):
+    """Watch every iteration after `warm_up_steps` with `watch` (by default: count its ops), and count the
+    env steps they took."""
+
+    def __init__(
+        self,
+        warm_up_steps: int,
+        steps_per_iteration: int,
+        watch: contextlib.AbstractContextManager | None = None,
+    ) -> None:
         self.warm_up_steps, self.steps_per_iteration = warm_up_steps, steps_per_iteration
         self.counter, self.steps = OpCounter(), 0
+        self.watch = watch or self.counter
         self.active: contextlib.AbstractContextManager | None = None
 
     def on_iteration_start(self, state: rl.LoopState) -> None:
         if state.global_step - self.steps_per_iteration >= self.warm_up_steps:
-            self.active = self.counter
+            self.active = self.watch
             self.active.__enter__()
 
     def on_iteration_end(self, state: rl.LoopState) -> None:
@@ -104,13 +154,13 @@ class SteadyStateWindow(rl.Callback):
 SUMMARY = re.compile(r"training loop: (\d+) steps in ([\d.]+) s")
 
 
-def train(config: Config, iterations: int, tiny: bool, callbacks: list[rl.Callback]) -> float:
+def train(config: Config, iterations: int, tiny: bool, callbacks: list[rl.Callback], cuda: bool = False) -> float:
     """Train the warm-up and `iterations` more; the loop's env steps/s."""
     steps_per_iteration = config.config(1, tiny).steps_per_iteration
     total = config.warm_up_steps + (iterations + 1) * steps_per_iteration
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        rl.train(config.config(total, tiny), callbacks=callbacks)
+        rl.train(config.config(total, tiny, cuda), callbacks=callbacks)
     steps, seconds = map(float, SUMMARY.search(printed.getvalue()).groups())
     return steps / seconds
 
@@ -122,20 +172,78 @@ def ops_per_step(config: Config, iterations: int) -> dict[str, float]:
     return {name: count / window.steps for name, count in window.counter.counts.items()}
 
 
+def sync_sites(config: Config, iterations: int) -> dict[str, int]:
+    """On a GPU: where the steady-state loop made the host wait for the GPU (file:line -> times)."""
+    sites = SyncSites()
+    window = SteadyStateWindow(config.warm_up_steps, config.config(1, False).steps_per_iteration, sites)
+    train(config, iterations, False, [window], cuda=True)
+    return dict(sites.sites)
+
+
+def rate_with(tree: Path, name: str, tiny: bool) -> float:
+    """The loop's env steps/s of config `name` trained by the `rl` package of `tree`, in a fresh process."""
+    command = [sys.executable, __file__, "--rate-of", name]
+    with tempfile.TemporaryDirectory() as scratch:
+        done = subprocess.run(
+            [*command, *(["--tiny"] if tiny else [])],
+            cwd=scratch,
+            env=os.environ | {"PYTHONPATH": str(tree)},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    return float(done.stdout.split()[-1])
+
+
+def against(revision: str, names: list[str], rounds: int) -> None:
+    """Each config's env steps/s in this tree and in `revision`, alternated run by run (which goes first too)."""
+    ratios: dict[tuple[str, bool], list[float]] = {}
+    with checkout(revision) as baseline:
+        for round_ in range(1, rounds + 1):
+            for name in names:
+                for tiny in (False, True):
+                    trees = [("before", baseline), ("after", REPO)]
+                    rates = {label: rate_with(tree, name, tiny) for label, tree in trees[:: (-1) ** round_]}
+                    ratio = rates["after"] / rates["before"]
+                    ratios.setdefault((name, tiny), []).append(ratio)
+                    networks = "tiny" if tiny else "preset"
+                    print(
+                        f"round {round_}, {name} ({networks} networks): {revision} {rates['before']:,.0f}, "
+                        f"this tree {rates['after']:,.0f} env steps/s ({ratio:.3f}x)",
+                        flush=True,
+                    )
+    print(f"\n| config | networks | this tree / {revision} (median of {rounds} rounds) |")
+    print("| --- | --- | --- |")
+    for (name, tiny), values in ratios.items():
+        print(f"| {name} | {'tiny' if tiny else 'preset'} | {statistics.median(values):.3f}x |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--iterations", type=int, default=8, help="iterations counted, after the warm-up")
+    parser.add_argument("--against", metavar="REV", help="time each config here and at git revision REV, alternated")
+    parser.add_argument("--rounds", type=int, default=3, help="with --against: runs of each config in each tree")
+    parser.add_argument("--rate-of", choices=list(CONFIGS), help=argparse.SUPPRESS)  # one timed run, for --against
+    parser.add_argument("--tiny", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.rate_of:
+        config = CONFIGS[args.rate_of]
+        print(train(config, config.timed_iterations, args.tiny, []))
+        return
+    if args.against:
+        against(args.against, args.configs, args.rounds)
+        return
     print(
         "| config | aten ops per env step | host-waiting ops per env step | which | env steps/s | tiny: env steps/s |"
     )
     print("| --- | --- | --- | --- | --- | --- |")
     for name in args.configs:
         per_step = ops_per_step(CONFIGS[name], args.iterations)
-        rate = train(CONFIGS[name], args.iterations, False, [])
-        tiny_rate = train(CONFIGS[name], args.iterations, True, [])
+        config = CONFIGS[name]
+        rate = train(config, config.timed_iterations, False, [])
+        tiny_rate = train(config, config.timed_iterations, True, [])
         waiting = {op: count for op, count in per_step.items() if op in HOST_WAITING}
         which = ", ".join(f"{op.removeprefix('aten.')} {count:.2f}" for op, count in sorted(waiting.items()))
         print(

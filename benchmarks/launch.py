@@ -9,6 +9,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 SUMMARY = re.compile(r"training loop: (\d+) steps in ([\d.]+) s")
@@ -70,3 +72,15 @@ def loop_steps_per_second(command: list[str]) -> float:
     if match is None:
         sys.exit(f"no training-loop summary from {' '.join(command)}:\n{stdout[-2000:]}")
     return int(match.group(1)) / float(match.group(2))
+
+
+@contextmanager
+def checkout(revision: str) -> Iterator[Path]:
+    """A temporary worktree of this repository at `revision`, removed afterwards."""
+    with tempfile.TemporaryDirectory() as folder:
+        tree = Path(folder) / "tree"
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(tree), revision], check=True)
+        try:
+            yield tree
+        finally:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from coupled_speed import CONFIG as COUPLED
 from decoupled_speed import CONFIG as DECOUPLED
-from launch import loop_steps_per_second
+from launch import checkout, loop_steps_per_second
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -47,24 +45,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     ratios: dict[str, list[float]] = {}
-    with tempfile.TemporaryDirectory() as folder:
-        baseline = Path(folder) / "baseline"
-        subprocess.run(
-            ["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(baseline), args.revision], check=True
-        )
-        try:
-            for round_ in range(1, args.rounds + 1):
-                for name, ours in runs(REPO).items():
-                    before = loop_steps_per_second(runs(baseline)[name])
-                    after = loop_steps_per_second(ours)
-                    ratios.setdefault(name, []).append(after / before)
-                    print(
-                        f"round {round_}, {name:<20} {args.revision}: {before:7,.0f}  this tree: {after:7,.0f} "
-                        f"steps/s  ({after / before:.2f}x)",
-                        flush=True,
-                    )
-        finally:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(baseline)], check=False)
+    with checkout(args.revision) as baseline:
+        for round_ in range(1, args.rounds + 1):
+            for name, ours in runs(REPO).items():
+                before = loop_steps_per_second(runs(baseline)[name])
+                after = loop_steps_per_second(ours)
+                ratios.setdefault(name, []).append(after / before)
+                print(
+                    f"round {round_}, {name:<20} {args.revision}: {before:7,.0f}  this tree: {after:7,.0f} "
+                    f"steps/s  ({after / before:.2f}x)",
+                    flush=True,
+                )
     for name, values in ratios.items():
         print(f"median this tree / {args.revision}, {name}: {statistics.median(values):.2f}x")
 

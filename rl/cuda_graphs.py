@@ -74,6 +74,21 @@ class CapturedSteps:
         return CapturedGraph(graph, static, outputs)
 
 
+def captured_function(function: Callable[..., tuple[Tensor, ...]]) -> Callable[..., tuple[Tensor, ...]]:
+    """`function(*inputs)`, which returns a tuple of tensors, replayed as one CUDA graph per number of rows
+    of its first input (the same rules as `CapturedSteps`: fixed shapes, no host reads, no random draws)."""
+
+    def step(rows: int, *inputs: Tensor) -> dict[str, Tensor]:
+        return {str(index): output for index, output in enumerate(function(*inputs))}
+
+    steps = CapturedSteps(step)
+
+    def replay(*inputs: Tensor) -> tuple[Tensor, ...]:
+        return tuple(steps(inputs[0].shape[0], *inputs).values())
+
+    return replay
+
+
 def make_capturable(optimizers: list[torch.optim.Optimizer]) -> None:
     """Let these optimizers' steps be captured (the same arithmetic; their step counts already live on the
     device: they are fused)."""

@@ -23,6 +23,7 @@ from rl.multi_input import (
     is_vector_leaf,
     packed_layout,
 )
+from rl.uploads import to_device
 
 # Rendering is to arrays only; pygame's SDL must not look for a display or a sound device.
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
@@ -113,8 +114,8 @@ def observations_tensor(obs: np.ndarray, as_bytes: bool, device: torch.device) -
     """Observations [rows, ...] as the policy takes them: uint8 images and packed rows as they are, anything
     else as float32 rows."""
     if as_bytes:
-        return torch.as_tensor(obs).to(device)
-    return torch.as_tensor(obs, dtype=torch.float32).reshape(obs.shape[0], -1).to(device)
+        return to_device(obs, device)
+    return to_device(obs.reshape(obs.shape[0], -1), device, torch.float32)
 
 
 def is_atari(env_id: str) -> bool:

@@ -4,10 +4,17 @@ Skipped where torch sees no CUDA GPU (CI's machines); run them on one with `pyte
 """
 
 import glob
+import linecache
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import SCRIPTS, Finished, launch, load_agent, read_scalars, run_dir
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+import host_overhead  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -157,3 +164,53 @@ def test_cuda_graphs_train_as_the_eager_step_does_and_resume(tmp_path, algorithm
         "fabric run", "fabric", [*args, "--cuda-graphs", "--resume-from", checkpoint], tmp_path / "graphed"
     )
     assert resumed.returncode == 0, resumed.stderr[-5000:]
+
+
+@pytest.mark.parametrize("config", ["ppo/cartpole", "ppo/cnn", "sac/pendulum"])
+def test_the_steady_state_loop_waits_for_the_gpu_only_to_hand_the_envs_their_actions(tmp_path, monkeypatch, config):
+    monkeypatch.chdir(tmp_path)  # the runs write their folders under ./logs
+    sites = host_overhead.sync_sites(host_overhead.CONFIGS[config], iterations=2)
+    assert sites, "torch's sync debug mode saw no wait, not even the copy of the actions to the envs"
+
+    def hands_actions_to_the_envs(site: str) -> bool:
+        path, line = site.rsplit(":", 1)
+        return "step_envs(" in linecache.getline(str(REPO / path), int(line))
+
+    others = {site: count for site, count in sites.items() if not hands_actions_to_the_envs(site)}
+    assert not others, f"the host waited for the GPU here too (file:line -> times): {others}"
+
+
+@pytest.mark.parametrize("policy", ["ppo-discrete", "ppo-continuous", "ppo-gsde", "sac"])
+def test_captured_acting_draws_what_eager_acting_draws(policy):
+    """The same actions, log-probs (and values) from the same generator, while the weights change in place
+    between steps as the optimizer changes them, and for two batch sizes."""
+    import gymnasium as gym
+
+    from rl.algos.ppo.policy import MLPActorCritic
+    from rl.algos.sac.networks import SquashedGaussianActor
+
+    box = gym.spaces.Box(-1.0, 1.0, (3,))
+    cuda = torch.device("cuda")
+    if policy == "sac":
+        make = lambda: SquashedGaussianActor(5, box, (32, 32))  # noqa: E731
+    else:
+        space = gym.spaces.Discrete(4) if policy == "ppo-discrete" else box
+        make = lambda: MLPActorCritic(5, space, state_dependent=policy == "ppo-gsde")  # noqa: E731
+    torch.manual_seed(0)
+    eager = make().to(cuda)
+    torch.manual_seed(0)
+    captured = make().to(cuda)
+    captured.capture_acting()
+    generators = [torch.Generator(cuda).manual_seed(1) for _ in range(2)]
+    for step in range(8):
+        rows = 3 if step % 4 else 1
+        obs = torch.randn(rows, 5, device=cuda)
+        outputs = []
+        for agent, generator in zip((eager, captured), generators, strict=True):
+            exploration = agent.exploration_matrices(rows, generator)
+            outputs.append(agent.act(obs, generator, exploration))
+            with torch.no_grad():
+                for parameter in agent.parameters():
+                    parameter.add_(0.01)
+        for ours, theirs in zip(*outputs, strict=True):
+            torch.testing.assert_close(ours, theirs, rtol=0, atol=0)

@@ -18,7 +18,7 @@ def test_the_ppo_head_scores_actions_by_the_gaussian_of_its_state_dependent_std(
     torch.manual_seed(0)
     head = StateDependentGaussianHead(hidden=8, action_dim=2, log_std_init=-0.5)
     features, generator = torch.randn(16, 8), torch.Generator().manual_seed(1)
-    action, logprob = head.sample(features, None, head.exploration_matrices(16, generator))
+    action, logprob = head.sample(features, [head.exploration_matrices(16, generator)])
     std = head.log_std.exp()
     scale = (features.pow(2) @ std.pow(2) + head.VARIANCE_FLOOR).sqrt()
     reference = Independent(Normal(head.mode(features), scale), 1)

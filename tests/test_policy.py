@@ -108,13 +108,13 @@ def test_hidden_size_and_initial_log_std_reach_the_networks_from_the_flags():
 def test_the_categorical_sampler_draws_what_multinomial_draws_from_the_same_generator():
     """It replaced `torch.multinomial` (whose input checks wait for a GPU): the same actions from the same
     seed, and the generator left in the same state, so runs are unchanged."""
-    from rl.algos.ppo.policy import _sample
+    from rl.algos.ppo.policy import _race_noise, _sample
 
     ours, theirs = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
     shapes = [(1, 2), (7, 5), (64, 18), (3, 1)]
     for shape in shapes * 25:
         log_probs = torch.log_softmax(torch.randn(shape) * 3, dim=-1)
-        index, log_prob = _sample(log_probs, ours)
+        index, log_prob = _sample(log_probs, _race_noise(*shape, ours, torch.device("cpu")))
         expected = torch.multinomial(log_probs.exp(), 1, generator=theirs).squeeze(-1)
         assert torch.equal(index, expected)
         assert torch.equal(log_prob, log_probs.gather(-1, expected.unsqueeze(-1)).squeeze(-1))

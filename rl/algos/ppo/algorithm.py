@@ -248,6 +248,8 @@ class PPO(Algorithm):
             )
         if cfg.compile:
             agent.compile_acting(cfg.compile_mode)
+        if cfg.cuda_graphs and device.type == "cuda" and isinstance(agent, ActorCritic):
+            agent.capture_acting()
         return agent.to(device)
 
     def obs_normalizer(self, device: torch.device) -> ObservationNormalizer:

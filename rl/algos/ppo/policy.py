@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from rl.compiling import CompileMode, compiled
+from rl.cuda_graphs import captured_function
 from rl.encoders import FlatPixels, orthogonal_init
 from rl.precision import FLOAT32, Precision
 
@@ -29,15 +30,19 @@ def _linear(layer: nn.Linear, x: Tensor) -> Tensor:
     return F.linear(x, layer.weight, layer.bias)
 
 
-def _sample(log_probs: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+def _race_noise(rows: int, choices: int, generator: torch.Generator | None, device: torch.device) -> Tensor:
+    """The Exp(1) noise of `_sample`'s draws, [rows, choices]."""
+    return torch.empty((rows, choices), device=device).exponential_(1, generator=generator)
+
+
+def _sample(log_probs: Tensor, noise: Tensor) -> tuple[Tensor, Tensor]:
     """One draw per row of a categorical given as log-probabilities; returns (index, log-prob).
 
     The exponential-race draw that `torch.multinomial(probs, 1)` makes on the CPU (argmax of the
-    probabilities over Exp(1) noise), the same draws from the same generator, without the checks
-    of its input that read the probabilities on the host: on a GPU those wait for the stream."""
-    probs = log_probs.exp()
-    noise = torch.empty_like(probs).exponential_(1, generator=generator)
-    index = (probs / noise).argmax(-1, keepdim=True)
+    probabilities over Exp(1) `noise` from `_race_noise`), the same draws from the same generator,
+    without the checks of its input that read the probabilities on the host: on a GPU those wait
+    for the stream."""
+    index = (log_probs.exp() / noise).argmax(-1, keepdim=True)
     return index.squeeze(-1), log_probs.gather(-1, index).squeeze(-1)
 
 
@@ -55,8 +60,11 @@ class CategoricalHead(nn.Module):
     def _log_probs(self, features: Tensor) -> Tensor:
         return torch.log_softmax(_linear(self.linear, features), dim=-1)
 
-    def sample(self, features: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-        return _sample(self._log_probs(features), generator)
+    def noise(self, rows: int, generator: torch.Generator | None) -> list[Tensor]:
+        return [_race_noise(rows, self.linear.out_features, generator, self.linear.weight.device)]
+
+    def sample(self, features: Tensor, noise: list[Tensor]) -> tuple[Tensor, Tensor]:
+        return _sample(self._log_probs(features), noise[0])
 
     def log_prob_entropy(self, features: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
         log_probs = self._log_probs(features)
@@ -78,8 +86,11 @@ class MultiCategoricalHead(nn.Module):
         logits = _linear(self.linear, features)
         return [torch.log_softmax(chunk, dim=-1) for chunk in logits.split(self.nvec, dim=-1)]
 
-    def sample(self, features: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
-        draws = [_sample(log_probs, generator) for log_probs in self._log_probs(features)]
+    def noise(self, rows: int, generator: torch.Generator | None) -> list[Tensor]:
+        return [_race_noise(rows, n, generator, self.linear.weight.device) for n in self.nvec]
+
+    def sample(self, features: Tensor, noise: list[Tensor]) -> tuple[Tensor, Tensor]:
+        draws = [_sample(log_probs, part) for log_probs, part in zip(self._log_probs(features), noise, strict=True)]
         actions, logprobs = zip(*draws, strict=True)
         return torch.stack(actions, dim=-1), torch.stack(logprobs, dim=-1).sum(-1)
 
@@ -102,10 +113,13 @@ class GaussianHead(nn.Module):
         self.linear = nn.Linear(hidden, action_dim)
         self.log_std = nn.Parameter(torch.full((action_dim,), log_std_init))
 
-    def sample(self, features: Tensor, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    def noise(self, rows: int, generator: torch.Generator | None) -> list[Tensor]:
+        weight = self.linear.weight
+        return [torch.randn((rows, self.linear.out_features), generator=generator, device=weight.device)]
+
+    def sample(self, features: Tensor, noise: list[Tensor]) -> tuple[Tensor, Tensor]:
         mean = _linear(self.linear, features)
-        noise = torch.randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
-        action = mean + self.log_std.exp() * noise
+        action = mean + self.log_std.exp() * noise[0]
         return action, self._log_prob(mean, action)
 
     def _log_prob(self, mean: Tensor, action: Tensor) -> Tensor:
@@ -147,11 +161,9 @@ class StateDependentGaussianHead(nn.Module):
         variance = features.detach().pow(2) @ self.log_std.exp().pow(2)
         return (variance + self.VARIANCE_FLOOR).sqrt()
 
-    def sample(
-        self, features: Tensor, generator: torch.Generator | None, exploration: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        if exploration is None:
-            raise ValueError("gSDE acts through exploration matrices: draw them with `exploration_matrices`")
+    def sample(self, features: Tensor, noise: list[Tensor]) -> tuple[Tensor, Tensor]:
+        """`noise`: the envs' exploration matrices, alone."""
+        (exploration,) = noise
         mean = _linear(self.linear, features)
         action = mean + torch.bmm(features.unsqueeze(1), exploration).squeeze(1)
         return action, _gaussian_log_prob(action, mean, self._scale(features))
@@ -194,13 +206,17 @@ def exploration_matrices(head: ActionHead, rows: int, generator: torch.Generator
     return None
 
 
-def sample_action(
-    head: ActionHead, features: Tensor, generator: torch.Generator | None, exploration: Tensor | None
-) -> tuple[Tensor, Tensor]:
-    """A head's sampled actions and log-probs: gSDE's through its exploration matrices, the others' fresh."""
+def action_noise(
+    head: ActionHead, rows: int, generator: torch.Generator | None, exploration: Tensor | None
+) -> list[Tensor]:
+    """The noise a head's `sample` takes for `rows` actions: gSDE's exploration matrices, the others' fresh
+    draws. Drawn before the forward pass (the same numbers as during it), so that acting is a function of
+    its inputs, which a CUDA graph can replay."""
     if isinstance(head, StateDependentGaussianHead):
-        return head.sample(features, generator, exploration)
-    return head.sample(features, generator)
+        if exploration is None:
+            raise ValueError("gSDE acts through exploration matrices: draw them with `exploration_matrices`")
+        return [exploration]
+    return head.noise(rows, generator)
 
 
 def action_shape_and_dtype(action_space: gym.Space) -> tuple[tuple[int, ...], torch.dtype]:
@@ -240,6 +256,7 @@ class ActorCritic(nn.Module):
     recurrent = False
     precision = FLOAT32
     acting_features: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None  # compiled `features`, with --compile
+    acting: Callable[..., tuple[Tensor, ...]] | None = None  # `act_with_noise` as a CUDA graph, with --cuda-graphs
 
     def trunk(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
@@ -274,9 +291,18 @@ class ActorCritic(nn.Module):
         self, obs: Tensor, generator: torch.Generator | None, exploration: Tensor | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Sample actions (through gSDE's `exploration` matrices, with --use-sde); returns (action, log-prob, value)."""
+        noise = action_noise(self.action_head, obs.shape[0], generator, exploration)
+        return (self.acting or self.act_with_noise)(obs, *noise)
+
+    def act_with_noise(self, obs: Tensor, *noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """`act`, given its noise: nothing here draws a random number or waits for the GPU."""
         actor_features, critic_features = (self.acting_features or self.features)(obs)
-        action, logprob = sample_action(self.action_head, actor_features, generator, exploration)
+        action, logprob = self.action_head.sample(actor_features, list(noise))
         return action, logprob, self._value(critic_features)
+
+    def capture_acting(self) -> None:
+        """Act through a CUDA graph of `act_with_noise`, one per batch size (`--cuda-graphs` on a GPU)."""
+        self.acting = captured_function(self.act_with_noise)
 
     @torch.no_grad()
     def exploration_matrices(self, rows: int, generator: torch.Generator | None) -> Tensor | None:

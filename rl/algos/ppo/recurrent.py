@@ -21,7 +21,7 @@ import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
-from rl.algos.ppo.policy import HIDDEN_SIZE, MLP, exploration_matrices, make_action_head, sample_action
+from rl.algos.ppo.policy import HIDDEN_SIZE, MLP, action_noise, exploration_matrices, make_action_head
 from rl.encoders import FlatPixels, orthogonal_init
 from rl.precision import FLOAT32, Precision
 
@@ -113,7 +113,8 @@ class RecurrentActorCritic(nn.Module):
         """Sample actions (through gSDE's `exploration` matrices, with --use-sde); returns (action, log-prob,
         value, next memory)."""
         features, memory = self._step(obs, memory, starts)
-        action, logprob = sample_action(self.action_head, features, generator, exploration)
+        noise = action_noise(self.action_head, features.shape[0], generator, exploration)
+        action, logprob = self.action_head.sample(features, noise)
         return action, logprob, self._value(features), memory
 
     @torch.no_grad()

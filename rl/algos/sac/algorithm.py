@@ -77,6 +77,8 @@ class SAC(Algorithm):
         )
         if self.cfg.compile:
             actor.compile_acting(self.cfg.compile_mode)
+        if self.cfg.cuda_graphs and device.type == "cuda":
+            actor.capture_acting()
         return actor.to(device)
 
     def make_source(

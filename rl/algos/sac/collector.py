@@ -23,6 +23,7 @@ from rl.seeds import (
     env_seeds,
     seeded_generator,
 )
+from rl.uploads import to_device
 
 
 @dataclass
@@ -99,9 +100,9 @@ class ReplayCollector(ExperienceSource):
             self.buffer.add(
                 obs=self.raw_obs,
                 actions=actions,
-                rewards=torch.as_tensor(rewards, dtype=torch.float32, device=self.device),
+                rewards=to_device(rewards, self.device, torch.float32),
                 next_obs=self.to_tensor(self.led_to(next_obs, ended, info)),
-                terminated=torch.as_tensor(terminated, dtype=torch.float32, device=self.device),
+                terminated=to_device(terminated, self.device, torch.float32),
             )
             episodes.record(info)
             self.raw_obs = self.to_tensor(next_obs)

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from rl.compiling import CompileMode, compiled
+from rl.cuda_graphs import captured_function
 from rl.precision import FLOAT32, Precision
 
 HIDDEN_SIZE = 256
@@ -57,7 +58,7 @@ class SquashedGaussianActor(nn.Module):
     training), and the mean is clipped to +-2.
     """
 
-    acting: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None  # compiled `forward`, with --compile
+    acting: Callable[..., tuple[Tensor, ...]] | None = None  # `forward` compiled, or captured as a CUDA graph
     recurrent = False
 
     def __init__(
@@ -106,6 +107,10 @@ class SquashedGaussianActor(nn.Module):
     def compile_acting(self, mode: CompileMode) -> None:
         """Compile the forward that acting takes (a fixed batch of one row per env); evaluation stays eager."""
         self.acting = compiled(self.forward, mode)
+
+    def capture_acting(self) -> None:
+        """Act through a CUDA graph of the (compiled) forward, one per batch size (`--cuda-graphs` on a GPU)."""
+        self.acting = captured_function(self.acting or self.forward)
 
     def head_parameters(self) -> list[nn.Parameter]:
         """The actor's own parameters: all but the encoder's, which the critics' loss trains."""
