@@ -57,8 +57,8 @@ class RunFlags:
     compile_mode: CompileMode = "default"
     """torch.compile's mode with --compile: default, reduce-overhead (CUDA graphs on a GPU) or max-autotune"""
     cuda_graphs: bool = False
-    """with --cuda, capture each gradient step (PPO's minibatch steps, SAC's gradient steps) and each acting step as
-    CUDA graphs, which the GPU replays without the host launching their kernels one by one (one learner; not
+    """with --cuda, capture each gradient step (PPO's minibatch steps, SAC's gradient steps), each acting step and PPO's
+    GAE as CUDA graphs, which the GPU replays without the host launching their kernels one by one (one learner; not
     recurrent or --target-kl)"""
 
     num_envs: int = 2

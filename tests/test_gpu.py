@@ -214,3 +214,27 @@ def test_captured_acting_draws_what_eager_acting_draws(policy):
                     parameter.add_(0.01)
         for ours, theirs in zip(*outputs, strict=True):
             torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+
+def test_captured_gae_computes_what_eager_gae_computes():
+    import functools
+
+    from rl.algos.ppo.rollout import compute_gae
+    from rl.cuda_graphs import captured_function
+
+    gae = functools.partial(compute_gae, gamma=0.99, gae_lambda=0.95)
+    captured = captured_function(gae)
+    generator = torch.Generator("cuda").manual_seed(0)
+    for _ in range(5):  # the first two run eagerly, the third is captured, the rest replay it
+        steps, envs = 64, 4
+        draw = functools.partial(torch.rand, generator=generator, device="cuda")
+        rollout = (
+            draw(steps, envs),
+            draw(steps, envs),
+            draw(steps, envs) < 0.05,
+            draw(steps, envs) < 0.05,
+            draw(steps, envs),
+            draw(envs),
+        )
+        for ours, theirs in zip(captured(*rollout), gae(*rollout), strict=True):
+            torch.testing.assert_close(ours, theirs, rtol=0, atol=0)

@@ -274,6 +274,7 @@ class PPO(Algorithm):
             self.training_signal(),
             (cfg.lstm_layers, cfg.lstm_hidden_size) if cfg.recurrent else None,
             self.exploration(),
+            capture_gae=cfg.cuda_graphs and device.type == "cuda",
         )
 
     def make_learner(self, policy: nn.Module, runtime: Runtime, shard: DataShard, env_ranks: int) -> PPOLearner:

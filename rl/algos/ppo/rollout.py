@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -13,6 +15,7 @@ from torch import Tensor
 from rl.algos.ppo.policy import ActorCritic, action_shape_and_dtype
 from rl.algos.ppo.recurrent import Memory, RecurrentActorCritic, initial_memory
 from rl.batch import TensorBatch
+from rl.cuda_graphs import captured_function
 from rl.envs import EnvSpaces
 from rl.experience import GAME_SIGNAL, EpisodeLog, ExperienceSource, StateDependentExploration, TrainingSignal
 from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
@@ -99,10 +102,12 @@ class RolloutCollector(ExperienceSource):
         signal: TrainingSignal = GAME_SIGNAL,
         memory_shape: tuple[int, int] | None = None,
         exploration: StateDependentExploration | None = None,
+        capture_gae: bool = False,
     ) -> None:
         self.num_steps = num_steps
         self.exploration = exploration
-        self.gamma, self.gae_lambda = gamma, gae_lambda
+        gae = functools.partial(compute_gae, gamma=gamma, gae_lambda=gae_lambda)
+        self.advantages: Advantages = captured_function(gae) if capture_gae else gae  # one CUDA graph, captured
         self.buffer = Rollout.allocate(num_steps, envs.num_envs, spaces, device, obs_normalizer.enabled, memory_shape)
         # Recurrent: each env's state before its next observation, and whether that observation begins
         # an episode; `stepped_memory` is the state after the current step's observation.
@@ -221,7 +226,7 @@ class RolloutCollector(ExperienceSource):
     def next_batch(self, global_step: int, all_reduce_sum: AllReduceSum) -> Batch:
         """Fold the rollout into the pooled normalization statistics, then compute its advantages."""
         self.sync_normalizers(self.buffer, all_reduce_sum)
-        return rollout_to_batch(self.buffer, self.gamma, self.gae_lambda)
+        return rollout_to_batch(self.buffer, self.advantages)
 
     def batch_stats(self, batch: Batch) -> dict[str, Tensor]:
         return {"explained_variance": explained_variance(batch.values, batch.returns)}
@@ -281,6 +286,10 @@ def compute_gae(
     return advantages, advantages + values
 
 
+# (rewards, values, terminated, truncated, final values, next value) -> (advantages, returns)
+Advantages = Callable[..., tuple[Tensor, ...]]
+
+
 @dataclass
 class Batch(TensorBatch):
     """Flat training data: one row per transition."""
@@ -317,17 +326,15 @@ class SequenceBatch(Batch):
         return self.obs, self.actions, self.starts, self.memory
 
 
-def rollout_to_batch(rollout: Rollout, gamma: float, gae_lambda: float) -> Batch:
+def rollout_to_batch(rollout: Rollout, advantages_of: Advantages) -> Batch:
     """The rollout's rows with their advantages: one per transition, or one sequence per env (recurrent)."""
-    advantages, returns = compute_gae(
+    advantages, returns = advantages_of(
         rollout.rewards,
         rollout.values,
         rollout.terminated,
         rollout.truncated,
         rollout.final_values,
         rollout.next_value,
-        gamma,
-        gae_lambda,
     )
     columns = {
         "obs": rollout.obs,
