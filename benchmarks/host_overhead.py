@@ -78,7 +78,7 @@ class Config:
 
 
 CONFIGS = {
-    "ppo/cartpole": Config("cartpole", timed_iterations=40),
+    "ppo/cartpole": Config("cartpole", timed_iterations=160),
     "ppo/cnn": Config("cartpole", {"env_id": "rl/PixelCartPole-v1", "num_steps": 32}),
     "ppo/recurrent": Config("masked-cartpole", timed_iterations=40),
     "sac/pendulum": Config("sac/pendulum", {"learning_starts": 256}, warm_up_steps=512, timed_iterations=3000),
