@@ -155,13 +155,16 @@ SUMMARY = re.compile(r"training loop: (\d+) steps in ([\d.]+) s")
 
 
 def train(config: Config, iterations: int, tiny: bool, callbacks: list[rl.Callback], cuda: bool = False) -> float:
-    """Train the warm-up and `iterations` more; the loop's env steps/s."""
+    """Train the warm-up and `iterations` more; the loop's env steps/s (NaN on a rank that does not report it)."""
     steps_per_iteration = config.config(1, tiny).steps_per_iteration
     total = config.warm_up_steps + (iterations + 1) * steps_per_iteration
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         rl.train(config.config(total, tiny, cuda), callbacks=callbacks)
-    steps, seconds = map(float, SUMMARY.search(printed.getvalue()).groups())
+    summary = SUMMARY.search(printed.getvalue())
+    if summary is None:  # a rank that does not print the run's summary
+        return float("nan")
+    steps, seconds = map(float, summary.groups())
     return steps / seconds
 
 

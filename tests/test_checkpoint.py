@@ -161,15 +161,17 @@ def test_bad_checkpoints_end_with_one_line_that_says_what_the_file_is_and_exit_2
     assert line.startswith("error: --resume-from: ") and BAD_FILE_LINES[kind] in line, line
 
 
-def test_a_non_finite_loss_stops_training_without_a_nan_checkpoint(tmp_path):
+@pytest.mark.parametrize("mode", ["fabric", "decoupled"])
+def test_a_non_finite_loss_stops_training_without_a_nan_checkpoint(tmp_path, mode):
+    """Coupled ranks check at each report, and so does a decoupled trainer (not at every update)."""
     args = ["--learning-rate", "1e30", "--total-timesteps", "16384", "--checkpoint-every", "512", "--keep-last", "100"]
     with_progress_bar = [arg for arg in QUICK if arg != "--no-progress-bar"]
-    finished = run_ranks("fabric run", SCRIPTS["fabric"], with_progress_bar + args, tmp_path)
+    finished = run_ranks("fabric run", SCRIPTS[mode], with_progress_bar + args, tmp_path)
     assert finished.returncode != 0
     lines = finished.stderr.split("\n")  # not splitlines(): a bar's carriage return must not count as a new line
     assert any(line.startswith("error: training stopped: the gradient norm is not finite") for line in lines)
-    assert not (run_dir(tmp_path, "fabric") / "agent.ckpt").exists()
-    for path in checkpoints(tmp_path):
+    assert not (run_dir(tmp_path, mode) / "agent.ckpt").exists()
+    for path in checkpoints(tmp_path, mode):
         state = torch.load(path, weights_only=True)
         assert all(torch.isfinite(tensor).all() for tensor in state["policy"].values()), path
 

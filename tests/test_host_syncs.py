@@ -6,15 +6,38 @@ finds them here: every op of the iterations after a warm-up, in one process. The
 copy of each step's actions to the envs is a plain copy, not counted: it is the one wait a step
 needs. The recurrent policy's replay cuts its sequences at episode starts, data-dependent shapes
 that need the host, and is left out.
+
+With more processes (real ones, over gloo), each coupled rank is held to the same, and a
+decoupled trainer too, counted over its whole run at two lengths: the difference is its steady
+state. The trainer reads the players' message headers, host buffers under gloo, with `tolist`,
+which the counter does not see and which waits for no GPU; the players, on the CPU, are not
+held to it.
 """
 
+import json
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_ranks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import host_overhead
+
+OPS_SCRIPT = Path(__file__).resolve().parent / "ops_for_tests.py"
+
+
+def host_waiting(counts: dict[str, float]) -> dict[str, float]:
+    return {op: count for op, count in counts.items() if op in host_overhead.HOST_WAITING and count}
+
+
+def rank_ops(tmp_path: Path, mode: str, config: str, amount: int) -> list[dict[str, float]]:
+    """Each rank's ops (ops_for_tests.py) in a 2-process job."""
+    folder = tmp_path / f"{mode}-{amount}"
+    folder.mkdir()
+    finished = run_ranks("fabric run", OPS_SCRIPT, [mode, config, str(amount)], folder)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    return [json.loads((folder / f"ops-{rank}.json").read_text()) for rank in (0, 1)]
 
 
 @pytest.mark.parametrize("config", ["ppo/cartpole", "ppo/cnn", "sac/pendulum"])
@@ -24,3 +47,25 @@ def test_the_steady_state_loop_never_makes_the_host_wait(tmp_path, monkeypatch, 
     assert sum(per_step.values()) > 10  # the window saw the loop's work
     waiting = {op: count for op, count in per_step.items() if op in host_overhead.HOST_WAITING}
     assert not waiting, f"ops that wait for the device, per env step: {waiting}"
+
+
+@pytest.mark.parametrize("config", ["ppo/cartpole", "sac/pendulum"])
+def test_two_coupled_ranks_never_make_the_host_wait_in_the_steady_state(tmp_path, config):
+    for rank, per_step in enumerate(rank_ops(tmp_path, "coupled", config, 2)):
+        assert sum(per_step.values()) > 10, rank
+        assert not host_waiting(per_step), f"rank {rank}, per env step: {host_waiting(per_step)}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config, steps", [("sac/pendulum", (1024, 1536)), ("ppo/cartpole", (1024, 2048))])
+def test_a_decoupled_trainer_makes_the_host_wait_only_at_its_reports(tmp_path, config, steps):
+    short, long = (rank_ops(tmp_path, "decoupled", config, amount)[1] for amount in steps)  # rank 1 trains
+    steady = {op: long.get(op, 0) - short.get(op, 0) for op in set(short) | set(long)}
+    assert sum(steady.values()) > 10 * (steps[1] - steps[0])
+    # SAC reports once per run here; PPO reports every iteration, where the trainer reads its divergence flag.
+    reports = (
+        0
+        if config.startswith("sac/")
+        else (steps[1] - steps[0]) // host_overhead.CONFIGS[config].config(1, False).steps_per_iteration
+    )
+    assert host_waiting(steady) == ({"aten._local_scalar_dense": reports} if reports else {}), host_waiting(steady)

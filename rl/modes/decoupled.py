@@ -47,7 +47,16 @@ from rl.logger import (
     ProgressBar,
     TrainingMetrics,
 )
-from rl.loop import Callback, LoopClock, LoopState, Requests, TrainingLoop, report_compile_time, summary_line
+from rl.loop import (
+    Callback,
+    LoopClock,
+    LoopState,
+    Requests,
+    TrainingLoop,
+    report_compile_time,
+    report_due,
+    summary_line,
+)
 from rl.modes.decoupled_links import (
     FINISH,
     INTERRUPT,
@@ -69,6 +78,7 @@ from rl.normalization import AllReduceSum
 from rl.optim import load_flat_parameters, num_parameters
 from rl.run import Run, TrainingResult, fixed_run_dir, open_run, run_name, training_video_folder
 from rl.runtime import FabricRuntime, close_process_group, collective_timeout, naming_a_taken_port
+from rl.uploads import to_device
 
 LOG_SUBDIR = "fabric_decoupled_logs"
 MODE = "decoupled"
@@ -344,6 +354,8 @@ def run_trainer(
     outbox = WeightsOutbox(topology, message_size(algorithm), LagBound.of(cfg), cfg.collective_timeout)
     progress_line(cfg.progress_bar)  # the lead player's bar shares our stderr: error lines start on their own
     updates_done, loop_clock = 0, LoopClock()
+    report_every = algorithm.iterations_per_report(topology.num_players)
+    last_iteration = cfg.num_iterations(topology.num_players)
     while True:
         command, iteration, policy_lag = inbox.receive(updates_done)
         if command is Command.STOP:
@@ -352,10 +364,11 @@ def run_trainer(
             if is_first:
                 send_state(learner.state_dict(), LEAD_PLAYER, topology.role_name(LEAD_PLAYER))
             continue
-        batch = codec.unpack(inbox.rows.to(runtime.device))  # the players' rows, one player after another
+        batch = codec.unpack(to_device(inbox.rows, runtime.device))  # the players' rows, one player after another
         with peer("another trainer"):
             stats = learner.update(batch, iteration)
-            learner.raise_if_diverged()  # one read from the device per update
+            if report_due(iteration, report_every, last_iteration):
+                learner.raise_if_diverged()  # a read from the device where the players log, not at every update
             stats |= {
                 "policy_lag": torch.tensor(float(policy_lag)),
                 "compile_seconds": torch.tensor(loop_clock.compile_seconds()),

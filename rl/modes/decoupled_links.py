@@ -220,7 +220,8 @@ class TrainerInbox:
         for player, header in zip(self.topology.players, self.headers, strict=True):
             with peer(names(player)):
                 dist.recv(header, player)
-        commands = {(int(header[0]), int(header[1])) for header in self.headers}
+        headers = [header.tolist() for header in self.headers]  # each read once, as a whole
+        commands = {(command, iteration) for command, iteration, _ in headers}
         if len(commands) != 1:
             raise RuntimeError(f"the players sent different commands in one slot: {sorted(commands)}")
         ((command, iteration),) = commands
@@ -228,7 +229,7 @@ class TrainerInbox:
             for player, part in zip(self.topology.players, self.parts, strict=True):
                 with peer(names(player)):
                     dist.recv(part, player)
-        lag = max(updates_done - int(header[2]) for header in self.headers)
+        lag = max(updates_done - acted_with for _, _, acted_with in headers)
         return Command(command), iteration, lag
 
 
