@@ -6,7 +6,7 @@ import csv
 import glob
 import os
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -291,6 +291,7 @@ class MeanOverRanks:
         # would make the host wait for the GPU at every step. They join the device's sums once per compute.
         self._host_sums = torch.zeros(len(self._index), 2, dtype=torch.float64)
         self._all_reduce_sum = all_reduce_sum
+        self._rows: dict[tuple[tuple[str, ...], torch.device], torch.Tensor] = {}  # `update_present`'s indices
 
     def update(self, name: str, values: torch.Tensor | float | list[float]) -> None:
         on_device = isinstance(values, torch.Tensor) and values.device == self._sums.device
@@ -299,6 +300,18 @@ class MeanOverRanks:
         if values.numel():
             sums[self._index[name], 0] += values.sum()
             sums[self._index[name], 1] += values.numel()
+
+    def update_present(self, names: Sequence[str], values: torch.Tensor) -> None:
+        """One sample of each of `names`, given as one vector in their order with NaN where a value is absent;
+        added where the vector is, without reading it on the host."""
+        sums = self._sums if values.device == self._sums.device else self._host_sums
+        key = (tuple(names), sums.device)
+        if key not in self._rows:
+            self._rows[key] = torch.tensor([self._index[name] for name in names], device=sums.device)
+        rows, values = self._rows[key], values.to(sums.device, torch.float64)
+        present = ~values.isnan()
+        sums[rows, 0] += torch.where(present, values, 0.0)
+        sums[rows, 1] += present.to(torch.float64)
 
     def compute(self) -> dict[str, float]:
         self._sums += self._host_sums.to(self._sums.device)
@@ -334,6 +347,10 @@ class TrainingMetrics(MeanOverRanks):
     def record(self, stats: dict[str, torch.Tensor | float]) -> None:
         for name, value in stats.items():
             self.update(self.stat_tags[name], value)
+
+    def record_present(self, names: Sequence[str], values: torch.Tensor) -> None:
+        """Statistics as one vector in `names`' order, NaN where one was not computed (see `update_present`)."""
+        self.update_present([self.stat_tags[name] for name in names], values)
 
 
 class ProgressBar:

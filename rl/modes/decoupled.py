@@ -100,8 +100,9 @@ class StatsMessage:
                 values[index] = stats[name]
         return values
 
-    def unpack(self, values: Tensor) -> dict[str, Tensor]:
-        return {name: value for name, value in zip(self.names, values, strict=True) if not value.isnan()}
+    def value(self, values: Tensor, name: str) -> Tensor:
+        """One statistic of a block, where the block is (a view: read it before the next message)."""
+        return values[self.names.index(name)]
 
 
 def stat_tags(algorithm: Algorithm) -> dict[str, str]:
@@ -167,9 +168,12 @@ class Player:
             drawn_by_job=cfg.progress_bar,
         )
         self.batches_sent = 0
-        self.lag_window: list[float] = []  # the policy lags of the updates since the last report
+        # The updates' statistics stay where their messages arrive until a report reads them: the largest policy
+        # lag since the last report, and the trainers' compile time so far.
+        self.lag_max: Tensor | None = None
+        self.trainer_compile: Tensor | float = 0.0
         self.reports_waiting: dict[int, tuple[int, dict[str, float]]] = {}  # update -> (iteration, episode means)
-        self.loop_clock, self.trainer_compile_seconds = LoopClock(), 0.0
+        self.loop_clock = LoopClock()
 
     def _open_run(self, resume: TrainingCheckpoint | None) -> Run:
         cfg = self.cfg
@@ -255,6 +259,10 @@ class Player:
     def next_report(self, iteration: int) -> int:
         return min(math.ceil(iteration / self.report_every) * self.report_every, self.num_iterations)
 
+    @property
+    def trainer_compile_seconds(self) -> float:
+        return float(self.trainer_compile)
+
     def schedule_report(self, iteration: int, episode_means: dict[str, float]) -> None:
         if self.inbox.version == self.batches_sent:
             self.log_report(iteration, episode_means)
@@ -267,9 +275,9 @@ class Player:
         steps_per_second = (step - self.start_step) / self.loop_clock.seconds(self.trainer_compile_seconds)
         scalars = self.metrics.compute() | episode_means
         scalars |= {"Time/steps_per_second": steps_per_second, "Info/replay_ratio": self.replay_ratio}
-        if self.lag_window:  # the mean hides a bound's breach: the largest lag since the last report too
-            scalars["Info/policy_lag_max"] = max(self.lag_window)
-            self.lag_window.clear()
+        if self.lag_max is not None:  # the mean hides a bound's breach: the largest lag since the last report too
+            scalars["Info/policy_lag_max"] = float(self.lag_max)
+            self.lag_max = None
         self.run.sink.log_scalars(scalars, step)
         self.progress.advance(step - self.reported_step, steps_per_second, scalars.get(EPISODE_RETURN))
         self.reported_step = step
@@ -282,10 +290,11 @@ class Player:
         load_flat_parameters(self.policy, message[head:])
         if not self.is_lead:
             return
-        stats = self.stats_message.unpack(message[:head])
-        self.metrics.record(stats)
-        self.lag_window.append(float(stats["policy_lag"]))
-        self.trainer_compile_seconds = float(stats["compile_seconds"])
+        stats = message[:head]
+        self.metrics.record_present(self.stats_message.names, stats)
+        lag = self.stats_message.value(stats, "policy_lag")
+        self.lag_max = lag.clone() if self.lag_max is None else torch.maximum(self.lag_max, lag)
+        self.trainer_compile = self.stats_message.value(stats, "compile_seconds").clone()
         if version in self.reports_waiting:
             self.log_report(*self.reports_waiting.pop(version))
 
