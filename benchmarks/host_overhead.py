@@ -4,7 +4,7 @@
     python benchmarks/host_overhead.py --against REV [--rounds 3]
 
 On a GPU every op is a kernel launch the host pays for, and an op that needs a value on the
-host (`.item()`, `float(t)`, `bool(t)`, a boolean index, `nonzero`, `multinomial`'s checks)
+host (`.item()`, `float(t)`, `bool(t)`, a boolean mask index, `nonzero`, `multinomial`'s checks)
 empties the stream, so the host's launch time and the GPU's work add up instead of overlapping.
 Both are counted here on CPU, where they are the same ops: a `TorchDispatchMode` counts every
 aten op inside the loop's iterations (collecting and learning: `rl.Callback`'s
@@ -56,6 +56,11 @@ HOST_WAITING = {
     "aten.repeat_interleave",
     "aten.equal",
 }
+# Indexing by a boolean mask finds the mask's true entries on the host first (its nonzero runs inside the
+# kernel, where the dispatch does not see it): counted under its own name.
+MASKABLE = ("aten.index", "aten.index_put", "aten.index_put_")
+BY_MASK = " (boolean mask)"
+HOST_WAITING |= {name + BY_MASK for name in MASKABLE}
 TINY = {"hidden_size": 16}
 
 
@@ -79,6 +84,7 @@ class Config:
 
 CONFIGS = {
     "ppo/cartpole": Config("cartpole", timed_iterations=160),
+    "ppo/cartpole-native": Config("cartpole", {"vector_mode": "native"}),  # its envs reset a step late
     "ppo/cnn": Config("cartpole", {"env_id": "rl/PixelCartPole-v1", "num_steps": 32}),
     "ppo/recurrent": Config("masked-cartpole", timed_iterations=40),
     "sac/pendulum": Config("sac/pendulum", {"learning_starts": 256}, warm_up_steps=512, timed_iterations=3000),
@@ -93,8 +99,14 @@ class OpCounter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func.overloadpacket._qualified_op_name).replace("::", ".")
+        if name in MASKABLE and any(is_mask(index) for index in args[1]):
+            name += BY_MASK
         self.counts[name] += 1
         return func(*args, **(kwargs or {}))
+
+
+def is_mask(index: object) -> bool:
+    return isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8)
 
 
 class SyncSites:
