@@ -119,21 +119,21 @@ class SyncSites:
         self.warned: list[warnings.WarningMessage] = []
 
     def __enter__(self) -> SyncSites:
+        if torch.cuda.is_available():  # switched before recording: the switch itself once warns of a sync
+            torch.cuda.set_sync_debug_mode("warn")
         self.caught = warnings.catch_warnings(record=True)
         self.warned = self.caught.__enter__()
         warnings.simplefilter("always")
-        if torch.cuda.is_available():  # elsewhere nothing waits: no site is found
-            torch.cuda.set_sync_debug_mode("warn")
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        if torch.cuda.is_available():
+        assert self.caught is not None
+        self.caught.__exit__(*exc_info)  # recording ends before the switch back
+        if torch.cuda.is_available():  # elsewhere nothing waits: no site is found
             torch.cuda.set_sync_debug_mode("default")
         for warning in self.warned:
             if "synchroniz" in str(warning.message):
                 self.sites[f"{os.path.relpath(warning.filename, REPO)}:{warning.lineno}"] += 1
-        assert self.caught is not None
-        self.caught.__exit__(*exc_info)
 
 
 class SteadyStateWindow(rl.Callback):
