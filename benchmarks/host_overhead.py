@@ -72,8 +72,7 @@ class Config:
     timed_iterations: int = 8  # after the warm-up, in the runs that time the loop
 
     def config(self, steps: int, tiny: bool, cuda: bool = False) -> Any:
-        values = {"total_timesteps": steps, "eval_episodes": 0, "progress_bar": False, "torch_threads": 1}
-        values["cuda"] = cuda
+        values = {"total_timesteps": steps, "eval_episodes": 0, "progress_bar": False, "torch_threads": 1, "cuda": cuda}
         values |= self.overrides | (self.tiny if tiny else {})
         return rl.preset(self.preset, **values)
 

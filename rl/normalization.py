@@ -92,9 +92,14 @@ class RewardScaler:
         scaled = np.clip(rewards / np.sqrt(self.rms.var + EPSILON), -CLIP, CLIP)
         return scaled, tracked
 
-    def sync_update(self, discounted_returns: Tensor, all_reduce_sum: AllReduceSum) -> None:
+    def sync_update(
+        self, discounted_returns: Tensor, all_reduce_sum: AllReduceSum, samples: Tensor | None = None
+    ) -> None:
+        """`samples`: a mask of the returns that are samples (None: all are)."""
         if not self.enabled:
-            return
+            return  # before the mask, which a boolean index reads on the host
+        if samples is not None:
+            discounted_returns = discounted_returns[samples]
         mean, var, count = _pooled_moments(discounted_returns.reshape(-1, 1), all_reduce_sum)
         self.rms.update_from_moments(mean[0], var[0], count)
 

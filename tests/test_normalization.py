@@ -1,6 +1,7 @@
 """Normalization statistics pooled across ranks equal those of the pooled data."""
 
 import numpy as np
+import pytest
 import torch
 from gymnasium.wrappers.utils import RunningMeanStd
 
@@ -64,3 +65,12 @@ def test_reward_scaler_divides_by_the_std_of_discounted_returns():
     scaler.sync_update(torch.tensor(tracked), lambda t: t)
     scaled, _ = scaler(np.array([2.0]), np.array([False]))
     assert scaled[0] == np.float64(2.0 / np.sqrt(scaler.rms.var + 1e-8))
+
+
+def test_reward_scaler_pools_only_the_returns_its_mask_marks_as_samples():
+    returns = torch.tensor([1.0, 0.0, 3.0, 0.0])  # the zeros: reset steps' placeholders
+    masked, selected = RewardScaler(1, 0.99, enabled=True), RewardScaler(1, 0.99, enabled=True)
+    masked.sync_update(returns, lambda t: t, samples=torch.tensor([True, False, True, False]))
+    selected.sync_update(torch.tensor([1.0, 3.0]), lambda t: t)
+    assert masked.state_dict() == selected.state_dict()
+    assert masked.rms.count == pytest.approx(2.0 + 1e-4)

@@ -234,12 +234,9 @@ class RolloutCollector(ExperienceSource):
     def sync_normalizers(self, rollout: Rollout, all_reduce_sum: AllReduceSum) -> None:
         """Fold this rollout into the normalization statistics, pooled over all ranks."""
         self.obs_normalizer.sync_update(rollout.raw_obs.flatten(0, 1), all_reduce_sum)
-        if not self.reward_scaler.enabled:
-            return  # nor the boolean index below, which reads the mask on the host
-        returns = rollout.discounted_returns
-        if self.resets_next_step:
-            returns = returns[rollout.is_transition]  # a reset step's return is a placeholder 0, not a sample
-        self.reward_scaler.sync_update(returns, all_reduce_sum)
+        # A reset step's return is a placeholder 0, not a sample.
+        samples = rollout.is_transition if self.resets_next_step else None
+        self.reward_scaler.sync_update(rollout.discounted_returns, all_reduce_sum, samples)
 
 
 def explained_variance(predictions: Tensor, targets: Tensor) -> Tensor:
