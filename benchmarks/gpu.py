@@ -1,20 +1,22 @@
-"""Env steps/s on one CUDA GPU at each precision, eager and compiled, beside LeanRL's H100 figures.
+"""Env steps/s on one CUDA GPU at each precision, eager, captured and compiled, beside LeanRL's H100 figures.
 
-    python benchmarks/gpu.py [--configs atari sac] [--variants 32-true 32-true+cuda-graphs ...] [--rounds 1]
+    python benchmarks/gpu.py [--configs atari ppo-mujoco sac] [--variants 32-true+eager 32-true ...] [--rounds 1]
                              [--baseline DIR]
 
 Each config runs as one process (`fabric run --devices=1 ... --cuda`) at every variant, the variants
 alternating round by round; a row gives the loop's env steps/s as the run prints it (compile time
 left out, as the run reports it), the compile seconds, and the ratio to the first variant's row. A
-variant is a precision and what follows it: `+compile`, `+reduce-overhead` (--compile with that
-mode), `+cuda-graphs`. With `--baseline DIR` (a checkout of another revision) each variant also
-(or each of `--baseline-variants`) runs from there too, in the same rounds: a before-and-after on
-the same GPU.
+variant is a precision and what follows it: `+eager` (--no-cuda-graphs), `+cuda-graphs`, `+compile`,
+`+reduce-overhead` (--compile with that mode); a precision alone is the run's default, which with
+--cuda captures CUDA graphs where they serve. With `--baseline DIR` (a checkout of another revision)
+each variant (or each of `--baseline-variants`) also runs from there, in the same rounds: a
+before-and-after on the same GPU.
 The configs are LeanRL's: PPO on ALE/Breakout-v5 with CleanRL's Atari settings (8 envs x 128
 steps, 4 epochs of 4 minibatches; here ale-py's threaded vector env, LeanRL's runs use envpool),
-and SAC on HalfCheetah (1 env, a batch of 256, one gradient step per env step; -v5 here, -v4 in
-LeanRL). LeanRL's published H100 figures, with torch.compile and CUDA graphs: SAC 725 and Atari
-PPO 6,809 env steps/s.
+PPO on HalfCheetah with CleanRL's continuous settings (1 env x 2,048 steps, 10 epochs of 32
+minibatches), and SAC on HalfCheetah (1 env, a batch of 256, one gradient step per env step; -v5
+here, -v4 in LeanRL). LeanRL's published H100 figures, with torch.compile and CUDA graphs: Atari
+PPO 6,809, continuous PPO 1,774 and SAC 725 env steps/s.
 """
 
 from __future__ import annotations
@@ -33,19 +35,21 @@ COMPILE = re.compile(r"torch\.compile: ([\d.]+) s")
 
 CONFIGS: dict[str, list[str]] = {
     "atari": ["--preset", "atari-ppo", "--env-id", "ALE/Breakout-v5", "--total-timesteps", "61440"],
+    "ppo-mujoco": ["--preset", "cleanrl-mujoco", "--env-id", "HalfCheetah-v5", "--total-timesteps", "20480"],
     "sac": ["sac", "--preset", "halfcheetah", "--learning-starts", "1000", "--total-timesteps", "8000"],
 }
-LEANRL_H100 = {"atari": 6809, "sac": 725}
+LEANRL_H100 = {"atari": 6809, "ppo-mujoco": 1774, "sac": 725}
 VARIANTS = [
+    "32-true+eager",
     "32-true",
-    "32-true+cuda-graphs",
     "bf16-mixed",
     "16-mixed",
     "32-true+compile",
-    "bf16-mixed+compile",
+    "32-true+compile+cuda-graphs",
     "bf16-mixed+reduce-overhead",
 ]
 OPTIONS = {
+    "eager": ["--no-cuda-graphs"],
     "compile": ["--compile"],
     "reduce-overhead": ["--compile", "--compile-mode", "reduce-overhead"],
     "cuda-graphs": ["--cuda-graphs"],

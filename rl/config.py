@@ -58,8 +58,8 @@ class RunFlags:
     """torch.compile's mode with --compile: default, reduce-overhead (CUDA graphs on a GPU) or max-autotune"""
     cuda_graphs: bool = False
     """with --cuda, capture each gradient step (PPO's minibatch steps, SAC's gradient steps), each acting step and PPO's
-    GAE as CUDA graphs, which the GPU replays without the host launching their kernels one by one (one learner; not
-    recurrent or --target-kl)"""
+    GAE as CUDA graphs, which the GPU replays without the host launching their kernels one by one; on by default with
+    --cuda where they can serve (one learner; not 16-mixed, --compile, recurrent or --target-kl), off elsewhere"""
 
     num_envs: int = 2
     """the number of parallel environments per rank"""
@@ -289,8 +289,25 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
         """Iterations between two logged points (and interrupt and checkpoint checks)."""
         return 1
 
+    # True where fill_defaults turned CUDA graphs on: a learner among several then steps aside instead of refusing.
+    cuda_graphs_by_default = False
+
     def fill_defaults(self, given: set[str]) -> None:
         """Defaults that follow from other fields; `given`: the fields set by the command line or the preset."""
+        if "cuda_graphs" not in given:
+            # The fastest setting measured on a GPU; --compile with graphs was not measured, so it stays a choice.
+            self.cuda_graphs = self.cuda and not self.compile and self.cuda_graphs_refusal() is None
+            self.cuda_graphs_by_default = self.cuda_graphs
+
+    def cuda_graphs_refusal(self) -> str | None:
+        """Why this run's steps cannot be captured as CUDA graphs (a --cuda-graphs error's end), or None."""
+        if not self.cuda:
+            return "captures the learner's step on a GPU: add --cuda"
+        if self.precision == "16-mixed":
+            return "cannot capture 16-mixed's loss scaler, which changes its scale on the host: use bf16-mixed"
+        if self.compile and self.compile_mode == "reduce-overhead":
+            return "and --compile-mode reduce-overhead both capture CUDA graphs: keep one of them"
+        return None
 
     def validate_algorithm(self) -> None:
         """The algorithm's own checks; raise `UsageError` naming the flag."""
@@ -397,19 +414,9 @@ def validate(
 
 def check_cuda_graphs(cfg: RunConfig) -> None:
     """Refuse the combinations a captured step cannot take, before training."""
-    if not cfg.cuda_graphs:
-        return
-    if not cfg.cuda:
-        raise UsageError("--cuda-graphs", "captures the learner's step on a GPU: add --cuda")
-    if cfg.precision == "16-mixed":
-        raise UsageError(
-            "--cuda-graphs",
-            "cannot capture 16-mixed's loss scaler, which changes its scale on the host: use bf16-mixed",
-        )
-    if cfg.compile and cfg.compile_mode == "reduce-overhead":
-        raise UsageError(
-            "--cuda-graphs", "and --compile-mode reduce-overhead both capture CUDA graphs: keep one of them"
-        )
+    refusal = cfg.cuda_graphs_refusal() if cfg.cuda_graphs else None
+    if refusal is not None:
+        raise UsageError("--cuda-graphs", refusal)
 
 
 def check_checkpoint_steps(cfg: RunConfig, env_ranks: int) -> None:

@@ -12,11 +12,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from rl.errors import UsageError
+
+if TYPE_CHECKING:
+    from rl.config import RunConfig
 
 Step = Callable[..., dict[str, Tensor]]  # step(kind, *inputs) -> named outputs
 
@@ -97,11 +101,15 @@ def make_capturable(optimizers: list[torch.optim.Optimizer]) -> None:
             group["capturable"] = True
 
 
-def check_one_learner(world_size: int) -> None:
-    """A captured step holds no collective: it serves a learner that averages its gradients with no other."""
-    if world_size > 1:
+def learner_captured(cfg: RunConfig, learners: int) -> bool:
+    """Whether a learner's step runs as a CUDA graph. A captured step holds no collective, so it serves a single
+    learner: among several, a learner steps aside where capture was the default and refuses where it was asked for."""
+    if not cfg.cuda_graphs or (learners > 1 and cfg.cuda_graphs_by_default):
+        return False
+    if learners > 1:
         raise UsageError(
             "--cuda-graphs",
-            f"captures the step of a single learner, and this job has {world_size} learners: "
+            f"captures the step of a single learner, and this job has {learners} learners: "
             "train on one GPU, or without --cuda-graphs",
         )
+    return True

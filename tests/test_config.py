@@ -530,3 +530,26 @@ def test_each_entry_script_takes_its_own_modes_flags_and_names_the_mode_of_anoth
                 parse_config(MODE_FLAG_EXAMPLES[name], mode)
             assert error.value.flag == flag(name)
     assert {"--seed", "--env-id", "--checkpoint-every"} <= listed  # every mode's
+
+
+@pytest.mark.parametrize(
+    ("argv", "captured"),
+    [
+        ([], False),  # on the CPU
+        (["--cuda"], True),
+        (["sac", "--cuda"], True),
+        (["--cuda", "--precision", "bf16-mixed"], True),
+        (["--cuda", "--no-cuda-graphs"], False),
+        (["sac", "--cuda", "--precision", "16-mixed"], False),  # each of these refuses an explicit --cuda-graphs
+        (["--cuda", "--recurrent"], False),
+        (["--cuda", "--target-kl", "0.01"], False),
+        (["sac", "--cuda", "--compile"], False),  # compile with graphs is a choice, not the default
+        (["sac", "--cuda", "--compile", "--cuda-graphs"], True),
+    ],
+)
+def test_cuda_graphs_are_on_by_default_on_a_gpu_where_they_can_serve(argv, captured):
+    from rl.config import check_cuda_graphs
+
+    cfg = parse_config(argv)
+    assert cfg.cuda_graphs is captured
+    check_cuda_graphs(cfg)  # a default is never one the run refuses

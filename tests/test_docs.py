@@ -31,7 +31,13 @@ def error_messages() -> list[tuple[str, str]]:
 
     found = []
     for path in sorted((DOCS.parent / "rl").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        for function in ast.walk(tree):  # a `..._refusal` method returns the end of an error line
+            if isinstance(function, ast.FunctionDef) and function.name.endswith("_refusal"):
+                for node in ast.walk(function):
+                    if isinstance(node, ast.Return) and isinstance(node.value, ast.Constant) and node.value.value:
+                        found.append((f"{path.relative_to(DOCS.parent)}:{node.lineno}", node.value.value))
+        for node in ast.walk(tree):
             if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("UsageError", "print_error")):
                 continue
             message = node.args[-1]

@@ -149,7 +149,7 @@ def test_a_captured_step_replays_what_the_eager_step_computes():
 def test_cuda_graphs_train_as_the_eager_step_does_and_resume(tmp_path, algorithm, precision):
     short, every = (SHORT_PPO, "1024") if algorithm == "ppo" else (SHORT_SAC, "400")
     args = [*short, "--precision", precision, "--eval-episodes", "0", "--checkpoint-every", every]
-    for name, flags in (("eager", []), ("graphed", ["--cuda-graphs"])):
+    for name, flags in (("eager", ["--no-cuda-graphs"]), ("graphed", ["--cuda-graphs"])):
         (tmp_path / name).mkdir()
         finished = launch_on_gpu("fabric run", "fabric", [*args, *flags], tmp_path / name)
         assert finished.returncode == 0, finished.stderr[-5000:]

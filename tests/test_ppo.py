@@ -243,9 +243,10 @@ CAPTURE_REFUSALS = [({"recurrent": True}, "recurrent"), ({"target_kl": 0.01}, "-
 @pytest.mark.parametrize(("changes", "words"), CAPTURE_REFUSALS)
 def test_cuda_graphs_refuse_what_a_captured_minibatch_step_cannot_hold(changes, words):
     from rl.algos.ppo.config import PPOConfig
+    from rl.config import check_cuda_graphs
     from rl.errors import UsageError
 
-    PPOConfig(cuda_graphs=True).validate_algorithm()
+    check_cuda_graphs(PPOConfig(cuda=True, cuda_graphs=True))
     with pytest.raises(UsageError, match=words) as refused:
-        PPOConfig(cuda_graphs=True, **changes).validate_algorithm()
+        check_cuda_graphs(PPOConfig(cuda=True, cuda_graphs=True, **changes))
     assert refused.value.flag == "--cuda-graphs"

@@ -348,8 +348,14 @@ def test_cuda_graphs_refuse_what_a_captured_step_cannot_hold(changes, words):
 
 
 def test_cuda_graphs_capture_one_learner_only():
-    from rl.cuda_graphs import check_one_learner
+    from rl.cli import parse_config
+    from rl.cuda_graphs import learner_captured
 
-    check_one_learner(1)
+    asked = SACConfig(cuda=True, cuda_graphs=True)
+    assert learner_captured(asked, learners=1)
     with pytest.raises(UsageError, match="2 learners"):
-        check_one_learner(2)
+        learner_captured(asked, learners=2)
+    by_default = parse_config(["sac", "--cuda"])
+    assert by_default.cuda_graphs and learner_captured(by_default, learners=1)
+    assert not learner_captured(by_default, learners=2)  # steps aside instead of refusing
+    assert not learner_captured(SACConfig(cuda=True), learners=1)

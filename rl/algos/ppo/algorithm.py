@@ -17,7 +17,7 @@ from rl.algos.ppo.rollout import Batch, RolloutCollector, SequenceBatch
 from rl.algos.ppo.update import MinibatchSchedule, PPOHyperparameters, minibatch_loss, ppo_update
 from rl.batch import Column, DataShard, RowCodec
 from rl.compiling import compiled
-from rl.cuda_graphs import CapturedSteps, check_one_learner, make_capturable
+from rl.cuda_graphs import CapturedSteps, learner_captured, make_capturable
 from rl.encoders import image_encoder
 from rl.envs import EnvSpaces
 from rl.errors import UsageError
@@ -82,8 +82,7 @@ class PPOLearner(Learner):
         minibatches = math.ceil(shard.largest_rows / minibatch_rows) if shard.largest_rows else None
         self.schedule = MinibatchSchedule(shard.rows, minibatch_rows, shard.shards, shard.index, cfg.seed, minibatches)
         self.captured: CapturedSteps | None = None
-        if cfg.cuda_graphs:
-            check_one_learner(runtime.world_size)
+        if learner_captured(cfg, runtime.world_size):
             self.captured = CapturedSteps(self.minibatch_step_on_device)
             self.prepare_capture()
 

@@ -112,10 +112,24 @@ class PPOConfig(RunConfig):
         """Env steps in one row of a batch: a recurrent policy's row is an env's whole rollout."""
         return self.num_steps if self.recurrent else 1
 
+    def cuda_graphs_refusal(self) -> str | None:
+        refusal = super().cuda_graphs_refusal()
+        if refusal is not None:
+            return refusal
+        if self.recurrent:
+            return "cannot capture a recurrent replay, whose segments change shape with every batch"
+        if self.target_kl is not None:
+            return (
+                "cannot capture --target-kl's decision, which the host makes between a minibatch's backward and its "
+                "step: drop one of them"
+            )
+        return None
+
     def fill_defaults(self, given: set[str]) -> None:
         # A recurrent minibatch holds whole env sequences: by default one rollout's sequence of --num-steps.
         if self.recurrent and "per_rank_batch_size" not in given:
             self.per_rank_batch_size = self.num_steps
+        super().fill_defaults(given)
 
     def validate_algorithm(self) -> None:
         check_signs(
@@ -123,16 +137,6 @@ class PPOConfig(RunConfig):
             positive=("num_steps", "per_rank_batch_size", "update_epochs", "learning_rate", "clip_coef", "hidden_size"),
             non_negative=("ent_coef", "vf_coef", "max_grad_norm"),
         )
-        if self.cuda_graphs and self.recurrent:
-            raise UsageError(
-                "--cuda-graphs", "cannot capture a recurrent replay, whose segments change shape with every batch"
-            )
-        if self.cuda_graphs and self.target_kl is not None:
-            raise UsageError(
-                "--cuda-graphs",
-                "cannot capture --target-kl's decision, which the host makes between a minibatch's "
-                "backward and its step: drop one of them",
-            )
         if self.target_kl is not None and not self.target_kl > 0:
             raise UsageError("--target-kl", f"must be positive, got {self.target_kl}")
         if not 0.0 <= self.gae_lambda <= 1.0:

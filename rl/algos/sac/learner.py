@@ -17,7 +17,7 @@ from rl.algos.sac.losses import actor_loss, critic_loss, soft_target, temperatur
 from rl.algos.sac.networks import CriticEnsemble, SquashedGaussianActor
 from rl.batch import DataShard, shard_slice
 from rl.compiling import compiled
-from rl.cuda_graphs import CapturedSteps, Step, check_one_learner, make_capturable
+from rl.cuda_graphs import CapturedSteps, Step, learner_captured, make_capturable
 from rl.optim import FlatGradients, optimizer_steps
 from rl.runtime import Runtime
 from rl.seeds import (
@@ -88,8 +88,8 @@ class SACLearner(Learner):
         if runtime.scaler is None:
             self.divergence.guard(self.optimizers())
         self.step: Step = self.step_on_device
-        if cfg.cuda_graphs:
-            check_one_learner(runtime.world_size)
+        self.captured = learner_captured(cfg, runtime.world_size)
+        if self.captured:
             make_capturable(self.optimizers())
             self.step = CapturedSteps(self.step_on_device)
 
@@ -239,7 +239,7 @@ class SACLearner(Learner):
             with torch.no_grad():
                 self.log_alpha.copy_(state["log_alpha"])
             self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
-        if self.cfg.cuda_graphs:  # a loaded optimizer takes the saved param groups' settings
+        if self.captured:  # a loaded optimizer takes the saved param groups' settings
             make_capturable(self.optimizers())
 
 
