@@ -3,7 +3,8 @@
 The statistics stay frozen during a rollout and change only in `sync_update`, which pools the
 rollout's moments from all ranks with one all-reduce. Every rank therefore normalizes with the
 same numbers, and the numbers that produced the stored observations are the ones PPO trains on.
-The running-moment arithmetic is gymnasium's `RunningMeanStd`.
+The statistics live on the rollout's device, so that a GPU's rollout is never read on the host to
+update them; their arithmetic is gymnasium's `RunningMeanStd`, operation for operation.
 """
 
 from __future__ import annotations
@@ -13,36 +14,67 @@ from typing import Any
 
 import numpy as np
 import torch
-from gymnasium.wrappers.utils import RunningMeanStd
 from torch import Tensor
 
 AllReduceSum = Callable[[Tensor], Tensor]
 CLIP = 10.0
 EPSILON = 1e-8
+INITIAL_COUNT = 1e-4  # gymnasium's: the prior's weight against the first batch
 
 
-def _pooled_moments(samples: Tensor, all_reduce_sum: AllReduceSum) -> tuple[np.ndarray, np.ndarray, float]:
-    """Mean, variance and count of `samples` (rows) pooled over all ranks."""
-    flat = samples.reshape(samples.shape[0], -1).double().cpu()
+class RunningMoments:
+    """Running mean, variance and count as float64 tensors on a device.
+
+    `update` does gymnasium's `update_mean_var_count_from_moments` in the same order of operations,
+    so its statistics are those of `RunningMeanStd` bit for bit; gymnasium's works on numpy arrays,
+    and reading a GPU's moments into them would make the host wait for the GPU every rollout."""
+
+    def __init__(self, shape: tuple[int, ...], device: torch.device) -> None:
+        self.mean = torch.zeros(shape, dtype=torch.float64, device=device)
+        self.var = torch.ones(shape, dtype=torch.float64, device=device)
+        self.count = torch.tensor(INITIAL_COUNT, dtype=torch.float64, device=device)
+
+    def update(self, batch_mean: Tensor, batch_var: Tensor, batch_count: Tensor) -> None:
+        delta = batch_mean - self.mean
+        total = self.count + batch_count
+        self.mean = self.mean + delta * batch_count / total
+        squares = self.var * self.count + batch_var * batch_count + delta.square() * self.count * batch_count / total
+        self.var = squares / total
+        self.count = total
+
+    def state_dict(self) -> dict[str, Any]:
+        # Tensors and floats only, so checkpoints load with torch.load(weights_only=True).
+        return {"mean": self.mean.cpu(), "var": self.var.cpu(), "count": float(self.count)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        device = self.mean.device
+        self.mean = torch.as_tensor(state["mean"], dtype=torch.float64).to(device)
+        self.var = torch.as_tensor(state["var"], dtype=torch.float64).to(device)
+        self.count = torch.tensor(float(state["count"]), dtype=torch.float64, device=device)
+
+
+def _pooled_moments(samples: Tensor, all_reduce_sum: AllReduceSum) -> tuple[Tensor, Tensor, Tensor]:
+    """Mean, variance and count of `samples` (rows) pooled over all ranks, on the samples' device."""
+    flat = samples.reshape(samples.shape[0], -1).double()
     sums = torch.cat([flat.new_tensor([flat.shape[0]]), flat.sum(0), flat.pow(2).sum(0)])
     sums = all_reduce_sum(sums)
-    count = float(sums[0])
+    count = sums[0]
     width = flat.shape[1]
     mean = sums[1 : 1 + width] / count
     var = (sums[1 + width :] / count - mean.pow(2)).clamp_min(0.0)
-    return mean.numpy(), var.numpy(), count
+    return mean, var, count
 
 
 class ObservationNormalizer:
     def __init__(self, obs_dim: int, enabled: bool, device: torch.device) -> None:
         self.enabled = enabled
         self.device = device
-        self.rms = RunningMeanStd(shape=(obs_dim,))
+        self.moments = RunningMoments((obs_dim,), device)
         self._refresh()
 
     def _refresh(self) -> None:
-        self._mean = torch.as_tensor(self.rms.mean, dtype=torch.float32, device=self.device)
-        self._scale = torch.as_tensor(1.0 / np.sqrt(self.rms.var + EPSILON), dtype=torch.float32, device=self.device)
+        self._mean = self.moments.mean.float()
+        self._scale = (1.0 / torch.sqrt(self.moments.var + EPSILON)).float()
 
     def __call__(self, obs: Tensor) -> Tensor:
         if not self.enabled:
@@ -56,41 +88,44 @@ class ObservationNormalizer:
     def sync_update(self, raw_obs: Tensor, all_reduce_sum: AllReduceSum) -> None:
         if not self.enabled:
             return
-        self.rms.update_from_moments(*_pooled_moments(raw_obs, all_reduce_sum))
+        self.moments.update(*_pooled_moments(raw_obs, all_reduce_sum))
         self._refresh()
 
     def state_dict(self) -> dict[str, Any]:
-        # Tensors and floats only, so checkpoints load with torch.load(weights_only=True).
-        return {
-            "mean": torch.from_numpy(self.rms.mean.copy()),
-            "var": torch.from_numpy(self.rms.var.copy()),
-            "count": float(self.rms.count),
-        }
+        return self.moments.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.rms.mean, self.rms.var = state["mean"].double().numpy(), state["var"].double().numpy()
-        self.rms.count = state["count"]
+        self.moments.load_state_dict(state)
         self._refresh()
 
 
 class RewardScaler:
-    """Divides rewards by the running std of each env's discounted return (as SB3's VecNormalize)."""
+    """Divides rewards by the running std of each env's discounted return (as SB3's VecNormalize).
 
-    def __init__(self, num_envs: int, gamma: float, enabled: bool) -> None:
+    The discounted returns run on the host, step by step, beside the envs; the rewards are divided
+    on the rollout's device once the rollout is complete (the std is frozen during it), so that
+    nothing is read back from a GPU."""
+
+    def __init__(self, num_envs: int, gamma: float, enabled: bool, device: torch.device | None = None) -> None:
         self.enabled = enabled
         self.gamma = gamma
-        self.rms = RunningMeanStd(shape=())
+        self.moments = RunningMoments((), device or torch.device("cpu"))
         self.discounted_returns = np.zeros(num_envs)
 
-    def __call__(self, rewards: np.ndarray, episode_ended: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Scaled rewards and the discounted returns that will feed the next statistics update."""
+    def track(self, rewards: np.ndarray, episode_ended: np.ndarray) -> np.ndarray:
+        """The discounted returns after this step's rewards, which feed the next statistics update."""
         if not self.enabled:
-            return rewards, self.discounted_returns
+            return self.discounted_returns
         self.discounted_returns = self.discounted_returns * self.gamma + rewards
         tracked = self.discounted_returns.copy()
         self.discounted_returns[episode_ended] = 0.0
-        scaled = np.clip(rewards / np.sqrt(self.rms.var + EPSILON), -CLIP, CLIP)
-        return scaled, tracked
+        return tracked
+
+    def scale(self, rewards: Tensor) -> Tensor:
+        """`rewards` (float64, for the division to round as it always has) divided by the std and clipped."""
+        if not self.enabled:
+            return rewards
+        return (rewards / torch.sqrt(self.moments.var + EPSILON)).clamp(-CLIP, CLIP)
 
     def sync_update(
         self, discounted_returns: Tensor, all_reduce_sum: AllReduceSum, samples: Tensor | None = None
@@ -101,10 +136,11 @@ class RewardScaler:
         if samples is not None:
             discounted_returns = discounted_returns[samples]
         mean, var, count = _pooled_moments(discounted_returns.reshape(-1, 1), all_reduce_sum)
-        self.rms.update_from_moments(mean[0], var[0], count)
+        self.moments.update(mean[0], var[0], count)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"mean": float(self.rms.mean), "var": float(self.rms.var), "count": float(self.rms.count)}
+        state = self.moments.state_dict()
+        return {"mean": float(state["mean"]), "var": float(state["var"]), "count": state["count"]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.rms.mean, self.rms.var, self.rms.count = state["mean"], state["var"], state["count"]
+        self.moments.load_state_dict(state)

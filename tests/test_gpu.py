@@ -166,7 +166,7 @@ def test_cuda_graphs_train_as_the_eager_step_does_and_resume(tmp_path, algorithm
     assert resumed.returncode == 0, resumed.stderr[-5000:]
 
 
-@pytest.mark.parametrize("config", ["ppo/cartpole", "ppo/cartpole-native", "ppo/cnn", "sac/pendulum"])
+@pytest.mark.parametrize("config", ["ppo/cartpole", "ppo/cartpole-native", "ppo/cnn", "ppo/normalized", "sac/pendulum"])
 def test_the_steady_state_loop_waits_for_the_gpu_only_to_hand_the_envs_their_actions(tmp_path, monkeypatch, config):
     monkeypatch.chdir(tmp_path)  # the runs write their folders under ./logs
     sites = host_overhead.sync_sites(host_overhead.CONFIGS[config], iterations=2)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from gymnasium.wrappers.utils import RunningMeanStd
 
-from rl.normalization import ObservationNormalizer, RewardScaler
+from rl.normalization import ObservationNormalizer, RewardScaler, RunningMoments
 
 
 def pooled_all_reduce(other_ranks_sums):
@@ -26,15 +26,28 @@ def test_observation_statistics_pool_both_ranks_rollouts():
 
     expected = RunningMeanStd(shape=(4,))
     expected.update(np.concatenate([rank0, rank1]))
-    np.testing.assert_allclose(normalizer.rms.mean, expected.mean, rtol=1e-9)
-    np.testing.assert_allclose(normalizer.rms.var, expected.var, rtol=1e-9)
-    assert normalizer.rms.count == expected.count
+    np.testing.assert_allclose(normalizer.moments.mean.numpy(), expected.mean, rtol=1e-9)
+    np.testing.assert_allclose(normalizer.moments.var.numpy(), expected.var, rtol=1e-9)
+    assert normalizer.moments.count.item() == expected.count
 
     obs = torch.tensor(rank0[:3], dtype=torch.float32)
     scaled = (obs - torch.tensor(expected.mean, dtype=torch.float32)) / torch.tensor(
         np.sqrt(expected.var + 1e-8), dtype=torch.float32
     )
     torch.testing.assert_close(normalizer(obs), scaled.clamp(-10, 10))
+
+
+def test_running_moments_are_gymnasiums_bit_for_bit():
+    rng = np.random.default_rng(1)
+    ours, gymnasiums = RunningMoments((3,), torch.device("cpu")), RunningMeanStd(shape=(3,))
+    for rows in (1, 7, 300, 2):
+        batch = rng.normal(rng.normal(), rng.uniform(0.1, 5.0), size=(rows, 3))
+        mean, var = batch.mean(0), batch.var(0)
+        ours.update(torch.from_numpy(mean), torch.from_numpy(var), torch.tensor(float(rows), dtype=torch.float64))
+        gymnasiums.update_from_moments(mean, var, float(rows))
+        np.testing.assert_array_equal(ours.mean.numpy(), gymnasiums.mean)
+        np.testing.assert_array_equal(ours.var.numpy(), gymnasiums.var)
+        assert ours.count.item() == gymnasiums.count
 
 
 def test_statistics_round_trip_through_a_state_dict():
@@ -52,19 +65,24 @@ def test_disabled_normalizers_pass_values_through():
     obs = torch.tensor([[100.0, -100.0]])
     assert normalizer(obs) is obs
     scaler = RewardScaler(2, 0.99, enabled=False)
-    rewards = np.array([5.0, -5.0])
-    assert scaler(rewards, np.array([False, False]))[0] is rewards
+    rewards = torch.tensor([5.0, -5.0], dtype=torch.float64)
+    assert scaler.scale(rewards) is rewards
+    assert not scaler.track(np.array([5.0, -5.0]), np.array([False, False])).any()
 
 
 def test_reward_scaler_divides_by_the_std_of_discounted_returns():
     scaler = RewardScaler(1, gamma=0.5, enabled=True)
-    tracked = [scaler(np.array([1.0]), np.array([False]))[1][0] for _ in range(3)]
+    tracked = [scaler.track(np.array([1.0]), np.array([False]))[0] for _ in range(3)]
     assert tracked == [1.0, 1.5, 1.75]
-    _, after_end = scaler(np.array([1.0]), np.array([True]))
+    after_end = scaler.track(np.array([1.0]), np.array([True]))
     assert after_end[0] == 1.875 and scaler.discounted_returns[0] == 0.0  # the next episode starts afresh
     scaler.sync_update(torch.tensor(tracked), lambda t: t)
-    scaled, _ = scaler(np.array([2.0]), np.array([False]))
-    assert scaled[0] == np.float64(2.0 / np.sqrt(scaler.rms.var + 1e-8))
+    expected = RunningMeanStd(shape=())
+    expected.update(np.array(tracked, dtype=np.float32).astype(np.float64))
+    state = scaler.state_dict()  # pooled sums of squares, not numpy's two passes: equal to rounding
+    assert state == pytest.approx({"mean": expected.mean, "var": expected.var, "count": expected.count}, rel=1e-12)
+    scaled = scaler.scale(torch.tensor([2.0, 1e9, -1e9], dtype=torch.float64))
+    assert scaled.tolist() == [2.0 / np.sqrt(state["var"] + 1e-8), 10.0, -10.0]  # clipped at +-10
 
 
 def test_reward_scaler_pools_only_the_returns_its_mask_marks_as_samples():
@@ -73,4 +91,4 @@ def test_reward_scaler_pools_only_the_returns_its_mask_marks_as_samples():
     masked.sync_update(returns, lambda t: t, samples=torch.tensor([True, False, True, False]))
     selected.sync_update(torch.tensor([1.0, 3.0]), lambda t: t)
     assert masked.state_dict() == selected.state_dict()
-    assert masked.rms.count == pytest.approx(2.0 + 1e-4)
+    assert masked.moments.count.item() == pytest.approx(2.0 + 1e-4)

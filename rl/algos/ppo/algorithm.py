@@ -265,7 +265,7 @@ class PPO(Algorithm):
             spaces,
             device,
             self.obs_normalizer(device),
-            RewardScaler(cfg.num_envs, cfg.gamma, cfg.normalize_rewards),
+            RewardScaler(cfg.num_envs, cfg.gamma, cfg.normalize_rewards, device),
             seeds,
             seeded_generator(device, cfg.seed, ACTION_STREAM, rank),
             cfg.gamma,

@@ -120,7 +120,7 @@ class RolloutCollector(ExperienceSource):
         self._env_side = {
             name: np.zeros(tuple(getattr(self.buffer, name).shape), dtype=dtype)
             for name, dtype in [
-                ("rewards", np.float32),
+                ("rewards", np.float64),  # unscaled: the reward scaler divides them on the device at the end
                 ("discounted_returns", np.float32),
                 ("terminated", np.bool_),
                 ("truncated", np.bool_),
@@ -139,9 +139,8 @@ class RolloutCollector(ExperienceSource):
             obs = self.obs_normalizer(self.raw_obs)
             action, logprob, value = self._act(policy, obs, step)
             raw_next, reward, terminated, truncated, info, is_transition, ended = self.step_envs(action.cpu().numpy())
-            env_side["rewards"][step], env_side["discounted_returns"][step] = self.reward_scaler(
-                reward, terminated | truncated
-            )
+            env_side["rewards"][step] = reward
+            env_side["discounted_returns"][step] = self.reward_scaler.track(reward, terminated | truncated)
             env_side["terminated"][step] = terminated
             env_side["truncated"][step] = truncated
             env_side["is_transition"][step] = is_transition
@@ -157,7 +156,8 @@ class RolloutCollector(ExperienceSource):
             self._advance_memory(ended)
 
         for name, array in env_side.items():
-            getattr(buf, name).copy_(to_device(array, self.device))
+            on_device = to_device(array, self.device)
+            getattr(buf, name).copy_(self.reward_scaler.scale(on_device) if name == "rewards" else on_device)
         buf.next_obs = self.obs_normalizer(self.raw_obs)
         buf.next_value = self._value(policy, buf.next_obs, self.memory, self.starts)
         return episodes
