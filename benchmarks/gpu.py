@@ -1,22 +1,32 @@
-"""Env steps/s on one CUDA GPU at each precision, eager, captured and compiled, beside LeanRL's H100 figures.
+"""Env steps/s on one CUDA GPU: eager, captured and compiled, in each topology, beside LeanRL.
 
-    python benchmarks/gpu.py [--configs atari ppo-mujoco sac] [--variants 32-true+eager 32-true ...] [--rounds 1]
-                             [--baseline DIR]
+    python benchmarks/gpu.py [--configs atari ppo-mujoco sac] [--variants 32-true+eager 32-true ...]
+                             [--topologies coupled decoupled evaluator] [--rounds 1] [--envs-alone]
+                             [--baseline DIR] [--leanrl DIR]
 
-Each config runs as one process (`fabric run --devices=1 ... --cuda`) at every variant, the variants
-alternating round by round; a row gives the loop's env steps/s as the run prints it (compile time
-left out, as the run reports it), the compile seconds, and the ratio to the first variant's row. A
-variant is a precision and what follows it: `+eager` (--no-cuda-graphs), `+cuda-graphs`, `+compile`,
-`+reduce-overhead` (--compile with that mode); a precision alone is the run's default, which with
---cuda captures CUDA graphs where they serve. With `--baseline DIR` (a checkout of another revision)
-each variant (or each of `--baseline-variants`) also runs from there, in the same rounds: a
-before-and-after on the same GPU.
+Each config runs at every variant and topology, one run after another and round after round, so
+that the settings alternate; a row gives the loop's env steps/s as the run prints it (compile time
+left out, as the run reports it), the compile seconds, and the ratio to the first setting's row.
+A variant is a precision and what follows it: `+eager` (--no-cuda-graphs), `+cuda-graphs`,
+`+compile`, `+reduce-overhead` (--compile with that mode); a precision alone is the run's default,
+which with --cuda captures CUDA graphs where they serve. The topologies: `coupled` (one process on
+the GPU), `decoupled` (a CPU player feeding a GPU trainer) and `evaluator` (the same with an
+evaluator process beside them).
+
 The configs are LeanRL's: PPO on ALE/Breakout-v5 with CleanRL's Atari settings (8 envs x 128
 steps, 4 epochs of 4 minibatches; here ale-py's threaded vector env, LeanRL's runs use envpool),
 PPO on HalfCheetah with CleanRL's continuous settings (1 env x 2,048 steps, 10 epochs of 32
 minibatches), and SAC on HalfCheetah (1 env, a batch of 256, one gradient step per env step; -v5
 here, -v4 in LeanRL). LeanRL's published H100 figures, with torch.compile and CUDA graphs: Atari
 PPO 6,809, continuous PPO 1,774 and SAC 725 env steps/s.
+
+`--envs-alone` first times the Atari config's vector env stepped with random actions and nothing
+else, the bound the Atari loop cannot pass. `--baseline DIR` (a checkout of another revision) runs
+each variant (or each of `--baseline-variants`) from there too, in the same rounds: a before and
+after on the same GPU. `--leanrl DIR` runs LeanRL's own scripts in the same rounds, with
+`--compile --cudagraphs` (their fastest), where DIR holds them and `wheels/` their dependencies
+(tensordict and torchrl of their time, gymnasium 0.29); wandb is replaced by `leanrl_wandb/`, which
+prints the speed they log. Their Atari script needs envpool, which is not among them.
 """
 
 from __future__ import annotations
@@ -26,12 +36,16 @@ import os
 import re
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from launch import SUMMARY, fabric_run
 
 COMPILE = re.compile(r"torch\.compile: ([\d.]+) s")
+LEANRL_SPEED = re.compile(r"leanrl speed: ([\d.]+)")
 
 CONFIGS: dict[str, list[str]] = {
     "atari": ["--preset", "atari-ppo", "--env-id", "ALE/Breakout-v5", "--total-timesteps", "61440"],
@@ -39,6 +53,12 @@ CONFIGS: dict[str, list[str]] = {
     "sac": ["sac", "--preset", "halfcheetah", "--learning-starts", "1000", "--total-timesteps", "8000"],
 }
 LEANRL_H100 = {"atari": 6809, "ppo-mujoco": 1774, "sac": 725}
+# LeanRL's script for each config and its flags for the same run length (HalfCheetah-v4, their default env).
+LEANRL_SCRIPTS: dict[str, list[str]] = {
+    "ppo-mujoco": ["ppo_continuous_action_torchcompile.py", "--total-timesteps", "20480"],
+    "sac": ["sac_continuous_action_torchcompile.py", "--learning-starts", "1000", "--total-timesteps", "8000"],
+}
+LEANRL_FASTEST = "LeanRL compile+cudagraphs"
 VARIANTS = [
     "32-true+eager",
     "32-true",
@@ -57,75 +77,152 @@ OPTIONS = {
 BASELINE = "baseline "  # the label's prefix of a run from the --baseline checkout
 
 
+@dataclass(frozen=True)
+class Topology:
+    processes: int
+    script: str
+    accelerator: str  # fabric run's: decoupled roles pick their own devices, so it only starts the processes
+    flags: tuple[str, ...] = ()
+
+
+TOPOLOGIES = {
+    "coupled": Topology(1, "train_fabric.py", "cuda"),
+    "decoupled": Topology(2, "train_fabric_decoupled.py", "cpu"),
+    "evaluator": Topology(3, "train_fabric_decoupled.py", "cpu", ("--evaluator",)),
+}
+
+
+@dataclass(frozen=True)
+class Result:
+    steps_per_second: float | None
+    compile_seconds: float = 0.0
+    failure: str = ""
+
+
 def variant_flags(variant: str) -> list[str]:
     """`bf16-mixed+cuda-graphs` as flags: the precision, then each option's flags."""
     precision, *options = variant.removeprefix(BASELINE).split("+")
     return ["--precision", precision, *(flag for option in options for flag in OPTIONS[option])]
 
 
-def run(config: str, variant: str, baseline: str | None, steps: int | None) -> tuple[float | None, float, str]:
-    """(loop env steps/s, compile seconds, the last line of stderr if it failed) of one run."""
-    flags = [*CONFIGS[config], *variant_flags(variant), "--cuda", "--eval-episodes", "0", "--no-progress-bar"]
-    if steps is not None:
-        flags[flags.index("--total-timesteps") + 1] = str(steps)
-    command = fabric_run(flags, devices=1, accelerator="cuda")
+def setting_label(topology: str, variant: str) -> str:
+    return variant if topology == "coupled" else f"{variant} ({topology})"
+
+
+def run_setting(config: str, topology: str, variant: str, args: argparse.Namespace) -> Result:
+    """One run of this project (or of the baseline checkout) at a variant and topology."""
+    shape = TOPOLOGIES[topology]
+    evaluation = ["--eval-episodes", "2" if "--evaluator" in shape.flags else "0"]
+    flags = [*CONFIGS[config], *variant_flags(variant), *shape.flags, "--cuda", *evaluation, "--no-progress-bar"]
+    if args.total_timesteps is not None:
+        flags[flags.index("--total-timesteps") + 1] = str(args.total_timesteps)
+    command = fabric_run(flags, shape.processes, shape.script, shape.accelerator)
     if variant.startswith(BASELINE):
-        assert baseline is not None
-        command[-len(flags) - 1] = os.path.join(os.path.abspath(baseline), "train_fabric.py")
-    with tempfile.TemporaryDirectory() as cwd:
-        done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False)
+        command[-len(flags) - 1] = os.path.join(os.path.abspath(args.baseline), shape.script)
+    done = run_in_scratch(command)
     loop, compiled = SUMMARY.search(done.stdout), COMPILE.search(done.stdout)
     if done.returncode != 0 or loop is None:
-        return None, 0.0, (done.stderr.strip().splitlines() or ["no output"])[-1]
-    return int(loop.group(1)) / float(loop.group(2)), float(compiled.group(1)) if compiled else 0.0, ""
+        return Result(None, failure=last_line(done.stderr))
+    return Result(int(loop.group(1)) / float(loop.group(2)), float(compiled.group(1)) if compiled else 0.0)
+
+
+def run_leanrl(config: str, leanrl: Path, site: Path) -> Result:
+    """One run of LeanRL's own script for `config`, at its fastest setting; its last logged speed."""
+    script, *flags = LEANRL_SCRIPTS[config]
+    shim = Path(__file__).resolve().parent / "leanrl_wandb"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(shim), os.environ.get("PYTHONPATH", "")])}
+    done = run_in_scratch([sys.executable, str(leanrl / script), *flags, "--compile", "--cudagraphs"], env)
+    speeds = LEANRL_SPEED.findall(done.stdout)
+    if done.returncode != 0 or not speeds:
+        return Result(None, failure=last_line(done.stderr))
+    return Result(float(speeds[-1]))
+
+
+def run_in_scratch(command: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    with tempfile.TemporaryDirectory() as cwd:
+        return subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False, env=env)
+
+
+def last_line(text: str) -> str:
+    return (text.strip().splitlines() or ["no output"])[-1]
+
+
+def install_leanrl_wheels(leanrl: Path) -> Path:
+    """LeanRL's dependencies, apart from this project's, in a folder of their own."""
+    site = Path(tempfile.mkdtemp(prefix="leanrl-site-"))
+    wheels = sorted(str(wheel) for wheel in (leanrl / "wheels").glob("*.whl"))
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(site)]
+    subprocess.run([*pip, *wheels], check=True)
+    return site
+
+
+def envs_alone() -> float:
+    """Env steps/s of the Atari config's vector env stepped alone with random actions."""
+    from atari import envs_alone as step_envs_alone
+
+    return step_envs_alone("ALE/Breakout-v5", "native")  # the atari-ppo preset's choice: ale-py's threaded envs
+
+
+def print_table(speeds: dict[tuple[str, str], list[float]], compile_s: dict, configs: list[str], labels: list[str]):
+    print(f"\n| config | setting | env steps/s (median) | x {labels[0]} | x LeanRL H100 | compile s |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for config in configs:
+        base = statistics.median(speeds.get((config, labels[0]), [0])) or None
+        for label in labels:
+            if (config, label) not in speeds:
+                print(f"| {config} | {label} | failed or not run | | | |")
+                continue
+            median = statistics.median(speeds[(config, label)])
+            ratio = f"{median / base:.2f}" if base else ""
+            print(
+                f"| {config} | {label} | {median:,.0f} | {ratio} | {median / LEANRL_H100[config]:.2f} | "
+                f"{statistics.median(compile_s[(config, label)]):.0f} |"
+            )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--variants", nargs="+", default=VARIANTS)
+    parser.add_argument("--topologies", nargs="+", default=["coupled"], choices=list(TOPOLOGIES))
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--total-timesteps", type=int, help="each run's length (default: the config's)")
+    parser.add_argument("--envs-alone", action="store_true", help="first time the Atari vector env alone")
     parser.add_argument("--baseline", help="a checkout of another revision, run beside this one")
     parser.add_argument("--baseline-variants", nargs="+", help="the variants it runs (default: every variant)")
+    parser.add_argument("--leanrl", type=Path, help="a folder of LeanRL's scripts and wheels/, run beside this one")
     args = parser.parse_args()
-    if args.baseline:
-        before = args.baseline_variants or args.variants
-        args.variants = [BASELINE + variant for variant in before] + args.variants
+    before = [BASELINE + variant for variant in args.baseline_variants or args.variants] if args.baseline else []
+    variants = before + args.variants
+    settings = [(topology, variant) for topology in args.topologies for variant in variants]
     import torch
 
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+    if args.envs_alone:
+        print(f"Atari vector env alone: {envs_alone():,.0f} env steps/s", flush=True)
+    site = install_leanrl_wheels(args.leanrl) if args.leanrl else None
     speeds: dict[tuple[str, str], list[float]] = {}
     compile_s: dict[tuple[str, str], list[float]] = {}
     for round_ in range(1, args.rounds + 1):
         for config in args.configs:
-            for variant in args.variants:
+            runs = [(setting_label(*setting), setting) for setting in settings]
+            if site is not None and config in LEANRL_SCRIPTS:
+                runs.append((LEANRL_FASTEST, None))
+            for label, setting in runs:
                 started = time.perf_counter()
-                steps, seconds, failure = run(config, variant, args.baseline, args.total_timesteps)
-                wall = time.perf_counter() - started
+                result = run_setting(config, *setting, args) if setting else run_leanrl(config, args.leanrl, site)
+                speed = result.steps_per_second
                 print(
-                    f"round {round_}: {config} {variant}: "
-                    f"{f'{steps:,.0f} env steps/s' if steps else f'failed: {failure}'}, "
-                    f"compile {seconds:.0f} s, wall {wall:.0f} s",
+                    f"round {round_}: {config} {label}: "
+                    f"{f'{speed:,.0f} env steps/s' if speed else f'failed: {result.failure}'}, "
+                    f"compile {result.compile_seconds:.0f} s, wall {time.perf_counter() - started:.0f} s",
                     flush=True,
                 )
-                if steps:
-                    speeds.setdefault((config, variant), []).append(steps)
-                    compile_s.setdefault((config, variant), []).append(seconds)
-    print(f"\n| config | variant | env steps/s (median) | x {args.variants[0]} | x LeanRL H100 | compile s |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for config in args.configs:
-        base = statistics.median(speeds.get((config, args.variants[0]), [0])) or None
-        for variant in args.variants:
-            if (config, variant) not in speeds:
-                print(f"| {config} | {variant} | failed | | | |")
-                continue
-            median = statistics.median(speeds[(config, variant)])
-            ratio = f"{median / base:.2f}" if base else ""
-            print(
-                f"| {config} | {variant} | {median:,.0f} | {ratio} | {median / LEANRL_H100[config]:.2f} | "
-                f"{statistics.median(compile_s[(config, variant)]):.0f} |"
-            )
+                if speed:
+                    speeds.setdefault((config, label), []).append(speed)
+                    compile_s.setdefault((config, label), []).append(result.compile_seconds)
+    labels = [setting_label(*setting) for setting in settings] + ([LEANRL_FASTEST] if site else [])
+    print_table(speeds, compile_s, args.configs, labels)
 
 
 if __name__ == "__main__":
