@@ -313,6 +313,15 @@ class MeanOverRanks:
         sums[rows, 0] += torch.where(present, values, 0.0)
         sums[rows, 1] += present.to(torch.float64)
 
+    def update_each(self, names: Sequence[str], values: torch.Tensor) -> None:
+        """One sample of each of `names`, given as one vector on the device in their order: a few launches for
+        all of them, where `update` takes several per name."""
+        key = (tuple(names), self._sums.device)
+        if key not in self._rows:
+            self._rows[key] = torch.tensor([self._index[name] for name in names], device=self._sums.device)
+        samples = torch.stack([values.to(torch.float64), torch.ones_like(values, dtype=torch.float64)], dim=1)
+        self._sums.index_add_(0, self._rows[key], samples)
+
     def compute(self) -> dict[str, float]:
         self._sums += self._host_sums.to(self._sums.device)
         self._host_sums.zero_()
@@ -345,8 +354,16 @@ class TrainingMetrics(MeanOverRanks):
         self.update(EPISODE_LENGTH, lengths)
 
     def record(self, stats: dict[str, torch.Tensor | float]) -> None:
+        scalars = {name: value for name, value in stats.items() if self._is_device_scalar(value)}
+        if scalars:  # an update's statistics: one vector, added at once
+            values = torch.cat([value.reshape(1) for value in scalars.values()])  # type: ignore[union-attr]
+            self.update_each([self.stat_tags[name] for name in scalars], values)
         for name, value in stats.items():
-            self.update(self.stat_tags[name], value)
+            if name not in scalars:
+                self.update(self.stat_tags[name], value)
+
+    def _is_device_scalar(self, value: torch.Tensor | float) -> bool:
+        return isinstance(value, torch.Tensor) and value.numel() == 1 and value.device == self._sums.device
 
     def record_present(self, names: Sequence[str], values: torch.Tensor) -> None:
         """Statistics as one vector in `names`' order, NaN where one was not computed (see `update_present`)."""

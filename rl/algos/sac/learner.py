@@ -36,14 +36,20 @@ class StatMeans:
     def add(self, **stats: Tensor) -> None:
         """Values of named statistics: one each, or several in a 1-D tensor."""
         for name, value in stats.items():
-            self.values.setdefault(name, []).append(value.detach().reshape(-1))
+            value = value if value.dim() == 1 and not value.requires_grad else value.detach().reshape(-1)
+            self.values.setdefault(name, []).append(value)
 
     def means(self) -> dict[str, Tensor]:
-        return {name: torch.cat(values).mean() for name, values in self.values.items()}
+        return {name: joined(values).mean() for name, values in self.values.items()}
 
     def gathered(self) -> dict[str, Tensor]:
         """Each statistic's values so far in one tensor (another `StatMeans` adds them as they are)."""
-        return {name: values[0] if len(values) == 1 else torch.cat(values) for name, values in self.values.items()}
+        return {name: joined(values) for name, values in self.values.items()}
+
+
+def joined(values: list[Tensor]) -> Tensor:
+    """1-D tensors as one (without a copy where there is one)."""
+    return values[0] if len(values) == 1 else torch.cat(values)
 
 
 class SACLearner(Learner):
@@ -100,10 +106,13 @@ class SACLearner(Learner):
         stats = StatMeans()
         steps = self.cfg.gradient_steps
         own = shard_slice(len(batch) // steps, self.shard.shards, self.shard.index)
-        for step in range(steps):
-            # Strided: the rows are independent draws, and a batch may join several sources' draws
-            # one after another (decoupled players); every gradient step takes its share of each.
-            self.gradient_step(batch.map(lambda t, s=step: t[s::steps][own]), stats)
+        if steps == 1 and self.shard.shards == 1:  # the whole batch is the step's: no views to make
+            self.gradient_step(batch, stats)
+        else:
+            for step in range(steps):
+                # Strided: the rows are independent draws, and a batch may join several sources' draws
+                # one after another (decoupled players); every gradient step takes its share of each.
+                self.gradient_step(batch.map(lambda t, s=step: t[s::steps][own]), stats)
         # The host's time: on a GPU, the time to launch the step (it runs on while the host goes on).
         elapsed_ms = 1000.0 * (time.perf_counter() - start) / self.cfg.gradient_steps
         return stats.means() | {"gradient_step_ms": torch.tensor(elapsed_ms)}  # on the host, which logs it there
