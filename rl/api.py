@@ -45,6 +45,9 @@ def train(
 ) -> TrainingResult | None:
     """Train `config` in this process (one rank of the job); its run folder, saved agent and closing evaluation.
 
+    Defaults that follow from other fields (CUDA graphs with `cuda=True`, a recurrent minibatch) are filled as
+    the command line fills them, for the fields a config built by hand leaves at their defaults: to train on a
+    GPU without CUDA graphs, build it with `rl.preset(..., cuda_graphs=False)`.
     In decoupled mode the lead player (rank 0) returns them and the other roles None. Hogwild's
     callbacks run in its workers, which start by pickling them: define their classes at a module's
     top level."""

@@ -289,12 +289,15 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
         """Iterations between two logged points (and interrupt and checkpoint checks)."""
         return 1
 
-    # True where fill_defaults turned CUDA graphs on: a learner among several then steps aside instead of refusing.
+    # Set by fill_defaults: whether CUDA graphs came by default (a learner among several then steps aside instead
+    # of refusing; filling the defaults again chooses anew), or were chosen (filling them again keeps the choice).
     cuda_graphs_by_default = False
+    cuda_graphs_chosen = False
 
     def fill_defaults(self, given: set[str]) -> None:
         """Defaults that follow from other fields; `given`: the fields set by the command line or the preset."""
-        if "cuda_graphs" not in given:
+        self.cuda_graphs_chosen |= "cuda_graphs" in given and not self.cuda_graphs_by_default
+        if not self.cuda_graphs_chosen:
             # The fastest setting measured on a GPU; --compile with graphs was not measured, so it stays a choice.
             self.cuda_graphs = self.cuda and not self.compile and self.cuda_graphs_refusal() is None
             self.cuda_graphs_by_default = self.cuda_graphs

@@ -1,5 +1,6 @@
 """The library: `rl.train` in this process or in each rank of a launched script, `rl.preset`, `rl.load_agent`."""
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -137,3 +138,24 @@ def test_dict_observations_of_vectors_train_flattened_and_the_agent_takes_them_a
 def test_an_observation_space_it_cannot_take_is_named_in_one_line(tmp_path):
     line = refusal_line("fabric", ["--env-id", "envs_for_tests:TextObservations-v0"], tmp_path)
     assert line.startswith("error: --env-id: observation space Text(") and "a Dict or Tuple of vectors" in line
+
+
+def test_cuda_graphs_follow_the_fields_until_chosen():
+    """As on the command line: on with cuda where they can serve, and a choice given to `rl.preset` is kept when
+    `rl.train` fills the defaults again; a default is chosen anew from the fields as they are then."""
+    from rl.config import check_cuda_graphs
+
+    chosen = rl.preset("cartpole", cuda=True, cuda_graphs=False)
+    by_default = rl.preset("cartpole", cuda=True)
+    assert not chosen.cuda_graphs and by_default.cuda_graphs
+    by_default.precision = "16-mixed"  # which graphs cannot serve
+    for config in (chosen, by_default):
+        defaults = type(config)()
+        given = {f.name for f in dataclasses.fields(config) if getattr(config, f.name) != getattr(defaults, f.name)}
+        config.fill_defaults(given)  # as rl.train does
+        assert not config.cuda_graphs
+        check_cuda_graphs(config)
+    later_on_a_gpu = rl.preset("cartpole")
+    later_on_a_gpu.cuda = True
+    later_on_a_gpu.fill_defaults({"cuda"})
+    assert later_on_a_gpu.cuda_graphs
