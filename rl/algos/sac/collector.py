@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -97,15 +98,20 @@ class ReplayCollector(ExperienceSource):
                     exploration = self.exploration.for_step(policy, step, self.envs.num_envs, self.generator)
                 actions, _ = policy.act(self.raw_obs, self.generator, exploration)
             next_obs, rewards, terminated, _, info, _, ended = self.step_envs(actions.cpu().numpy())
+            led_to = self.led_to(next_obs, ended, info)
+            observed = self.to_tensor(next_obs)
+            # Two uploads where no episode ended (the next observation is the one the transition led to), and the
+            # rewards and terminated flags as one.
+            rewards_and_terminated = to_device(np.stack([rewards, terminated], dtype=np.float32), self.device)
             self.buffer.add(
                 obs=self.raw_obs,
                 actions=actions,
-                rewards=to_device(rewards, self.device, torch.float32),
-                next_obs=self.to_tensor(self.led_to(next_obs, ended, info)),
-                terminated=to_device(terminated, self.device, torch.float32),
+                rewards=rewards_and_terminated[0],
+                next_obs=observed if led_to is next_obs else self.to_tensor(led_to),
+                terminated=rewards_and_terminated[1],
             )
             episodes.record(info)
-            self.raw_obs = self.to_tensor(next_obs)
+            self.raw_obs = observed
             global_step += self.steps_per_vector_step
         return episodes
 
