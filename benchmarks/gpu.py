@@ -24,9 +24,17 @@ PPO 6,809, continuous PPO 1,774 and SAC 725 env steps/s.
 else, the bound the Atari loop cannot pass. `--baseline DIR` (a checkout of another revision) runs
 each variant (or each of `--baseline-variants`) from there too, in the same rounds: a before and
 after on the same GPU. `--leanrl DIR` runs LeanRL's own scripts in the same rounds, with
-`--compile --cudagraphs` (their fastest), where DIR holds them and `wheels/` their dependencies
-(tensordict and torchrl of their time, gymnasium 0.29); wandb is replaced by `leanrl_wandb/`, which
-prints the speed they log. Their Atari script needs envpool, which is not among them.
+`--compile --cudagraphs` (their fastest), where DIR holds them and `wheels/` their dependencies for
+the GPU machine's Python, which has no package index:
+
+    pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
+        --platform manylinux1_x86_64 --platform manylinux2014_x86_64 -d DIR/wheels tensordict==0.6.2 \
+        torchrl==0.6.0 gymnasium==0.29.1 tqdm orjson cloudpickle pyvers
+
+(the tensordict and torchrl of their time: later ones refuse their TensorDictModule; gymnasium 0.29,
+whose `final_observation` their SAC reads). wandb is replaced by `leanrl_wandb/`, which prints the
+speed they log. Their Atari script needs envpool, whose wheel alone is larger than a GPU command
+may carry (64 MiB).
 """
 
 from __future__ import annotations
