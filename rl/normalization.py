@@ -70,11 +70,14 @@ class ObservationNormalizer:
         self.enabled = enabled
         self.device = device
         self.moments = RunningMoments((obs_dim,), device)
+        self._mean = torch.empty(obs_dim, dtype=torch.float32, device=device)
+        self._scale = torch.empty(obs_dim, dtype=torch.float32, device=device)
         self._refresh()
 
     def _refresh(self) -> None:
-        self._mean = self.moments.mean.float()
-        self._scale = (1.0 / torch.sqrt(self.moments.var + EPSILON)).float()
+        # In place: a CUDA graph that normalizes reads these tensors where they were when it was captured.
+        self._mean.copy_(self.moments.mean)
+        self._scale.copy_(1.0 / torch.sqrt(self.moments.var + EPSILON))
 
     def __call__(self, obs: Tensor) -> Tensor:
         if not self.enabled:

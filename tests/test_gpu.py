@@ -180,26 +180,19 @@ def test_the_steady_state_loop_waits_for_the_gpu_only_to_hand_the_envs_their_act
     assert not others, f"the host waited for the GPU here too (file:line -> times): {others}"
 
 
-@pytest.mark.parametrize("policy", ["ppo-discrete", "ppo-continuous", "ppo-gsde", "sac"])
-def test_captured_acting_draws_what_eager_acting_draws(policy):
-    """The same actions, log-probs (and values) from the same generator, while the weights change in place
-    between steps as the optimizer changes them, and for two batch sizes."""
+def test_captured_sac_acting_draws_what_eager_acting_draws():
+    """The same actions and log-probs from the same generator, while the weights change in place between steps
+    as the optimizer changes them, and for two batch sizes."""
     import gymnasium as gym
 
-    from rl.algos.ppo.policy import MLPActorCritic
     from rl.algos.sac.networks import SquashedGaussianActor
 
     box = gym.spaces.Box(-1.0, 1.0, (3,))
     cuda = torch.device("cuda")
-    if policy == "sac":
-        make = lambda: SquashedGaussianActor(5, box, (32, 32))  # noqa: E731
-    else:
-        space = gym.spaces.Discrete(4) if policy == "ppo-discrete" else box
-        make = lambda: MLPActorCritic(5, space, state_dependent=policy == "ppo-gsde")  # noqa: E731
     torch.manual_seed(0)
-    eager = make().to(cuda)
+    eager = SquashedGaussianActor(5, box, (32, 32)).to(cuda)
     torch.manual_seed(0)
-    captured = make().to(cuda)
+    captured = SquashedGaussianActor(5, box, (32, 32)).to(cuda)
     captured.capture_acting()
     generators = [torch.Generator(cuda).manual_seed(1) for _ in range(2)]
     for step in range(8):
@@ -207,13 +200,55 @@ def test_captured_acting_draws_what_eager_acting_draws(policy):
         obs = torch.randn(rows, 5, device=cuda)
         outputs = []
         for agent, generator in zip((eager, captured), generators, strict=True):
-            exploration = agent.exploration_matrices(rows, generator)
-            outputs.append(agent.act(obs, generator, exploration))
+            outputs.append(agent.act(obs, generator, agent.exploration_matrices(rows, generator)))
             with torch.no_grad():
                 for parameter in agent.parameters():
                     parameter.add_(0.01)
         for ours, theirs in zip(*outputs, strict=True):
             torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"env_id": "Pendulum-v1", "normalize_observations": True, "normalize_rewards": True},
+        {"env_id": "Pendulum-v1", "use_sde": True, "sde_sample_freq": 4},
+        {"env_id": "rl/PixelCartPole-v1", "resize": 0, "frame_stack": 2},
+    ],
+)
+def test_captured_ppo_steps_fill_the_rollouts_eager_steps_fill(changes, monkeypatch):
+    """PPO's captured step (acting, and the rollout's row at a device-side cursor) fills the eager step's
+    rollouts bit for bit, over four rollouts: the normalizers change between them, and the weights in place."""
+    import dataclasses
+
+    import envs_for_tests  # noqa: F401  (registers the tests' envs)
+
+    from rl.algos.ppo.algorithm import PPO
+    from rl.algos.ppo.config import PPOConfig
+    from rl.envs import inspect_env
+
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)  # as runs set it (--torch-deterministic)
+    cuda = torch.device("cuda")
+    filled = []
+    for captured in (False, True):
+        cfg = PPOConfig(num_envs=2, num_steps=16, per_rank_batch_size=16, cuda=True, cuda_graphs=captured, **changes)
+        algorithm = PPO(cfg, inspect_env(cfg.env_id, cfg.preprocessing()))
+        torch.manual_seed(0)
+        policy = algorithm.build_policy(cuda)
+        source = algorithm.make_source(0, cuda, None, env_ranks=1, batch_rows=32)
+        rollouts = []
+        for _ in range(4):
+            source.collect(policy)
+            source.next_batch(0, lambda tensor: tensor)
+            rollouts.append({f.name: getattr(source.buffer, f.name).clone() for f in dataclasses.fields(source.buffer)})
+            with torch.no_grad():
+                for parameter in policy.parameters():
+                    parameter.add_(0.01)
+        filled.append(rollouts)
+    for eager, captured_rollout in zip(*filled, strict=True):
+        for name, column in eager.items():
+            assert torch.equal(column, captured_rollout[name]), f"{name} differs"
 
 
 def test_captured_gae_computes_what_eager_gae_computes():

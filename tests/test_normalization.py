@@ -92,3 +92,13 @@ def test_reward_scaler_pools_only_the_returns_its_mask_marks_as_samples():
     selected.sync_update(torch.tensor([1.0, 3.0]), lambda t: t)
     assert masked.state_dict() == selected.state_dict()
     assert masked.moments.count.item() == pytest.approx(2.0 + 1e-4)
+
+
+def test_the_normalizer_updates_its_tensors_in_place():
+    """A CUDA graph that normalizes reads them where they were when it was captured."""
+    normalizer = ObservationNormalizer(2, enabled=True, device=torch.device("cpu"))
+    mean, scale = normalizer._mean, normalizer._scale
+    normalizer.sync_update(torch.tensor([[1.0, 2.0], [3.0, 5.0]]), lambda t: t)
+    normalizer.load_state_dict(normalizer.state_dict())
+    assert normalizer._mean is mean and normalizer._scale is scale
+    assert mean.tolist() != [0.0, 0.0]

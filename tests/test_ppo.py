@@ -250,3 +250,43 @@ def test_cuda_graphs_refuse_what_a_captured_minibatch_step_cannot_hold(changes, 
     with pytest.raises(UsageError, match=words) as refused:
         check_cuda_graphs(PPOConfig(cuda=True, cuda_graphs=True, **changes))
     assert refused.value.flag == "--cuda-graphs"
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"env_id": "Pendulum-v1", "normalize_observations": True, "normalize_rewards": True},
+        {"env_id": "Pendulum-v1", "use_sde": True, "sde_sample_freq": 4},
+        {"env_id": "rl/PixelCartPole-v1", "resize": 0, "frame_stack": 2},
+    ],
+)
+def test_a_recorded_step_fills_the_rollout_as_the_eager_step_does(changes):
+    """The step `--cuda-graphs` captures (acting, then the rollout's row where a device-side cursor points) fills
+    the same rollouts as the eager step, over two rollouts with the normalizers updated between them. On the CPU
+    it runs uncaptured; tests/test_gpu.py replays it as a CUDA graph."""
+    import dataclasses
+
+    import envs_for_tests  # noqa: F401  (registers the tests' envs)
+
+    from rl.algos.ppo.algorithm import PPO
+    from rl.algos.ppo.config import PPOConfig
+    from rl.envs import inspect_env
+
+    filled = []
+    for recorded in (False, True):
+        cfg = PPOConfig(num_envs=2, num_steps=16, per_rank_batch_size=16, cuda_graphs=recorded, **changes)
+        algorithm = PPO(cfg, inspect_env(cfg.env_id, cfg.preprocessing()))
+        torch.manual_seed(0)
+        policy = algorithm.build_policy(CPU)
+        source = algorithm.make_source(0, CPU, None, env_ranks=1, batch_rows=32)
+        assert (source.recorded_step is not None) == recorded
+        rollouts = []
+        for _ in range(2):
+            source.collect(policy)
+            source.next_batch(0, lambda tensor: tensor)  # updates the normalizers
+            rollouts.append({f.name: getattr(source.buffer, f.name).clone() for f in dataclasses.fields(source.buffer)})
+        filled.append(rollouts)
+    for eager, recorded in zip(*filled, strict=True):
+        for name, column in eager.items():
+            assert torch.equal(column, recorded[name]), f"{name} differs"

@@ -247,8 +247,6 @@ class PPO(Algorithm):
             )
         if cfg.compile:
             agent.compile_acting(cfg.compile_mode)
-        if cfg.cuda_graphs and device.type == "cuda" and isinstance(agent, ActorCritic):
-            agent.capture_acting()
         return agent.to(device)
 
     def obs_normalizer(self, device: torch.device) -> ObservationNormalizer:
@@ -273,7 +271,7 @@ class PPO(Algorithm):
             self.training_signal(),
             (cfg.lstm_layers, cfg.lstm_hidden_size) if cfg.recurrent else None,
             self.exploration(),
-            capture_gae=cfg.cuda_graphs and device.type == "cuda",
+            capture=cfg.cuda_graphs,
         )
 
     def make_learner(self, policy: nn.Module, runtime: Runtime, shard: DataShard, env_ranks: int) -> PPOLearner:

@@ -16,7 +16,6 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from rl.compiling import CompileMode, compiled
-from rl.cuda_graphs import captured_function
 from rl.encoders import FlatPixels, orthogonal_init
 from rl.precision import FLOAT32, Precision
 
@@ -256,7 +255,6 @@ class ActorCritic(nn.Module):
     recurrent = False
     precision = FLOAT32
     acting_features: Callable[[Tensor], tuple[Tensor, Tensor]] | None = None  # compiled `features`, with --compile
-    acting: Callable[..., tuple[Tensor, ...]] | None = None  # `act_with_noise` as a CUDA graph, with --cuda-graphs
 
     def trunk(self, obs: Tensor) -> tuple[Tensor, Tensor]:
         raise NotImplementedError
@@ -292,17 +290,14 @@ class ActorCritic(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Sample actions (through gSDE's `exploration` matrices, with --use-sde); returns (action, log-prob, value)."""
         noise = action_noise(self.action_head, obs.shape[0], generator, exploration)
-        return (self.acting or self.act_with_noise)(obs, *noise)
+        return self.act_with_noise(obs, *noise)
 
     def act_with_noise(self, obs: Tensor, *noise: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """`act`, given its noise: nothing here draws a random number or waits for the GPU."""
+        """`act`, given its noise: nothing here draws a random number or waits for the GPU (`--cuda-graphs`
+        captures it with the rollout's writes, `RolloutCollector`)."""
         actor_features, critic_features = (self.acting_features or self.features)(obs)
         action, logprob = self.action_head.sample(actor_features, list(noise))
         return action, logprob, self._value(critic_features)
-
-    def capture_acting(self) -> None:
-        """Act through a CUDA graph of `act_with_noise`, one per batch size (`--cuda-graphs` on a GPU)."""
-        self.acting = captured_function(self.act_with_noise)
 
     @torch.no_grad()
     def exploration_matrices(self, rows: int, generator: torch.Generator | None) -> Tensor | None:

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from rl.algos.ppo.policy import ActorCritic, action_shape_and_dtype
+from rl.algos.ppo.policy import ActorCritic, action_noise, action_shape_and_dtype
 from rl.algos.ppo.recurrent import Memory, RecurrentActorCritic, initial_memory
 from rl.batch import TensorBatch
 from rl.cuda_graphs import captured_function
@@ -102,13 +102,21 @@ class RolloutCollector(ExperienceSource):
         signal: TrainingSignal = GAME_SIGNAL,
         memory_shape: tuple[int, int] | None = None,
         exploration: StateDependentExploration | None = None,
-        capture_gae: bool = False,
+        capture: bool = False,
     ) -> None:
         self.num_steps = num_steps
         self.exploration = exploration
+        on_gpu = device.type == "cuda"
         gae = functools.partial(compute_gae, gamma=gamma, gae_lambda=gae_lambda)
-        self.advantages: Advantages = captured_function(gae) if capture_gae else gae  # one CUDA graph, captured
+        self.advantages: Advantages = captured_function(gae) if capture and on_gpu else gae  # one CUDA graph
         self.buffer = Rollout.allocate(num_steps, envs.num_envs, spaces, device, obs_normalizer.enabled, memory_shape)
+        # `capture`: each step's acting and its row of the rollout as one CUDA graph on a GPU (run as it is
+        # elsewhere), the row found by a counter on the device, which the graph advances.
+        self.cursor = torch.zeros(1, dtype=torch.long, device=device)
+        self.recorded_step: Callable[..., tuple[Tensor, ...]] | None = None
+        if capture and memory_shape is None:
+            self.recorded_step = captured_function(self._act_and_record) if on_gpu else self._act_and_record
+        self._recording_policy: ActorCritic | None = None
         # Recurrent: each env's state before its next observation, and whether that observation begins
         # an episode; `stepped_memory` is the state after the current step's observation.
         self.memory: Memory | None = None
@@ -135,22 +143,22 @@ class RolloutCollector(ExperienceSource):
         env_side = self._env_side  # numpy staging: cheaper per step than tensor writes
         if self.memory is not None:
             buf.memory.copy_(self.memory.permute(2, 0, 1, 3))  # the state each env begins the rollout with
+        self.cursor.zero_()
+        buf.final_values.zero_()  # the steps where a time limit cut an episode off get V(final observation)
         for step in range(self.num_steps):
-            obs = self.obs_normalizer(self.raw_obs)
-            action, logprob, value = self._act(policy, obs, step)
+            if self.recorded_step is not None:
+                action = self._record_step(policy, step)
+            else:
+                action = self._act_and_write(policy, step)
             raw_next, reward, terminated, truncated, info, is_transition, ended = self.step_envs(action.cpu().numpy())
             env_side["rewards"][step] = reward
             env_side["discounted_returns"][step] = self.reward_scaler.track(reward, terminated | truncated)
             env_side["terminated"][step] = terminated
             env_side["truncated"][step] = truncated
             env_side["is_transition"][step] = is_transition
-            if buf.raw_obs is not buf.obs:  # one buffer without observation normalization
-                buf.raw_obs[step] = self.raw_obs
-            buf.obs[step] = obs
-            buf.actions[step] = action
-            buf.logprobs[step] = logprob
-            buf.values[step] = value
-            buf.final_values[step] = self._truncation_values(policy, truncated & ~terminated, raw_next, info)
+            cut_off = truncated & ~terminated
+            if cut_off.any():
+                buf.final_values[step] = self._truncation_values(policy, cut_off, raw_next, info)
             episodes.record(info)
             self.raw_obs = self.to_tensor(raw_next)
             self._advance_memory(ended)
@@ -161,6 +169,48 @@ class RolloutCollector(ExperienceSource):
         buf.next_obs = self.obs_normalizer(self.raw_obs)
         buf.next_value = self._value(policy, buf.next_obs, self.memory, self.starts)
         return episodes
+
+    def _act_and_write(self, policy: ActorCritic | RecurrentActorCritic, step: int) -> Tensor:
+        """Act on the current observation and write the step's row of the rollout; the action."""
+        buf = self.buffer
+        obs = self.obs_normalizer(self.raw_obs)
+        action, logprob, value = self._act(policy, obs, step)
+        if buf.raw_obs is not buf.obs:  # one buffer without observation normalization
+            buf.raw_obs[step] = self.raw_obs
+        buf.obs[step] = obs
+        buf.actions[step] = action
+        buf.logprobs[step] = logprob
+        buf.values[step] = value
+        return action
+
+    def _record_step(self, policy: ActorCritic | RecurrentActorCritic, step: int) -> Tensor:
+        """`_act_and_write` through `recorded_step`, which draws no random number: its noise is drawn here."""
+        assert isinstance(policy, ActorCritic) and self.recorded_step is not None
+        if self._recording_policy is not policy:  # a graph holds the weights it was captured with, in place
+            assert self._recording_policy is None, "a collector records the steps of one policy"
+            self._recording_policy = policy
+        exploration = None
+        if self.exploration is not None:
+            exploration = self.exploration.for_step(policy, step, self.envs.num_envs, self.generator)
+        noise = action_noise(policy.action_head, self.envs.num_envs, self.generator, exploration)
+        (action,) = self.recorded_step(self.raw_obs, *noise)
+        return action
+
+    @torch.no_grad()
+    def _act_and_record(self, raw_obs: Tensor, *noise: Tensor) -> tuple[Tensor]:
+        """The step `_act_and_write` takes, as a function of its inputs: the row goes where the device-side
+        cursor points, and the cursor moves on (nothing here reads a value on the host)."""
+        buf, policy = self.buffer, self._recording_policy
+        assert policy is not None
+        obs = self.obs_normalizer(raw_obs)
+        action, logprob, value = policy.act_with_noise(obs, *noise)
+        rows = [(buf.obs, obs), (buf.actions, action), (buf.logprobs, logprob), (buf.values, value)]
+        if buf.raw_obs is not buf.obs:
+            rows.append((buf.raw_obs, raw_obs))
+        for column, row in rows:
+            column.index_copy_(0, self.cursor, row.unsqueeze(0).to(column.dtype))
+        self.cursor.add_(1)
+        return (action,)
 
     def _act(self, policy: ActorCritic | RecurrentActorCritic, obs: Tensor, step: int) -> tuple[Tensor, Tensor, Tensor]:
         exploration = None
@@ -191,11 +241,9 @@ class RolloutCollector(ExperienceSource):
 
     def _truncation_values(
         self, agent: ActorCritic | RecurrentActorCritic, bootstrap: np.ndarray, raw_next: np.ndarray, info: dict
-    ) -> Tensor | float:
-        """V(final observation) for envs cut off by a time limit: their return continues (a recurrent
-        policy's value takes the state carried to that observation)."""
-        if not bootstrap.any():
-            return 0.0
+    ) -> Tensor:
+        """V(final observation) for envs cut off by a time limit, 0 for the others: their return continues (a
+        recurrent policy's value takes the state carried to that observation)."""
         index = np.flatnonzero(bootstrap)
         final_obs = self.obs_normalizer(self.to_tensor(self.final_observations(raw_next, info, index)))
         on_device = to_device(index, self.device)
