@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from launch import RESULTS, fabric_run
-from resumable import Run, curve, resumable_flags, row_file, run_all, segments, training_return_of_last
+from resumable import Run, curve, curve_file, resumable_flags, row_file, run_all, segments, training_return_of_last
 
 from rl.config import flag
 
@@ -400,8 +400,9 @@ def verdicts(row: Row, members: list[dict]) -> str:
     )
 
 
-def markdown(results: list[dict], rows: list[str]) -> str:
-    """One line per row, finished or not: a row that misses is reported, never dropped."""
+def markdown(results: list[dict], rows: list[str], reached: dict[str, int] | None = None) -> str:
+    """One line per row, finished or not: a row that misses is reported, never dropped. `reached`: the env
+    steps a row's unfinished runs have reached, for a row none of whose runs has finished."""
     lines = [
         "| algorithm | env | config | steps | seeds | greedy return | last 100 training episodes "
         "| greedy per seed | published | judged by | matched | each source's mean − std | wall time per run "
@@ -413,8 +414,10 @@ def markdown(results: list[dict], rows: list[str]) -> str:
         published = "; ".join(str(p) for p in row.published)
         start = f"| {row.algorithm.upper()} | {row.env_id} | {row.config} |"
         if not members:
+            steps_so_far = (reached or {}).get(name)
+            status = "not yet run" if steps_so_far is None else f"running: {steps_so_far:,} steps so far"
             lines.append(
-                f"{start} {row.steps:,} | 0 of {len(row.seeds)} | not yet run | | | {published} | {row.rule} | | | | |"
+                f"{start} {row.steps:,} | 0 of {len(row.seeds)} | {status} | | | {published} | {row.rule} | | | | |"
             )
             continue
         returns, steps = [r["eval_return"] for r in members], max(r["steps"] for r in members)
@@ -524,11 +527,24 @@ def compute_spent(runs: list[Run], out: Path) -> str:
     return f"compute spent so far: {wall:,.1f} run-hours, {core:,.1f} core-hours"
 
 
+def steps_reached(runs: list[Run], out: Path) -> dict[str, int]:
+    """For each row with unfinished runs that have logged: the most env steps one of them has reached."""
+    reached: dict[str, int] = {}
+    for run in runs:
+        if row_file(out, run.name).exists() or not curve_file(out, run.name).exists():
+            continue
+        with curve_file(out, run.name).open() as file:
+            steps = [int(row["env_steps"]) for row in csv.DictReader(file)]
+        if steps:
+            reached[run.keys["row"]] = max(reached.get(run.keys["row"], 0), max(steps))
+    return reached
+
+
 def report(runs: list[Run], rows: list[str], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     results = with_training_returns(out, finished_rows(runs, out))
     write_csv(with_training_returns(out, every_finished_run(out)), out / "results.csv")
-    print(markdown(results, rows))
+    print(markdown(results, rows, steps_reached(runs, out)))
     print()
     print(aggregate(results, rows))
     print()

@@ -203,6 +203,8 @@ def test_the_table_reports_rows_without_runs_and_judges_by_the_first_published_f
     hopper, ant = table.splitlines()[2:]
     assert "2,400.0 ± 100.0" in hopper and "2 of 3" in hopper and "| yes |" in hopper  # 2,400 >= 2,410 - 10
     assert "not yet run" in ant and "0 of 3" in ant
+    running = suite.markdown(results, ["ppo/ant"], reached={"ppo/ant": 1_345_536}).splitlines()[2]
+    assert "running: 1,345,536 steps so far" in running and "0 of 3" in running
     missed = [{**result, "eval_return": 2000.0} for result in results]
     assert "| no |" in suite.markdown(missed, ["ppo/hopper"])
     pong = {"row": "ppo/pong", "seed": 1, "steps": 4_000_000, "wall_time_s": 9000.0, "env_steps_per_s": 400}
