@@ -305,10 +305,7 @@ class MeanOverRanks:
         """One sample of each of `names`, given as one vector in their order with NaN where a value is absent;
         added where the vector is, without reading it on the host."""
         sums = self._sums if values.device == self._sums.device else self._host_sums
-        key = (tuple(names), sums.device)
-        if key not in self._rows:
-            self._rows[key] = torch.tensor([self._index[name] for name in names], device=sums.device)
-        rows, values = self._rows[key], values.to(sums.device, torch.float64)
+        rows, values = self._rows_of(names, sums.device), values.to(sums.device, torch.float64)
         present = ~values.isnan()
         sums[rows, 0] += torch.where(present, values, 0.0)
         sums[rows, 1] += present.to(torch.float64)
@@ -316,11 +313,15 @@ class MeanOverRanks:
     def update_each(self, names: Sequence[str], values: torch.Tensor) -> None:
         """One sample of each of `names`, given as one vector on the device in their order: a few launches for
         all of them, where `update` takes several per name."""
-        key = (tuple(names), self._sums.device)
-        if key not in self._rows:
-            self._rows[key] = torch.tensor([self._index[name] for name in names], device=self._sums.device)
         samples = torch.stack([values.to(torch.float64), torch.ones_like(values, dtype=torch.float64)], dim=1)
-        self._sums.index_add_(0, self._rows[key], samples)
+        self._sums.index_add_(0, self._rows_of(names, self._sums.device), samples)
+
+    def _rows_of(self, names: Sequence[str], device: torch.device) -> torch.Tensor:
+        """The sums' rows of `names` as an index on `device`, made once per list of names."""
+        key = (tuple(names), device)
+        if key not in self._rows:
+            self._rows[key] = torch.tensor([self._index[name] for name in names], device=device)
+        return self._rows[key]
 
     def compute(self) -> dict[str, float]:
         self._sums += self._host_sums.to(self._sums.device)

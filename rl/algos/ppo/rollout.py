@@ -125,10 +125,11 @@ class RolloutCollector(ExperienceSource):
             self.memory = initial_memory(layers, envs.num_envs, hidden, device)
         self.stepped_memory = self.memory
         self.starts = torch.ones(envs.num_envs, dtype=torch.bool, device=device)
+        # Unscaled, in float64: the reward scaler divides them on the device once the rollout is complete.
+        self._raw_rewards = np.zeros(tuple(self.buffer.rewards.shape), dtype=np.float64)
         self._env_side = {
             name: np.zeros(tuple(getattr(self.buffer, name).shape), dtype=dtype)
             for name, dtype in [
-                ("rewards", np.float64),  # unscaled: the reward scaler divides them on the device at the end
                 ("discounted_returns", np.float32),
                 ("terminated", np.bool_),
                 ("truncated", np.bool_),
@@ -151,7 +152,7 @@ class RolloutCollector(ExperienceSource):
             else:
                 action = self._act_and_write(policy, step)
             raw_next, reward, terminated, truncated, info, is_transition, ended = self.step_envs(action.cpu().numpy())
-            env_side["rewards"][step] = reward
+            self._raw_rewards[step] = reward
             env_side["discounted_returns"][step] = self.reward_scaler.track(reward, terminated | truncated)
             env_side["terminated"][step] = terminated
             env_side["truncated"][step] = truncated
@@ -164,8 +165,8 @@ class RolloutCollector(ExperienceSource):
             self._advance_memory(ended)
 
         for name, array in env_side.items():
-            on_device = to_device(array, self.device)
-            getattr(buf, name).copy_(self.reward_scaler.scale(on_device) if name == "rewards" else on_device)
+            getattr(buf, name).copy_(to_device(array, self.device))
+        buf.rewards.copy_(self.reward_scaler.scale(to_device(self._raw_rewards, self.device)))
         buf.next_obs = self.obs_normalizer(self.raw_obs)
         buf.next_value = self._value(policy, buf.next_obs, self.memory, self.starts)
         return episodes

@@ -105,10 +105,10 @@ class SACLearner(Learner):
         self.noise.manual_seed(derive_seed(self.cfg.seed, LEARNER_STREAM, self.runtime.rank, iteration))
         stats = StatMeans()
         steps = self.cfg.gradient_steps
-        own = shard_slice(len(batch) // steps, self.shard.shards, self.shard.index)
         if steps == 1 and self.shard.shards == 1:  # the whole batch is the step's: no views to make
             self.gradient_step(batch, stats)
         else:
+            own = shard_slice(len(batch) // steps, self.shard.shards, self.shard.index)
             for step in range(steps):
                 # Strided: the rows are independent draws, and a batch may join several sources' draws
                 # one after another (decoupled players); every gradient step takes its share of each.
