@@ -2,11 +2,11 @@
 # The GPU checks in one go, on a machine with a CUDA GPU:
 #     bash benchmarks/gpu_check.sh [profile] [tests] [speed] [topologies]   (all four by default)
 # Wheels in .whl/ (for a machine without a package index) are installed first.
-# profile: benchmarks/gpu_profile.py; tests: tests/test_gpu.py (TEST_K: pytest's -k); speed: benchmarks/gpu.py
-# at every variant, with the Atari envs' own rate and, where .leanrl/ holds LeanRL's scripts and wheels, LeanRL
-# beside it (SPEED_ARGS: more arguments); topologies: the default variant coupled, decoupled and with an evaluator
-# (TOPOLOGY_ARGS: more arguments). Each stage's output goes to stdout and to a file under $OUT, and all of them
-# into $OUT/report.md at the end.
+# profile: benchmarks/gpu_profile.py (PROFILE_ARGS: more arguments, such as --python for cProfile); tests:
+# tests/test_gpu.py (TEST_K: pytest's -k); speed: benchmarks/gpu.py at every variant, with the Atari envs' own rate
+# and, where .leanrl/ holds LeanRL's scripts and wheels, LeanRL beside it (SPEED_ARGS: more arguments); topologies:
+# the default variant coupled, decoupled and with an evaluator (TOPOLOGY_ARGS: more arguments). Each stage's output
+# goes to stdout and to a file under $OUT, and all of them into $OUT/report.md at the end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}

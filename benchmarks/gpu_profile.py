@@ -1,6 +1,6 @@
 """Where a GPU run's steady-state env step goes: host time, GPU time, kernel launches, copies and host syncs.
 
-    python benchmarks/gpu_profile.py [--configs sac atari ppo-mujoco] [--iterations 4]
+    python benchmarks/gpu_profile.py [--configs sac atari ppo-mujoco] [--iterations 4] [--python]
 
 Each config trains in this process (coupled, one rank, `--cuda`) and profiles a window of
 iterations after its warm-up (`rl.Callback`'s `on_iteration_start` to `on_iteration_end`, so
@@ -8,7 +8,9 @@ reports, checkpoints and evaluations stay out). Per env step it prints the wall 
 busy time (the kernels' and copies' own time), the kernel launches, the host-to-device and
 device-to-host copies, and every place in this project's code where the host waited for the GPU
 (`torch.cuda.set_sync_debug_mode("warn")`, by file and line). A loop whose GPU time is a small
-part of its wall time is bound by the host's launches and syncs, which CUDA graphs remove. Run
+part of its wall time is bound by the host's launches and syncs, which CUDA graphs remove.
+`--python` profiles the same window with cProfile in a run of its own instead: where the host's
+time goes by Python function (the envs' step, the uploads, the loop's own code), per env step. Run
 it in a scratch folder: each run writes its folder under ./logs.
 """
 
@@ -16,8 +18,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import io
+import pstats
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,9 +58,10 @@ CONFIGS = {
 class ProfiledWindow(rl.Callback):
     """Profile every iteration after `warm_up_steps` (SAC: one env step each), the host's syncs beside."""
 
-    def __init__(self, warm_up_steps: int, iterations: int) -> None:
+    def __init__(self, warm_up_steps: int, iterations: int, python: bool = False) -> None:
         self.warm_up_steps, self.iterations = warm_up_steps, iterations
-        self.profiler = profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if ON_GPU else [])])
+        activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if ON_GPU else [])]
+        self.profiler: contextlib.AbstractContextManager = PythonProfile() if python else profile(activities=activities)
         self.profiled, self.first_step, self.last_step = 0, 0, 0
         self.watching = False
         self.syncs = SyncSites()
@@ -81,6 +88,23 @@ class ProfiledWindow(rl.Callback):
         self.last_step = state.global_step
 
 
+class PythonProfile(contextlib.AbstractContextManager):
+    """cProfile over the window, as a context manager like torch's profiler."""
+
+    def __init__(self) -> None:
+        self.profile = cProfile.Profile()
+        self.seconds = 0.0
+
+    def __enter__(self) -> PythonProfile:
+        self.started = time.perf_counter()
+        self.profile.enable()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.profile.disable()
+        self.seconds = time.perf_counter() - self.started
+
+
 def synchronize() -> None:
     if ON_GPU:
         torch.cuda.synchronize()
@@ -104,19 +128,31 @@ def summarize(window: ProfiledWindow, name: str) -> None:
     print(events.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
 
 
+def summarize_python(window: ProfiledWindow, name: str) -> None:
+    assert isinstance(window.profiler, PythonProfile)
+    steps, text = window.steps, io.StringIO()
+    per_step_ms = 1000 * window.profiler.seconds / steps
+    print(f"\n## {name}: {steps} env steps under cProfile, {per_step_ms:.3f} ms per env step")
+    stats = pstats.Stats(window.profiler.profile, stream=text)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(25)
+    print(text.getvalue().replace(str(Path(rl.__file__).parents[1]) + "/", ""))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--iterations", type=int, default=4, help="iterations profiled (SAC: env steps x 50)")
+    parser.add_argument("--python", action="store_true", help="profile the Python functions (cProfile) instead")
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name() if ON_GPU else 'CPU'}, torch {torch.__version__}", flush=True)
     for name in args.configs:
         config = CONFIGS[name]
         iterations = args.iterations * (50 if name == "sac" else 1)
-        window = ProfiledWindow(config.warm_up_steps, iterations)
+        window = ProfiledWindow(config.warm_up_steps, iterations, args.python)
         with contextlib.redirect_stdout(io.StringIO()):
             rl.train(config.config(iterations), callbacks=[window])
-        summarize(window, name)
+        (summarize_python if args.python else summarize)(window, name)
 
 
 if __name__ == "__main__":

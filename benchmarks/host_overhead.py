@@ -10,7 +10,8 @@ Both are counted here on CPU, where they are the same ops: a `TorchDispatchMode`
 aten op inside the loop's iterations (collecting and learning: `rl.Callback`'s
 `on_iteration_start` to `on_iteration_end`), leaving out reports, checkpoints and evaluations,
 after a warm-up (SAC: after its learning starts). Each config trains in this process (coupled,
-one rank) and prints, per env step, the aten ops and the host-waiting ops by name, and the
+one rank) and prints, per env step, the aten ops (and those of them that are not views, which on a
+GPU each launch a kernel) and the host-waiting ops by name, and the
 loop's env steps/s (in runs without the counter) with the preset's networks and with tiny MLPs
 (16 units), where the networks' compute is negligible and the rate is the host's overhead per
 step. Run it in a scratch folder: each run writes its folder under ./logs.
@@ -103,6 +104,14 @@ class OpCounter(TorchDispatchMode):
             name += BY_MASK
         self.counts[name] += 1
         return func(*args, **(kwargs or {}))
+
+
+def is_view(name: str) -> bool:
+    """Whether the op named so returns a view of its input (metadata only: on a GPU it launches no kernel)."""
+    namespace, _, op_name = name.removesuffix(BY_MASK).partition(".")
+    packet = getattr(getattr(torch.ops, namespace), op_name)
+    returns = getattr(packet, packet.overloads()[0])._schema.returns
+    return bool(returns) and returns[0].alias_info is not None and not returns[0].alias_info.is_write
 
 
 def is_mask(index: object) -> bool:
@@ -251,9 +260,10 @@ def main() -> None:
         against(args.against, args.configs, args.rounds)
         return
     print(
-        "| config | aten ops per env step | host-waiting ops per env step | which | env steps/s | tiny: env steps/s |"
+        "| config | aten ops per env step | of which not views | host-waiting ops per env step | which "
+        "| env steps/s | tiny: env steps/s |"
     )
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for name in args.configs:
         per_step = ops_per_step(CONFIGS[name], args.iterations)
         config = CONFIGS[name]
@@ -261,9 +271,10 @@ def main() -> None:
         tiny_rate = train(config, config.timed_iterations, True, [])
         waiting = {op: count for op, count in per_step.items() if op in HOST_WAITING}
         which = ", ".join(f"{op.removeprefix('aten.')} {count:.2f}" for op, count in sorted(waiting.items()))
+        launching = sum(count for op, count in per_step.items() if not is_view(op))
         print(
-            f"| {name} | {sum(per_step.values()):.1f} | {sum(waiting.values()):.2f} | {which or 'none'} | "
-            f"{rate:,.0f} | {tiny_rate:,.0f} |",
+            f"| {name} | {sum(per_step.values()):.1f} | {launching:.1f} | {sum(waiting.values()):.2f} | "
+            f"{which or 'none'} | {rate:,.0f} | {tiny_rate:,.0f} |",
             flush=True,
         )
     sys.stdout.flush()

@@ -19,6 +19,11 @@ from torch import Tensor
 Batch = TypeVar("Batch", bound="TensorBatch")
 
 
+def joined(values: list[Tensor]) -> Tensor:
+    """1-D tensors as one (without a copy where there is one)."""
+    return values[0] if len(values) == 1 else torch.cat(values)
+
+
 @dataclass
 class TensorBatch:
     """A dataclass of tensors that share their first dimension."""

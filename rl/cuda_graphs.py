@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from rl.batch import joined
 from rl.errors import UsageError
 
 if TYPE_CHECKING:
@@ -25,11 +26,37 @@ if TYPE_CHECKING:
 Step = Callable[..., dict[str, Tensor]]  # step(kind, *inputs) -> named outputs
 
 
+class PackedOutputs:
+    """Named tensors laid end to end in one flat tensor per dtype, and read back as views of it.
+
+    A graph's outputs are static buffers that its next replay overwrites, so each replay copies them
+    out: packed inside the graph, they come out in one copy per dtype instead of one per output.
+    """
+
+    def __init__(self, outputs: dict[str, Tensor]) -> None:
+        self.shapes = {name: output.shape for name, output in outputs.items()}
+        self.groups: dict[torch.dtype, list[str]] = {}
+        for name, output in outputs.items():
+            self.groups.setdefault(output.dtype, []).append(name)
+
+    def pack(self, outputs: dict[str, Tensor]) -> list[Tensor]:
+        return [joined([outputs[name].reshape(-1) for name in names]) for names in self.groups.values()]
+
+    def unpack(self, flats: list[Tensor]) -> dict[str, Tensor]:
+        """The outputs, in their order, as views of `flats`."""
+        views: dict[str, Tensor] = {}
+        for names, flat in zip(self.groups.values(), flats, strict=True):
+            sizes = [self.shapes[name].numel() for name in names]
+            views |= {name: part.view(self.shapes[name]) for name, part in zip(names, flat.split(sizes), strict=True)}
+        return {name: views[name] for name in self.shapes}
+
+
 @dataclass
 class CapturedGraph:
     graph: torch.cuda.CUDAGraph
     inputs: list[Tensor]  # the static buffers the graph reads
-    outputs: dict[str, Tensor]  # the static buffers the graph writes
+    outputs: PackedOutputs  # how to read the outputs from the static buffers the graph writes
+    packed: list[Tensor]
 
 
 class CapturedSteps:
@@ -40,7 +67,7 @@ class CapturedSteps:
     optimizers' moments and cuBLAS's workspace, must exist before a capture); the next call is
     captured and replayed; every later one copies its inputs into the graph's buffers and replays
     it. Every call is a real step, so a run takes the same steps as without graphs. The outputs
-    are copies: the graph overwrites its own at the next replay.
+    are copies (views of one copy per dtype): the graph overwrites its own at the next replay.
     """
 
     def __init__(self, step: Step, warm_up: int = 2) -> None:
@@ -58,7 +85,7 @@ class CapturedSteps:
         else:
             torch._foreach_copy_(captured.inputs, list(inputs))
         captured.graph.replay()
-        return {name: output.clone() for name, output in captured.outputs.items()}
+        return captured.outputs.unpack([packed.clone() for packed in captured.packed])
 
     def on_side_stream(self, kind: Hashable, inputs: tuple[Tensor, ...]) -> dict[str, Tensor]:
         side = torch.cuda.Stream()
@@ -75,7 +102,9 @@ class CapturedSteps:
         # A pool of its own: another kind's replay could otherwise write over memory this graph's outputs hold.
         with torch.cuda.graph(graph):
             outputs = self.step(kind, *static)
-        return CapturedGraph(graph, static, outputs)
+            layout = PackedOutputs(outputs)
+            packed = layout.pack(outputs)
+        return CapturedGraph(graph, static, layout, packed)
 
 
 def captured_function(function: Callable[..., tuple[Tensor, ...]]) -> Callable[..., tuple[Tensor, ...]]:

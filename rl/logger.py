@@ -292,6 +292,7 @@ class MeanOverRanks:
         self._host_sums = torch.zeros(len(self._index), 2, dtype=torch.float64)
         self._all_reduce_sum = all_reduce_sum
         self._rows: dict[tuple[tuple[str, ...], torch.device], torch.Tensor] = {}  # `update_present`'s indices
+        self._samples: dict[tuple[str, ...], torch.Tensor] = {}  # `update_each`'s staging, per list of names
 
     def update(self, name: str, values: torch.Tensor | float | list[float]) -> None:
         on_device = isinstance(values, torch.Tensor) and values.device == self._sums.device
@@ -311,9 +312,12 @@ class MeanOverRanks:
         sums[rows, 1] += present.to(torch.float64)
 
     def update_each(self, names: Sequence[str], values: torch.Tensor) -> None:
-        """One sample of each of `names`, given as one vector on the device in their order: a few launches for
+        """One sample of each of `names`, given as one vector on the device in their order: two launches for
         all of them, where `update` takes several per name."""
-        samples = torch.stack([values.to(torch.float64), torch.ones_like(values, dtype=torch.float64)], dim=1)
+        samples = self._samples.get(tuple(names))
+        if samples is None:  # (value, 1) rows, whose counts are set once: each update writes the values alone
+            samples = self._samples[tuple(names)] = torch.ones(len(names), 2, dtype=torch.float64, device=values.device)
+        samples[:, 0].copy_(values)
         self._sums.index_add_(0, self._rows_of(names, self._sums.device), samples)
 
     def _rows_of(self, names: Sequence[str], device: torch.device) -> torch.Tensor:

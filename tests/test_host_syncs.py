@@ -68,3 +68,9 @@ def test_a_decoupled_player_and_trainer_make_the_host_wait_only_at_their_reports
         assert sum(steady.values()) > 10 * (steps[1] - steps[0]), rank
         expected = {"aten._local_scalar_dense": reads_per_report * reports} if reports else {}
         assert host_waiting(steady) == expected, f"rank {rank}: {host_waiting(steady)}"
+
+
+def test_the_counter_tells_views_from_ops_that_launch_kernels():
+    views = ["aten.view", "aten.detach", "aten.t", "aten.expand", "aten.slice", "aten.lift_fresh"]
+    kernels = ["aten.mean", "aten.add_", "aten.copy_", "aten.index", "aten.index_put_ (boolean mask)", "aten.randn"]
+    assert [host_overhead.is_view(op) for op in views + kernels] == [True] * len(views) + [False] * len(kernels)

@@ -15,7 +15,7 @@ from rl.algos.sac.collector import Transitions
 from rl.algos.sac.config import AUTO, SACConfig
 from rl.algos.sac.losses import actor_loss, critic_loss, soft_target, temperature_loss
 from rl.algos.sac.networks import CriticEnsemble, SquashedGaussianActor
-from rl.batch import DataShard, shard_slice
+from rl.batch import DataShard, joined, shard_slice
 from rl.compiling import compiled
 from rl.cuda_graphs import CapturedSteps, Step, learner_captured, make_capturable
 from rl.optim import FlatGradients, optimizer_steps
@@ -40,16 +40,16 @@ class StatMeans:
             self.values.setdefault(name, []).append(value)
 
     def means(self) -> dict[str, Tensor]:
-        return {name: joined(values).mean() for name, values in self.values.items()}
+        return {name: mean(joined(values)) for name, values in self.values.items()}
 
     def gathered(self) -> dict[str, Tensor]:
         """Each statistic's values so far in one tensor (another `StatMeans` adds them as they are)."""
         return {name: joined(values) for name, values in self.values.items()}
 
 
-def joined(values: list[Tensor]) -> Tensor:
-    """1-D tensors as one (without a copy where there is one)."""
-    return values[0] if len(values) == 1 else torch.cat(values)
+def mean(values: Tensor) -> Tensor:
+    """The mean of a 1-D tensor; a single value as it is (a view: no kernel, and the same bits)."""
+    return values.reshape(()) if values.numel() == 1 else values.mean()
 
 
 class SACLearner(Learner):
