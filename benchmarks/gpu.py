@@ -6,7 +6,8 @@
 
 Each config runs at every variant and topology, one run after another and round after round, so
 that the settings alternate; a row gives the loop's env steps/s as the run prints it (compile time
-left out, as the run reports it), the compile seconds, and the ratio to the first setting's row.
+left out, as the run reports it), the compile seconds, the ratio to the first setting's row, and
+the part of the loop's time its envs took to step (where that part is large, the envs bound it).
 A variant is a precision and what follows it: `+eager` (--no-cuda-graphs), `+cuda-graphs`,
 `+compile`, `+reduce-overhead` (--compile with that mode); a precision alone is the run's default,
 which with --cuda captures CUDA graphs where they serve. The topologies: `coupled` (one process on
@@ -54,6 +55,7 @@ from launch import SUMMARY, fabric_run
 
 COMPILE = re.compile(r"torch\.compile: ([\d.]+) s")
 LEANRL_SPEED = re.compile(r"leanrl speed: ([\d.]+)")
+ENVS_SHARE = re.compile(r"stepping the envs: [\d.]+ s \((\d+)%\)")
 
 CONFIGS: dict[str, list[str]] = {
     "atari": ["--preset", "atari-ppo", "--env-id", "ALE/Breakout-v5", "--total-timesteps", "61440"],
@@ -105,6 +107,7 @@ class Result:
     steps_per_second: float | None
     compile_seconds: float = 0.0
     failure: str = ""
+    envs_share: float | None = None  # of the loop's time, in the process that steps the envs
 
 
 def variant_flags(variant: str) -> list[str]:
@@ -128,10 +131,11 @@ def run_setting(config: str, topology: str, variant: str, args: argparse.Namespa
     if variant.startswith(BASELINE):
         command[-len(flags) - 1] = os.path.join(os.path.abspath(args.baseline), shape.script)
     done = run_in_scratch(command)
-    loop, compiled = SUMMARY.search(done.stdout), COMPILE.search(done.stdout)
+    loop, compiled, envs = SUMMARY.search(done.stdout), COMPILE.search(done.stdout), ENVS_SHARE.search(done.stdout)
     if done.returncode != 0 or loop is None:
         return Result(None, failure=last_line(done.stderr))
-    return Result(int(loop.group(1)) / float(loop.group(2)), float(compiled.group(1)) if compiled else 0.0)
+    speed, compile_seconds = int(loop.group(1)) / float(loop.group(2)), float(compiled.group(1)) if compiled else 0.0
+    return Result(speed, compile_seconds, envs_share=int(envs.group(1)) / 100 if envs else None)
 
 
 def run_leanrl(config: str, leanrl: Path, site: Path) -> Result:
@@ -171,20 +175,29 @@ def envs_alone() -> float:
     return step_envs_alone("ALE/Breakout-v5", "native")  # the atari-ppo preset's choice: ale-py's threaded envs
 
 
-def print_table(speeds: dict[tuple[str, str], list[float]], compile_s: dict, configs: list[str], labels: list[str]):
-    print(f"\n| config | setting | env steps/s (median) | x {labels[0]} | x LeanRL H100 | compile s |")
-    print("| --- | --- | --- | --- | --- | --- |")
+def print_table(
+    speeds: dict[tuple[str, str], list[float]],
+    compile_s: dict,
+    envs_shares: dict[tuple[str, str], list[float]],
+    configs: list[str],
+    labels: list[str],
+) -> None:
+    """The medians of each setting's rounds; `envs_shares`: the part of the loop's time spent stepping the envs."""
+    print(f"\n| config | setting | env steps/s (median) | x {labels[0]} | x LeanRL H100 | compile s | envs' share |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for config in configs:
         base = statistics.median(speeds.get((config, labels[0]), [0])) or None
         for label in labels:
             if (config, label) not in speeds:
-                print(f"| {config} | {label} | failed or not run | | | |")
+                print(f"| {config} | {label} | failed or not run | | | | |")
                 continue
             median = statistics.median(speeds[(config, label)])
             ratio = f"{median / base:.2f}" if base else ""
+            shares = envs_shares.get((config, label))
             print(
                 f"| {config} | {label} | {median:,.0f} | {ratio} | {median / LEANRL_H100[config]:.2f} | "
-                f"{statistics.median(compile_s[(config, label)]):.0f} |"
+                f"{statistics.median(compile_s[(config, label)]):.0f} | "
+                f"{f'{statistics.median(shares):.0%}' if shares else ''} |"
             )
 
 
@@ -211,6 +224,7 @@ def main() -> None:
     site = install_leanrl_wheels(args.leanrl) if args.leanrl else None
     speeds: dict[tuple[str, str], list[float]] = {}
     compile_s: dict[tuple[str, str], list[float]] = {}
+    envs_shares: dict[tuple[str, str], list[float]] = {}
     for round_ in range(1, args.rounds + 1):
         for config in args.configs:
             runs = [(setting_label(*setting), setting) for setting in settings]
@@ -223,14 +237,17 @@ def main() -> None:
                 print(
                     f"round {round_}: {config} {label}: "
                     f"{f'{speed:,.0f} env steps/s' if speed else f'failed: {result.failure}'}, "
-                    f"compile {result.compile_seconds:.0f} s, wall {time.perf_counter() - started:.0f} s",
+                    f"compile {result.compile_seconds:.0f} s, wall {time.perf_counter() - started:.0f} s"
+                    + (f", stepping the envs {result.envs_share:.0%} of it" if result.envs_share is not None else ""),
                     flush=True,
                 )
                 if speed:
                     speeds.setdefault((config, label), []).append(speed)
                     compile_s.setdefault((config, label), []).append(result.compile_seconds)
+                if result.envs_share is not None:
+                    envs_shares.setdefault((config, label), []).append(result.envs_share)
     labels = [setting_label(*setting) for setting in settings] + ([LEANRL_FASTEST] if site else [])
-    print_table(speeds, compile_s, args.configs, labels)
+    print_table(speeds, compile_s, envs_shares, args.configs, labels)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import pickle
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -139,6 +140,7 @@ class ExperienceSource(ABC):
         self.generator = generator
         # Native vector envs reset an ended env on the step after: that step is no transition.
         self.resets_next_step = resets_next_step(envs)
+        self.env_seconds = 0.0  # spent in the vector env's step: the bound the loop cannot pass
         self.reset_envs(env_seeds)
 
     @abstractmethod
@@ -170,7 +172,9 @@ class ExperienceSource(ABC):
     def step_envs(self, actions: np.ndarray) -> EnvStep:
         """One vector step, and which of its rows are transitions (not a NEXT_STEP env's reset step)."""
         is_transition = ~self.ended if self.resets_next_step else np.ones(self.envs.num_envs, dtype=np.bool_)
+        started = time.perf_counter()
         raw_next, reward, terminated, truncated, info = self.envs.step(actions)
+        self.env_seconds += time.perf_counter() - started
         self.ended = terminated | truncated
         lives = self._lives(info)
         # A reset restores the lives; only a drop within an episode is a lost life.

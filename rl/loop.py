@@ -56,10 +56,17 @@ def report_compile_time(cfg: RunConfig, seconds: float, who: str = "this process
 
 
 def summary_line(
-    steps: int, seconds: float, peak_rss_mb: Sequence[float] = (), process_seconds: float | None = None
+    steps: int,
+    seconds: float,
+    peak_rss_mb: Sequence[float] = (),
+    process_seconds: float | None = None,
+    env_seconds: float | None = None,
 ) -> str:
-    """The line that closes every run's loop (benchmarks read their env steps/s from it)."""
+    """The line that closes every run's loop (benchmarks read their env steps/s from it). `env_seconds`: how long
+    the process that prints it (or each worker, on average) spent in its envs' steps."""
     line = f"training loop: {steps} steps in {seconds:.2f} s ({steps / seconds:,.0f} steps/s)"
+    if env_seconds is not None:
+        line += f"; stepping the envs: {env_seconds:.2f} s ({env_seconds / seconds:.0%})"
     if peak_rss_mb:
         line += f"; peak RSS per rank (MB): {', '.join(f'{mb:.0f}' for mb in peak_rss_mb)}"
     if process_seconds is not None:
@@ -67,8 +74,9 @@ def summary_line(
     return line
 
 
-def report_resources(runtime: Runtime, run: Run, loop_seconds: float, global_step: int) -> None:
-    """Loop speed, and each rank's process time and peak memory, printed and logged by rank 0."""
+def report_resources(runtime: Runtime, run: Run, loop_seconds: float, global_step: int, env_seconds: float) -> None:
+    """Loop speed, rank 0's time in its envs' steps, and each rank's process time and peak memory, printed and
+    logged by rank 0."""
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
     process_seconds = time.monotonic() - PROCESS_STARTED
     per_rank = runtime.all_gather_rows(torch.tensor([[peak_rss_mb, process_seconds]], dtype=torch.float64))
@@ -77,7 +85,8 @@ def report_resources(runtime: Runtime, run: Run, loop_seconds: float, global_ste
         global_step,
     )
     if runtime.is_main:
-        print(summary_line(global_step, loop_seconds, per_rank[:, 0].tolist(), float(per_rank[0, 1])), flush=True)
+        peak_rss = per_rank[:, 0].tolist()
+        print(summary_line(global_step, loop_seconds, peak_rss, float(per_rank[0, 1]), env_seconds), flush=True)
 
 
 class CheckpointClock:

@@ -12,6 +12,7 @@ import ast
 import functools
 import glob
 import io
+import re
 import socket
 import subprocess
 import sys
@@ -33,6 +34,11 @@ SCRIPTS = {
     "decoupled": REPO / "train_fabric_decoupled.py",
     "hogwild": REPO / "train_hogwild.py",
 }
+# The loop's summary line with the time its envs took to step (every mode prints it).
+ENVS_STEPPED = re.compile(
+    r"training loop: \d+ steps in [\d.]+ s \([\d,]+ steps/s\); "
+    r"stepping the envs: [\d.]+ s \(\d+%\)"
+)
 LOG_SUBDIRS = {
     "fabric": "fabric_logs",
     "torch": "torch_logs",

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import (
+    ENVS_STEPPED,
     SCRIPTS,
     Finished,
     all_scalars,
@@ -66,7 +67,7 @@ def test_player_and_trainers_run_both_data_paths(tmp_path, nproc, args):
     assert [step for step, _ in scalars["Loss/policy_loss"]] == [256 * k for k in range(1, 9)]
     lags = [lag for _, lag in scalars["Info/policy_lag"]]
     assert lags == ([0.0] + [1.0] * 7 if "--pipeline" in args else [0.0] * 8)
-    assert "evaluation over 2 greedy episodes" in finished.stdout
+    assert "evaluation over 2 greedy episodes" in finished.stdout and ENVS_STEPPED.search(finished.stdout)
     assert "policy" in load_agent(directory)
 
 

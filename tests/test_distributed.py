@@ -2,7 +2,17 @@
 
 import pytest
 import torch
-from conftest import SCRIPTS, launch, launch_together, load_agent, read_scalars, read_text_tags, run_dir, run_ranks
+from conftest import (
+    ENVS_STEPPED,
+    SCRIPTS,
+    launch,
+    launch_together,
+    load_agent,
+    read_scalars,
+    read_text_tags,
+    run_dir,
+    run_ranks,
+)
 
 from rl.cli import parse_config
 
@@ -150,6 +160,7 @@ def test_a_run_ends_at_the_first_periodic_evaluation_that_reaches_the_target(tmp
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "step 1024: the greedy return reached --stop-at-return -1e+09; training ends here" in finished.stdout
     assert "training loop: 1024 steps" in finished.stdout and "evaluation over 2 greedy episodes" in finished.stdout
+    assert ENVS_STEPPED.search(finished.stdout)
     directory = run_dir(tmp_path, "fabric")
     assert [step for step, _ in read_scalars(directory)["Eval/return_mean"]] == [1024]
     assert (directory / "agent.ckpt").exists() and (directory / "checkpoints" / "step_000000001024.ckpt").exists()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import SCRIPTS, all_scalars, launch, load_agent, refusal_line, run_dir, run_ranks, start
+from conftest import ENVS_STEPPED, SCRIPTS, all_scalars, launch, load_agent, refusal_line, run_dir, run_ranks, start
 
 from rl.modes.hogwild import MergedWeights, SharedState
 
@@ -105,6 +105,7 @@ def test_resume_continues_exactly_with_one_synced_worker_and_keeps_the_worker_co
     resumed = run_ranks("python", SCRIPTS["hogwild"], [*args, "--resume-from", str(halfway)], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "training loop: 4096 steps in" in resumed.stdout  # this run's steps, not the checkpoint's too
+    assert ENVS_STEPPED.search(resumed.stdout)  # each worker's, on average
     assert all(torch.equal(whole_weights[name], value) for name, value in agent_weights(folder).items())
     other_count = [*args, "--workers", "2", "--resume-from", str(halfway)]
     refused = run_ranks("python", SCRIPTS["hogwild"], other_count, tmp_path)

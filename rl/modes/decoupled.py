@@ -328,7 +328,7 @@ class Player:
             self.evaluator.finish(global_step, policy, source.obs_normalizer)
         loop_seconds = self.loop_clock.seconds(self.trainer_compile_seconds)
         steps = global_step - self.start_step
-        print(summary_line(steps, loop_seconds), flush=True)
+        print(summary_line(steps, loop_seconds, env_seconds=source.env_seconds), flush=True)
         if state.interrupted:
             print(f"interrupted at step {global_step}: checkpoint written to {run.dir}", flush=True)
             run.sink.close()

@@ -387,6 +387,7 @@ class WorkerLoop:
             "compile_seconds": loop_clock.compile_seconds(),
             "frames_this_run": int(self.shared.frames[self.index]) - self.frames_at_start,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "env_seconds": self.source.env_seconds,
         }
         if self.index == 0:
             part["agent"] = agent_of(self.algorithm, self.policy, self.source).to_file()
@@ -566,7 +567,9 @@ class CheckpointWriter:
         self.last = checkpoint
         loop_seconds = max(part["loop_seconds"] for part in parts)
         steps = sum(part["frames_this_run"] for part in parts)
-        self.loop_report = summary_line(steps, loop_seconds, [part["peak_rss_mb"] for part in parts]) + ";"
+        env_seconds = sum(part["env_seconds"] for part in parts) / len(parts)  # each worker's, on average
+        self.loop_report = summary_line(steps, loop_seconds, [part["peak_rss_mb"] for part in parts], None, env_seconds)
+        self.loop_report += ";"
         if self.algorithm.cfg.compile:
             compiling = ", ".join(f"{part['compile_seconds']:.1f}" for part in parts)
             self.loop_report += f" torch.compile: {compiling} s compiling per worker (left out of the env steps/s);"
