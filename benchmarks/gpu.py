@@ -9,8 +9,9 @@ that the settings alternate; a row gives the loop's env steps/s as the run print
 left out, as the run reports it), the compile seconds, the ratio to the first setting's row, and
 the part of the loop's time its envs took to step (where that part is large, the envs bound it).
 A variant is a precision and what follows it: `+eager` (--no-cuda-graphs), `+cuda-graphs`,
-`+compile`, `+reduce-overhead` (--compile with that mode); a precision alone is the run's default,
-which with --cuda captures CUDA graphs where they serve. The topologies: `coupled` (one process on
+`+compile`, `+reduce-overhead` (--compile with that mode), `+1-thread` (--torch-threads 1: torch's
+own CPU work on one thread, the other cores left to the envs' threads); a precision alone is the
+run's default, which with --cuda captures CUDA graphs where they serve. The topologies: `coupled` (one process on
 the GPU), `decoupled` (a CPU player feeding a GPU trainer) and `evaluator` (the same with an
 evaluator process beside them).
 
@@ -83,6 +84,7 @@ OPTIONS = {
     "compile": ["--compile"],
     "reduce-overhead": ["--compile", "--compile-mode", "reduce-overhead"],
     "cuda-graphs": ["--cuda-graphs"],
+    "1-thread": ["--torch-threads", "1"],  # torch's CPU ops on one thread, the other cores left to the envs
 }
 BASELINE = "baseline "  # the label's prefix of a run from the --baseline checkout
 
