@@ -81,7 +81,11 @@ def report_resources(runtime: Runtime, run: Run, loop_seconds: float, global_ste
     process_seconds = time.monotonic() - PROCESS_STARTED
     per_rank = runtime.all_gather_rows(torch.tensor([[peak_rss_mb, process_seconds]], dtype=torch.float64))
     run.sink.log_scalars(
-        {"Perf/loop_steps_per_second": global_step / loop_seconds, "Perf/peak_rss_mb_max": float(per_rank[:, 0].max())},
+        {
+            "Perf/loop_steps_per_second": global_step / loop_seconds,
+            "Perf/env_step_share": env_seconds / loop_seconds,
+            "Perf/peak_rss_mb_max": float(per_rank[:, 0].max()),
+        },
         global_step,
     )
     if runtime.is_main:

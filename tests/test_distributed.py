@@ -55,6 +55,7 @@ EXPECTED_SCALARS = {
     "Test/return_std",
     "Test/length_mean",
     "Perf/loop_steps_per_second",
+    "Perf/env_step_share",
     "Perf/peak_rss_mb_max",
 }
 
