@@ -97,14 +97,15 @@ def test_each_precision_trains_checkpoints_in_float32_and_resumes_at_another(tmp
 
 
 @pytest.mark.parametrize("algorithm", ["ppo", "sac"])
-@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "default+cuda-graphs"])
 def test_a_compiled_run_on_a_gpu_starts_as_the_eager_run_does(tmp_path, algorithm, mode):
+    """Compiled (and with `+cuda-graphs`, compiled kernels replayed as CUDA graphs)."""
     args = [*(SHORT_PPO if algorithm == "ppo" else SHORT_SAC), "--eval-episodes", "0"]
     (tmp_path / "eager").mkdir(), (tmp_path / "compiled").mkdir()
     eager = launch_on_gpu("fabric run", "fabric", args, tmp_path / "eager")
-    compiled = launch_on_gpu(
-        "fabric run", "fabric", [*args, "--compile", "--compile-mode", mode], tmp_path / "compiled"
-    )
+    compile_mode, *captured = mode.split("+")
+    flags = ["--compile", "--compile-mode", compile_mode, *(["--cuda-graphs"] if captured else [])]
+    compiled = launch_on_gpu("fabric run", "fabric", [*args, *flags], tmp_path / "compiled")
     assert eager.returncode == 0 and compiled.returncode == 0, compiled.stderr[-8000:]
     assert "torch.compile: " in compiled.stdout
     tags = ("Loss/policy_loss", "Loss/value_loss") if algorithm == "ppo" else ("Loss/critic_loss", "Loss/actor_loss")
