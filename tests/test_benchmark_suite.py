@@ -3,6 +3,7 @@ stopped run resumes from its checkpoint, and the table reports every row."""
 
 import csv
 import json
+import math
 import os
 import shutil
 import sys
@@ -307,7 +308,8 @@ def test_a_killed_launch_in_a_restored_folder_counts_to_when_its_checkpoint_appe
     checkpoints.mkdir(parents=True)
     marker = resumable.open_launch_file(tmp_path, "run")
     marker.parent.mkdir()
-    opened = {"started": round(time.time() - 30.0, 1), "from_step": 0}
+    # A launch note's time to a tenth of a second, rounded down: the launch began at least 30 s ago.
+    opened = {"started": math.floor((time.time() - 30.0) * 10) / 10, "from_step": 0}
     marker.write_text(json.dumps(opened))
     checkpoint = checkpoints / "step_000000000128.ckpt"
     with resumable.checkpoints_watched(tmp_path, "run", opened):
