@@ -44,12 +44,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from launch import SUMMARY, fabric_run
@@ -87,6 +88,14 @@ OPTIONS = {
     "1-thread": ["--torch-threads", "1"],  # torch's CPU ops on one thread, the other cores left to the envs
 }
 BASELINE = "baseline "  # the label's prefix of a run from the --baseline checkout
+
+
+class Stopped(Exception):
+    """SIGTERM arrived (a time limit, such as gpu_check.sh's BUDGET): the table keeps the runs that finished."""
+
+
+def stop(signum: int, frame: object) -> None:
+    raise Stopped
 
 
 @dataclass(frozen=True)
@@ -177,28 +186,62 @@ def envs_alone() -> float:
     return step_envs_alone("ALE/Breakout-v5", "native")  # the atari-ppo preset's choice: ale-py's threaded envs
 
 
-def print_table(
-    speeds: dict[tuple[str, str], list[float]],
-    compile_s: dict,
-    envs_shares: dict[tuple[str, str], list[float]],
-    configs: list[str],
-    labels: list[str],
+@dataclass
+class Measured:
+    """Each setting's figures over the rounds, keyed by (config, setting label)."""
+
+    speeds: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    compile_s: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    envs_shares: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # of the loop's time
+
+    def add(self, key: tuple[str, str], result: Result) -> None:
+        if result.steps_per_second:
+            self.speeds.setdefault(key, []).append(result.steps_per_second)
+            self.compile_s.setdefault(key, []).append(result.compile_seconds)
+        if result.envs_share is not None:
+            self.envs_shares.setdefault(key, []).append(result.envs_share)
+
+
+def describe(result: Result) -> str:
+    speed = f"{result.steps_per_second:,.0f} env steps/s" if result.steps_per_second else f"failed: {result.failure}"
+    envs = f", stepping the envs {result.envs_share:.0%} of it" if result.envs_share is not None else ""
+    return f"{speed}, compile {result.compile_seconds:.0f} s{envs}"
+
+
+def run_rounds(
+    args: argparse.Namespace, settings: list[tuple[str, str]], site: Path | None, measured: Measured
 ) -> None:
-    """The medians of each setting's rounds; `envs_shares`: the part of the loop's time spent stepping the envs."""
+    """Every setting of every config, round after round, so that the settings alternate."""
+    for round_ in range(1, args.rounds + 1):
+        for config in args.configs:
+            runs = [(setting_label(*setting), setting) for setting in settings]
+            if site is not None and config in LEANRL_SCRIPTS:
+                runs.append((LEANRL_FASTEST, None))
+            for label, setting in runs:
+                started = time.perf_counter()
+                result = run_setting(config, *setting, args) if setting else run_leanrl(config, args.leanrl, site)
+                wall = time.perf_counter() - started
+                print(f"round {round_}: {config} {label}: {describe(result)}, wall {wall:.0f} s", flush=True)
+                measured.add((config, label), result)
+
+
+def print_table(measured: Measured, configs: list[str], labels: list[str]) -> None:
+    """The medians of each setting's rounds, with the part of the loop's time spent stepping the envs."""
     print(f"\n| config | setting | env steps/s (median) | x {labels[0]} | x LeanRL H100 | compile s | envs' share |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for config in configs:
-        base = statistics.median(speeds.get((config, labels[0]), [0])) or None
+        base = statistics.median(measured.speeds.get((config, labels[0]), [0])) or None
         for label in labels:
-            if (config, label) not in speeds:
+            key = (config, label)
+            if key not in measured.speeds:
                 print(f"| {config} | {label} | failed or not run | | | | |")
                 continue
-            median = statistics.median(speeds[(config, label)])
+            median = statistics.median(measured.speeds[key])
             ratio = f"{median / base:.2f}" if base else ""
-            shares = envs_shares.get((config, label))
+            shares = measured.envs_shares.get(key)
             print(
                 f"| {config} | {label} | {median:,.0f} | {ratio} | {median / LEANRL_H100[config]:.2f} | "
-                f"{statistics.median(compile_s[(config, label)]):.0f} | "
+                f"{statistics.median(measured.compile_s[key]):.0f} | "
                 f"{f'{statistics.median(shares):.0%}' if shares else ''} |"
             )
 
@@ -216,40 +259,21 @@ def main() -> None:
     parser.add_argument("--leanrl", type=Path, help="a folder of LeanRL's scripts and wheels/, run beside this one")
     args = parser.parse_args()
     before = [BASELINE + variant for variant in args.baseline_variants or args.variants] if args.baseline else []
-    variants = before + args.variants
-    settings = [(topology, variant) for topology in args.topologies for variant in variants]
-    import torch
+    settings = [(topology, variant) for topology in args.topologies for variant in before + args.variants]
+    signal.signal(signal.SIGTERM, stop)
+    measured = Measured()
+    try:
+        import torch
 
-    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
-    if args.envs_alone:
-        print(f"Atari vector env alone: {envs_alone():,.0f} env steps/s", flush=True)
-    site = install_leanrl_wheels(args.leanrl) if args.leanrl else None
-    speeds: dict[tuple[str, str], list[float]] = {}
-    compile_s: dict[tuple[str, str], list[float]] = {}
-    envs_shares: dict[tuple[str, str], list[float]] = {}
-    for round_ in range(1, args.rounds + 1):
-        for config in args.configs:
-            runs = [(setting_label(*setting), setting) for setting in settings]
-            if site is not None and config in LEANRL_SCRIPTS:
-                runs.append((LEANRL_FASTEST, None))
-            for label, setting in runs:
-                started = time.perf_counter()
-                result = run_setting(config, *setting, args) if setting else run_leanrl(config, args.leanrl, site)
-                speed = result.steps_per_second
-                print(
-                    f"round {round_}: {config} {label}: "
-                    f"{f'{speed:,.0f} env steps/s' if speed else f'failed: {result.failure}'}, "
-                    f"compile {result.compile_seconds:.0f} s, wall {time.perf_counter() - started:.0f} s"
-                    + (f", stepping the envs {result.envs_share:.0%} of it" if result.envs_share is not None else ""),
-                    flush=True,
-                )
-                if speed:
-                    speeds.setdefault((config, label), []).append(speed)
-                    compile_s.setdefault((config, label), []).append(result.compile_seconds)
-                if result.envs_share is not None:
-                    envs_shares.setdefault((config, label), []).append(result.envs_share)
-    labels = [setting_label(*setting) for setting in settings] + ([LEANRL_FASTEST] if site else [])
-    print_table(speeds, compile_s, envs_shares, args.configs, labels)
+        print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
+        if args.envs_alone:
+            print(f"Atari vector env alone: {envs_alone():,.0f} env steps/s", flush=True)
+        site = install_leanrl_wheels(args.leanrl) if args.leanrl else None
+        run_rounds(args, settings, site, measured)
+    except Stopped:
+        print("stopped by SIGTERM: the table holds the runs that finished", flush=True)
+    labels = [setting_label(*setting) for setting in settings] + ([LEANRL_FASTEST] if args.leanrl else [])
+    print_table(measured, args.configs, labels)
 
 
 if __name__ == "__main__":

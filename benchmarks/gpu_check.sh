@@ -7,6 +7,12 @@
 # and, where .leanrl/ holds LeanRL's scripts and wheels, LeanRL beside it (SPEED_ARGS: more arguments); topologies:
 # the default variant coupled, decoupled and with an evaluator (TOPOLOGY_ARGS: more arguments). Each stage's output
 # goes to stdout and to a file under $OUT, and all of them into $OUT/report.md at the end.
+# BUDGET: the seconds the whole check may take (0, the default: no limit). A stage still running when the budget
+# nears its end is stopped (gpu.py then prints the table of the runs that finished), a stage with under 30 s left is
+# skipped, and the report is written in time: set it a little under the device call's limit. For one call of
+# 10 minutes, the figures first and then the checks that captured steps train as eager ones do:
+#     BUDGET=560 SPEED_ARGS="--variants 32-true" TEST_K="captured or steady_state or cuda_graphs" \
+#         bash benchmarks/gpu_check.sh speed tests
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
@@ -17,21 +23,35 @@ if [ -d .whl ]; then
 fi
 export PYTHONPATH=$PWD:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+BUDGET=${BUDGET:-0}
 stages=${*:-profile tests speed topologies}
+
+seconds_left() {  # for the next stage, 10 s kept for the report; 0 means no limit, as for timeout(1)
+    if [ "$BUDGET" -gt 0 ]; then echo $((BUDGET - SECONDS - 10)); else echo 0; fi
+}
 scratch=$(mktemp -d)
 for stage in $stages; do
+    left=$(seconds_left)
+    if [ "$BUDGET" -gt 0 ] && [ "$left" -lt 30 ]; then
+        echo "== $stage skipped: ${left} s of the ${BUDGET} s budget left" | tee "$OUT/$stage.txt"
+        continue
+    fi
     echo "== $stage ($(date +%T))"
     case $stage in
-        profile) (cd "$scratch" && python3 "$OLDPWD/benchmarks/gpu_profile.py" ${PROFILE_ARGS:-}) 2>&1 | grep -v "^WARNING: compiler\|^$\|USDT" | tee "$OUT/profile.txt" ;;
+        profile)
+            (cd "$scratch" && timeout "$left" python3 "$OLDPWD/benchmarks/gpu_profile.py" ${PROFILE_ARGS:-}) 2>&1 |
+                grep -v "^WARNING: compiler\|^$\|USDT" | tee "$OUT/profile.txt" ;;
         tests)
-            timeout "${TEST_TIMEOUT:-480}" python3 -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-8}" \
+            limit=${TEST_TIMEOUT:-480}
+            [ "$left" -gt 0 ] && [ "$left" -lt "$limit" ] && limit=$left
+            timeout "$limit" python3 -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-8}" \
                 tests/test_gpu.py ${TEST_K:+-k "$TEST_K"} >"$OUT/tests.txt" 2>&1
             tail -60 "$OUT/tests.txt" ;;
         speed)
             leanrl=(); [ -d .leanrl ] && leanrl=(--leanrl .leanrl)
-            python3 benchmarks/gpu.py --envs-alone ${leanrl[@]+"${leanrl[@]}"} ${SPEED_ARGS:-} 2>&1 | tee "$OUT/speed.txt" ;;
+            timeout "$left" python3 benchmarks/gpu.py --envs-alone ${leanrl[@]+"${leanrl[@]}"} ${SPEED_ARGS:-} 2>&1 | tee "$OUT/speed.txt" ;;
         topologies)
-            python3 benchmarks/gpu.py --variants 32-true --topologies coupled decoupled evaluator ${TOPOLOGY_ARGS:-} \
+            timeout "$left" python3 benchmarks/gpu.py --variants 32-true --topologies coupled decoupled evaluator ${TOPOLOGY_ARGS:-} \
                 2>&1 | tee "$OUT/topologies.txt" ;;
         *) echo "unknown stage: $stage (profile, tests, speed or topologies)"; exit 2 ;;
     esac
