@@ -119,8 +119,10 @@ def whole_loop(env_id: str, mode: str, ranks: int, iterations: int, extra_flags:
     return float(match.group(2).replace(",", ""))
 
 
-def envs_alone(env_id: str, mode: str, steps: int = 300) -> float:
-    """Env steps/s of 8 envs stepped with random actions, nothing else running."""
+def envs_alone(env_id: str, mode: str, steps: int = 300, copy_observations: bool = False) -> float:
+    """Env steps/s of 8 envs stepped with random actions, nothing else running; with `copy_observations`, each
+    step's observations are copied into a torch tensor, as a GPU run's upload does on the host (a copy this size
+    is one parallel region of torch's threads)."""
     import numpy as np
 
     from rl.envs import inspect_env, make_vector_env, reset_vector_env
@@ -131,7 +133,9 @@ def envs_alone(env_id: str, mode: str, steps: int = 300) -> float:
     actions = [np.array([envs.single_action_space.sample() for _ in range(NUM_ENVS)]) for _ in range(steps)]
     start = time.perf_counter()
     for action in actions:
-        envs.step(action)
+        observations = envs.step(action)[0]
+        if copy_observations:
+            torch.as_tensor(observations).clone()
     elapsed = time.perf_counter() - start
     envs.close()
     return steps * NUM_ENVS / elapsed

@@ -10,10 +10,11 @@ left out, as the run reports it), the compile seconds, the ratio to the first se
 the part of the loop's time its envs took to step (where that part is large, the envs bound it).
 A variant is a precision and what follows it: `+eager` (--no-cuda-graphs), `+cuda-graphs`,
 `+compile`, `+reduce-overhead` (--compile with that mode), `+1-thread` (--torch-threads 1: torch's
-own CPU work on one thread, the other cores left to the envs' threads); a precision alone is the
-run's default, which with --cuda captures CUDA graphs where they serve. The topologies: `coupled` (one process on
-the GPU), `decoupled` (a CPU player feeding a GPU trainer) and `evaluator` (the same with an
-evaluator process beside them).
+own CPU work on one thread, the other cores left to the envs' threads), `+spin` (torch's OpenMP
+threads spin while they wait, `OMP_WAIT_POLICY=ACTIVE`; without it they sleep, the entry points'
+default); a precision alone is the run's default, which with --cuda captures CUDA graphs where they
+serve. The topologies: `coupled` (one process on the GPU), `decoupled` (a CPU player feeding a GPU
+trainer) and `evaluator` (the same with an evaluator process beside them).
 
 The configs are LeanRL's: PPO on ALE/Breakout-v5 with CleanRL's Atari settings (8 envs x 128
 steps, 4 epochs of 4 minibatches; here ale-py's threaded vector env, LeanRL's runs use envpool),
@@ -86,7 +87,14 @@ OPTIONS = {
     "reduce-overhead": ["--compile", "--compile-mode", "reduce-overhead"],
     "cuda-graphs": ["--cuda-graphs"],
     "1-thread": ["--torch-threads", "1"],  # torch's CPU ops on one thread, the other cores left to the envs
+    "spin": [],  # an environment, not a flag: WAITS
 }
+# How torch's OpenMP threads wait between parallel regions. Each run starts with no wait chosen, as a user's would:
+# this project's entry points then make the threads sleep, and LeanRL's scripts get libgomp's default. `+spin`
+# makes them spin for as long as they wait, as benchmarks/launch.py chooses for the CPU benchmarks: beside ale-py's
+# env threads, with as many torch threads as cores, spinning threads take the cores the envs need.
+WAITS = {"spin": {"OMP_WAIT_POLICY": "ACTIVE"}}
+WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 BASELINE = "baseline "  # the label's prefix of a run from the --baseline checkout
 
 
@@ -127,6 +135,17 @@ def variant_flags(variant: str) -> list[str]:
     return ["--precision", precision, *(flag for option in options for flag in OPTIONS[option])]
 
 
+def no_wait_chosen() -> dict[str, str]:
+    """This process's environment without a choice of how OpenMP threads wait."""
+    return {name: value for name, value in os.environ.items() if name not in WAIT_VARIABLES}
+
+
+def variant_environment(variant: str) -> dict[str, str]:
+    """The environment a run of `variant` starts with: no wait chosen, unless the variant chooses one."""
+    _, *options = variant.removeprefix(BASELINE).split("+")
+    return no_wait_chosen() | {name: value for option in options for name, value in WAITS.get(option, {}).items()}
+
+
 def setting_label(topology: str, variant: str) -> str:
     return variant if topology == "coupled" else f"{variant} ({topology})"
 
@@ -141,7 +160,7 @@ def run_setting(config: str, topology: str, variant: str, args: argparse.Namespa
     command = fabric_run(flags, shape.processes, shape.script, shape.accelerator)
     if variant.startswith(BASELINE):
         command[-len(flags) - 1] = os.path.join(os.path.abspath(args.baseline), shape.script)
-    done = run_in_scratch(command)
+    done = run_in_scratch(command, variant_environment(variant))
     loop, compiled, envs = SUMMARY.search(done.stdout), COMPILE.search(done.stdout), ENVS_SHARE.search(done.stdout)
     if done.returncode != 0 or loop is None:
         return Result(None, failure=last_line(done.stderr))
@@ -153,7 +172,7 @@ def run_leanrl(config: str, leanrl: Path, site: Path) -> Result:
     """One run of LeanRL's own script for `config`, at its fastest setting; its last logged speed."""
     script, *flags = LEANRL_SCRIPTS[config]
     shim = Path(__file__).resolve().parent / "leanrl_wandb"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(shim), os.environ.get("PYTHONPATH", "")])}
+    env = no_wait_chosen() | {"PYTHONPATH": os.pathsep.join([str(site), str(shim), os.environ.get("PYTHONPATH", "")])}
     done = run_in_scratch([sys.executable, str(leanrl / script), *flags, "--compile", "--cudagraphs"], env)
     speeds = LEANRL_SPEED.findall(done.stdout)
     if done.returncode != 0 or not speeds:
@@ -161,7 +180,7 @@ def run_leanrl(config: str, leanrl: Path, site: Path) -> Result:
     return Result(float(speeds[-1]))
 
 
-def run_in_scratch(command: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_in_scratch(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory() as cwd:
         return subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False, env=env)
 

@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import rl  # first: it sets how torch's OpenMP threads wait (as a user's run does), which OpenMP reads as torch loads
+
+# isort: split
 import torch
 from host_overhead import SyncSites
 from torch.profiler import ProfilerActivity, profile
-
-import rl
 
 ON_GPU = torch.cuda.is_available()  # elsewhere the same window on the CPU: a check of this script
 

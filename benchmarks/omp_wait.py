@@ -12,6 +12,11 @@ steps/s of each run and the medians' ratio. A run that does not finish within `-
 counts as its steps over that time (an upper bound).
 
 Coupled ranks of one thread each form no OpenMP team, so the wait does not apply to them.
+
+`--envs` times threads against threads instead: ale-py's threaded vector env (8 Breakout envs,
+random actions) stepped alone and with one torch copy of each step's observations (the host's part
+of a GPU run's upload), in a fresh process for each wait: libgomp's default, passive, and spinning
+for as long as they wait (`OMP_WAIT_POLICY=ACTIVE`, what benchmarks/launch.py sets).
 """
 
 from __future__ import annotations
@@ -59,9 +64,29 @@ WAITS: dict[str, dict[str, str]] = {
 }
 
 
+ENV_WAITS = WAITS | {"spin": {"OMP_WAIT_POLICY": "ACTIVE"}}
+ENVS_CHILD = "--envs-child"  # how --envs runs each measurement in a process of its own
+
+
 def environment(wait: str) -> dict[str, str]:
     inherited = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    return inherited | WAITS[wait]
+    return inherited | ENV_WAITS[wait]
+
+
+def compare_envs(rounds: int) -> None:
+    """The threaded envs' env steps/s under each wait, alone and with a torch copy per step, alternating."""
+    for round_ in range(1, rounds + 1):
+        for wait in ENV_WAITS:
+            speeds = []
+            for copying in ("alone", "copy"):
+                command = [sys.executable, __file__, ENVS_CHILD, copying]
+                done = subprocess.run(command, env=environment(wait), capture_output=True, text=True, check=True)
+                speeds.append(float(done.stdout.split()[-1]))
+            print(
+                f"round {round_}: {wait}: envs alone {speeds[0]:,.0f}, with a copy per step {speeds[1]:,.0f} "
+                f"env steps/s ({speeds[1] / speeds[0]:.2f}x)",
+                flush=True,
+            )
 
 
 def steps_per_second(case: str, wait: str, timeout: float) -> tuple[float, bool]:
@@ -130,14 +155,23 @@ def compare(case: str, condition: str, rounds: int, timeout: float) -> None:
 
 
 def main() -> None:
+    if sys.argv[1:2] == [ENVS_CHILD]:
+        from atari import envs_alone
+
+        print(envs_alone("ALE/Breakout-v5", "native", steps=600, copy_observations=sys.argv[2] == "copy"))
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--busy", nargs="+", type=int, default=[0, 1], help="busy cores to measure beside")
     parser.add_argument("--load", choices=list(LOADS), default="spin", help="what keeps the busy cores busy")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a run may take")
+    parser.add_argument("--envs", action="store_true", help="time threaded envs beside torch's threads instead")
     args = parser.parse_args()
     print(f"{os.cpu_count()} cores; default thread count per process", flush=True)
+    if args.envs:
+        compare_envs(args.rounds)
+        return
     for busy in args.busy:
         for case in args.cases:
             measure(case, busy, args.load, args.rounds, args.timeout)
