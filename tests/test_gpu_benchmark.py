@@ -1,0 +1,46 @@
+"""benchmarks/gpu.py's own logic, which needs no GPU: what each variant runs with, and a stopped study's table."""
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import gpu
+
+
+def test_a_variant_is_its_precision_its_flags_and_the_openmp_wait_a_users_run_starts_with(monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # as benchmarks/launch.py sets it for the CPU benchmarks
+    monkeypatch.setenv("GOMP_SPINCOUNT", "300000")
+    flags = gpu.variant_flags("bf16-mixed+eager+spin+1-thread")
+    assert flags == ["--precision", "bf16-mixed", "--no-cuda-graphs", "--torch-threads", "1"]
+    plain = gpu.variant_environment("32-true")
+    assert "OMP_WAIT_POLICY" not in plain and "GOMP_SPINCOUNT" not in plain
+    spinning = gpu.variant_environment(gpu.BASELINE + "32-true+spin")
+    assert spinning["OMP_WAIT_POLICY"] == "ACTIVE" and "GOMP_SPINCOUNT" not in spinning
+
+
+def test_sigterm_ends_the_rounds_and_the_table_keeps_the_runs_that_finished(monkeypatch, capsys):
+    runs = []
+
+    def run_setting(config, topology, variant, args):
+        runs.append((config, variant))
+        if len(runs) == 3:  # a time limit arrives during the third run
+            os.kill(os.getpid(), signal.SIGTERM)
+        return gpu.Result(1000.0 * len(runs), envs_share=0.25)
+
+    monkeypatch.setattr(gpu, "run_setting", run_setting)
+    monkeypatch.setattr(sys, "argv", ["gpu.py", "--configs", "atari", "sac", "--variants", "32-true", "32-true+eager"])
+    handler = signal.getsignal(signal.SIGTERM)
+    try:
+        gpu.main()
+    finally:
+        signal.signal(signal.SIGTERM, handler)
+    printed = capsys.readouterr().out
+    assert runs == [("atari", "32-true"), ("atari", "32-true+eager"), ("sac", "32-true")]
+    assert "stopped by SIGTERM" in printed
+    assert "| atari | 32-true | 1,000 | 1.00 | 0.15 | 0 | 25% |" in printed
+    assert "| atari | 32-true+eager | 2,000 | 2.00 | 0.29 | 0 | 25% |" in printed
+    assert (
+        "| sac | 32-true | failed or not run |" in printed and "| sac | 32-true+eager | failed or not run |" in printed
+    )
