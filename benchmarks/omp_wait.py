@@ -1,6 +1,7 @@
 """How torch's OpenMP threads wait for work, on a quiet machine and on one that other processes share.
 
     python benchmarks/omp_wait.py [--rounds 2] [--busy 0 1] [--load spin|training] [--cases ...] [--timeout 120]
+    python benchmarks/omp_wait.py --envs [--rounds 2]
 
 Each case is one process with the default thread count (the cores divided by the local processes),
 run with libgomp's own default wait (spin about 300,000 times, then sleep: `GOMP_SPINCOUNT=300000`)
