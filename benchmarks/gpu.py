@@ -284,8 +284,8 @@ def main() -> None:
     try:
         import torch
 
-        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none (every run will fail)"
-        print(f"GPU: {gpu}, torch {torch.__version__}", flush=True)
+        device = torch.cuda.get_device_name() if torch.cuda.is_available() else "none (every run will fail)"
+        print(f"GPU: {device}, torch {torch.__version__}", flush=True)
         if args.envs_alone:
             print(f"Atari vector env alone: {envs_alone():,.0f} env steps/s", flush=True)
         site = install_leanrl_wheels(args.leanrl) if args.leanrl else None
