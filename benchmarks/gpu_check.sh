@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks in one go, on a machine with a CUDA GPU:
 #     bash benchmarks/gpu_check.sh [profile] [tests] [speed] [topologies]   (all four by default)
-# Wheels in .whl/ (for a machine without a package index) are installed first.
+# Wheels in .whl/ (for a machine without a package index; benchmarks/gpu_kit.sh fetches them) are installed first.
 # profile: benchmarks/gpu_profile.py (PROFILE_ARGS: more arguments, such as --python for cProfile); tests:
 # tests/test_gpu.py (TEST_K: pytest's -k); speed: benchmarks/gpu.py at every variant, with the Atari envs' own rate
 # and, where .leanrl/ holds LeanRL's scripts and wheels, LeanRL beside it (SPEED_ARGS: more arguments); topologies:
