@@ -306,9 +306,12 @@ def same_failure(earlier: RoundRecord, later: RoundRecord) -> bool:
 def describe_end(record: RoundRecord) -> str:
     """Why a round ended: a rank's own error first (the cause), else what its survivors saw lost."""
     failed = [fault for fault in record.faults if fault["kind"] == "failed"]
+    late = [fault for fault in record.faults if fault["kind"] == "timeout"]
     lost = [fault for fault in record.faults if fault["kind"] == "lost"]
     if failed:
         return f"{failed[0]['role']} failed: {failed[0]['what']}"
+    if late:  # the others then lose the process that gave up
+        return f"{late[0]['role']} waited longer than --collective-timeout for {late[0]['what']}"
     if lost:
         return f"{lost[0]['role']} lost {lost[0]['what']}"
     if record.faults:
@@ -350,7 +353,8 @@ def reached(step: int, is_main: bool) -> None:
 
 
 def record_fault(role: str, kind: str, what: str) -> None:
-    """Why this process ends: `kind` "failed" (its own error), "lost" (a peer is gone) or "stopped" (by torchrun)."""
+    """Why this process ends: `kind` "failed" (its own error), "lost" (a peer is gone), "timeout" (a peer did not
+    reach a collective in time) or "stopped" (by torchrun)."""
     if _this_round is None:
         return
     with contextlib.suppress(OSError):  # the folder itself is gone: the error line on stderr still says it

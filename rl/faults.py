@@ -39,6 +39,11 @@ class PeerLost(Exception):
         self.peer = peer
         self.detail = detail.splitlines()[0] if detail else "no detail"
 
+    @property
+    def timed_out(self) -> bool:
+        """The collective gave up waiting, rather than losing its connection."""
+        return "timed out" in self.detail.lower()
+
 
 @contextmanager
 def peer(name: str) -> Iterator[None]:
@@ -177,6 +182,12 @@ def report_lost_peers(own_rank: int, name: Callable[[int], str], process_ids: Te
         if known:
             record_fault(role, "lost", known)
             print_error(f"error: {role}: lost {known}")
+        elif isinstance(error, PeerLost) and error.timed_out:  # alive, as far as can be seen, but late
+            record_fault(role, "timeout", f"{error.peer}: {error.detail}")
+            print_error(
+                f"error: {role}: {error.peer} did not reach a collective within --collective-timeout, and no "
+                f"process of the job is known to have ended: {error.detail}"
+            )
         elif isinstance(error, PeerLost):  # reaped, or no heartbeat to tell: what the collective saw
             record_fault(role, "lost", f"{error.peer}: {error.detail}")
             print_error(f"error: {role}: lost {error.peer}: {error.detail}")

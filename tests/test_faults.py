@@ -6,11 +6,12 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import SCRIPTS, child_env, free_port
+from conftest import SCRIPTS, child_env, free_port, launch
 from torch import nn
 
 from rl.algos.sac.config import SACConfig
@@ -123,3 +124,19 @@ def test_a_killed_peer_counts_as_ended_as_soon_as_its_connection_drops():
         peer.stdout.close()
         ours.close()
         assert ended
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("script", "nproc", "flags"), [("fabric", 2, []), ("decoupled", 3, ["--evaluator"])])
+# An evaluator still busy with earlier weights when the run ends holds the others at the close for that long.
+def test_a_closing_evaluation_longer_than_the_collective_timeout_ends_the_run_normally(tmp_path, script, nproc, flags):
+    # No process waits for the closing evaluations (the run's own, and the evaluator's of the final weights) in a
+    # collective, which would give up after --collective-timeout. The timeout leaves room for the processes' start,
+    # which it also bounds, on a loaded machine.
+    timeout, evaluation_seconds = 15, 20
+    args = [str(evaluation_seconds), str(SCRIPTS[script]), "--total-timesteps", "1024", "--update-epochs", "1"]
+    args += ["--eval-episodes", "2", "--collective-timeout", str(timeout), "--no-progress-bar", *flags]
+    finished = launch("fabric run", Path(__file__).parent / "slow_closing_evaluation.py", args, tmp_path, nproc)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "evaluation over 2 greedy episodes" in finished.stdout
+    assert finished.seconds > evaluation_seconds

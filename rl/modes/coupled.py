@@ -175,9 +175,11 @@ def _train_coupled(
     rank.learner.raise_if_diverged()
     assert_finite(rank.policy)
     runtime.save_atomically(agent_path(run.dir), agent_of(algorithm, rank.policy, rank.source).to_file())
+    # Leave before rank 0's closing evaluation: a rank waiting for it in a collective would give up after
+    # --collective-timeout, which a long evaluation (a greedy Atari game, say) outlasts.
+    runtime.shutdown()
     evaluation = None
     if runtime.is_main:
         evaluation = report_evaluation(cfg, env_id, rank.policy, rank.source.obs_normalizer, run, rank.global_step)
     run.sink.close()
-    runtime.shutdown()
     return TrainingResult(os.path.abspath(run.dir), os.path.abspath(agent_path(run.dir)), evaluation, rank.global_step)

@@ -14,6 +14,7 @@ import math
 import os
 import signal
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -73,7 +74,7 @@ from rl.modes.decoupled_links import (
     send_state,
     trainer_shard,
 )
-from rl.modes.evaluator import EvaluatorLink, run_evaluator, send_run_dir
+from rl.modes.evaluator import Evaluator, EvaluatorLink, send_run_dir
 from rl.normalization import AllReduceSum
 from rl.optim import load_flat_parameters, num_parameters
 from rl.run import Run, TrainingResult, fixed_run_dir, open_run, run_name, training_video_folder
@@ -148,6 +149,7 @@ class Player:
         self.inbox = WeightsInbox(topology, message_size(algorithm), lag, cfg.collective_timeout)
         self.stop = StopAgreement(topology, lag, cfg.collective_timeout)
         self.first_iteration = 1
+        self.closing_step: int | None = None  # the step of the saved agent that the closing evaluation scores
         if resume:
             self._restore(resume)
         self.rows = self.codec.empty_rows(num_rows, topology.device)
@@ -337,11 +339,20 @@ class Player:
         report_compile_time(self.cfg, self.trainer_compile_seconds, "each trainer (mean)")
         assert_finite(policy)
         write_file(agent_path(run.dir), agent_of(self.algorithm, policy, source))
+        self.closing_step = global_step
+        return TrainingResult(os.path.abspath(run.dir), os.path.abspath(agent_path(run.dir)), None, global_step)
+
+    def evaluate_saved_agent(self, result: TrainingResult) -> TrainingResult:
+        """The closing evaluation, once the job's process group is closed (no process waits for it then),
+        and the run's logs closed."""
+        assert self.run is not None
+        if self.closing_step is None:
+            return result
         evaluation = report_evaluation(
-            self.cfg, self.algorithm.spaces.env_id, policy, source.obs_normalizer, run, global_step
+            self.cfg, self.algorithm.spaces.env_id, self.policy, self.source.obs_normalizer, self.run, self.closing_step
         )
-        run.sink.close()
-        return TrainingResult(os.path.abspath(run.dir), os.path.abspath(agent_path(run.dir)), evaluation, global_step)
+        self.run.sink.close()
+        return replace(result, evaluation=evaluation)
 
 
 def run_trainer(
@@ -439,12 +450,21 @@ def train_decoupled(
         if topology.num_players > 1
         else None
     )
+    player, evaluator = None, None
     with report_lost_peers(topology.rank, topology.role_name, gather_process_ids(comm_device)):
         if topology.is_player:
-            result = Player(algorithm, topology, sum_over(players.group if players else None), resume).train(callbacks)
+            player = Player(algorithm, topology, sum_over(players.group if players else None), resume)
+            result = player.train(callbacks)
         elif topology.is_evaluator:
-            run_evaluator(algorithm, LEAD_PLAYER)
+            evaluator = Evaluator(algorithm, LEAD_PLAYER)
+            evaluator.serve()
         else:
             run_trainer(algorithm, topology, trainers.group, resume)
         close_process_group()
+    # The last evaluations, which no process waits for: in a collective it would give up after
+    # --collective-timeout, which a long evaluation (a greedy Atari game, say) outlasts.
+    if evaluator is not None:
+        evaluator.evaluate_final_weights()
+    if player is not None and result is not None:
+        result = player.evaluate_saved_agent(result)
     return result

@@ -116,46 +116,66 @@ def best_return_so_far(run_dir: str) -> float:
     return -math.inf if best is None else best
 
 
-def run_evaluator(algorithm: Algorithm, weights_rank: int) -> None:
-    """Evaluate whatever `weights_rank` sends until its final weights; keep the best agent."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the player's: it sends the final weights
-    cfg, spaces = algorithm.cfg, algorithm.spaces
-    run_dir = receive_run_dir(weights_rank)
-    store = job_store_client(STORE_TIMEOUT_SECONDS)
-    policy = algorithm.build_policy(torch.device("cpu"))
-    message = WeightsMessage(policy, spaces.obs_dim)
-    normalizer = algorithm.obs_normalizer(torch.device("cpu"))
-    sink = open_sinks(cfg.logger, run_dir, True, csv_folder="csv-evaluator", wandb=False)  # beside the player's
-    best = best_return_so_far(run_dir)
-    command = Command.EVALUATE
-    while command is Command.EVALUATE:
-        store.add(REQUESTS_KEY, 1)
-        with peer("the player"):
-            dist.recv(message.buffer, src=weights_rank)
-        command, step, seconds, normalizer_state = message.unpack(policy)
-        normalizer.load_state_dict(normalizer_state)
+class Evaluator:
+    """Evaluates whatever `weights_rank` sends until its final weights; keeps the best agent."""
+
+    def __init__(self, algorithm: Algorithm, weights_rank: int) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the player's: it sends the final weights
+        self.algorithm, self.cfg, self.weights_rank = algorithm, algorithm.cfg, weights_rank
+        self.run_dir = receive_run_dir(weights_rank)
+        self.policy = algorithm.build_policy(torch.device("cpu"))
+        self.message = WeightsMessage(self.policy, algorithm.spaces.obs_dim)
+        self.normalizer = algorithm.obs_normalizer(torch.device("cpu"))
+        # beside the player's logs
+        self.sink = open_sinks(self.cfg.logger, self.run_dir, True, csv_folder="csv-evaluator", wandb=False)
+        self.best = best_return_so_far(self.run_dir)
+        self.final_step: int | None = None
+        self.final_seconds = 0.0
+
+    def serve(self) -> None:
+        """Ask for weights and evaluate them, until the final weights arrive (evaluated by
+        `evaluate_final_weights`, once no process of the job waits for this one)."""
+        store = job_store_client(STORE_TIMEOUT_SECONDS)
+        while True:
+            store.add(REQUESTS_KEY, 1)
+            with peer("the player"):
+                dist.recv(self.message.buffer, src=self.weights_rank)
+            command, step, seconds, normalizer_state = self.message.unpack(self.policy)
+            self.normalizer.load_state_dict(normalizer_state)
+            if command is Command.FINAL:
+                self.final_step, self.final_seconds = step, seconds
+                return
+            self.evaluate(step, seconds)
+
+    def evaluate_final_weights(self) -> None:
+        if self.final_step is not None:
+            self.evaluate(self.final_step, self.final_seconds)
+        self.sink.close()
+
+    def evaluate(self, step: int, seconds: float) -> None:
+        """Greedy episodes of the weights in hand, logged; `best.ckpt` replaced when they beat it."""
+        spaces = self.algorithm.spaces
         returns, _ = evaluate_greedy(
-            policy,
+            self.policy,
             spaces.env_id,
-            cfg.eval_episodes,
-            cfg.seed,
-            normalizer,
+            self.cfg.eval_episodes,
+            self.cfg.seed,
+            self.normalizer,
             torch.device("cpu"),
             preprocessing=spaces.preprocessing,
         )
         mean = float(np.mean(returns))
-        if mean > best:
-            best = mean
-            agent = saved_agent(algorithm, policy, normalizer.state_dict())
+        if mean > self.best:
+            self.best = mean
+            agent = saved_agent(self.algorithm, self.policy, self.normalizer.state_dict())
             agent.eval_return, agent.eval_step = mean, step
-            write_file(os.path.join(run_dir, BEST_FILENAME), agent)
-        sink.log_scalars(
+            write_file(os.path.join(self.run_dir, BEST_FILENAME), agent)
+        self.sink.log_scalars(
             {
                 "Eval/return_mean": mean,
                 "Eval/return_std": float(np.std(returns)),
-                "Eval/best_return": best,
+                "Eval/best_return": self.best,
                 "Eval/seconds": seconds,
             },
             step,
         )
-    sink.close()
