@@ -26,6 +26,10 @@ from rl.run import Run
 from rl.seeds import EVAL_STREAM, derive_seed
 
 
+class EvaluationAbandoned(Exception):
+    """`evaluate_greedy`'s `abandon` asked it to stop before its episodes ended."""
+
+
 @torch.no_grad()
 def evaluate_greedy(
     agent: Policy,
@@ -37,12 +41,14 @@ def evaluate_greedy(
     video_dir: str | None = None,
     deterministic: bool = True,
     preprocessing: Preprocessing = ATARI_PREPROCESSING,
+    abandon: Callable[[], bool] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Returns and lengths of `episodes` episodes, one per env, all run side by side.
 
     Greedy (the distribution's mode) unless `deterministic` is False; then actions are sampled
     from a generator seeded by `seed`. With `video_dir`, the first env's episode is recorded (the
     env's own frames). The envs are the game as it is: no episodic life, no clipped rewards.
+    `abandon`, asked before each step, raises `EvaluationAbandoned` once it answers True.
     """
     generator = torch.Generator(device=device).manual_seed(derive_seed(seed, EVAL_STREAM, episodes))
     envs = make_vector_env(env_id, episodes, video_dir, preprocessing=preprocessing)
@@ -54,6 +60,8 @@ def evaluate_greedy(
         obs, _ = envs.reset(seed=[derive_seed(seed, EVAL_STREAM, i) for i in range(episodes)])
         starts = np.ones(episodes, dtype=bool)
         while not finished.all():
+            if abandon is not None and abandon():
+                raise EvaluationAbandoned
             obs_t = observations_tensor(obs, as_bytes, device)
             action = act(obs_normalizer(obs_t), torch.as_tensor(starts, device=device)).cpu().numpy()
             obs, _, terminated, truncated, info = envs.step(action)

@@ -1,6 +1,7 @@
-"""An entry script whose closing evaluations first wait SECONDS, as a long Atari game would:
+"""An entry script whose closing evaluations, and every evaluation of the evaluator role, first take SECONDS, as
+a long Atari game would (asking `abandon` as they go, as an evaluation asks it at each step):
 
-fabric run ... tests/slow_closing_evaluation.py SECONDS SCRIPT [SCRIPT's flags]
+    fabric run ... tests/slow_closing_evaluation.py SECONDS SCRIPT [SCRIPT's flags]
 """
 
 import runpy
@@ -14,16 +15,19 @@ seconds, script = float(sys.argv[1]), sys.argv[2]
 
 
 def slowed(evaluate):
-    def slow(*args, **kwargs):
-        time.sleep(seconds)
-        return evaluate(*args, **kwargs)
+    def slow(*args, abandon=None, **kwargs):
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            if abandon is not None and abandon():
+                raise rl.evaluation.EvaluationAbandoned
+            time.sleep(0.01)
+        return evaluate(*args, **kwargs) if abandon is None else evaluate(*args, abandon=abandon, **kwargs)
 
     return slow
 
 
-# The run's closing evaluation (through greedy_returns), and the evaluator role's of the final weights
+# The run's closing evaluation (through greedy_returns), and the evaluator role's
 rl.evaluation.greedy_returns = slowed(rl.evaluation.greedy_returns)
-Evaluator = rl.modes.evaluator.Evaluator
-Evaluator.evaluate_final_weights = slowed(Evaluator.evaluate_final_weights)
+rl.modes.evaluator.evaluate_greedy = slowed(rl.modes.evaluator.evaluate_greedy)
 sys.argv = [script, *sys.argv[3:]]
 runpy.run_path(script, run_name="__main__")

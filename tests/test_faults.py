@@ -128,11 +128,10 @@ def test_a_killed_peer_counts_as_ended_as_soon_as_its_connection_drops():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("script", "nproc", "flags"), [("fabric", 2, []), ("decoupled", 3, ["--evaluator"])])
-# An evaluator still busy with earlier weights when the run ends holds the others at the close for that long.
 def test_a_closing_evaluation_longer_than_the_collective_timeout_ends_the_run_normally(tmp_path, script, nproc, flags):
-    # No process waits for the closing evaluations (the run's own, and the evaluator's of the final weights) in a
-    # collective, which would give up after --collective-timeout. The timeout leaves room for the processes' start,
-    # which it also bounds, on a loaded machine.
+    # No process waits in a collective, which would give up after --collective-timeout, for the closing evaluations
+    # (the run's own, and the evaluator's of the final weights), nor for the evaluator's evaluation in progress.
+    # The timeout leaves room for the processes' start, which it also bounds, on a loaded machine.
     timeout, evaluation_seconds = 15, 20
     args = [str(evaluation_seconds), str(SCRIPTS[script]), "--total-timesteps", "1024", "--update-epochs", "1"]
     args += ["--eval-episodes", "2", "--collective-timeout", str(timeout), "--no-progress-bar", *flags]

@@ -5,15 +5,19 @@ The evaluator asks for weights by adding 1 to a counter in the job's rendezvous 
 waits in a receive. The side that holds the weights (the decoupled player) reads the counter at
 each report, a store round-trip that never blocks, and sends only when a request is open, into
 a receive already posted, so the send returns at once. (A gloo `isend` cannot be polled
-instead: its work reports completion only once waited on.)
+instead: its work reports completion only once waited on.) When the run ends, the evaluator drops
+an evaluation of earlier weights, and evaluates the final ones once the job's process group is
+closed: no process waits for an evaluation, however long its episodes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
 import time
+from collections.abc import Callable
 from enum import IntEnum
 
 import numpy as np
@@ -24,7 +28,7 @@ from torch import Tensor, nn
 from rl.algos.base import Algorithm
 from rl.checkpoint import load_checkpoint, saved_agent, write_file
 from rl.elastic import job_store_client
-from rl.evaluation import evaluate_greedy
+from rl.evaluation import EvaluationAbandoned, evaluate_greedy
 from rl.faults import peer
 from rl.logger import open_sinks
 from rl.normalization import ObservationNormalizer
@@ -32,6 +36,8 @@ from rl.optim import flat_parameters, load_flat_parameters, num_parameters
 
 BEST_FILENAME = "best.ckpt"
 REQUESTS_KEY = "rl/evaluator/requests"
+RUN_ENDED_KEY = "rl/evaluator/run-ended"  # set by the weight holder: an evaluation of earlier weights stops
+POLLS_PER_STORE_CHECK = 16  # evaluation steps between two looks at RUN_ENDED_KEY (a store round trip each)
 POLL_SECONDS = 0.05
 STORE_TIMEOUT_SECONDS = 30
 
@@ -84,7 +90,9 @@ class EvaluatorLink:
             self._send(Command.EVALUATE, step, policy, normalizer)
 
     def finish(self, step: int, policy: nn.Module, normalizer: ObservationNormalizer) -> None:
-        """The final weights, once the evaluator is free; the evaluator then stops."""
+        """The final weights, once the evaluator is free (it drops an evaluation of earlier weights, which the
+        other processes would wait for when they leave the process group); the evaluator then stops."""
+        self.store.set(RUN_ENDED_KEY, "1")
         while self.store.add(REQUESTS_KEY, 0) <= self.served:
             time.sleep(POLL_SECONDS)
         self._send(Command.FINAL, step, policy, normalizer)
@@ -131,13 +139,14 @@ class Evaluator:
         self.best = best_return_so_far(self.run_dir)
         self.final_step: int | None = None
         self.final_seconds = 0.0
+        self.store = job_store_client(STORE_TIMEOUT_SECONDS)
+        self.polls = 0
 
     def serve(self) -> None:
         """Ask for weights and evaluate them, until the final weights arrive (evaluated by
         `evaluate_final_weights`, once no process of the job waits for this one)."""
-        store = job_store_client(STORE_TIMEOUT_SECONDS)
         while True:
-            store.add(REQUESTS_KEY, 1)
+            self.store.add(REQUESTS_KEY, 1)
             with peer("the player"):
                 dist.recv(self.message.buffer, src=self.weights_rank)
             command, step, seconds, normalizer_state = self.message.unpack(self.policy)
@@ -145,14 +154,19 @@ class Evaluator:
             if command is Command.FINAL:
                 self.final_step, self.final_seconds = step, seconds
                 return
-            self.evaluate(step, seconds)
+            with contextlib.suppress(EvaluationAbandoned):  # the run has ended: its final weights come next
+                self.evaluate(step, seconds, abandon=self.run_ended)
 
     def evaluate_final_weights(self) -> None:
         if self.final_step is not None:
             self.evaluate(self.final_step, self.final_seconds)
         self.sink.close()
 
-    def evaluate(self, step: int, seconds: float) -> None:
+    def run_ended(self) -> bool:
+        self.polls += 1
+        return self.polls % POLLS_PER_STORE_CHECK == 0 and self.store.check([RUN_ENDED_KEY])
+
+    def evaluate(self, step: int, seconds: float, abandon: Callable[[], bool] | None = None) -> None:
         """Greedy episodes of the weights in hand, logged; `best.ckpt` replaced when they beat it."""
         spaces = self.algorithm.spaces
         returns, _ = evaluate_greedy(
@@ -163,6 +177,7 @@ class Evaluator:
             self.normalizer,
             torch.device("cpu"),
             preprocessing=spaces.preprocessing,
+            abandon=abandon,
         )
         mean = float(np.mean(returns))
         if mean > self.best:
