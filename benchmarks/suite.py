@@ -1,11 +1,11 @@
-"""The learning benchmark: MuJoCo PPO and SAC and Atari Pong PPO against published scores, resumable.
+"""The learning benchmark: MuJoCo PPO and SAC and Atari PPO (Pong, Breakout) against published scores, resumable.
 
     python benchmarks/suite.py [--rows ppo/halfcheetah sac/hopper ...] [--seeds 1 2 3] [--parallel 2]
                                [--out benchmarks/results/suite] [--report-only] [--dry-run]
 
 Each row is a preset trained for the published figure's env steps with the published
 configuration: a MuJoCo run is one process (rl-zoo's and CleanRL's presets are for one env),
-Pong's is CleanRL's rollout split over 2 processes. `--parallel` runs go side by side, with one
+an Atari run is CleanRL's rollout split over 2 processes. `--parallel` runs go side by side, with one
 torch thread per process. Every run has a fixed `--run-name` under OUT/runs and checkpoints
 every 5 minutes, so a suite that is stopped picks each run up from its newest checkpoint when
 started again; finished runs are never launched again (`benchmarks/resumable.py`).
