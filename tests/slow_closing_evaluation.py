@@ -1,4 +1,4 @@
-"""An entry script whose closing evaluations, and every evaluation of the evaluator role, first take SECONDS, as
+"""An entry script whose greedy evaluations (closing, periodic, and the evaluator role's) first take SECONDS, as
 a long Atari game would (asking `abandon` as they go, as an evaluation asks it at each step):
 
     fabric run ... tests/slow_closing_evaluation.py SECONDS SCRIPT [SCRIPT's flags]
@@ -26,7 +26,7 @@ def slowed(evaluate):
     return slow
 
 
-# The run's closing evaluation (through greedy_returns), and the evaluator role's
+# The run's closing and periodic evaluations (through greedy_returns), and the evaluator role's
 rl.evaluation.greedy_returns = slowed(rl.evaluation.greedy_returns)
 rl.modes.evaluator.evaluate_greedy = slowed(rl.modes.evaluator.evaluate_greedy)
 sys.argv = [script, *sys.argv[3:]]

@@ -476,3 +476,12 @@ def wait_until(predicate, job: subprocess.Popen, seconds: float = 120) -> None:
         assert job.poll() is None, job.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.1)
+
+
+def test_a_round_whose_collective_timed_out_names_the_wait_not_the_process_lost_after_it():
+    late = {"role": "rank 1", "kind": "timeout", "what": "another rank: Timed out waiting 300000ms", "step": 512}
+    lost = {"role": "rank 0", "kind": "lost", "what": "rank 1: its process ended", "step": 512}
+    record = RoundRecord(0, 512, [lost, late], 0)
+    assert describe_end(record) == (
+        "rank 1 waited longer than --collective-timeout for another rank: Timed out waiting 300000ms"
+    )

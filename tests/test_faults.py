@@ -139,3 +139,20 @@ def test_a_closing_evaluation_longer_than_the_collective_timeout_ends_the_run_no
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "evaluation over 2 greedy episodes" in finished.stdout
     assert finished.seconds > evaluation_seconds
+
+
+@pytest.mark.slow
+def test_a_rank_that_waits_longer_than_the_collective_timeout_says_so_rather_than_that_a_rank_was_lost(tmp_path):
+    # Rank 0's periodic evaluation (--eval-every), which the others wait for, takes longer than the timeout.
+    timeout, evaluation_seconds = 15, 25
+    args = [str(evaluation_seconds), str(SCRIPTS["fabric"]), "--total-timesteps", "2048", "--update-epochs", "1"]
+    args += ["--eval-every", "512", "--eval-episodes", "1", "--collective-timeout", str(timeout), "--no-progress-bar"]
+    finished = launch("fabric run", Path(__file__).parent / "slow_closing_evaluation.py", args, tmp_path)
+    assert finished.returncode != 0
+    lines = finished.stderr.splitlines()
+    waited = [line for line in lines if line.startswith("error: rank 1: ")]
+    assert waited and waited[0].startswith(
+        "error: rank 1: another rank did not reach a collective within --collective-timeout, and no process of the "
+        "job is known to have ended: "
+    ), lines[-20:]
+    assert "Timed out" in waited[0]
