@@ -58,8 +58,9 @@ class RunFlags:
     """torch.compile's mode with --compile: default, reduce-overhead (CUDA graphs on a GPU) or max-autotune"""
     cuda_graphs: bool = False
     """with --cuda, capture each gradient step (PPO's minibatch steps, SAC's gradient steps), each acting step and PPO's
-    GAE as CUDA graphs, which the GPU replays without the host launching their kernels one by one; on by default with
-    --cuda where they can serve (one learner; not 16-mixed, --compile, recurrent or --target-kl), off elsewhere"""
+    GAE as CUDA graphs, which the GPU replays without the host launching their kernels one by one (among several
+    learners, with each gradient average run between two graphs); on by default with --cuda for one learner, where
+    they can serve (not 16-mixed, --compile, recurrent or --target-kl), off elsewhere"""
 
     num_envs: int = 2
     """the number of parallel environments per rank"""
@@ -289,8 +290,8 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
         """Iterations between two logged points (and interrupt and checkpoint checks)."""
         return 1
 
-    # Set by fill_defaults: whether CUDA graphs came by default (a learner among several then steps aside instead
-    # of refusing; filling the defaults again chooses anew), or were chosen (filling them again keeps the choice).
+    # Set by fill_defaults: whether CUDA graphs came by default (a learner among several then steps aside, as
+    # graphs there are not yet measured; filling the defaults again chooses anew), or were chosen (kept).
     cuda_graphs_by_default = False
     cuda_graphs_chosen = False
 

@@ -4,24 +4,28 @@ launching each of its hundreds of small kernels.
 A step of a small network is bound by the host: the GPU finishes each kernel before the host has
 launched the next. A captured graph launches them all at once. The step must take tensors of
 fixed shapes, read nothing on the host and draw no random numbers (its caller draws them and
-passes them in), and its optimizers must be capturable.
+passes them in), and its optimizers must be capturable. Among several learners the step's
+gradient averages run between graphs: a graph records kernels, never a collective.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Hashable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from itertools import zip_longest
+from types import TracebackType
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from rl.batch import joined
-from rl.errors import UsageError
 
 if TYPE_CHECKING:
     from rl.config import RunConfig
+    from rl.runtime import Runtime
 
 Step = Callable[..., dict[str, Tensor]]  # step(kind, *inputs) -> named outputs
 
@@ -51,11 +55,52 @@ class PackedOutputs:
         return {name: views[name] for name in self.shapes}
 
 
+class GraphSequence:
+    """A step's kernels recorded as CUDA graphs, cut wherever a collective must run between two of them;
+    replayed graph, collective, graph, and so on. Without a cut, one graph.
+
+    Recording opens on entry and closes on exit. The graphs share one memory pool, of their own: a
+    later graph reads what an earlier one left, and another step's replay cannot write over either.
+    """
+
+    def __init__(self) -> None:
+        self.graphs: list[torch.cuda.CUDAGraph] = []
+        self.collectives: list[Callable[[], None]] = []  # the one after each graph but the last
+        self.recording: torch.cuda.graph | None = None
+
+    def __enter__(self) -> GraphSequence:
+        graph = torch.cuda.CUDAGraph()
+        pool = self.graphs[0].pool() if self.graphs else None
+        self.recording = torch.cuda.graph(graph, pool=pool)
+        self.recording.__enter__()
+        self.graphs.append(graph)
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        assert self.recording is not None
+        self.recording.__exit__(kind, error, traceback)
+        self.recording = None
+
+    def cut(self, collective: Callable[[], None]) -> None:
+        """End the graph being recorded, run `collective` after it at each replay, and record the next."""
+        self.__exit__(None, None, None)
+        self.collectives.append(collective)
+        self.__enter__()
+
+    def replay(self) -> None:
+        for graph, collective in zip_longest(self.graphs, self.collectives):
+            graph.replay()
+            if collective is not None:
+                collective()
+
+
 @dataclass
 class CapturedGraph:
-    graph: torch.cuda.CUDAGraph
-    inputs: list[Tensor]  # the static buffers the graph reads
-    outputs: PackedOutputs  # how to read the outputs from the static buffers the graph writes
+    graphs: GraphSequence
+    inputs: list[Tensor]  # the static buffers the graphs read
+    outputs: PackedOutputs  # how to read the outputs from the static buffers the graphs write
     packed: list[Tensor]
 
 
@@ -68,10 +113,13 @@ class CapturedSteps:
     captured and replayed; every later one copies its inputs into the graph's buffers and replays
     it. Every call is a real step, so a run takes the same steps as without graphs. The outputs
     are copies (views of one copy per dtype): the graph overwrites its own at the next replay.
+
+    Given the learners' `runtime`, the step's gradient averages (`Runtime.backward_and_average`) cut
+    it into graphs, with each average run between two of them.
     """
 
-    def __init__(self, step: Step, warm_up: int = 2) -> None:
-        self.step, self.warm_up = step, warm_up
+    def __init__(self, step: Step, warm_up: int = 2, runtime: Runtime | None = None) -> None:
+        self.step, self.warm_up, self.runtime = step, warm_up, runtime
         self.graphs: dict[Hashable, CapturedGraph] = {}
         self.calls: Counter[Hashable] = Counter()
 
@@ -84,7 +132,7 @@ class CapturedSteps:
             captured = self.graphs[kind] = self.capture(kind, inputs)
         else:
             torch._foreach_copy_(captured.inputs, list(inputs))
-        captured.graph.replay()
+        captured.graphs.replay()
         return captured.outputs.unpack([packed.clone() for packed in captured.packed])
 
     def on_side_stream(self, kind: Hashable, inputs: tuple[Tensor, ...]) -> dict[str, Tensor]:
@@ -98,13 +146,17 @@ class CapturedSteps:
     def capture(self, kind: Hashable, inputs: tuple[Tensor, ...]) -> CapturedGraph:
         """Record the step on the buffers that hold this call's inputs (the replay that follows runs it)."""
         static = [value.clone() for value in inputs]
-        graph = torch.cuda.CUDAGraph()
-        # A pool of its own: another kind's replay could otherwise write over memory this graph's outputs hold.
-        with torch.cuda.graph(graph):
+        with GraphSequence() as graphs, self.collectives_between(graphs):
             outputs = self.step(kind, *static)
             layout = PackedOutputs(outputs)
             packed = layout.pack(outputs)
-        return CapturedGraph(graph, static, layout, packed)
+        return CapturedGraph(graphs, static, layout, packed)
+
+    def collectives_between(self, graphs: GraphSequence) -> AbstractContextManager[None]:
+        """While recording: each of the step's gradient averages cuts `graphs` (with one learner there is none)."""
+        if self.runtime is None:
+            return nullcontext()
+        return self.runtime.collectives_deferred(graphs.cut)
 
 
 def captured_function(function: Callable[..., tuple[Tensor, ...]]) -> Callable[..., tuple[Tensor, ...]]:
@@ -131,14 +183,7 @@ def make_capturable(optimizers: list[torch.optim.Optimizer]) -> None:
 
 
 def learner_captured(cfg: RunConfig, learners: int) -> bool:
-    """Whether a learner's step runs as a CUDA graph. A captured step holds no collective, so it serves a single
-    learner: among several, a learner steps aside where capture was the default and refuses where it was asked for."""
-    if not cfg.cuda_graphs or (learners > 1 and cfg.cuda_graphs_by_default):
-        return False
-    if learners > 1:
-        raise UsageError(
-            "--cuda-graphs",
-            f"captures the step of a single learner, and this job has {learners} learners: "
-            "train on one GPU, or without --cuda-graphs",
-        )
-    return True
+    """Whether a learner's step runs as CUDA graphs. Among several learners, where each step's gradient
+    average runs between two graphs, only when asked for: by default they step aside, as that is not yet
+    measured on several GPUs."""
+    return cfg.cuda_graphs and (learners == 1 or not cfg.cuda_graphs_by_default)

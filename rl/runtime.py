@@ -65,6 +65,8 @@ class Runtime(ABC):
     log_subdir: str  # logs/<log_subdir>/<run>/
     group: dist.ProcessGroup | None = None  # the learners' group; None: every process
     scaler: torch.amp.GradScaler | None = None  # fp16's loss scaler (16-mixed); `backward` scales by it
+    # While a learner's step is captured as CUDA graphs: takes each collective, to run between two graphs.
+    defer_collective: Callable[[Callable[[], None]], None] | None = None
 
     @property
     def is_main(self) -> bool:
@@ -86,7 +88,14 @@ class Runtime(ABC):
         self.backward(loss)
         if before_average is not None:
             before_average()
-        waits = [self.start_mean(span) for span in gradients]
+        if self.defer_collective is not None and self.world_size > 1:
+            self.defer_collective(lambda: self.average(gradients))
+        else:
+            self.average(gradients)
+
+    def average(self, tensors: list[Tensor]) -> None:
+        """Average each of `tensors` in place over the learners, their collectives in flight together."""
+        waits = [self.start_mean(tensor) for tensor in tensors]
         for wait in waits:
             wait()
 
@@ -133,6 +142,16 @@ class Runtime(ABC):
             return wait
         tensor.div_(self.world_size)
         return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group, async_op=True).wait
+
+    @contextmanager
+    def collectives_deferred(self, defer: Callable[[Callable[[], None]], None]) -> Iterator[None]:
+        """While open, `backward_and_average` hands its average to `defer` as a call that runs it, instead of
+        running it: a CUDA graph records kernels, never a collective, so a captured step is cut at each one."""
+        self.defer_collective = defer
+        try:
+            yield
+        finally:
+            self.defer_collective = None
 
     def _gather_buffer(self, tensor: Tensor) -> Tensor:
         """A buffer for every rank's copy of `tensor`, allocated once per shape: a fresh one each step

@@ -274,3 +274,63 @@ def test_captured_gae_computes_what_eager_gae_computes():
         )
         for ours, theirs in zip(captured(*rollout), gae(*rollout), strict=True):
             torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+
+def _learners_on_one_gpu_over_gloo(rank: int, port: int, folder: str, algorithm_name: str) -> None:
+    """Two learners on one GPU (NCCL refuses that, gloo carries CUDA tensors): the eager learner and the
+    captured one take the same steps, each rank on its own data."""
+    import os
+
+    from test_ppo import random_batch
+    from test_sac import random_transitions
+
+    from rl.algos.ppo.algorithm import PPO
+    from rl.algos.ppo.config import PPOConfig
+    from rl.algos.sac.algorithm import SAC
+    from rl.algos.sac.config import SACConfig
+    from rl.batch import DataShard
+    from rl.envs import inspect_env
+    from rl.runtime import TorchRuntime
+
+    os.environ |= {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    runtime = TorchRuntime(SACConfig(), 2)  # a gloo group: the config asks for no GPU
+    cuda = runtime.device = torch.device("cuda")
+    weights = {}
+    for captured in (False, True):
+        if algorithm_name == "sac":
+            cfg = SACConfig(batch_size=16, gradient_steps=2, policy_frequency=2, cuda=True, cuda_graphs=captured)
+            algorithm = SAC(cfg, inspect_env("Pendulum-v1"))
+            data = [random_transitions(32, seed=10 * rank + i).map(lambda t: t.to(cuda)) for i in range(1, 7)]
+        else:
+            cfg = PPOConfig(env_id="Pendulum-v1", num_envs=2, num_steps=16, per_rank_batch_size=12, cuda=True)
+            cfg.cuda_graphs = captured
+            algorithm = PPO(cfg, inspect_env("Pendulum-v1"))
+            generator = torch.Generator().manual_seed(rank)
+            data = [random_batch(32, algorithm, generator).map(lambda t: t.to(cuda)) for _ in range(3)]
+        policy = algorithm.build_policy(cuda)
+        learner = algorithm.make_learner(policy, runtime, DataShard(len(data[0])), env_ranks=2)
+        for iteration, batch in enumerate(data, start=1):
+            learner.update(batch, iteration)
+        steps = learner.step if algorithm_name == "sac" else learner.captured
+        cuts = sorted(len(graph.graphs.graphs) - 1 for graph in steps.graphs.values()) if captured else []
+        weights[captured] = ([t.detach().cpu() for t in learner.weight_tensors()], cuts)
+    torch.save(weights, f"{folder}/rank{rank}.pt")
+    runtime.shutdown()
+
+
+@pytest.mark.parametrize("algorithm", ["ppo", "sac"])
+def test_a_step_captured_among_learners_averages_between_its_graphs_as_the_eager_step_does(tmp_path, algorithm):
+    import torch.multiprocessing as mp
+    from conftest import free_port
+
+    mp.spawn(_learners_on_one_gpu_over_gloo, args=(free_port(), str(tmp_path), algorithm), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
+    for weights in ranks:
+        (eager, _), (graphed, cuts) = weights[False], weights[True]
+        # One cut per gradient average: PPO's minibatch step (of 12 rows, and the last of 8) has one; SAC's step
+        # one, or two with its delayed actor's catch-up.
+        assert cuts == ([1, 1] if algorithm == "ppo" else [1, 2]), cuts
+        for ours, theirs in zip(eager, graphed, strict=True):
+            assert torch.equal(ours, theirs), (ours - theirs).abs().max()
+    for ours, theirs in zip(ranks[0][True][0], ranks[1][True][0], strict=True):
+        assert torch.equal(ours, theirs)  # averaged gradients: the learners stay in step

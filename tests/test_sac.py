@@ -347,15 +347,13 @@ def test_cuda_graphs_refuse_what_a_captured_step_cannot_hold(changes, words):
     assert refused.value.flag == "--cuda-graphs"
 
 
-def test_cuda_graphs_capture_one_learner_only():
+def test_cuda_graphs_capture_several_learners_only_when_asked():
     from rl.cli import parse_config
     from rl.cuda_graphs import learner_captured
 
-    asked = SACConfig(cuda=True, cuda_graphs=True)
-    assert learner_captured(asked, learners=1)
-    with pytest.raises(UsageError, match="2 learners"):
-        learner_captured(asked, learners=2)
+    asked = parse_config(["sac", "--cuda", "--cuda-graphs"])
+    assert learner_captured(asked, learners=1) and learner_captured(asked, learners=2)
     by_default = parse_config(["sac", "--cuda"])
     assert by_default.cuda_graphs and learner_captured(by_default, learners=1)
-    assert not learner_captured(by_default, learners=2)  # steps aside instead of refusing
-    assert not learner_captured(SACConfig(cuda=True), learners=1)
+    assert not learner_captured(by_default, learners=2)  # not yet measured on several GPUs
+    assert not learner_captured(parse_config(["sac", "--cuda", "--no-cuda-graphs"]), learners=1)

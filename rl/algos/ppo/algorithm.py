@@ -83,7 +83,7 @@ class PPOLearner(Learner):
         self.schedule = MinibatchSchedule(shard.rows, minibatch_rows, shard.shards, shard.index, cfg.seed, minibatches)
         self.captured: CapturedSteps | None = None
         if learner_captured(cfg, runtime.world_size):
-            self.captured = CapturedSteps(self.minibatch_step_on_device)
+            self.captured = CapturedSteps(self.minibatch_step_on_device, runtime=runtime)
             self.prepare_capture()
 
     def prepare_capture(self) -> None:

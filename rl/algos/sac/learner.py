@@ -97,7 +97,7 @@ class SACLearner(Learner):
         self.captured = learner_captured(cfg, runtime.world_size)
         if self.captured:
             make_capturable(self.optimizers())
-            self.step = CapturedSteps(self.step_on_device)
+            self.step = CapturedSteps(self.step_on_device, runtime=runtime)
 
     def update(self, batch: Transitions, iteration: int) -> dict[str, Tensor]:
         start = time.perf_counter()
