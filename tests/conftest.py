@@ -53,6 +53,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def join_as_rank(rank: int, port: int, world_size: int = 2) -> None:
+    """In a process that `torch.multiprocessing.spawn` started: the environment torchrun would give rank
+    `rank` of a one-machine job, and one torch thread."""
+    os.environ |= {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+    torch.set_num_threads(1)
+
+
 def launch_command(launcher: str, script: Path, args: list[str], nproc: int, accelerator: str = "cpu") -> list[str]:
     if launcher == "fabric run":
         return [

@@ -1,12 +1,11 @@
 """What a captured step does that a CPU can check: its outputs' packing, the cut at a collective."""
 
 import json
-import os
 from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
-from conftest import free_port
+from conftest import free_port, join_as_rank
 from torch import nn
 
 from rl.algos.sac.config import SACConfig
@@ -43,15 +42,7 @@ def test_a_single_contiguous_output_is_packed_without_a_copy():
 
 
 def _average_deferred_then_run(rank: int, port: int, folder: str) -> None:
-    os.environ |= {
-        "RANK": str(rank),
-        "LOCAL_RANK": str(rank),
-        "WORLD_SIZE": "2",
-        "LOCAL_WORLD_SIZE": "2",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-    }
-    torch.set_num_threads(1)
+    join_as_rank(rank, port)
     runtime = TorchRuntime(SACConfig(), 2)
     model = nn.Linear(3, 1, bias=False)
     with torch.no_grad():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import SCRIPTS, child_env, free_port, launch
+from conftest import SCRIPTS, child_env, free_port, join_as_rank, launch
 from torch import nn
 
 from rl.algos.sac.config import SACConfig
@@ -21,15 +21,7 @@ from rl.runtime import TorchRuntime
 
 
 def _average_after_peer_exits(rank: int, port: int, folder: str, path: str) -> None:
-    os.environ |= {
-        "RANK": str(rank),
-        "LOCAL_RANK": str(rank),
-        "WORLD_SIZE": "2",
-        "LOCAL_WORLD_SIZE": "2",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-    }
-    torch.set_num_threads(1)
+    join_as_rank(rank, port)
     runtime = TorchRuntime(SACConfig(), 2)
     torch.distributed.barrier()
     if rank == 1:

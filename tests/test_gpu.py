@@ -279,8 +279,7 @@ def test_captured_gae_computes_what_eager_gae_computes():
 def _learners_on_one_gpu_over_gloo(rank: int, port: int, folder: str, algorithm_name: str) -> None:
     """Two learners on one GPU (NCCL refuses that, gloo carries CUDA tensors): the eager learner and the
     captured one take the same steps, each rank on its own data."""
-    import os
-
+    from conftest import join_as_rank
     from test_ppo import random_batch
     from test_sac import random_transitions
 
@@ -292,7 +291,7 @@ def _learners_on_one_gpu_over_gloo(rank: int, port: int, folder: str, algorithm_
     from rl.envs import inspect_env
     from rl.runtime import TorchRuntime
 
-    os.environ |= {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    join_as_rank(rank, port)
     runtime = TorchRuntime(SACConfig(), 2)  # a gloo group: the config asks for no GPU
     cuda = runtime.device = torch.device("cuda")
     weights = {}

@@ -13,6 +13,7 @@ from conftest import (
     all_scalars,
     child_env,
     free_port,
+    join_as_rank,
     launch,
     launch_together,
     load_agent,
@@ -74,15 +75,7 @@ class CountingRuntime(TorchRuntime):
 
 
 def _sync_worker(rank: int, port: int, folder: str) -> None:
-    os.environ |= {
-        "RANK": str(rank),
-        "LOCAL_RANK": str(rank),
-        "WORLD_SIZE": "2",
-        "LOCAL_WORLD_SIZE": "2",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-    }
-    torch.set_num_threads(1)
+    join_as_rank(rank, port)
     cfg = SACConfig(batch_size=16, gradient_steps=3, policy_frequency=1, tau=0.1, scale_lr=True)
     algorithm = SAC(cfg, inspect_env("Pendulum-v1"))
     runtime = CountingRuntime(cfg, 2)
