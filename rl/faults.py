@@ -137,6 +137,28 @@ def spans_nodes(process_ids: Tensor) -> bool:
     return len(set(process_ids[:, 0].tolist())) > 1
 
 
+def report_failed_collective(role: str, known_lost: str, error: Exception) -> bool:
+    """Print and record what ended this process's collective, if it was a peer; False if it was not.
+
+    Once a peer is gone, whatever failed here follows from that: name the lost peer (`known_lost`,
+    empty if none is known), never this process's symptom as if it were the cause."""
+    if known_lost:
+        record_fault(role, "lost", known_lost)
+        print_error(f"error: {role}: lost {known_lost}")
+    elif isinstance(error, PeerLost) and error.timed_out:  # alive, as far as can be seen, but late
+        record_fault(role, "timeout", f"{error.peer}: {error.detail}")
+        print_error(
+            f"error: {role}: {error.peer} did not reach a collective within --collective-timeout, and no "
+            f"process of the job is known to have ended: {error.detail}"
+        )
+    elif isinstance(error, PeerLost):  # reaped, or no heartbeat to tell: what the collective saw
+        record_fault(role, "lost", f"{error.peer}: {error.detail}")
+        print_error(f"error: {role}: lost {error.peer}: {error.detail}")
+    else:
+        return False
+    return True
+
+
 @contextmanager
 def report_lost_peers(own_rank: int, name: Callable[[int], str], process_ids: Tensor) -> Iterator[None]:
     """End this process with a line naming what failed, instead of hanging or a traceback."""
@@ -176,22 +198,7 @@ def report_lost_peers(own_rank: int, name: Callable[[int], str], process_ids: Te
     except TrainingDiverged:
         raise  # every rank finds it at the same step, whether or not a peer has already exited over it
     except Exception as error:
-        # Once a peer is gone, whatever failed here follows from that: name the lost peer, never
-        # this process's symptom as if it were the cause.
-        known = lost()
-        if known:
-            record_fault(role, "lost", known)
-            print_error(f"error: {role}: lost {known}")
-        elif isinstance(error, PeerLost) and error.timed_out:  # alive, as far as can be seen, but late
-            record_fault(role, "timeout", f"{error.peer}: {error.detail}")
-            print_error(
-                f"error: {role}: {error.peer} did not reach a collective within --collective-timeout, and no "
-                f"process of the job is known to have ended: {error.detail}"
-            )
-        elif isinstance(error, PeerLost):  # reaped, or no heartbeat to tell: what the collective saw
-            record_fault(role, "lost", f"{error.peer}: {error.detail}")
-            print_error(f"error: {role}: lost {error.peer}: {error.detail}")
-        else:
+        if not report_failed_collective(role, lost(), error):
             raise
         os._exit(1)  # the process group is broken: skip its teardown, which could block
     finally:
