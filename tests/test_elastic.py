@@ -135,6 +135,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_a_run_killed_at_random_resumes_by_itself_to_the_weights_of_an_unkilled_run(tmp_path, case):
     mode, args = CASES[case]
@@ -170,6 +171,7 @@ def test_a_run_killed_at_random_resumes_by_itself_to_the_weights_of_an_unkilled_
     assert scalars["Elastic/steps_redone"][-1][1] == redone[-1] and redone[-1] > 0
 
 
+@pytest.mark.slow
 def test_a_restart_without_a_checkpoint_starts_again_and_says_so(tmp_path):
     # No checkpoint before the end: killed once training has begun, long before the end.
     job = start(torchrun(SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "16384"], max_restarts=1), tmp_path)
@@ -185,6 +187,7 @@ def test_a_restart_without_a_checkpoint_starts_again_and_says_so(tmp_path):
     assert len(list(tmp_path.glob("logs/*/*"))) == 1  # the same folder, not a new one named by the time
 
 
+@pytest.mark.slow
 def test_a_round_killed_during_start_up_is_named_and_the_restart_counts_agree(tmp_path):
     marker = tmp_path / "kill-the-next-start"
     args = [
@@ -225,6 +228,7 @@ def test_a_journaled_round_that_never_trained_is_told_apart(tmp_path):
     assert describe_end(died).startswith("it ended during start-up, before its first iteration")
 
 
+@pytest.mark.slow
 def test_a_run_that_fails_in_the_same_place_stops_after_max_restarts_with_the_cause(tmp_path):
     args = [
         *QUICK_PPO,
@@ -390,6 +394,7 @@ def agent(cwd: Path, port: int, args: list[str]) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_a_node_lost_leaves_the_job_on_fewer_nodes_and_a_node_that_joins_is_taken_in(tmp_path):
     hold = tmp_path / "hold"  # while it exists, every env waits: the host cannot finish before the joiner is in
     held_env = ["--env-id", "envs_for_tests:HeldCartPole-v0", "--env-kwargs", json.dumps({"hold": str(hold)})]

@@ -157,6 +157,7 @@ def test_the_compiled_minibatch_loss_and_gradients_equal_eager_ones():
         torch.testing.assert_close(got, want, **COMPILED_TOLERANCE)
 
 
+@pytest.mark.slow
 def test_a_compiled_run_reports_its_compile_time_and_learns_as_an_eager_run(tmp_path):
     args = ["--total-timesteps", "1024", "--update-epochs", "2", "--eval-episodes", "0", "--no-progress-bar"]
     (tmp_path / "eager").mkdir(), (tmp_path / "compiled").mkdir()

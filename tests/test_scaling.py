@@ -4,6 +4,7 @@ import csv
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO, child_env
 
 STUDY = [
@@ -27,6 +28,7 @@ def run_study(out) -> subprocess.CompletedProcess:
     return subprocess.run([*STUDY, "--out", str(out)], env=child_env(), capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_a_study_writes_one_row_per_run_its_figures_and_resumes_without_rerunning(tmp_path):
     first = run_study(tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import optuna
+import pytest
 import yaml
 from conftest import child_env
 
@@ -37,6 +38,7 @@ def trials(tmp_path) -> list[optuna.trial.FrozenTrial]:
     return optuna.load_study(storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="cartpole").trials
 
 
+@pytest.mark.slow
 def test_two_tuning_processes_share_one_study_that_resumes_and_write_the_best_config(tmp_path):
     first = tune(tmp_path, "--trials", "3", "--workers", "2")
     assert first.returncode == 0, first.stderr[-3000:]
