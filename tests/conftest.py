@@ -296,7 +296,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def expected_length(item: pytest.Item) -> int:
-    """0 for the learning tests, 1 for the groups that share a module's runs, 2 for the other tests that
+    """0 for the slow tests, 1 for the groups that share a module's runs, 2 for the other tests that
     start processes and 3 for the rest: the order to start them in."""
     if item.get_closest_marker("slow"):
         return 0
