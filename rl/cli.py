@@ -169,7 +169,7 @@ def prepare_config(
     )
     if run_dir is not None:
         begin_round(run_dir, resumed_step(resume), cfg.resume_from, int(os.environ.get("RANK", "0")))
-    configure_torch_threads(cfg.torch_threads)
+    configure_torch_threads(cfg.torch_threads, algorithm.cnn)
     torch.backends.cudnn.deterministic = cfg.torch_deterministic
     return algorithm, world_size, resume
 

@@ -135,7 +135,8 @@ class RunFlags:
     """the run folder's name under --log-dir (default: experiment, env, seed and start time; under torchrun,
     the job's --rdzv-id instead of the time); a run whose folder holds a checkpoint resumes from its newest"""
     torch_threads: int = 0
-    """torch threads per process; 0 takes the machine's cores divided by the local processes"""
+    """torch threads per process; 0: one for an MLP, and for a CNN the machine's cores divided by the local
+    processes"""
     collective_timeout: float = 300.0
     """seconds a collective may wait for a peer before the job fails (instead of gloo's 30 minutes)"""
 

@@ -51,9 +51,16 @@ def available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def configure_torch_threads(requested: int = 0) -> int:
-    """One share of the cores per local rank unless `requested`: launchers hand every rank all of them."""
-    threads = requested or max(1, available_cores() // local_world_size_from_env())
+def default_torch_threads(cnn: bool) -> int:
+    """A CNN's convolutions pay for more threads: each local rank takes its share of the cores (launchers hand
+    every rank all of them). An MLP's ops are too small to share out: one thread, which spends nothing on
+    waking or spinning threads between ops (`benchmarks/omp_wait.py --threads`)."""
+    return max(1, available_cores() // local_world_size_from_env()) if cnn else 1
+
+
+def configure_torch_threads(requested: int, cnn: bool = False) -> int:
+    """`requested` torch threads, or with 0 the default for the network (`default_torch_threads`)."""
+    threads = requested or default_torch_threads(cnn)
     torch.set_num_threads(threads)
     return threads
 

@@ -166,6 +166,7 @@ def test_the_agent_predicts_from_dicts_and_its_export_takes_one_input_per_key(ru
         np.testing.assert_allclose(exported, actions, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_recurrent_ppo_hogwild_workers_and_the_evaluator_train_on_a_dict_with_images(tmp_path):
     folders = {name: tmp_path / name for name in ("recurrent", "hogwild", "evaluator")}
     for folder in folders.values():

@@ -94,6 +94,7 @@ def test_synced_merges_add_every_workers_change():
     assert first.weight.tolist() == [3.0] * 3
 
 
+@pytest.mark.slow
 def test_resume_continues_exactly_with_one_synced_worker_and_keeps_the_worker_count(tmp_path):
     args = [*PPO_SHORT, "--total-timesteps", "8192", "--workers", "1", "--sync", "synced", "--checkpoint-every", "4096"]
     whole = run_ranks("python", SCRIPTS["hogwild"], args, tmp_path)

@@ -1,4 +1,5 @@
-"""Each rank takes its share of the cores, whichever launcher started it, and its threads do not spin on them."""
+"""A CNN's rank takes its share of the cores, whichever launcher started it, an MLP's one thread, and their
+threads do not spin on the cores."""
 
 import os
 import subprocess
@@ -9,6 +10,8 @@ import pytest
 import torch
 from conftest import SCRIPTS, child_env
 
+import rl
+from rl.modes.hogwild import worker_threads
 from rl.runtime import configure_torch_threads
 
 
@@ -20,17 +23,65 @@ def restore_threads():
 
 
 @pytest.mark.parametrize("local_ranks", [1, 2, 64])
-def test_threads_are_the_cores_divided_by_the_local_ranks(monkeypatch, local_ranks):
+def test_a_cnn_takes_the_cores_divided_by_the_local_ranks(monkeypatch, local_ranks):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_ranks))
     cores = len(os.sched_getaffinity(0))
     expected = max(1, cores // local_ranks)
-    assert configure_torch_threads() == expected
+    assert configure_torch_threads(0, cnn=True) == expected
     assert torch.get_num_threads() == expected
 
 
-def test_a_plain_script_uses_every_core(monkeypatch):
+def test_a_cnn_in_a_plain_script_uses_every_core(monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    assert configure_torch_threads() == len(os.sched_getaffinity(0))
+    assert configure_torch_threads(0, cnn=True) == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("local_ranks", [None, "1", "2"])
+def test_an_mlp_takes_one_thread_however_many_cores(monkeypatch, local_ranks):
+    """Its ops are too small to share out: more threads only wake up, or spin, between them."""
+    torch.set_num_threads(len(os.sched_getaffinity(0)) + 1)
+    if local_ranks is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local_ranks)
+    assert configure_torch_threads(0, cnn=False) == 1
+    assert torch.get_num_threads() == 1
+
+
+@pytest.mark.parametrize("cnn", [False, True])
+def test_torch_threads_given_are_taken_for_any_network(cnn):
+    assert configure_torch_threads(3, cnn) == 3
+    assert torch.get_num_threads() == 3
+
+
+@pytest.mark.parametrize(("workers", "cnn", "requested"), [(1, False, 0), (1, True, 0), (2, True, 0), (1, False, 64)])
+def test_hogwild_workers_take_their_networks_threads_within_the_cores(workers, cnn, requested):
+    cores = len(os.sched_getaffinity(0))
+    share = max(1, cores // workers)
+    expected = min(requested, share) if requested else (share if cnn else 1)
+    assert worker_threads(rl.PPOConfig(workers=workers, torch_threads=requested), cnn) == expected
+
+
+class ThreadsSeen(rl.Callback):
+    def __init__(self) -> None:
+        self.threads: set[int] = set()
+
+    def on_iteration_start(self, state: rl.LoopState) -> None:
+        self.threads.add(torch.get_num_threads())
+
+
+@pytest.mark.parametrize(
+    ("env", "cnn"),
+    [({}, False), ({"env_id": "rl/PixelCartPole-v1", "resize": 0, "frame_stack": 2}, True)],
+    ids=["mlp", "cnn"],
+)
+def test_a_run_trains_with_its_networks_thread_count(tmp_path, monkeypatch, env, cnn):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    torch.set_num_threads(len(os.sched_getaffinity(0)) + 1)  # neither default: the run must set its own
+    seen = ThreadsSeen()
+    quick = {"num_envs": 2, "num_steps": 32, "total_timesteps": 128, "eval_episodes": 0, "progress_bar": False}
+    rl.train(rl.PPOConfig(log_dir=str(tmp_path), **quick, **env), callbacks=[seen])
+    assert seen.threads == {len(os.sched_getaffinity(0)) if cnn else 1}
 
 
 GNU_OPENMP = any(Path(torch.__file__).parent.glob("lib/libgomp*"))

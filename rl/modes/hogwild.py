@@ -57,7 +57,7 @@ from rl.loop import Callback, LoopClock, LoopState, Requests, TrainingLoop, summ
 from rl.optim import TrainingDiverged
 from rl.precision import float32_state
 from rl.run import Run, TrainingResult, start_run, training_video_folder
-from rl.runtime import LocalRuntime, available_cores, configure_torch_threads
+from rl.runtime import LocalRuntime, available_cores, configure_torch_threads, default_torch_threads
 
 MODE = "hogwild"
 POLL_SECONDS = 0.1
@@ -79,9 +79,9 @@ def worker_name(index: int) -> str:
     return f"hogwild worker {index}"
 
 
-def worker_threads(cfg: RunConfig) -> int:
-    """One torch thread per worker unless asked for more, and never more than the cores hold for all workers."""
-    return min(cfg.torch_threads or 1, max(1, available_cores() // cfg.workers))
+def worker_threads(cfg: RunConfig, cnn: bool) -> int:
+    """--torch-threads or the network's default per worker, never more than the cores hold for all workers."""
+    return min(cfg.torch_threads or default_torch_threads(cnn), max(1, available_cores() // cfg.workers))
 
 
 # --- What the workers share -------------------------------------------------------------------
@@ -246,7 +246,7 @@ class WorkerLoop:
         resume: TrainingCheckpoint | None,
     ) -> None:
         cfg = self.cfg = algorithm.cfg
-        configure_torch_threads(worker_threads(cfg))
+        configure_torch_threads(worker_threads(cfg, algorithm.cnn))
         self.index, self.algorithm, self.shared, self.channel, self.run_dir = index, algorithm, shared, channel, run_dir
         runtime = self.runtime = LocalRuntime(index)
         self.policy = algorithm.build_policy(runtime.device)
