@@ -62,6 +62,11 @@ class Agent:
         self.generator = torch.Generator(device=self.device).manual_seed(0)
 
     @property
+    def cnn(self) -> bool:
+        """Whether the policy sees its observations through a CNN (else through an MLP)."""
+        return any(isinstance(module, nn.Conv2d) for module in self.policy.modules())
+
+    @property
     def recurrent(self) -> bool:
         """Whether the policy carries a state from step to step (`predict` takes and returns it)."""
         return bool(self.policy.recurrent)

@@ -24,6 +24,7 @@ from rl.envs import video_folder
 from rl.errors import UsageError, exit_on_usage_error
 from rl.evaluation import evaluate_greedy
 from rl.logger import LoggerName, open_sinks
+from rl.runtime import configure_torch_threads
 
 
 @dataclass
@@ -117,6 +118,7 @@ def main(argv: list[str]) -> None:
     if cfg.capture_video:
         check_video_support()
     agent = load_agent(cfg.checkpoint, env_id=cfg.env_id, flag="CHECKPOINT")
+    configure_torch_threads(0, agent.cnn)  # as training would: one thread for an MLP
     folder = run_folder(cfg.checkpoint)
     video_dir = video_folder(str(folder), "eval", Path(cfg.checkpoint).stem) if cfg.capture_video else None
     env_id = agent.env_id

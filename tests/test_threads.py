@@ -11,6 +11,7 @@ import torch
 from conftest import SCRIPTS, child_env
 
 import rl
+from rl.evaluate import main as evaluate_main
 from rl.modes.hogwild import worker_threads
 from rl.runtime import configure_torch_threads
 
@@ -75,13 +76,17 @@ class ThreadsSeen(rl.Callback):
     [({}, False), ({"env_id": "rl/PixelCartPole-v1", "resize": 0, "frame_stack": 2}, True)],
     ids=["mlp", "cnn"],
 )
-def test_a_run_trains_with_its_networks_thread_count(tmp_path, monkeypatch, env, cnn):
+def test_a_run_trains_and_evaluates_with_its_networks_thread_count(tmp_path, monkeypatch, env, cnn):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     torch.set_num_threads(len(os.sched_getaffinity(0)) + 1)  # neither default: the run must set its own
     seen = ThreadsSeen()
     quick = {"num_envs": 2, "num_steps": 32, "total_timesteps": 128, "eval_episodes": 0, "progress_bar": False}
-    rl.train(rl.PPOConfig(log_dir=str(tmp_path), **quick, **env), callbacks=[seen])
-    assert seen.threads == {len(os.sched_getaffinity(0)) if cnn else 1}
+    result = rl.train(rl.PPOConfig(log_dir=str(tmp_path), **quick, **env), callbacks=[seen])
+    expected = len(os.sched_getaffinity(0)) if cnn else 1
+    assert seen.threads == {expected}
+    torch.set_num_threads(expected + 1)
+    evaluate_main([result.agent_path, "--episodes", "1"])  # evaluating it takes the same count
+    assert torch.get_num_threads() == expected
 
 
 GNU_OPENMP = any(Path(torch.__file__).parent.glob("lib/libgomp*"))
