@@ -225,7 +225,7 @@ def main() -> None:
         print(f"{len(os.sched_getaffinity(0))} cores, nothing else running", flush=True)
         compare_threads(args.cases or list(CASES), args.rounds, args.timeout)
         return
-    print(f"{os.cpu_count()} cores; a thread per core", flush=True)
+    print(f"{len(os.sched_getaffinity(0))} cores; a thread per core", flush=True)
     for busy in args.busy:
         for case in args.cases or WAIT_CASES:
             measure(case, busy, args.load, args.rounds, args.timeout)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from rl.algos.base import Algorithm
 from rl.checkpoint import SavedAgent, load_checkpoint, restored_agent
 from rl.envs import Preprocessing, env_observation_space, inspect_env, observations_tensor, stored_as_bytes
 from rl.errors import UsageError
@@ -28,9 +29,9 @@ INTEGER_DTYPES = (np.int8, np.int16, np.int32, np.int64, np.uint8, torch.int8, t
 EAGER_FLOAT32 = {"precision": "32-true", "compile": False}  # saved weights are float32 whatever the run's precision
 
 
-def restore_agent(state: SavedAgent, env_id: str) -> tuple[nn.Module, ObservationNormalizer, Preprocessing]:
-    """The trained policy, rebuilt by the algorithm that trained it, its observation normalizer and
-    the preprocessing of its observations."""
+def restore_agent(state: SavedAgent, env_id: str) -> tuple[Algorithm, nn.Module, ObservationNormalizer]:
+    """The algorithm that trained the agent, built for `env_id`, and the trained policy and observation
+    normalizer it rebuilt."""
     kind = ALGORITHMS[state.algorithm]
     fields = kind.config_type.__dataclass_fields__
     saved = {key: value for key, value in state.config.items() if key in fields}
@@ -38,8 +39,9 @@ def restore_agent(state: SavedAgent, env_id: str) -> tuple[nn.Module, Observatio
     trained = kind.config_type(**saved | {"vector_mode": "sync"})
     spaces = inspect_env(env_id, trained.preprocessing())
     kind.check_spaces(spaces)
+    algorithm = kind(trained, spaces)
     try:
-        return *restored_agent(kind(trained, spaces), state), spaces.preprocessing
+        return algorithm, *restored_agent(algorithm, state)
     except RuntimeError as error:
         raise UsageError("--env-id", f"{env_id} does not fit this agent: {str(error).splitlines()[0]}") from None
 
@@ -55,16 +57,12 @@ class Agent:
     observation_space: gym.Space  # as the policy takes it (a Dict or Tuple flattened into a Box)
     action_space: gym.Space
     device: torch.device
+    cnn: bool  # the policy sees its observations through a CNN (else through an MLP)
     env_observation_space: gym.Space | None = None  # the env's own, where training flattened it (not a Box)
     generator: torch.Generator = field(init=False)
 
     def __post_init__(self) -> None:
         self.generator = torch.Generator(device=self.device).manual_seed(0)
-
-    @property
-    def cnn(self) -> bool:
-        """Whether the policy sees its observations through a CNN (else through an MLP)."""
-        return any(isinstance(module, nn.Conv2d) for module in self.policy.modules())
 
     @property
     def recurrent(self) -> bool:
@@ -155,20 +153,21 @@ def load_agent(path: str, device: str | torch.device = "cpu", env_id: str | None
     state = load_checkpoint(str(path), flag=flag)
     state = replace(state, config=state.config | EAGER_FLOAT32)
     env = env_id or state.env_id
-    policy, normalizer, preprocessing = restore_agent(state, env)
-    spaces = inspect_env(env, preprocessing)
+    algorithm, policy, normalizer = restore_agent(state, env)
+    spaces = algorithm.spaces
     target = torch.device(device)
     normalizer.device = target
     normalizer.load_state_dict(normalizer.state_dict())  # its tensors, moved to `target`
-    own_space = env_observation_space(env, preprocessing)
+    own_space = env_observation_space(env, spaces.preprocessing)
     structured = None if isinstance(own_space, gym.spaces.Box) else own_space  # a Dict, a Tuple or a choice
     return Agent(
         policy.eval().requires_grad_(False).to(target),
         normalizer,
         env,
-        preprocessing,
+        spaces.preprocessing,
         spaces.observation_space,
         spaces.action_space,
         target,
+        algorithm.cnn,
         structured,
     )

@@ -13,7 +13,7 @@ from conftest import SCRIPTS, child_env, launch_together, run_dir, run_ranks
 
 from rl.agent import load_agent, restore_agent
 from rl.checkpoint import load_checkpoint
-from rl.envs import inspect_env, make_vector_env, observations_tensor
+from rl.envs import make_vector_env, observations_tensor
 from rl.errors import UsageError
 
 TINY = ["--eval-episodes", "0", "--no-progress-bar", "--torch-threads", "1"]
@@ -83,8 +83,8 @@ def observations(env_id: str, preprocessing, count: int = 16) -> np.ndarray:
 
 def checkpoint_actions(checkpoint: Path, obs: np.ndarray) -> np.ndarray:
     state = load_checkpoint(str(checkpoint))
-    agent, normalizer, preprocessing = restore_agent(state, state.env_id)
-    space = inspect_env(state.env_id, preprocessing).action_space
+    algorithm, agent, normalizer = restore_agent(state, state.env_id)
+    space = algorithm.spaces.action_space
     pixels = obs.dtype == np.uint8
     actions = agent.greedy_action(normalizer(observations_tensor(obs, pixels, torch.device("cpu")))).numpy()
     return np.clip(actions, space.low, space.high) if isinstance(space, gym.spaces.Box) else actions
@@ -117,7 +117,7 @@ def acted(agents, tmp_path_factory) -> dict[tuple[str, str], tuple[np.ndarray, n
     expected, triples = {}, []
     for name in AGENTS:
         state = load_checkpoint(str(agents[name]))
-        obs = observations(state.env_id, restore_agent(state, state.env_id)[2])
+        obs = observations(state.env_id, restore_agent(state, state.env_id)[0].spaces.preprocessing)
         np.save(folder / f"{name}.npy", obs.astype(np.float32) if obs.dtype != np.uint8 else obs)
         expected[name] = checkpoint_actions(agents[name], obs)
         for fmt in FORMATS:
