@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import math
 import os
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -15,6 +16,7 @@ from tqdm import tqdm
 
 from rl.errors import UsageError, progress_line
 from rl.normalization import AllReduceSum
+from rl.uploads import to_device
 
 LoggerName = Literal["tensorboard", "csv", "wandb"]
 CSV_METRICS_FILE = "metrics.csv"  # what Lightning's CSV logger writes
@@ -287,29 +289,40 @@ class MeanOverRanks:
         self._index = {name: i for i, name in enumerate(names)}
         self._counted = counted or {}
         self._sums = torch.zeros(len(self._index), 2, dtype=torch.float64, device=device)  # (sum, count)
-        # Values that are on the host already (episode returns, a learning rate) add up there: uploading each
-        # would make the host wait for the GPU at every step. They join the device's sums once per compute.
-        self._host_sums = torch.zeros(len(self._index), 2, dtype=torch.float64)
+        # Values that are on the host already (episode returns, a learning rate) add up there, in Python: uploading
+        # each would make the host wait for the GPU, and a torch op apiece costs more than the sum. They join the
+        # device's sums once per compute.
+        self._host_sums = [[0.0, 0.0] for _ in self._index]
         self._all_reduce_sum = all_reduce_sum
         self._rows: dict[tuple[tuple[str, ...], torch.device], torch.Tensor] = {}  # `update_present`'s indices
         self._samples: dict[tuple[str, ...], torch.Tensor] = {}  # `update_each`'s staging, per list of names
 
-    def update(self, name: str, values: torch.Tensor | float | list[float]) -> None:
-        on_device = isinstance(values, torch.Tensor) and values.device == self._sums.device
-        sums = self._sums if on_device else self._host_sums
-        values = torch.as_tensor(values, dtype=torch.float64, device=sums.device)
-        if values.numel():
-            sums[self._index[name], 0] += values.sum()
-            sums[self._index[name], 1] += values.numel()
+    def update(self, name: str, values: torch.Tensor | float | Sequence[float]) -> None:
+        if isinstance(values, torch.Tensor) and values.device == self._sums.device:
+            if values.numel():
+                self._sums[self._index[name], 0] += values.double().sum()
+                self._sums[self._index[name], 1] += values.numel()
+            return
+        if isinstance(values, torch.Tensor):  # on the host, beside a GPU's sums
+            values = values.reshape(-1).tolist()
+        values = [values] if isinstance(values, int | float) else values
+        if values:
+            sums = self._host_sums[self._index[name]]
+            sums[0] += float(sum(values))
+            sums[1] += len(values)
 
     def update_present(self, names: Sequence[str], values: torch.Tensor) -> None:
         """One sample of each of `names`, given as one vector in their order with NaN where a value is absent;
         added where the vector is, without reading it on the host."""
-        sums = self._sums if values.device == self._sums.device else self._host_sums
-        rows, values = self._rows_of(names, sums.device), values.to(sums.device, torch.float64)
+        if values.device != self._sums.device:  # on the host, beside a GPU's sums
+            for name, value in zip(names, values.tolist(), strict=True):
+                if not math.isnan(value):
+                    self.update(name, value)
+            return
+        rows, values = self._rows_of(names, self._sums.device), values.to(torch.float64)
         present = ~values.isnan()
-        sums[rows, 0] += torch.where(present, values, 0.0)
-        sums[rows, 1] += present.to(torch.float64)
+        self._sums[rows, 0] += torch.where(present, values, 0.0)
+        self._sums[rows, 1] += present.to(torch.float64)
 
     def update_each(self, names: Sequence[str], values: torch.Tensor) -> None:
         """One sample of each of `names`, given as one vector on the device in their order: two launches for
@@ -328,8 +341,8 @@ class MeanOverRanks:
         return self._rows[key]
 
     def compute(self) -> dict[str, float]:
-        self._sums += self._host_sums.to(self._sums.device)
-        self._host_sums.zero_()
+        self._sums += to_device(self._host_sums, self._sums.device, torch.float64)
+        self._host_sums = [[0.0, 0.0] for _ in self._index]
         pooled = self._all_reduce_sum(self._sums).tolist()
         self._sums.zero_()
         means = {name: total / count for name, (total, count) in zip(self._index, pooled, strict=True) if count > 0}

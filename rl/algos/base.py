@@ -44,8 +44,9 @@ class Learner(ABC):
         self.divergence.raise_if_diverged()
 
     @abstractmethod
-    def update(self, batch: TensorBatch, iteration: int) -> dict[str, Tensor]:
-        """One learning phase on `batch`; returns named statistics (a subset of the algorithm's `stat_tags`).
+    def update(self, batch: TensorBatch, iteration: int) -> dict[str, Tensor | float]:
+        """One learning phase on `batch`; returns named statistics (a subset of the algorithm's `stat_tags`):
+        tensors where they were computed, floats where the host knows them.
 
         Every learner calls it at the same iteration with a batch of the same size, so the
         collectives inside (the gradient averages) stay in step.

@@ -94,7 +94,7 @@ class StatsMessage:
     def __init__(self, names: list[str]) -> None:
         self.names = names
 
-    def pack(self, stats: dict[str, Tensor], device: torch.device) -> Tensor:
+    def pack(self, stats: dict[str, Tensor | float], device: torch.device) -> Tensor:
         values = torch.full((len(self.names),), math.nan, device=device)
         for index, name in enumerate(self.names):
             if name in stats:
@@ -390,8 +390,8 @@ def run_trainer(
             if report_due(iteration, report_every, last_iteration):
                 learner.raise_if_diverged()  # a read from the device where the players log, not at every update
             stats |= {
-                "policy_lag": torch.tensor(float(policy_lag)),
-                "compile_seconds": torch.tensor(loop_clock.compile_seconds()),
+                "policy_lag": float(policy_lag),
+                "compile_seconds": loop_clock.compile_seconds(),
             }
             # Statistics not computed by every trainer stay NaN in the mean, and the player drops them.
             mean_stats = runtime.all_reduce_sum(stats_message.pack(stats, runtime.device)) / runtime.world_size

@@ -99,7 +99,7 @@ class PPOLearner(Learner):
             else:
                 group["lr"] = lr
 
-    def update(self, batch: Batch, iteration: int) -> dict[str, Tensor]:
+    def update(self, batch: Batch, iteration: int) -> dict[str, Tensor | float]:
         lr = annealed_lr(self.cfg, iteration, self.num_updates)
         self.set_learning_rate(lr)
         stats = ppo_update(
@@ -112,7 +112,7 @@ class PPOLearner(Learner):
             self.loss_of,
             None if self.captured is None else self.captured_minibatch_step,
         )
-        return stats | {"learning_rate": torch.tensor(lr)}
+        return stats | {"learning_rate": lr}
 
     def captured_minibatch_step(self, minibatch: Batch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """A minibatch's whole step as a CUDA graph, one per minibatch size (a shard's last may be smaller)."""

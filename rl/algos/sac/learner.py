@@ -99,7 +99,7 @@ class SACLearner(Learner):
             make_capturable(self.optimizers())
             self.step = CapturedSteps(self.step_on_device, runtime=runtime)
 
-    def update(self, batch: Transitions, iteration: int) -> dict[str, Tensor]:
+    def update(self, batch: Transitions, iteration: int) -> dict[str, Tensor | float]:
         start = time.perf_counter()
         # Reseeded per update from (seed, learner, iteration): exact on resume with nothing to save.
         self.noise.manual_seed(derive_seed(self.cfg.seed, LEARNER_STREAM, self.runtime.rank, iteration))
@@ -115,7 +115,7 @@ class SACLearner(Learner):
                 self.gradient_step(batch.map(lambda t, s=step: t[s::steps][own]), stats)
         # The host's time: on a GPU, the time to launch the step (it runs on while the host goes on).
         elapsed_ms = 1000.0 * (time.perf_counter() - start) / self.cfg.gradient_steps
-        return stats.means() | {"gradient_step_ms": torch.tensor(elapsed_ms)}  # on the host, which logs it there
+        return stats.means() | {"gradient_step_ms": elapsed_ms}  # on the host, which logs it there
 
     def gradient_step(self, batch: Transitions, stats: StatMeans) -> None:
         cfg = self.cfg
