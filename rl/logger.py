@@ -312,8 +312,9 @@ class MeanOverRanks:
             sums[1] += len(values)
 
     def update_present(self, names: Sequence[str], values: torch.Tensor) -> None:
-        """One sample of each of `names`, given as one vector in their order with NaN where a value is absent;
-        added where the vector is, without reading it on the host."""
+        """One sample of each of `names`, given as one vector in their order with NaN where a value is absent.
+        On the sums' device it is added there, without reading it on the host; a vector on the host beside a
+        GPU's sums adds up in Python, as `update`'s host values do."""
         if values.device != self._sums.device:  # on the host, beside a GPU's sums
             for name, value in zip(names, values.tolist(), strict=True):
                 if not math.isnan(value):
