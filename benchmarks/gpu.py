@@ -12,9 +12,10 @@ A variant is a precision and what follows it: `+eager` (--no-cuda-graphs), `+cud
 `+compile`, `+reduce-overhead` (--compile with that mode), `+1-thread` (--torch-threads 1: torch's
 own CPU work on one thread, the other cores left to the envs' threads), `+spin` (torch's OpenMP
 threads spin while they wait, `OMP_WAIT_POLICY=ACTIVE`; without it they sleep, the entry points'
-default); a precision alone is the run's default, which with --cuda captures CUDA graphs where they
-serve. The topologies: `coupled` (one process on the GPU), `decoupled` (a CPU player feeding a GPU
-trainer) and `evaluator` (the same with an evaluator process beside them).
+default), `+while-stepping` (SAC only: --update-while-stepping); a precision alone is the run's
+default, which with --cuda captures CUDA graphs where they serve. The topologies: `coupled` (one
+process on the GPU), `decoupled` (a CPU player feeding a GPU trainer) and `evaluator` (the same
+with an evaluator process beside them).
 
 The configs are LeanRL's: PPO on ALE/Breakout-v5 with CleanRL's Atari settings (8 envs x 128
 steps, 4 epochs of 4 minibatches; here ale-py's threaded vector env, LeanRL's runs use envpool),
@@ -75,6 +76,7 @@ LEANRL_FASTEST = "LeanRL compile+cudagraphs"
 VARIANTS = [
     "32-true+eager",
     "32-true",
+    "32-true+while-stepping",
     "bf16-mixed",
     "16-mixed",
     "32-true+compile",
@@ -88,7 +90,9 @@ OPTIONS = {
     "cuda-graphs": ["--cuda-graphs"],
     "1-thread": ["--torch-threads", "1"],  # torch's CPU ops on one thread, the other cores left to the envs
     "spin": [],  # an environment, not a flag: WAITS
+    "while-stepping": ["--update-while-stepping"],  # SAC's update runs on the GPU while the CPU steps the envs
 }
+ONLY_FOR = {"while-stepping": {"sac"}}  # options that other configs' runs refuse: those configs skip the variant
 # How torch's OpenMP threads wait between parallel regions. Each run starts with no wait chosen, as a user's would:
 # this project's entry points then make the threads sleep, and LeanRL's scripts get libgomp's default. `+spin`
 # makes them spin for as long as they wait, as benchmarks/launch.py chooses for the CPU benchmarks: beside ale-py's
@@ -144,6 +148,12 @@ def variant_environment(variant: str) -> dict[str, str]:
     """The environment a run of `variant` starts with: no wait chosen, unless the variant chooses one."""
     _, *options = variant.removeprefix(BASELINE).split("+")
     return no_wait_chosen() | {name: value for option in options for name, value in WAITS.get(option, {}).items()}
+
+
+def runs_with(config: str, variant: str) -> bool:
+    """Whether `config` takes every option of `variant` (the others' rows say "not run")."""
+    _, *options = variant.removeprefix(BASELINE).split("+")
+    return all(config in ONLY_FOR.get(option, {config}) for option in options)
 
 
 def setting_label(topology: str, variant: str) -> str:
@@ -233,7 +243,7 @@ def run_rounds(
     """Every setting of every config, round after round, so that the settings alternate."""
     for round_ in range(1, args.rounds + 1):
         for config in args.configs:
-            runs = [(setting_label(*setting), setting) for setting in settings]
+            runs = [(setting_label(*setting), setting) for setting in settings if runs_with(config, setting[1])]
             if site is not None and config in LEANRL_SCRIPTS:
                 runs.append((LEANRL_FASTEST, None))
             for label, setting in runs:

@@ -82,13 +82,17 @@ class Config:
         return {"net_arch": (16, 16)} if self.preset.startswith("sac/") else TINY
 
 
+SAC_WARM_UP = {"learning_starts": 256}
 CONFIGS = {
     "ppo/cartpole": Config("cartpole", timed_iterations=160),
     "ppo/cartpole-native": Config("cartpole", {"vector_mode": "native"}),  # its envs reset a step late
     "ppo/cnn": Config("cartpole", {"env_id": "rl/PixelCartPole-v1", "num_steps": 32}),
     "ppo/normalized": Config("pendulum", {"num_steps": 64, "update_epochs": 2}),  # observations and rewards
     "ppo/recurrent": Config("masked-cartpole", timed_iterations=40),
-    "sac/pendulum": Config("sac/pendulum", {"learning_starts": 256}, warm_up_steps=512, timed_iterations=3000),
+    "sac/pendulum": Config("sac/pendulum", SAC_WARM_UP, warm_up_steps=512, timed_iterations=3000),
+    "sac/pendulum-while-stepping": Config(
+        "sac/pendulum", SAC_WARM_UP | {"update_while_stepping": True}, warm_up_steps=512, timed_iterations=3000
+    ),
     "ppo/atari": Config("atari-ppo", timed_iterations=4),
 }
 

@@ -11,6 +11,7 @@ import contextlib
 import pickle
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -146,6 +147,13 @@ class ExperienceSource(ABC):
     @abstractmethod
     def collect(self, policy: Policy, global_step: int) -> EpisodeLog:
         """Step the envs for one iteration and store what they showed; `global_step` counts every rank's steps."""
+
+    def collect_and_learn(self, policy: Policy, global_step: int, learn: Callable[[], None]) -> EpisodeLog:
+        """`collect`, and the iteration's learning (`learn`: the mode's, which takes its batch from `next_batch`)
+        once the steps are stored. A source may start it earlier, while its envs step."""
+        episodes = self.collect(policy, global_step)
+        learn()
+        return episodes
 
     @abstractmethod
     def next_batch(self, global_step: int, all_reduce_sum: AllReduceSum) -> TensorBatch | None:

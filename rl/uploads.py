@@ -1,4 +1,5 @@
-"""Host data (the envs' arrays, index lists) onto the training device without making the host wait.
+"""Host data (the envs' arrays, index lists) onto the training device without making the host wait, and device
+data (actions) back with a wait for that copy alone.
 
 A copy from ordinary (pageable) host memory to a GPU is synchronous: the host waits until the
 GPU's queue has drained up to it, so its launches and the GPU's work add up instead of
@@ -23,3 +24,26 @@ def to_device(data: np.ndarray | Tensor | Sequence, device: torch.device, dtype:
     if device.type != "cuda" or host.device.type != "cpu":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
+
+
+class HostCopy:
+    """A device tensor's copy to the host, queued now and waited for when read.
+
+    `tensor.cpu()` waits for everything queued on the GPU so far; this waits for the work queued
+    before the copy alone, so work launched after it (a gradient step) runs on the GPU while the
+    host uses the copy (steps the envs with it).
+    """
+
+    def __init__(self, tensor: Tensor) -> None:
+        self.copied: torch.cuda.Event | None = None
+        if tensor.device.type != "cuda":
+            self.tensor = tensor.cpu()
+            return
+        self.tensor = tensor.to("cpu", non_blocking=True)  # into pinned memory: a queued copy
+        self.copied = torch.cuda.Event()
+        self.copied.record()
+
+    def numpy(self) -> np.ndarray:
+        if self.copied is not None:
+            self.copied.synchronize()
+        return self.tensor.numpy()

@@ -44,3 +44,15 @@ def test_sigterm_ends_the_rounds_and_the_table_keeps_the_runs_that_finished(monk
     assert (
         "| sac | 32-true | failed or not run |" in printed and "| sac | 32-true+eager | failed or not run |" in printed
     )
+
+
+def test_a_variant_with_an_option_of_one_config_runs_for_that_config_alone(monkeypatch, capsys):
+    runs = []
+    monkeypatch.setattr(gpu, "run_setting", lambda config, topology, variant, args: runs.append((config, variant)))
+    monkeypatch.setattr(gpu.Measured, "add", lambda self, key, result: None)
+    monkeypatch.setattr(gpu, "describe", lambda result: "")
+    variants = ["32-true", "32-true+while-stepping"]
+    monkeypatch.setattr(sys, "argv", ["gpu.py", "--configs", "atari", "sac", "--variants", *variants])
+    gpu.main()
+    assert runs == [("atari", "32-true"), ("sac", "32-true"), ("sac", "32-true+while-stepping")]
+    assert gpu.variant_flags("32-true+while-stepping") == ["--precision", "32-true", "--update-while-stepping"]

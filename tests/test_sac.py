@@ -16,6 +16,7 @@ from rl.algos.sac.losses import actor_loss, critic_loss, soft_target, temperatur
 from rl.algos.sac.networks import CriticEnsemble, SquashedGaussianActor
 from rl.algos.sac.replay import ReplayBuffer, check_buffer_fits
 from rl.batch import Column, DataShard
+from rl.config import validate_decoupled
 from rl.envs import inspect_env
 from rl.errors import UsageError
 from rl.runtime import TorchRuntime
@@ -306,6 +307,40 @@ def test_train_freq_steps_the_envs_that_many_times_per_iteration():
     policy = algorithm.build_policy(torch.device("cpu"))
     source.collect(policy, 0)
     assert len(source.buffer) == 6 and cfg.steps_per_iteration == 6
+
+
+@pytest.mark.parametrize("while_stepping", [False, True], ids=["after the steps", "while the last step runs"])
+def test_a_phase_learns_after_its_steps_or_while_the_last_runs_with_its_actions_chosen_before(while_stepping):
+    """The update (here: every weight of the actor moved by 1) never changes the phase's actions; started while
+    the last step runs, it sees the rows stored before that step."""
+
+    def phase(update_while_stepping: bool) -> tuple[ReplayBuffer, list[int]]:
+        cfg = SACConfig(num_envs=2, train_freq=3, learning_starts=0, batch_size=4, buffer_size=64)
+        cfg.update_while_stepping = update_while_stepping
+        algorithm = SAC(cfg, inspect_env("Pendulum-v1"))
+        policy = algorithm.build_policy(torch.device("cpu"))
+        source = algorithm.make_source(0, torch.device("cpu"), None, env_ranks=1, batch_rows=4)
+        rows_seen = []
+
+        def learn() -> None:
+            rows_seen.append(len(source.buffer))
+            with torch.no_grad():
+                for parameter in policy.parameters():
+                    parameter.add_(1.0)
+
+        source.collect_and_learn(policy, 0, learn)
+        return source.buffer, rows_seen
+
+    learned_after, _ = phase(False)
+    buffer, rows_seen = phase(while_stepping)
+    assert rows_seen == ([4] if while_stepping else [6])  # 2 envs x 3 steps; the last step's 2 rows come after
+    assert len(buffer) == 6 and torch.equal(buffer.storage["actions"], learned_after.storage["actions"])
+
+
+def test_update_while_stepping_is_refused_in_decoupled_mode():
+    with pytest.raises(UsageError, match="decoupled trainers already learn apart") as error:
+        validate_decoupled(SACConfig(update_while_stepping=True), world_size=2)
+    assert error.value.flag == "--update-while-stepping"
 
 
 def test_targets_move_every_target_network_frequency_steps_and_the_target_entropy_is_taken():

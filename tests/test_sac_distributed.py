@@ -182,8 +182,13 @@ def test_decoupled_sac_runs_every_data_path(tmp_path, nproc, args):
     assert "evaluation over 2 greedy episodes" in finished.stdout
 
 
-def test_resuming_with_the_buffer_equals_an_uninterrupted_run(tmp_path):
-    base = [*SHORT, "--eval-episodes", "0", "--save-buffer", "--checkpoint-every", "400"]
+@pytest.mark.parametrize(
+    "args",
+    [[], pytest.param(["--update-while-stepping"], marks=pytest.mark.slow)],
+    ids=["learning after the steps", "learning while the envs step"],
+)
+def test_resuming_with_the_buffer_equals_an_uninterrupted_run(tmp_path, args):
+    base = [*SHORT, *args, "--eval-episodes", "0", "--save-buffer", "--checkpoint-every", "400"]
     (tmp_path / "full").mkdir()
     (tmp_path / "part").mkdir()
     full, part = launch_together(

@@ -5,7 +5,8 @@ batched (`ExperienceSource`), how a batch becomes one synchronized update (`Lear
 it checkpoints. A mode knows processes, roles, collectives, devices, logging, checkpoints,
 faults and shutdown, and talks to any algorithm through the classes below alone:
 
-- every rank that runs envs: `build_policy` + `make_source`, then `collect` / `next_batch`;
+- every rank that runs envs: `build_policy` + `make_source`, then `collect` / `next_batch` (a rank that
+  learns too: `collect_and_learn`, which runs its learning where the algorithm starts it);
 - every rank that learns: `build_policy` + `make_learner`, then `update(batch)`;
 - a decoupled player ships batches packed by `batch_codec` and loads `policy_weights`.
 """

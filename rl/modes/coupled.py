@@ -6,6 +6,7 @@ loop, and the algorithm behind `Algorithm` knows what an iteration collects and 
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 
@@ -90,16 +91,23 @@ class CoupledRank:
         self.loop_clock, self.loop_seconds = LoopClock(), 0.0
 
     def iterate(self, iteration: int) -> None:
-        episodes = self.source.collect(self.policy, self.global_step)
-        self.global_step += self.steps_per_iteration
+        stepped_to = self.global_step + self.steps_per_iteration
+        learn = functools.partial(self.learn, iteration, stepped_to)
+        episodes = self.source.collect_and_learn(self.policy, self.global_step, learn)
+        self.global_step = stepped_to
         reached(self.global_step, self.runtime.is_main)
-        batch = self.source.next_batch(self.global_step, self.runtime.all_reduce_sum)
-        if batch is not None:
-            if self.cfg.share_data:
-                batch = batch.map(self.runtime.all_gather_rows)
-            self.metrics.record(self.source.batch_stats(batch))
-            self.metrics.record(self.learner.update(batch, iteration))
         self.metrics.record_episodes(episodes.returns, episodes.lengths)
+
+    def learn(self, iteration: int, global_step: int) -> None:
+        """The iteration's update, with the other ranks, once the source has a batch (`global_step`: after the
+        iteration's steps)."""
+        batch = self.source.next_batch(global_step, self.runtime.all_reduce_sum)
+        if batch is None:
+            return
+        if self.cfg.share_data:
+            batch = batch.map(self.runtime.all_gather_rows)
+        self.metrics.record(self.source.batch_stats(batch))
+        self.metrics.record(self.learner.update(batch, iteration))
 
     def report(self, iteration: int) -> dict[str, float]:
         self.learner.raise_if_diverged()

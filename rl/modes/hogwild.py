@@ -16,6 +16,7 @@ memory; only checkpoint parts, which are rare, travel pickled through a queue.
 
 from __future__ import annotations
 
+import functools
 import gc
 import io
 import os
@@ -307,15 +308,22 @@ class WorkerLoop:
         self.sink.close()
 
     def iterate(self, iteration: int) -> None:
-        episodes = self.source.collect(self.policy, self.step)
-        self.step += self.steps_per_iteration
-        batch = self.source.next_batch(self.step, self.runtime.all_reduce_sum)
-        if batch is not None:
-            self.metrics.record(self.source.batch_stats(batch))
-            self.metrics.record(self.learner.update(batch, iteration))
-            self.weights.after_update()
+        stepped_to = self.step + self.steps_per_iteration
+        learn = functools.partial(self.learn, iteration, stepped_to)
+        episodes = self.source.collect_and_learn(self.policy, self.step, learn)
+        self.step = stepped_to
         self.shared.frames[self.index] += self.cfg.steps_per_iteration
         self.metrics.record_episodes(episodes.returns, episodes.lengths)
+
+    def learn(self, iteration: int, step: int) -> None:
+        """This worker's update of the shared networks, once its source has a batch (`step`: after the
+        iteration's steps)."""
+        batch = self.source.next_batch(step, self.runtime.all_reduce_sum)
+        if batch is None:
+            return
+        self.metrics.record(self.source.batch_stats(batch))
+        self.metrics.record(self.learner.update(batch, iteration))
+        self.weights.after_update()
 
     def report(self, iteration: int) -> dict[str, float]:
         self.learner.raise_if_diverged()

@@ -19,7 +19,7 @@ from rl.cuda_graphs import captured_function
 from rl.envs import EnvSpaces
 from rl.experience import GAME_SIGNAL, EpisodeLog, ExperienceSource, StateDependentExploration, TrainingSignal
 from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
-from rl.uploads import to_device
+from rl.uploads import HostCopy, to_device
 
 
 @dataclass
@@ -151,7 +151,8 @@ class RolloutCollector(ExperienceSource):
                 action = self._record_step(policy, step)
             else:
                 action = self._act_and_write(policy, step)
-            raw_next, reward, terminated, truncated, info, is_transition, ended = self.step_envs(action.cpu().numpy())
+            stepped = self.step_envs(HostCopy(action).numpy())
+            raw_next, reward, terminated, truncated, info, is_transition, ended = stepped
             self._raw_rewards[step] = reward
             env_side["discounted_returns"][step] = self.reward_scaler.track(reward, terminated | truncated)
             env_side["terminated"][step] = terminated

@@ -3,6 +3,7 @@ the batches sampled from it for the learner."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,7 @@ from rl.algos.sac.networks import SquashedGaussianActor
 from rl.algos.sac.replay import ReplayBuffer
 from rl.batch import Column, TensorBatch
 from rl.envs import EnvSpaces
-from rl.experience import EpisodeLog, ExperienceSource, StateDependentExploration, TrainingSignal
+from rl.experience import EnvStep, EpisodeLog, ExperienceSource, StateDependentExploration, TrainingSignal
 from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
 from rl.seeds import (
     ACTION_STREAM,
@@ -24,7 +25,7 @@ from rl.seeds import (
     env_seeds,
     seeded_generator,
 )
-from rl.uploads import to_device
+from rl.uploads import HostCopy, to_device
 
 
 @dataclass
@@ -86,34 +87,61 @@ class ReplayCollector(ExperienceSource):
         )
 
     def collect(self, policy: SquashedGaussianActor, global_step: int) -> EpisodeLog:
+        return self.collect_phase(policy, global_step)
+
+    def collect_and_learn(
+        self, policy: SquashedGaussianActor, global_step: int, learn: Callable[[], None]
+    ) -> EpisodeLog:
+        if not self.cfg.update_while_stepping:
+            return super().collect_and_learn(policy, global_step, learn)
+        return self.collect_phase(policy, global_step, learn)
+
+    def collect_phase(
+        self, policy: SquashedGaussianActor, global_step: int, while_last_step: Callable[[], None] | None = None
+    ) -> EpisodeLog:
+        """`train_freq` vector steps; `while_last_step` runs after the last step's actions are queued, before
+        the host waits for them: on a GPU, what it launches runs while the envs step."""
         episodes = EpisodeLog()
         for step in range(self.cfg.train_freq):
-            if global_step < self.cfg.learning_starts:  # uniform exploration first, as SB3 and CleanRL
-                actions = self.action_low + self.action_range * torch.rand(
-                    (self.envs.num_envs, *self.action_low.shape), generator=self.generator, device=self.device
-                )
-            else:
-                exploration = None
-                if self.exploration is not None:
-                    exploration = self.exploration.for_step(policy, step, self.envs.num_envs, self.generator)
-                actions, _ = policy.act(self.raw_obs, self.generator, exploration)
-            next_obs, rewards, terminated, _, info, _, ended = self.step_envs(actions.cpu().numpy())
-            led_to = self.led_to(next_obs, ended, info)
-            observed = self.to_tensor(next_obs)
-            # Two uploads where no episode ended (the next observation is the one the transition led to), and the
-            # rewards and terminated flags as one.
-            rewards_and_terminated = to_device(np.stack([rewards, terminated], dtype=np.float32), self.device)
-            self.buffer.add(
-                obs=self.raw_obs,
-                actions=actions,
-                rewards=rewards_and_terminated[0],
-                next_obs=observed if led_to is next_obs else self.to_tensor(led_to),
-                terminated=rewards_and_terminated[1],
-            )
-            episodes.record(info)
-            self.raw_obs = observed
+            actions = self.actions(policy, step, global_step)
+            on_host = HostCopy(actions)
+            if while_last_step is not None and step == self.cfg.train_freq - 1:
+                while_last_step()
+            stepped = self.step_envs(on_host.numpy())
+            self.store(actions, stepped)
+            episodes.record(stepped.info)
             global_step += self.steps_per_vector_step
         return episodes
+
+    def actions(self, policy: SquashedGaussianActor, step: int, global_step: int) -> Tensor:
+        """The actions of the phase's `step`: uniform over the action space until --learning-starts (as SB3 and
+        CleanRL), then the policy's."""
+        if global_step < self.cfg.learning_starts:
+            return self.action_low + self.action_range * torch.rand(
+                (self.envs.num_envs, *self.action_low.shape), generator=self.generator, device=self.device
+            )
+        exploration = None
+        if self.exploration is not None:
+            exploration = self.exploration.for_step(policy, step, self.envs.num_envs, self.generator)
+        actions, _ = policy.act(self.raw_obs, self.generator, exploration)
+        return actions
+
+    def store(self, actions: Tensor, stepped: EnvStep) -> None:
+        """The step's transitions into the buffer; the next observations become the ones to act on."""
+        led_to = self.led_to(stepped.next_obs, stepped.ended, stepped.info)
+        observed = self.to_tensor(stepped.next_obs)
+        # Two uploads where no episode ended (the next observation is the one the transition led to), and the
+        # rewards and terminated flags as one.
+        rewards_and_terminated = np.stack([stepped.reward, stepped.terminated], dtype=np.float32)
+        on_device = to_device(rewards_and_terminated, self.device)
+        self.buffer.add(
+            obs=self.raw_obs,
+            actions=actions,
+            rewards=on_device[0],
+            next_obs=observed if led_to is stepped.next_obs else self.to_tensor(led_to),
+            terminated=on_device[1],
+        )
+        self.raw_obs = observed
 
     def next_batch(self, global_step: int, all_reduce_sum: AllReduceSum) -> Transitions | None:
         if global_step <= self.cfg.learning_starts or len(self.buffer) < self.rows_before_training:

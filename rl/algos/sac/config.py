@@ -40,6 +40,10 @@ class SACConfig(RunConfig):
     """vector env steps between two learning phases"""
     gradient_steps: int = 1
     """gradient steps in each learning phase"""
+    update_while_stepping: bool = False
+    """start each learning phase while the envs take the phase's last step (after its actions are queued), so that
+    on a GPU the update trains while the CPU steps the envs; the update then samples the replay buffer without
+    that step's transitions, which later phases see (coupled and Hogwild modes)"""
     ent_coef: str = AUTO
     """the entropy coefficient (temperature): a number, or 'auto' to tune it towards --target-entropy"""
     target_entropy: str = AUTO
@@ -109,6 +113,12 @@ class SACConfig(RunConfig):
             raise UsageError("--buffer-size", f"{self.buffer_size} cannot hold one batch of {self.batch_size}")
 
     def validate_decoupled(self, num_trainers: int) -> None:
+        if self.update_while_stepping:
+            raise UsageError(
+                "--update-while-stepping",
+                "overlaps a rank's update with its envs' steps; decoupled trainers already learn apart from the "
+                "players (drop the flag)",
+            )
         if self.share_data and self.batch_size < num_trainers:
             raise UsageError(
                 "--batch-size", f"a shared batch of {self.batch_size} cannot be split among {num_trainers} trainers"
