@@ -144,11 +144,20 @@ def test_a_captured_step_replays_what_the_eager_step_computes():
     assert set(captured.graphs) == {1, 2}
 
 
-@pytest.mark.parametrize("algorithm", ["ppo", "sac"])
+@pytest.mark.parametrize("algorithm", ["ppo", "sac", "sac --update-while-stepping"])
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_cuda_graphs_train_as_the_eager_step_does_and_resume(tmp_path, algorithm, precision):
     short, every = (SHORT_PPO, "1024") if algorithm == "ppo" else (SHORT_SAC, "400")
-    args = [*short, "--precision", precision, "--eval-episodes", "0", "--checkpoint-every", every]
+    args = [
+        *short,
+        *algorithm.split()[1:],
+        "--precision",
+        precision,
+        "--eval-episodes",
+        "0",
+        "--checkpoint-every",
+        every,
+    ]
     for name, flags in (("eager", ["--no-cuda-graphs"]), ("graphed", ["--cuda-graphs"])):
         (tmp_path / name).mkdir()
         finished = launch_on_gpu("fabric run", "fabric", [*args, *flags], tmp_path / name)
