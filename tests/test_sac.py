@@ -338,7 +338,7 @@ def test_a_phase_learns_after_its_steps_or_while_the_last_runs_with_its_actions_
 
 
 def test_update_while_stepping_is_refused_in_decoupled_mode():
-    with pytest.raises(UsageError, match="decoupled trainers already learn apart") as error:
+    with pytest.raises(UsageError, match="a decoupled trainer has none") as error:
         validate_decoupled(SACConfig(update_while_stepping=True), world_size=2)
     assert error.value.flag == "--update-while-stepping"
 

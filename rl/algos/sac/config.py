@@ -116,8 +116,7 @@ class SACConfig(RunConfig):
         if self.update_while_stepping:
             raise UsageError(
                 "--update-while-stepping",
-                "overlaps a rank's update with its envs' steps; decoupled trainers already learn apart from the "
-                "players (drop the flag)",
+                "starts a rank's update while its own envs step; a decoupled trainer has none",
             )
         if self.share_data and self.batch_size < num_trainers:
             raise UsageError(
