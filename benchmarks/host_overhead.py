@@ -19,7 +19,8 @@ step. Run it in a scratch folder: each run writes its folder under ./logs.
 With `--against REV` it times each config (preset and tiny networks) here and at git revision
 REV instead, each run in a fresh process, alternating which tree goes first, and prints the
 ratios. On a GPU, `sync_sites` finds where the loop waits for the GPU, by file and line
-(`tests/test_gpu.py` holds it to the copy of the actions to the envs).
+(`tests/test_gpu.py` holds it to none: each step's wait for its actions is on an event recorded after
+their copy, which torch's sync debug mode does not count).
 """
 
 from __future__ import annotations
