@@ -11,7 +11,7 @@
 # nears its end is stopped (gpu.py then prints the table of the runs that finished), a stage with under 30 s left is
 # skipped, and the report is written in time: set it a little under the device call's limit. For one call of
 # 10 minutes, the figures first and then the checks that captured steps train as eager ones do:
-#     BUDGET=560 SPEED_ARGS="--variants 32-true" TEST_K="captured or steady_state or cuda_graphs" \
+#     BUDGET=560 SPEED_ARGS="--variants 32-true" TEST_K="captured or steady_state or sync_debug or cuda_graphs" \
 #         bash benchmarks/gpu_check.sh speed tests
 set -uo pipefail
 cd "$(dirname "$0")/.."
