@@ -190,7 +190,7 @@ def test_the_steady_state_loop_makes_no_synchronizing_call(tmp_path, monkeypatch
 def test_the_sync_debug_mode_finds_a_wait_where_there_is_one():
     with host_overhead.SyncSites() as watched:
         torch.ones(1, device="cuda").item()
-    assert [site.split(":")[0] for site in watched.sites] == ["tests/test_gpu.py"]
+    assert any(site.startswith("tests/test_gpu.py:") for site in watched.sites), dict(watched.sites)
 
 
 def test_captured_sac_acting_draws_what_eager_acting_draws():
