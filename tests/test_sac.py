@@ -315,8 +315,14 @@ def test_a_phase_learns_after_its_steps_or_while_the_last_runs_with_its_actions_
     the last step runs, it sees the rows stored before that step."""
 
     def phase(update_while_stepping: bool) -> tuple[ReplayBuffer, list[int]]:
-        cfg = SACConfig(num_envs=2, train_freq=3, learning_starts=0, batch_size=4, buffer_size=64)
-        cfg.update_while_stepping = update_while_stepping
+        cfg = SACConfig(
+            num_envs=2,
+            train_freq=3,
+            learning_starts=0,
+            batch_size=4,
+            buffer_size=64,
+            update_while_stepping=update_while_stepping,
+        )
         algorithm = SAC(cfg, inspect_env("Pendulum-v1"))
         policy = algorithm.build_policy(torch.device("cpu"))
         source = algorithm.make_source(0, torch.device("cpu"), None, env_ranks=1, batch_rows=4)
