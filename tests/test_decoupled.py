@@ -38,7 +38,15 @@ from rl.config import RunConfig
 from rl.envs import inspect_env
 from rl.errors import UsageError
 from rl.modes.decoupled import LOG_SUBDIR
-from rl.modes.decoupled_links import LagBound, PlayerOutbox, Topology, TrainerInbox
+from rl.modes.decoupled_links import (
+    Command,
+    LagBound,
+    PlayerOutbox,
+    Topology,
+    TrainerInbox,
+    WeightsInbox,
+    WeightsOutbox,
+)
 
 SHORT = ["--total-timesteps", "2048", "--update-epochs", "2", "--eval-episodes", "2", "--no-progress-bar"]
 
@@ -118,14 +126,16 @@ def _exchange(rank: int, port: int, folder: str) -> None:
             values = torch.tensor([[1000.0 * rank + 100.0 * update + row] for row in range(ROWS)])
             rows = values.view(torch.uint8)
             outbox.send_batch(update + 1, acted_with=update, rows=rows)
+        outbox.send_command(Command.STOP, UPDATES + 1)
         outbox.drain()
     else:
         inbox = TrainerInbox(topology, [ROWS, ROWS], WIDTH, share_data=False)
         received = []
         for update in range(UPDATES):
             command, iteration, lag_seen = inbox.receive(updates_done=update)
-            assert (int(command), iteration, lag_seen) == (1, update + 1, 0)
+            assert (command, iteration, lag_seen) == (Command.BATCH, update + 1, 0)
             received.append(inbox.rows.view(torch.float32)[:, 0].clone())
+        assert inbox.receive(updates_done=UPDATES)[:2] == (Command.STOP, UPDATES + 1)
         torch.save(received, os.path.join(folder, f"trainer_{rank}.pt"))
     dist.destroy_process_group()
 
@@ -138,6 +148,52 @@ def test_each_update_holds_every_players_rows_exactly_once(tmp_path):
         expected = sorted(1000.0 * player + 100.0 * update + row for player in range(2) for row in range(ROWS))
         assert union == expected  # every row of both players once, none of another update
         assert [len(first[update]), len(second[update])] == [4 + 4, 3 + 3]  # 7 rows split 4/3 by each player
+
+
+def _arrived(buffer: torch.Tensor, expected: torch.Tensor, seconds: float = 20.0) -> bool:
+    """Whether `buffer` comes to hold `expected` (written by a receive posted earlier) within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not torch.equal(buffer, expected):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _early_receives(rank: int, port: int, folder: str) -> None:
+    """A pipelined player and its trainer: each message must land while its receiver is busy elsewhere."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    topology = Topology(rank, 2, torch.device("cpu"), torch.device("cpu"))
+    lag, weights = LagBound(1, take_newest=False), torch.full((5,), 7.0)
+    arrived = []
+    if topology.is_player:
+        outbox, inbox = PlayerOutbox(RunConfig(), topology, ROWS, WIDTH, lag), WeightsInbox(topology, 5, lag, 60.0)
+        outbox.send_batch(1, acted_with=0, rows=torch.ones(ROWS, WIDTH, dtype=torch.uint8))
+        inbox.catch_up(batches_sent=1, on_update=lambda version, message: None)  # lag 1: nothing to wait for
+        arrived.append(_arrived(inbox.message, weights))  # the trainer's update, received while "collecting"
+        outbox.send_batch(2, acted_with=0, rows=torch.full((ROWS, WIDTH), 2, dtype=torch.uint8))
+        inbox.catch_up(batches_sent=2, on_update=lambda version, message: None, everything=True)
+        outbox.send_command(Command.STOP, 3)
+        outbox.drain()
+    else:
+        inbox, outbox = TrainerInbox(topology, [ROWS], WIDTH, share_data=False), WeightsOutbox(topology, 5, lag, 60.0)
+        assert inbox.receive(updates_done=0)[:2] == (Command.BATCH, 1)
+        outbox.send(weights)
+        next_rows = inbox.slots[1 - inbox.current][1]
+        arrived.append(_arrived(next_rows, torch.full((ROWS, WIDTH), 2, dtype=torch.uint8)))  # while "training"
+        assert inbox.receive(updates_done=1)[:2] == (Command.BATCH, 2)
+        outbox.send(weights)
+        assert inbox.receive(updates_done=2)[0] == Command.STOP
+        outbox.drain()
+    torch.save(arrived, os.path.join(folder, f"arrived_{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_messages_arrive_while_their_receivers_compute(tmp_path):
+    """The trainer's next rows and the player's next weights travel before their receivers ask for them."""
+    mp.spawn(_early_receives, args=(free_port(), str(tmp_path)), nprocs=2, join=True)
+    assert torch.load(tmp_path / "arrived_0.pt") == [True]  # the player's weights
+    assert torch.load(tmp_path / "arrived_1.pt") == [True]  # the trainer's rows
 
 
 def test_async_players_never_exceed_the_policy_lag_bound(tmp_path):

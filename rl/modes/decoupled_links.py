@@ -12,7 +12,9 @@ evaluator. Every message is a tensor in a buffer allocated once, sent point to p
 A gloo send completes only once its receiver has posted the matching receive, so both sides
 post sends (`isend`) into a ring of buffers and wait on a slot only before refilling it. The
 ring is as deep as the policy lag allows messages to be in flight: nobody waits on a peer that
-is allowed to be behind.
+is allowed to be behind. Receivers post their next receive (`irecv`) as soon as they know it
+will come, before they compute: a message then travels while its receiver works, instead of
+after a round trip that starts when the receiver asks for it.
 """
 
 from __future__ import annotations
@@ -159,7 +161,9 @@ def header_buffer(device: torch.device) -> Tensor:
 
 
 class PlayerOutbox:
-    """A player's batches to the trainers: each trainer's shard (or, with --share-data, all rows)."""
+    """A player's messages to the trainers, one per iteration: a header, then each trainer's shard of the rows
+    (or, with --share-data, all rows). A command without rows (save, stop) sends the slot's rows as they are,
+    so that every slot has the same two messages and a trainer can post its receives for the next one early."""
 
     def __init__(self, cfg: RunConfig, topology: Topology, rows: int, width: int, lag: LagBound) -> None:
         self.topology, self.rows, self.share_data = topology, rows, cfg.share_data
@@ -174,27 +178,25 @@ class PlayerOutbox:
             ]
 
         self.ring = Ring(lag.ring_depth, slot)
-        self._pending: list[dist.Work] = []
 
     def send_batch(self, iteration: int, acted_with: int, rows: Tensor) -> None:
-        _, *buffers = self._send_header(Command.BATCH, iteration, acted_with)
         if self.share_data:
-            parts = [rows] * len(buffers)
+            parts = [rows] * len(self.shards)
         else:  # each trainer a random, disjoint shard
             parts = rows[torch.randperm(self.rows, generator=self.shuffle).to(rows.device)].split(self.shards)
-        for buffer, part, trainer in zip(buffers, parts, self.topology.trainers, strict=True):
-            buffer.copy_(part)
-            self._pending.append(dist.isend(buffer, trainer))
+        self._send(Command.BATCH, iteration, acted_with, parts)
 
     def send_command(self, command: Command, iteration: int) -> None:
-        self._send_header(command, iteration, 0)
+        self._send(command, iteration, 0)
 
-    def _send_header(self, command: Command, iteration: int, acted_with: int) -> list[Tensor]:
-        buffers, self._pending = self.ring.take("a trainer")
-        header = buffers[0]
+    def _send(self, command: Command, iteration: int, acted_with: int, parts: list[Tensor] | None = None) -> None:
+        (header, *buffers), pending = self.ring.take("a trainer")
         header[0], header[1], header[2] = int(command), iteration, acted_with
-        self._pending.extend(dist.isend(header, trainer) for trainer in self.topology.trainers)
-        return buffers
+        pending.extend(dist.isend(header, trainer) for trainer in self.topology.trainers)
+        for index, (buffer, trainer) in enumerate(zip(buffers, self.topology.trainers, strict=True)):
+            if parts is not None:
+                buffer.copy_(parts[index])
+            pending.append(dist.isend(buffer, trainer))
 
     def drain(self) -> None:
         self.ring.drain("a trainer")
@@ -203,32 +205,54 @@ class PlayerOutbox:
 class TrainerInbox:
     """A trainer's side of the players' messages: one header from each player per slot, then the rows.
 
-    The rows of all players land in one buffer (the union of their batches), in player order.
+    The rows of all players land in one buffer (the union of their batches), in player order. Two
+    slots of buffers take turns: once a slot's messages are in, the next slot's receives are posted
+    into the other (every slot up to the players' stop has its messages), so they arrive while this
+    trainer trains on the rows just received.
     """
 
     def __init__(self, topology: Topology, rows_per_player: list[int], width: int, share_data: bool) -> None:
         self.topology = topology
         index, trainers = topology.trainer_index, topology.num_trainers
         self.from_player = [rows if share_data else shard_sizes(rows, trainers)[index] for rows in rows_per_player]
-        self.rows = torch.zeros(sum(self.from_player), width, dtype=torch.uint8, device=topology.comm_device)
-        self.parts = self.rows.split(self.from_player)
-        self.headers = [header_buffer(topology.comm_device) for _ in topology.players]
+        self.slots = [self._slot(width) for _ in range(2)]
+        self.current = 0  # the slot whose messages were received last
+        self.posted: list[tuple[int, dist.Work]] | None = None  # (player, receive) of the next slot
+
+    def _slot(self, width: int) -> tuple[list[Tensor], Tensor]:
+        rows = torch.zeros(sum(self.from_player), width, dtype=torch.uint8, device=self.topology.comm_device)
+        return [header_buffer(self.topology.comm_device) for _ in self.topology.players], rows
+
+    @property
+    def rows(self) -> Tensor:
+        """The rows of the slot received last."""
+        return self.slots[self.current][1]
+
+    def post(self, slot: int) -> None:
+        """Post the receives of the next slot's messages into `slot`'s buffers."""
+        headers, rows = self.slots[slot]
+        players = self.topology.players
+        # In the order each player sends them: its header, then its rows.
+        messages = [*zip(players, headers, strict=True), *zip(players, rows.split(self.from_player), strict=True)]
+        self.posted = [(player, dist.irecv(buffer, player)) for player, buffer in messages]
 
     def receive(self, updates_done: int) -> tuple[Command, int, int]:
         """The next slot: (command, iteration, policy lag: the most any player's weights trail `updates_done`)."""
-        names = self.topology.role_name
-        for player, header in zip(self.topology.players, self.headers, strict=True):
-            with peer(names(player)):
-                dist.recv(header, player)
-        headers = [header.tolist() for header in self.headers]  # each read once, as a whole
+        slot = 1 - self.current
+        if self.posted is None:
+            self.post(slot)
+        assert self.posted is not None
+        for player, work in self.posted:
+            with peer(self.topology.role_name(player)):
+                work.wait()
+        self.current, self.posted = slot, None
+        headers = [header.tolist() for header in self.slots[slot][0]]  # each read once, as a whole
         commands = {(command, iteration) for command, iteration, _ in headers}
         if len(commands) != 1:
             raise RuntimeError(f"the players sent different commands in one slot: {sorted(commands)}")
         ((command, iteration),) = commands
-        if command == Command.BATCH:
-            for player, part in zip(self.topology.players, self.parts, strict=True):
-                with peer(names(player)):
-                    dist.recv(part, player)
+        if command != Command.STOP:  # the players send on until they stop
+            self.post(1 - slot)
         lag = max(updates_done - acted_with for _, _, acted_with in headers)
         return Command(command), iteration, lag
 
@@ -264,7 +288,11 @@ class WeightsOutbox:
 
 
 class WeightsInbox:
-    """A player's side: receive updates in order, at least up to the version its lag bound requires."""
+    """A player's side: receive updates in order, at least up to the version its lag bound requires.
+
+    The receive of the next update is posted as soon as a batch whose update has not arrived has
+    been sent: the update then travels while the player collects.
+    """
 
     def __init__(self, topology: Topology, message_size: int, lag: LagBound, timeout_seconds: float) -> None:
         self.lag = lag
@@ -274,6 +302,7 @@ class WeightsInbox:
         self.store = job_store_client(timeout_seconds) if lag.take_newest else None
         self.published_key = PUBLISHED_KEY.format(self.sender)
         self.version = 0  # updates received
+        self.posted: dist.Work | None = None  # the receive of update `version + 1`
 
     def catch_up(self, batches_sent: int, on_update: Callable[[int, Tensor], None], everything: bool = False) -> None:
         """Receive the updates this player must (or, taking the newest, may) act with, calling
@@ -282,10 +311,19 @@ class WeightsInbox:
         if self.store is not None and target < batches_sent:  # a store round trip, never a wait
             target = max(target, min(batches_sent, self.store.add(self.published_key, 0)))
         while self.version < target:
+            self.post_next(batches_sent)
+            assert self.posted is not None
             with peer(self.sender_name):
-                dist.recv(self.message, self.sender)
+                self.posted.wait()
+            self.posted = None
             self.version += 1
             on_update(self.version, self.message)
+        self.post_next(batches_sent)
+
+    def post_next(self, batches_sent: int) -> None:
+        """Post the receive of the next update, if its batch has been sent (so it will come) and none is posted."""
+        if self.posted is None and self.version < batches_sent:
+            self.posted = dist.irecv(self.message, self.sender)
 
 
 INTERRUPT, FINISH = "interrupt", "finish"  # why the players stop: Ctrl-C, or a request to end the run finished
