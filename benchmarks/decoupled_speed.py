@@ -1,11 +1,15 @@
-"""Decoupled lock-step and pipelined PPO against single-process coupled PPO, one run.
+"""Decoupled lock-step, pipelined and asynchronous training against single-process coupled training, one run.
 
-    python benchmarks/decoupled_speed.py [--repeats 3]
+    python benchmarks/decoupled_speed.py [--algorithm ppo|sac] [--repeats 3] [--against REV]
 
-Same total envs and steps everywhere: CartPole-v1, 4 envs x 128 steps, minibatch 64, 10 epochs,
-32,768 env steps. Coupled runs as one process (`python train_fabric.py`); decoupled runs as
-`fabric run --devices=2` (one player, one trainer). Prints the training loop's env steps/s of
-each, and the ratios. Targets: lock-step >= coupled; pipelined >= 1.5x lock-step.
+The same total envs and steps everywhere. PPO: CartPole-v1, 4 envs x 128 steps, minibatch 64,
+10 epochs, 32,768 env steps. SAC: `sac --preset pendulum` with 16-unit networks (so that, as for
+a GPU trainer, the messages are a visible share of an update), 3,000 env steps, learning from
+step 256, one torch thread a process. Coupled runs as one process (`python train_fabric.py`);
+decoupled as `fabric run --devices=2` (one player, one trainer). Prints the training loop's env
+steps/s of each and its ratio to coupled; PPO's targets: lock-step >= coupled, pipelined >= 1.5x
+lock-step. With `--against REV` every run is timed here and at git revision REV, alternated, and
+the median ratio this tree / REV of each mode is printed.
 """
 
 from __future__ import annotations
@@ -15,36 +19,74 @@ import statistics
 import sys
 from pathlib import Path
 
-from launch import loop_steps_per_second
+from launch import checkout, loop_steps_per_second
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-CONFIG = "--env-id CartPole-v1 --num-envs 4 --num-steps 128 --total-timesteps 32768 --no-progress-bar".split()
-DECOUPLED = [str(BIN / "fabric"), "run", "--accelerator=cpu", "--devices=2", str(REPO / "train_fabric_decoupled.py")]
-RUNS = {
-    "coupled, 1 process": [sys.executable, str(REPO / "train_fabric.py")],
-    "decoupled lock-step": DECOUPLED,
-    "decoupled pipelined": [*DECOUPLED, "--pipeline"],
+CONFIGS = {
+    "ppo": "--env-id CartPole-v1 --num-envs 4 --num-steps 128 --total-timesteps 32768 --no-progress-bar".split(),
+    "sac": (
+        "sac --preset pendulum --net-arch 16 16 --total-timesteps 3000 --learning-starts 256 --eval-episodes 0 "
+        "--torch-threads 1 --no-progress-bar"
+    ).split(),
 }
+COUPLED = "coupled, 1 process"
+DECOUPLED_MODES = {"decoupled lock-step": [], "decoupled pipelined": ["--pipeline"], "decoupled async": ["--async"]}
+
+
+def runs(tree: Path, config: list[str]) -> dict[str, list[str]]:
+    """Each mode's command, with `tree`'s entry scripts (which import its `rl`)."""
+    fabric = [str(BIN / "fabric"), "run", "--accelerator=cpu", "--devices=2"]
+    decoupled = [*fabric, str(tree / "train_fabric_decoupled.py")]
+    commands = {COUPLED: [sys.executable, str(tree / "train_fabric.py"), *config]}
+    return commands | {name: [*decoupled, *config, *flags] for name, flags in DECOUPLED_MODES.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--repeats", type=int, default=1, help="rounds of the three runs, interleaved")
-    repeats = parser.parse_args().repeats
-    ratios: dict[str, list[float]] = {"lock-step / coupled": [], "pipelined / lock-step": []}
+    parser.add_argument("--algorithm", choices=list(CONFIGS), default="ppo")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of the runs, interleaved")
+    parser.add_argument("--against", metavar="REV", help="time every run here and at git revision REV, alternated")
+    args = parser.parse_args()
+    config = CONFIGS[args.algorithm]
+    if args.against:
+        with checkout(args.against) as baseline:
+            against(runs(REPO, config), runs(baseline, config), args.against, args.repeats)
+    else:
+        by_itself(runs(REPO, config), args.repeats)
+
+
+def by_itself(commands: dict[str, list[str]], repeats: int) -> None:
+    ratios: dict[str, list[float]] = {}
     for _ in range(repeats):
-        speed = {name: loop_steps_per_second(command + CONFIG) for name, command in RUNS.items()}
+        speed = {name: loop_steps_per_second(command) for name, command in commands.items()}
         for name, steps_per_second in speed.items():
-            print(f"{name:<21} {steps_per_second:>8,.0f} steps/s")
-        lock_step, pipelined = speed["decoupled lock-step"], speed["decoupled pipelined"]
-        ratios["lock-step / coupled"].append(lock_step / speed["coupled, 1 process"])
-        ratios["pipelined / lock-step"].append(pipelined / lock_step)
-        for name, values in ratios.items():
-            print(f"{name:<22} {values[-1]:.2f}x", flush=True)
+            ratio = steps_per_second / speed[COUPLED]
+            ratios.setdefault(name, []).append(ratio)
+            print(f"{name:<21} {steps_per_second:>8,.0f} steps/s  {ratio:.2f}x coupled", flush=True)
+        print(f"pipelined / lock-step {speed['decoupled pipelined'] / speed['decoupled lock-step']:.2f}x", flush=True)
     if repeats > 1:  # the machine is shared: one round can be slowed by a neighbour
         for name, values in ratios.items():
-            print(f"median {name:<15} {statistics.median(values):.2f}x over {repeats} rounds")
+            print(f"median {name:<21} {statistics.median(values):.2f}x coupled over {repeats} rounds")
+
+
+def against(ours: dict[str, list[str]], theirs: dict[str, list[str]], revision: str, repeats: int) -> None:
+    ratios: dict[str, list[float]] = {}
+    for round_ in range(1, repeats + 1):
+        for name in ours:
+            trees = [(revision, theirs), ("this tree", ours)]
+            if round_ % 2 == 0:  # alternate which tree goes first
+                trees.reverse()
+            timed = {tree: loop_steps_per_second(commands[name]) for tree, commands in trees}
+            before, after = timed[revision], timed["this tree"]
+            ratios.setdefault(name, []).append(after / before)
+            print(
+                f"round {round_}, {name:<21} {revision}: {before:7,.0f}  this tree: {after:7,.0f} steps/s "
+                f"({after / before:.2f}x)",
+                flush=True,
+            )
+    for name, values in ratios.items():
+        print(f"median this tree / {revision}, {name}: {statistics.median(values):.2f}x over {repeats} rounds")
 
 
 if __name__ == "__main__":

@@ -16,11 +16,12 @@ import sys
 from pathlib import Path
 
 from coupled_speed import CONFIG as COUPLED
-from decoupled_speed import CONFIG as DECOUPLED
+from decoupled_speed import CONFIGS as DECOUPLED_CONFIGS
 from launch import checkout, loop_steps_per_second
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+DECOUPLED = DECOUPLED_CONFIGS["ppo"]
 
 
 def runs(tree: Path) -> dict[str, list[str]]:
