@@ -5,19 +5,20 @@
 Checks out REV into a temporary worktree and runs, for both trees: coupled PPO at the Lightning
 example's defaults under `fabric run --devices=2` and `torchrun` (as `coupled_speed.py`), and
 decoupled lock-step and pipelined PPO with 2 processes (as `decoupled_speed.py`). Prints each
-run's training-loop env steps/s and, at the end, the median ratio this tree / REV of each.
+run's training-loop env steps/s (the trees alternate which goes first) and, at the end, the median
+ratio this tree / REV of each.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
 from coupled_speed import CONFIG as COUPLED
 from decoupled_speed import CONFIGS as DECOUPLED_CONFIGS
-from launch import checkout, loop_steps_per_second
+from decoupled_speed import against
+from launch import checkout
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -45,20 +46,8 @@ def main() -> None:
     parser.add_argument("revision")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    ratios: dict[str, list[float]] = {}
     with checkout(args.revision) as baseline:
-        for round_ in range(1, args.rounds + 1):
-            for name, ours in runs(REPO).items():
-                before = loop_steps_per_second(runs(baseline)[name])
-                after = loop_steps_per_second(ours)
-                ratios.setdefault(name, []).append(after / before)
-                print(
-                    f"round {round_}, {name:<20} {args.revision}: {before:7,.0f}  this tree: {after:7,.0f} "
-                    f"steps/s  ({after / before:.2f}x)",
-                    flush=True,
-                )
-    for name, values in ratios.items():
-        print(f"median this tree / {args.revision}, {name}: {statistics.median(values):.2f}x")
+        against(runs(REPO), runs(baseline), args.revision, args.rounds)
 
 
 if __name__ == "__main__":
