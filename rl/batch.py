@@ -16,6 +16,8 @@ from typing import Generic, TypeVar
 import torch
 from torch import Tensor
 
+from rl.uploads import to_device
+
 Batch = TypeVar("Batch", bound="TensorBatch")
 
 
@@ -41,10 +43,12 @@ class TensorBatch:
 
 @dataclass(frozen=True)
 class Column:
-    """One field of a batch: its shape per row and its dtype."""
+    """One field of a batch: its shape per row, its dtype, and whether it stays on the host (where the
+    learner reads it without waiting for the device) when the rest of the batch moves to the device."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype = torch.float32
+    on_host: bool = False
 
     @property
     def width(self) -> int:
@@ -79,15 +83,22 @@ class RowCodec(Generic[Batch]):
     def pack(self, batch: Batch, out: Tensor) -> None:
         for name, column in self.columns.items():
             values = getattr(batch, name).to(column.dtype).reshape(len(batch), -1).contiguous()
-            out[:, self.slices[name]] = values.view(torch.uint8)
+            out[:, self.slices[name]] = to_device(values.view(torch.uint8), out.device)  # a host column: not waited for
 
-    def unpack(self, rows: Tensor) -> Batch:
+    def unpack(self, rows: Tensor, host_rows: Tensor | None = None) -> Batch:
+        """The batch in `rows`; its columns kept on the host come from `host_rows`, those rows on the host
+        (if `rows` are on the device)."""
         return self.batch_type(
             **{
-                name: rows[:, self.slices[name]].contiguous().view(column.dtype).reshape(len(rows), *column.shape)
+                name: self.column(host_rows if column.on_host and host_rows is not None else rows, name)
                 for name, column in self.columns.items()
             }
         )
+
+    def column(self, rows: Tensor, name: str) -> Tensor:
+        """Column `name` of `rows` (a copy, unless it is their only column)."""
+        column = self.columns[name]
+        return rows[:, self.slices[name]].contiguous().view(column.dtype).reshape(len(rows), *column.shape)
 
 
 @dataclass(frozen=True)

@@ -109,9 +109,16 @@ class Runtime(ABC):
     @abstractmethod
     def all_reduce_sum(self, tensor: Tensor) -> Tensor: ...
 
-    @abstractmethod
     def all_gather_rows(self, tensor: Tensor) -> Tensor:
-        """Concatenate every rank's tensor along dim 0, in rank order."""
+        """Concatenate every rank's tensor along dim 0, in rank order, on the tensor's device. The collective
+        runs on this runtime's device: a tensor on the host of a GPU learner goes there and back (a wait)."""
+        if self.world_size == 1:
+            return tensor
+        return self.gather_rows(tensor.to(self.device)).to(tensor.device)
+
+    @abstractmethod
+    def gather_rows(self, tensor: Tensor) -> Tensor:
+        """`all_gather_rows` among more than one rank, of a tensor on this runtime's device."""
 
     @abstractmethod
     def broadcast_object(self, obj: Any) -> Any: ...
@@ -297,9 +304,7 @@ class FabricRuntime(Runtime):
     def all_reduce_sum(self, tensor: Tensor) -> Tensor:
         return self.fabric.all_reduce(tensor, group=self.group, reduce_op="sum") if self.world_size > 1 else tensor
 
-    def all_gather_rows(self, tensor: Tensor) -> Tensor:
-        if self.world_size == 1:
-            return tensor
+    def gather_rows(self, tensor: Tensor) -> Tensor:
         with warnings.catch_warnings():  # Lightning's own call of a deprecated torch function
             warnings.filterwarnings("ignore", message=".*all_gather is deprecated.*")
             gathered = self.fabric.all_gather(tensor, group=self.group)
@@ -349,9 +354,7 @@ class TorchRuntime(Runtime):
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
 
-    def all_gather_rows(self, tensor: Tensor) -> Tensor:
-        if self.world_size == 1:
-            return tensor
+    def gather_rows(self, tensor: Tensor) -> Tensor:
         gathered = [torch.empty_like(tensor) for _ in range(self.world_size)]
         dist.all_gather(gathered, tensor.contiguous())
         return torch.cat(gathered)
@@ -388,8 +391,8 @@ class LocalRuntime(Runtime):
     def all_reduce_sum(self, tensor: Tensor) -> Tensor:
         return tensor
 
-    def all_gather_rows(self, tensor: Tensor) -> Tensor:
-        return tensor
+    def gather_rows(self, tensor: Tensor) -> Tensor:
+        return tensor  # one worker: `all_gather_rows` never gathers
 
     def broadcast_object(self, obj: Any) -> Any:
         return obj

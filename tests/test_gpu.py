@@ -4,6 +4,7 @@ Skipped where torch sees no CUDA GPU (CI's machines); run them on one with `pyte
 """
 
 import glob
+import math
 import sys
 from pathlib import Path
 
@@ -123,6 +124,17 @@ def test_decoupled_players_on_the_cpu_leave_the_one_gpu_to_the_trainer(tmp_path,
     assert load_agent(run_dir(tmp_path, "decoupled"))["config"]["cuda"] is True
 
 
+@pytest.mark.parametrize("script, nproc", [("fabric", 1), ("decoupled", 2)], ids=["coupled", "cpu-player"])
+def test_a_recurrent_policy_replays_its_sequences_on_a_gpu(tmp_path, script, nproc):
+    """The trainer plans each minibatch's segments from the starts it keeps on the host: from its own rollout,
+    or from the rows a CPU player sent."""
+    args = ["--preset", "masked-cartpole", "--total-timesteps", "1024", "--eval-episodes", "0", "--no-progress-bar"]
+    finished = launch_on_gpu("fabric run", script, [*args, "--cuda"], tmp_path, nproc=nproc)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    losses = read_scalars(run_dir(tmp_path, script))["Loss/value_loss"]
+    assert losses and all(math.isfinite(value) for _, value in losses)
+
+
 def test_a_captured_step_replays_what_the_eager_step_computes():
     from rl.cuda_graphs import CapturedSteps
 
@@ -175,7 +187,14 @@ def test_cuda_graphs_train_as_the_eager_step_does_and_resume(tmp_path, algorithm
     assert resumed.returncode == 0, resumed.stderr[-5000:]
 
 
-STEADY_STATE_CONFIGS = ["ppo/cartpole", "ppo/cartpole-native", "ppo/cnn", "ppo/normalized", "sac/pendulum"]
+STEADY_STATE_CONFIGS = [
+    "ppo/cartpole",
+    "ppo/cartpole-native",
+    "ppo/cnn",
+    "ppo/normalized",
+    "ppo/recurrent",
+    "sac/pendulum",
+]
 
 
 @pytest.mark.parametrize("config", [*STEADY_STATE_CONFIGS, "sac/pendulum-while-stepping"])

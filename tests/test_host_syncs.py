@@ -4,8 +4,9 @@ On a GPU each such op (`.item()`, `bool(t)`, a boolean index, `nonzero`, `multin
 empties the stream. They are the same ops on the CPU, so `benchmarks/host_overhead.py`'s counter
 finds them here: every op of the iterations after a warm-up, in one process. The acting side's
 copy of each step's actions to the envs is a plain copy, not counted: it is the one wait a step
-needs. The recurrent policy's replay cuts its sequences at episode starts, data-dependent shapes
-that need the host, and is left out.
+needs. The recurrent policy's replay cuts its sequences at episode starts into segments whose
+shapes depend on the data: it plans them from the starts that the host keeps (numpy, which the
+counter does not see), and the device only gathers by the planned indices.
 
 With more processes (real ones, over gloo), each coupled rank is held to the same, and a
 decoupled lead player and trainer too, counted over its whole run at two lengths: the difference is its steady
@@ -39,7 +40,9 @@ def rank_ops(tmp_path: Path, mode: str, config: str, amount: int) -> list[dict[s
     return [json.loads((folder / f"ops-{rank}.json").read_text()) for rank in (0, 1)]
 
 
-@pytest.mark.parametrize("config", ["ppo/cartpole", "ppo/cartpole-native", "ppo/cnn", "ppo/normalized", "sac/pendulum"])
+@pytest.mark.parametrize(
+    "config", ["ppo/cartpole", "ppo/cartpole-native", "ppo/cnn", "ppo/normalized", "ppo/recurrent", "sac/pendulum"]
+)
 def test_the_steady_state_loop_never_makes_the_host_wait(tmp_path, monkeypatch, config):
     monkeypatch.chdir(tmp_path)  # the runs write their folders under ./logs
     per_step = host_overhead.ops_per_step(host_overhead.CONFIGS[config], iterations=2)
@@ -48,7 +51,7 @@ def test_the_steady_state_loop_never_makes_the_host_wait(tmp_path, monkeypatch, 
     assert not waiting, f"ops that wait for the device, per env step: {waiting}"
 
 
-@pytest.mark.parametrize("config", ["ppo/cartpole", "sac/pendulum"])
+@pytest.mark.parametrize("config", ["ppo/cartpole", "ppo/recurrent", "sac/pendulum"])
 def test_two_coupled_ranks_never_make_the_host_wait_in_the_steady_state(tmp_path, config):
     for rank, per_step in enumerate(rank_ops(tmp_path, "coupled", config, 2)):
         assert sum(per_step.values()) > 10, rank
@@ -56,7 +59,9 @@ def test_two_coupled_ranks_never_make_the_host_wait_in_the_steady_state(tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config, steps", [("sac/pendulum", (1024, 1536)), ("ppo/cartpole", (1024, 2048))])
+@pytest.mark.parametrize(
+    "config, steps", [("sac/pendulum", (1024, 1536)), ("ppo/cartpole", (1024, 2048)), ("ppo/recurrent", (1024, 2048))]
+)
 def test_a_decoupled_player_and_trainer_make_the_host_wait_only_at_their_reports(tmp_path, config, steps):
     short, long = (rank_ops(tmp_path, "decoupled", config, amount) for amount in steps)
     # SAC reports once per run here; PPO at every iteration, where the trainer reads its divergence flag and the

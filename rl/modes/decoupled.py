@@ -384,7 +384,8 @@ def run_trainer(
             if is_first:
                 send_state(learner.state_dict(), LEAD_PLAYER, topology.role_name(LEAD_PLAYER))
             continue
-        batch = codec.unpack(to_device(inbox.rows, runtime.device))  # the players' rows, one player after another
+        # The players' rows, one player after another; the columns the learner reads on the host stay there.
+        batch = codec.unpack(to_device(inbox.rows, runtime.device), host_rows=inbox.rows)
         with peer("another trainer"):
             stats = learner.update(batch, iteration)
             if report_due(iteration, report_every, last_iteration):

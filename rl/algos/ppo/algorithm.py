@@ -296,4 +296,5 @@ class PPO(Algorithm):
         if not self.cfg.recurrent:
             return RowCodec(Batch, columns)
         memory = Column((2, self.cfg.lstm_layers, self.cfg.lstm_hidden_size))
-        return RowCodec(SequenceBatch, columns | {"starts": Column(steps, torch.bool), "memory": memory})
+        starts = Column(steps, torch.bool, on_host=True)
+        return RowCodec(SequenceBatch, columns | {"starts": starts, "memory": memory})

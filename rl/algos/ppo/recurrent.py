@@ -7,7 +7,8 @@ first zeroes its env's state, inside the step, so one env's reset leaves the oth
 Training replays each env's whole rollout from the state the env began it with. Episode starts
 cut a sequence into segments, each run from its own initial state; all segments of a minibatch go
 through the LSTM at once, padded to the longest, so the time loop is the LSTM's own kernel, not a
-Python loop over steps.
+Python loop over steps. The host keeps the starts, as the envs report them, and plans the
+segments there: the device never has to report back the shapes it runs.
 
 The actor and the critic share the LSTM, as the CNN is shared in the feed-forward pixel policy:
 one recurrent step per env step instead of two, and the value loss shapes the memory too.
@@ -18,12 +19,14 @@ from __future__ import annotations
 import math
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from rl.algos.ppo.policy import HIDDEN_SIZE, MLP, action_noise, exploration_matrices, make_action_head
 from rl.encoders import FlatPixels, orthogonal_init
 from rl.precision import FLOAT32, Precision
+from rl.uploads import to_device
 
 Memory = Tensor  # [2 (h, c), layers, envs, hidden]
 
@@ -149,27 +152,44 @@ def replay_lstm(lstm: nn.LSTM, features: Tensor, starts: Tensor, memory: Memory)
 
     Each sequence is cut at its episode starts into segments; segments that begin a sequence start
     from its saved state (zero where that step starts an episode), the others from zeros. The
-    segments run as one batch, padded at their ends to the longest.
+    segments run as one batch, padded at their ends to the longest. `starts` [B, T] are on the
+    host, which plans the segments: their number and length set the LSTM's shapes, which a plan
+    made on the device would have to read back, making the host wait for the GPU.
     """
     batch, steps = starts.shape
-    boundaries = starts.clone()
-    boundaries[:, 0] = True
-    first = boundaries.reshape(-1).nonzero().squeeze(1)  # each segment's first row, in [B * T] order
-    lengths = torch.diff(first, append=first.new_tensor([batch * steps]))
-    sequence = torch.div(first, steps, rounding_mode="floor")
-    carries = (first % steps == 0) & ~starts.reshape(-1)[first]  # begins a sequence mid-episode
-    initial = memory[:, :, sequence] * carries.to(memory.dtype).view(1, 1, -1, 1)
-    longest = int(lengths.max())
-    offsets = torch.arange(longest, device=first.device)
-    valid = offsets.unsqueeze(0) < lengths.unsqueeze(1)
-    rows = torch.where(valid, first.unsqueeze(1) + offsets, 0)
-    padded = features.reshape(batch * steps, -1)[rows].transpose(0, 1)  # [longest, segments, F]
+    plan = SegmentPlan(starts.cpu().numpy(), features.device)
+    padded = features.reshape(batch * steps, -1).index_select(0, plan.padded_rows)
+    initial = memory[:, :, plan.sequence] * plan.carries.to(memory.dtype).view(1, 1, -1, 1)
     hidden, cell = initial.unbind(0)
     # Padding only trails each segment, so it never reaches a real step's output: the dense kernel
     # can run over it. (Packing would skip it, but on CPU its per-step slices make backward
     # allocate and zero the whole batch at every step: 6x slower here.)
-    output, _ = lstm(padded, (hidden.contiguous(), cell.contiguous()))
-    output = output.transpose(0, 1)  # [segments, longest, hidden]
-    flat = output.new_empty(batch * steps, output.shape[-1])
-    flat[rows[valid]] = output[valid]
-    return flat
+    output, _ = lstm(padded.view(plan.longest, plan.segments, -1), (hidden.contiguous(), cell.contiguous()))
+    return output.reshape(plan.longest * plan.segments, -1).index_select(0, plan.output_rows)
+
+
+class SegmentPlan:
+    """Where a minibatch's sequences split at their episode starts, planned on the host from `starts` [B, T].
+
+    `padded_rows`: for each padded step (time-major: [longest, segments]), the row of [B * T] it
+    takes (padding repeats row 0); `output_rows`: for each row of [B * T], its padded step;
+    `sequence` and `carries`: each segment's sequence, and whether it begins that sequence mid-episode
+    (so it starts from the sequence's saved state). All four reach the device in one copy.
+    """
+
+    def __init__(self, starts: np.ndarray, device: torch.device) -> None:
+        batch, steps = starts.shape
+        boundaries = starts.copy()
+        boundaries[:, 0] = True
+        first = np.flatnonzero(boundaries)  # each segment's first row, in [B * T] order
+        lengths = np.diff(first, append=batch * steps)
+        self.segments, self.longest = len(first), int(lengths.max())
+        offsets = np.arange(self.longest)
+        valid = offsets[:, None] < lengths[None, :]  # [longest, segments]
+        padded_rows = np.where(valid, first[None, :] + offsets[:, None], 0)
+        output_rows = np.empty(batch * steps, dtype=np.int64)
+        output_rows[padded_rows[valid]] = np.flatnonzero(valid)  # both in the padded steps' order
+        carries = (first % steps == 0) & ~starts.reshape(-1)[first]
+        parts = [padded_rows.reshape(-1), output_rows, first // steps, carries]
+        on_device = to_device(np.concatenate(parts).astype(np.int64), device)
+        self.padded_rows, self.output_rows, self.sequence, self.carries = on_device.split([len(p) for p in parts])

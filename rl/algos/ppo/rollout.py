@@ -37,7 +37,7 @@ class Rollout:
     raw_obs: Tensor  # unnormalized, for the normalizer's statistics
     discounted_returns: Tensor  # for the reward scaler's statistics
     is_transition: Tensor  # False on a NEXT_STEP env's reset step, which trains nothing
-    starts: Tensor  # recurrent: the observation begins an episode (the env's state zeroes before it)
+    starts: Tensor  # recurrent: the observation begins an episode (the env's state zeroes before it); on the host
     memory: Tensor  # recurrent: each env's state when the rollout began, [N, 2, layers, hidden]; else empty
     next_obs: Tensor = field(default_factory=lambda: torch.empty(0))
     next_value: Tensor = field(default_factory=lambda: torch.empty(0))
@@ -75,7 +75,8 @@ class Rollout:
             raw_obs=zeros(*steps, *spaces.obs_shape) if normalizes_obs else obs,  # the same without normalization
             discounted_returns=zeros(*steps),
             is_transition=zeros(*steps, dtype=torch.bool),
-            starts=zeros(*steps, dtype=torch.bool) if memory_shape else zeros(0),
+            # On the host, where the envs report them: training plans its sequences' segments from them there.
+            starts=torch.zeros(steps, dtype=torch.bool) if memory_shape else zeros(0),
             memory=zeros(num_envs, 2, *memory_shape) if memory_shape else zeros(0),
         )
 
@@ -118,13 +119,12 @@ class RolloutCollector(ExperienceSource):
             self.recorded_step = captured_function(self._act_and_record) if on_gpu else self._act_and_record
         self._recording_policy: ActorCritic | None = None
         # Recurrent: each env's state before its next observation, and whether that observation begins
-        # an episode; `stepped_memory` is the state after the current step's observation.
+        # an episode (`_set_starts`); `stepped_memory` is the state after the current step's observation.
         self.memory: Memory | None = None
         if memory_shape is not None:
             layers, hidden = memory_shape
             self.memory = initial_memory(layers, envs.num_envs, hidden, device)
         self.stepped_memory = self.memory
-        self.starts = torch.ones(envs.num_envs, dtype=torch.bool, device=device)
         # Unscaled, in float64: the reward scaler divides them on the device once the rollout is complete.
         self._raw_rewards = np.zeros(tuple(self.buffer.rewards.shape), dtype=np.float64)
         self._env_side = {
@@ -137,6 +137,7 @@ class RolloutCollector(ExperienceSource):
             ]
         }
         super().__init__(envs, device, obs_normalizer, reward_scaler, env_seeds, generator, signal)
+        self._set_starts(np.ones(envs.num_envs, dtype=bool))
 
     def collect(self, policy: ActorCritic | RecurrentActorCritic, global_step: int = 0) -> EpisodeLog:
         """Run `num_steps` vector steps; the observation normalizer is frozen meanwhile."""
@@ -222,7 +223,7 @@ class RolloutCollector(ExperienceSource):
             assert isinstance(policy, ActorCritic)
             return policy.act(obs, self.generator, exploration)
         assert isinstance(policy, RecurrentActorCritic)
-        self.buffer.starts[step] = self.starts
+        self.buffer.starts[step] = torch.from_numpy(self.starts_on_host)
         action, logprob, value, self.stepped_memory = policy.act(
             obs, self.generator, self.memory, self.starts, exploration
         )
@@ -232,7 +233,12 @@ class RolloutCollector(ExperienceSource):
         """The stepped state carries over; an env whose episode ended zeroes it before its next observation."""
         if self.memory is not None:
             self.memory = self.stepped_memory
-            self.starts = to_device(ended, self.device)
+            self._set_starts(ended)
+
+    def _set_starts(self, starts: np.ndarray) -> None:
+        """Which envs' next observations begin an episode: on the host for the rollout, on the device for acting."""
+        self.starts_on_host = starts.copy()
+        self.starts = to_device(starts, self.device)
 
     @staticmethod
     def _value(
@@ -258,19 +264,19 @@ class RolloutCollector(ExperienceSource):
 
     def reset_envs(self, seeds: list[int]) -> None:
         super().reset_envs(seeds)
-        self.starts = torch.ones(self.envs.num_envs, dtype=torch.bool, device=self.device)  # all fresh episodes
+        self._set_starts(np.ones(self.envs.num_envs, dtype=bool))  # all fresh episodes
 
     def capture_state(self) -> dict[str, Any]:
         state = super().capture_state()
         if self.memory is not None:
-            state |= {"memory": self.memory.cpu(), "starts": self.starts.cpu()}
+            state |= {"memory": self.memory.cpu(), "starts": torch.from_numpy(self.starts_on_host.copy())}
         return state
 
     def restore_state(self, state: dict[str, Any], fresh_seeds: list[int]) -> bool:
         restored = super().restore_state(state, fresh_seeds)
         if restored and self.memory is not None:  # envs mid-episode go on with the state they had
             self.memory = state["memory"].to(self.device)
-            self.starts = state["starts"].to(self.device)
+            self._set_starts(state["starts"].numpy())
         return restored
 
     def next_batch(self, global_step: int, all_reduce_sum: AllReduceSum) -> Batch:
@@ -356,10 +362,14 @@ class Batch(TensorBatch):
         return self.obs, self.actions
 
     def minibatches(self, epoch: list[list[int]]) -> list[Batch]:
-        """One batch per list of row indices: one gather for the whole epoch, then views of it."""
-        order = to_device([row for rows in epoch for row in rows], self.obs.device)
+        """One batch per list of row indices: one gather for the whole epoch, then views of it (a column on the
+        host, such as a sequence's starts, is gathered there)."""
+        flat = [row for rows in epoch for row in rows]
+        order = {device: to_device(flat, device) for device in {column.device for column in self.tensors()}}
         sizes = [len(rows) for rows in epoch]
-        columns = {f.name: getattr(self, f.name)[order].split(sizes) for f in fields(self)}
+        columns = {}
+        for name, column in zip([f.name for f in fields(self)], self.tensors(), strict=True):
+            columns[name] = column[order[column.device]].split(sizes)
         return [type(self)(**{name: parts[i] for name, parts in columns.items()}) for i in range(len(sizes))]
 
 
@@ -368,7 +378,7 @@ class SequenceBatch(Batch):
     """A recurrent policy's training data: one row per env, each column [envs, steps, ...], with where
     episodes start and the state each sequence began with; minibatches take whole sequences."""
 
-    starts: Tensor
+    starts: Tensor  # on the host, which plans each minibatch's segments from them (`replay_lstm`)
     memory: Tensor  # [envs, 2, layers, hidden]
 
     def model_inputs(self) -> tuple[Tensor, ...]:
