@@ -191,5 +191,5 @@ class SegmentPlan:
         output_rows[padded_rows[valid]] = np.flatnonzero(valid)  # both in the padded steps' order
         carries = (first % steps == 0) & ~starts.reshape(-1)[first]
         parts = [padded_rows.reshape(-1), output_rows, first // steps, carries]
-        on_device = to_device(np.concatenate(parts).astype(np.int64), device)
+        on_device = to_device(np.concatenate(parts, dtype=np.int64), device)
         self.padded_rows, self.output_rows, self.sequence, self.carries = on_device.split([len(p) for p in parts])

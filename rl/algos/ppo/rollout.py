@@ -119,7 +119,8 @@ class RolloutCollector(ExperienceSource):
             self.recorded_step = captured_function(self._act_and_record) if on_gpu else self._act_and_record
         self._recording_policy: ActorCritic | None = None
         # Recurrent: each env's state before its next observation, and whether that observation begins
-        # an episode (`_set_starts`); `stepped_memory` is the state after the current step's observation.
+        # an episode (`_set_starts`, first by the reset in `super().__init__`); `stepped_memory` is the
+        # state after the current step's observation.
         self.memory: Memory | None = None
         if memory_shape is not None:
             layers, hidden = memory_shape
@@ -137,7 +138,6 @@ class RolloutCollector(ExperienceSource):
             ]
         }
         super().__init__(envs, device, obs_normalizer, reward_scaler, env_seeds, generator, signal)
-        self._set_starts(np.ones(envs.num_envs, dtype=bool))
 
     def collect(self, policy: ActorCritic | RecurrentActorCritic, global_step: int = 0) -> EpisodeLog:
         """Run `num_steps` vector steps; the observation normalizer is frozen meanwhile."""
