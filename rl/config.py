@@ -60,7 +60,8 @@ class RunFlags:
     """with --cuda, capture each gradient step (PPO's minibatch steps, SAC's gradient steps), each acting step and PPO's
     GAE as CUDA graphs, which the GPU replays without the host launching their kernels one by one (among several
     learners, with each gradient average run between two graphs); on by default with --cuda for one learner, where
-    they can serve (not 16-mixed, --compile, recurrent or --target-kl), off elsewhere"""
+    they can serve (not 16-mixed, --compile or --target-kl) and were measured faster (not yet a recurrent policy,
+    whose captured replay steps its LSTM one step at a time), off elsewhere"""
 
     num_envs: int = 2
     """the number of parallel environments per rank"""
@@ -301,8 +302,17 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
         self.cuda_graphs_chosen |= "cuda_graphs" in given and not self.cuda_graphs_by_default
         if not self.cuda_graphs_chosen:
             # The fastest setting measured on a GPU; --compile with graphs was not measured, so it stays a choice.
-            self.cuda_graphs = self.cuda and not self.compile and self.cuda_graphs_refusal() is None
+            self.cuda_graphs = (
+                self.cuda
+                and not self.compile
+                and self.cuda_graphs_refusal() is None
+                and self.cuda_graphs_measured_faster()
+            )
             self.cuda_graphs_by_default = self.cuda_graphs
+
+    def cuda_graphs_measured_faster(self) -> bool:
+        """Whether CUDA graphs were measured faster on a GPU for this kind of run (then on by default)."""
+        return True
 
     def cuda_graphs_refusal(self) -> str | None:
         """Why this run's steps cannot be captured as CUDA graphs (a --cuda-graphs error's end), or None."""

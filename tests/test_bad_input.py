@@ -28,7 +28,6 @@ BAD_INPUTS = [
     (["--compile-mode", "max-autotune"], "--compile-mode"),  # without --compile
     (["--env-id", "envs_for_tests:FixedLength-v0", "--time-feature"], "--time-feature"),  # no time limit
     (["--env-id", "rl/PixelCartPole-v1", "--time-feature"], "--time-feature"),  # image observations
-    (["--cuda-graphs", "--recurrent"], "--cuda-graphs"),  # a recurrent replay's shapes change
     (["sac", "--cuda-graphs"], "--cuda-graphs"),  # captured on a GPU only
 ]
 if not torch.cuda.is_available():

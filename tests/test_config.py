@@ -540,9 +540,10 @@ def test_each_entry_script_takes_its_own_modes_flags_and_names_the_mode_of_anoth
         (["sac", "--cuda"], True),
         (["--cuda", "--precision", "bf16-mixed"], True),
         (["--cuda", "--no-cuda-graphs"], False),
-        (["sac", "--cuda", "--precision", "16-mixed"], False),  # each of these refuses an explicit --cuda-graphs
-        (["--cuda", "--recurrent"], False),
+        (["sac", "--cuda", "--precision", "16-mixed"], False),  # these two refuse an explicit --cuda-graphs
         (["--cuda", "--target-kl", "0.01"], False),
+        (["--cuda", "--recurrent"], False),  # a captured recurrent replay is a choice: not measured faster
+        (["--cuda", "--recurrent", "--cuda-graphs"], True),
         (["sac", "--cuda", "--compile"], False),  # compile with graphs is a choice, not the default
         (["sac", "--cuda", "--compile", "--cuda-graphs"], True),
     ],

@@ -126,13 +126,20 @@ def test_decoupled_players_on_the_cpu_leave_the_one_gpu_to_the_trainer(tmp_path,
 
 @pytest.mark.parametrize("script, nproc", [("fabric", 1), ("decoupled", 2)], ids=["coupled", "cpu-player"])
 def test_a_recurrent_policy_replays_its_sequences_on_a_gpu(tmp_path, script, nproc):
-    """The trainer plans each minibatch's segments from the starts it keeps on the host: from its own rollout,
-    or from the rows a CPU player sent."""
+    """Eagerly, the trainer plans each minibatch's segments from the starts it keeps on the host: from its own
+    rollout, or from the rows a CPU player sent. Captured, it replays them step by step: the same first update
+    within float32 rounding (cuDNN's LSTM and the LSTM cell sum in other orders)."""
     args = ["--preset", "masked-cartpole", "--total-timesteps", "1024", "--eval-episodes", "0", "--no-progress-bar"]
-    finished = launch_on_gpu("fabric run", script, [*args, "--cuda"], tmp_path, nproc=nproc)
-    assert finished.returncode == 0, finished.stderr[-3000:]
-    losses = read_scalars(run_dir(tmp_path, script))["Loss/value_loss"]
-    assert losses and all(math.isfinite(value) for _, value in losses)
+    losses = {}
+    for name, flags in (("eager", []), ("graphed", ["--cuda-graphs"])):
+        (tmp_path / name).mkdir()
+        finished = launch_on_gpu("fabric run", script, [*args, "--cuda", *flags], tmp_path / name, nproc=nproc)
+        assert finished.returncode == 0, finished.stderr[-3000:]
+        losses[name] = read_scalars(run_dir(tmp_path / name, script))
+        assert all(math.isfinite(value) for _, value in losses[name]["Loss/value_loss"])
+    for tag in ("Loss/policy_loss", "Loss/value_loss"):
+        first_eager, first_graphed = losses["eager"][tag][0][1], losses["graphed"][tag][0][1]
+        assert first_graphed == pytest.approx(first_eager, rel=1e-2, abs=1e-4), tag
 
 
 def test_a_captured_step_replays_what_the_eager_step_computes():
@@ -195,14 +202,18 @@ STEADY_STATE_CONFIGS = [
     "ppo/recurrent",
     "sac/pendulum",
 ]
+GPU_CONFIGS = host_overhead.CONFIGS | {
+    # a recurrent policy's CUDA graphs are a choice (off by default): its acting and step-by-step replay
+    "ppo/recurrent-captured": host_overhead.Config("masked-cartpole", {"cuda_graphs": True}, timed_iterations=40),
+}
 
 
-@pytest.mark.parametrize("config", [*STEADY_STATE_CONFIGS, "sac/pendulum-while-stepping"])
+@pytest.mark.parametrize("config", [*STEADY_STATE_CONFIGS, "sac/pendulum-while-stepping", "ppo/recurrent-captured"])
 def test_the_steady_state_loop_makes_no_synchronizing_call(tmp_path, monkeypatch, config):
     """The one wait a step needs, for its actions' copy to the envs, waits on an event recorded after that copy
     (`HostCopy`), which torch's sync debug mode does not count: nothing else may wait."""
     monkeypatch.chdir(tmp_path)  # the runs write their folders under ./logs
-    sites = host_overhead.sync_sites(host_overhead.CONFIGS[config], iterations=2)
+    sites = host_overhead.sync_sites(GPU_CONFIGS[config], iterations=2)
     assert not sites, f"the host waited for the GPU (file:line -> times): {sites}"
 
 
@@ -247,6 +258,7 @@ def test_captured_sac_acting_draws_what_eager_acting_draws():
         {"env_id": "Pendulum-v1", "normalize_observations": True, "normalize_rewards": True},
         {"env_id": "Pendulum-v1", "use_sde": True, "sde_sample_freq": 4},
         {"env_id": "rl/PixelCartPole-v1", "resize": 0, "frame_stack": 2},
+        {"env_id": "rl/MaskedCartPole-v1", "recurrent": True, "lstm_hidden_size": 8},
     ],
 )
 def test_captured_ppo_steps_fill_the_rollouts_eager_steps_fill(changes, monkeypatch):

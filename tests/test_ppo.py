@@ -237,7 +237,7 @@ def random_batch(rows: int, algorithm, generator: torch.Generator) -> Batch:
     )
 
 
-CAPTURE_REFUSALS = [({"recurrent": True}, "recurrent"), ({"target_kl": 0.01}, "--target-kl")]
+CAPTURE_REFUSALS = [({"target_kl": 0.01}, "--target-kl"), ({"precision": "16-mixed"}, "16-mixed")]
 
 
 @pytest.mark.parametrize(("changes", "words"), CAPTURE_REFUSALS)
@@ -259,6 +259,7 @@ def test_cuda_graphs_refuse_what_a_captured_minibatch_step_cannot_hold(changes, 
         {"env_id": "Pendulum-v1", "normalize_observations": True, "normalize_rewards": True},
         {"env_id": "Pendulum-v1", "use_sde": True, "sde_sample_freq": 4},
         {"env_id": "rl/PixelCartPole-v1", "resize": 0, "frame_stack": 2},
+        {"env_id": "rl/MaskedCartPole-v1", "recurrent": True, "lstm_hidden_size": 8},
     ],
 )
 def test_a_recorded_step_fills_the_rollout_as_the_eager_step_does(changes):

@@ -192,6 +192,10 @@ if __name__ == "__main__":
         config = rl.preset("cartpole", total_timesteps=1536, num_envs=2, num_steps=128, per_rank_batch_size=96,
                            update_epochs=2, anneal_lr=True, compile=True, eval_episodes=1, progress_bar=False)
         warm = 256
+    elif "ALGORITHM" == "ppo-recurrent":  # replayed step by step; acting's LSTM step compiled as well
+        config = rl.preset("masked-cartpole", total_timesteps=96, num_envs=3, num_steps=8, per_rank_batch_size=16,
+                           lstm_hidden_size=8, update_epochs=2, compile=True, eval_episodes=1, progress_bar=False)
+        warm = 48
     elif "ALGORITHM" == "ppo-dict":  # a Dict of an image and a vector, read back from its rows of bytes
         config = rl.preset("cartpole", env_id="rl/TwoCues-v0", total_timesteps=512, num_envs=2, num_steps=64,
                            per_rank_batch_size=64, update_epochs=1, normalize_observations=False, compile=True,
@@ -211,9 +215,10 @@ if __name__ == "__main__":
 @pytest.mark.slow
 def test_compiled_runs_have_no_graph_break_and_never_recompile_once_warm(tmp_path):
     """After the first update (PPO) or the first gradient steps (SAC), torch.compile's stance forbids compiling:
-    the learning rate's annealing, a short last minibatch and the steps after never recompile."""
+    the learning rate's annealing, a short last minibatch, other episode starts and the steps after never
+    recompile."""
     jobs = []
-    for algorithm in ("ppo", "sac", "ppo-dict"):
+    for algorithm in ("ppo", "sac", "ppo-dict", "ppo-recurrent"):
         (tmp_path / algorithm).mkdir()
         script = tmp_path / algorithm / "train.py"
         script.write_text(NO_RECOMPILE.replace("ALGORITHM", algorithm))

@@ -51,11 +51,14 @@ def stepwise(agent: RecurrentActorCritic, obs, starts, memory, actions):
     return torch.stack(logprobs), torch.stack(values)
 
 
+@pytest.mark.parametrize("in_steps", [False, True], ids=["segments", "in-steps"])
 @pytest.mark.parametrize("space", [gym.spaces.Discrete(3), gym.spaces.Box(-1, 1, (2,))], ids=["discrete", "box"])
-def test_replaying_sequences_gives_what_stepping_gave(space):
+def test_replaying_sequences_gives_what_stepping_gave(space, in_steps):
     torch.manual_seed(0)
     steps, envs = 12, 5
-    agent = RecurrentActorCritic(3, space, cnn=None, pixels=False, lstm_hidden=8, lstm_layers=2)
+    agent = RecurrentActorCritic(
+        3, space, cnn=None, pixels=False, lstm_hidden=8, lstm_layers=2, replay_in_steps=in_steps
+    )
     obs, memory = torch.randn(steps, envs, 3), torch.randn(2, 2, envs, 8)
     starts = torch.rand(steps, envs) < 0.25
     starts[0, 1] = starts[5, 1] = starts[6, 1] = True  # a start on the first step, and one-step episodes
@@ -67,6 +70,46 @@ def test_replaying_sequences_gives_what_stepping_gave(space):
         )
     torch.testing.assert_close(replayed, logprobs.transpose(0, 1).reshape(-1), rtol=0, atol=1e-5)
     torch.testing.assert_close(replayed_values, values.transpose(0, 1).reshape(-1), rtol=0, atol=1e-5)
+
+
+def random_sequences(agent: RecurrentActorCritic, batch: int, steps: int, generator: torch.Generator):
+    """A forward's inputs for `batch` sequences of `steps`: obs, actions, starts and each sequence's memory."""
+    obs = torch.randn(batch, steps, 3, generator=generator)
+    starts = torch.rand(batch, steps, generator=generator) < 0.25
+    memory = torch.randn(batch, 2, agent.lstm.num_layers, agent.lstm.hidden_size, generator=generator)
+    actions = torch.randint(0, 3, (batch, steps), generator=generator)
+    return obs, actions, starts, memory
+
+
+def test_both_replays_give_the_same_losses_and_gradients():
+    """Step by step (what --compile and --cuda-graphs train with) and by planned segments (cuDNN's and the CPU's
+    one LSTM call): the same arithmetic, summed in another order."""
+    torch.manual_seed(0)
+    agent = RecurrentActorCritic(3, gym.spaces.Discrete(3), cnn=None, pixels=False, lstm_hidden=8, lstm_layers=2)
+    inputs = random_sequences(agent, 6, 10, torch.Generator().manual_seed(1))
+    results = []
+    for in_steps in (False, True):
+        agent.replay_in_steps = in_steps
+        agent.zero_grad()
+        outputs = agent(*inputs)
+        sum(output.square().sum() for output in outputs).backward()
+        results.append([*outputs, *(parameter.grad.clone() for parameter in agent.parameters())])
+    for segments, in_steps in zip(*results, strict=True):
+        torch.testing.assert_close(in_steps, segments, rtol=1e-5, atol=1e-5)
+
+
+def test_the_replay_in_steps_traces_as_one_graph_that_no_batch_recompiles():
+    """Its shapes are the minibatch's alone: other episode starts neither break the graph nor recompile it."""
+    torch._dynamo.reset()
+    agent = RecurrentActorCritic(
+        3, gym.spaces.Discrete(3), cnn=None, pixels=False, lstm_hidden=8, lstm_layers=2, replay_in_steps=True
+    )
+    replay = torch.compile(agent, backend="eager", fullgraph=True)  # fullgraph: a graph break raises
+    generator = torch.Generator().manual_seed(0)
+    replay(*random_sequences(agent, 4, 10, generator))
+    with torch.compiler.set_stance("fail_on_recompile"):
+        for _ in range(3):
+            replay(*random_sequences(agent, 4, 10, generator))
 
 
 def test_an_episode_start_zeroes_that_envs_state_alone():
@@ -154,7 +197,6 @@ def test_truncated_episodes_bootstrap_from_the_value_with_the_carried_state():
 
 BAD_RECURRENT = [
     ([*RECURRENT, "--per-rank-batch-size", "96"], "--per-rank-batch-size"),  # not whole 64-step sequences
-    ([*RECURRENT, "--compile"], "--compile"),
     (["--recurrent", "--per-rank-batch-size", "128", "--vector-mode", "native"], "--vector-mode"),
     (["sac", "--recurrent"], "--recurrent"),
     ([*RECURRENT, "--lstm-layers", "0"], "--lstm-layers"),

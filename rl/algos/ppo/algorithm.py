@@ -25,6 +25,7 @@ from rl.normalization import ObservationNormalizer, RewardScaler
 from rl.optim import FlatGradients, clip_and_step
 from rl.runtime import Runtime
 from rl.seeds import ACTION_STREAM, env_seeds, seeded_generator
+from rl.uploads import to_device
 
 ADAM_EPS = 1e-4
 
@@ -102,6 +103,9 @@ class PPOLearner(Learner):
     def update(self, batch: Batch, iteration: int) -> dict[str, Tensor | float]:
         lr = annealed_lr(self.cfg, iteration, self.num_updates)
         self.set_learning_rate(lr)
+        if self.cfg.replays_in_steps:  # the replay reads the sequences' starts on the device: one upload per update
+            device = self.trained[0].device
+            batch = batch.map(lambda column: to_device(column, device))
         stats = ppo_update(
             self.policy,
             batch,
@@ -223,6 +227,7 @@ class PPO(Algorithm):
                 cfg.hidden_size,
                 cfg.log_std_init,
                 cfg.use_sde,
+                cfg.replays_in_steps,
             )
         elif self.cnn:
             agent = CNNActorCritic(

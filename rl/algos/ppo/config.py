@@ -116,14 +116,22 @@ class PPOConfig(RunConfig):
         refusal = super().cuda_graphs_refusal()
         if refusal is not None:
             return refusal
-        if self.recurrent:
-            return "cannot capture a recurrent replay, whose segments change shape with every batch"
         if self.target_kl is not None:
             return (
                 "cannot capture --target-kl's decision, which the host makes between a minibatch's backward and its "
                 "step: drop one of them"
             )
         return None
+
+    @property
+    def replays_in_steps(self) -> bool:
+        """Whether a recurrent policy trains on its sequences step by step, in shapes that every batch keeps
+        (which --compile and --cuda-graphs need), rather than by segments planned for each batch."""
+        return self.recurrent and (self.compile or self.cuda_graphs)
+
+    def cuda_graphs_measured_faster(self) -> bool:
+        # A captured step-by-step replay against cuDNN's uncaptured LSTM over planned segments: not yet measured.
+        return not self.recurrent
 
     def fill_defaults(self, given: set[str]) -> None:
         # A recurrent minibatch holds whole env sequences: by default one rollout's sequence of --num-steps.
@@ -158,12 +166,6 @@ class PPOConfig(RunConfig):
                 f"with --recurrent a minibatch holds whole env sequences of --num-steps {self.num_steps} steps; "
                 f"give a multiple of {self.num_steps} (--per-rank-batch-size {self.num_steps} trains on one "
                 f"sequence at a time), not {self.per_rank_batch_size}",
-            )
-        if self.compile:
-            raise UsageError(
-                "--compile",
-                "a recurrent policy runs eagerly: its packed sequences change shape "
-                "with every batch; drop --compile or --recurrent",
             )
         if self.vector_mode in ("native", "envpool"):
             raise UsageError(

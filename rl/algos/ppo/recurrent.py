@@ -10,13 +10,20 @@ through the LSTM at once, padded to the longest, so the time loop is the LSTM's 
 Python loop over steps. The host keeps the starts, as the envs report them, and plans the
 segments there: the device never has to report back the shapes it runs.
 
+Those shapes still change from batch to batch, which neither a CUDA graph nor a compiled graph
+can follow. With `replay_in_steps` (`--cuda-graphs`, `--compile`) training replays the sequences
+step by step instead, as acting stepped them, zeroing the state where an episode starts: the same
+shapes for every batch, at the cost of one LSTM step's kernels per step.
+
 The actor and the critic share the LSTM, as the CNN is shared in the feed-forward pixel policy:
 one recurrent step per env step instead of two, and the value loss shapes the memory too.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np
@@ -24,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from rl.algos.ppo.policy import HIDDEN_SIZE, MLP, action_noise, exploration_matrices, make_action_head
+from rl.compiling import CompileMode, compiled
 from rl.encoders import FlatPixels, orthogonal_init
 from rl.precision import FLOAT32, Precision
 from rl.uploads import to_device
@@ -58,9 +66,12 @@ class RecurrentActorCritic(nn.Module):
         hidden: int = HIDDEN_SIZE,
         log_std_init: float = 0.0,
         state_dependent: bool = False,
+        replay_in_steps: bool = False,
     ) -> None:
         super().__init__()
         self.precision = precision
+        self.replay_in_steps = replay_in_steps
+        self.acting_step: Callable[[Tensor, Memory, Tensor], tuple[Tensor, Memory]] | None = None  # --compile
         if cnn is not None:  # image observations: their CNN encoder
             self.encoder: nn.Module = cnn
             features = cnn.features
@@ -68,6 +79,12 @@ class RecurrentActorCritic(nn.Module):
             self.encoder = nn.Sequential(*([FlatPixels()] if pixels else []), MLP(obs_dim, activation, hidden))
             features = hidden
         self.lstm = nn.LSTM(features, lstm_hidden, lstm_layers)
+        # Each layer's weights as the LSTM holds them (the same parameters, not registered again), for stepping
+        # it cell by cell: torch.compile traces these, where it stops at the LSTM module itself.
+        self.cell_weights = [
+            [getattr(self.lstm, f"{name}_l{layer}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+            for layer in range(lstm_layers)
+        ]
         self.critic_head = nn.Linear(lstm_hidden, 1)
         self.action_head = make_action_head(action_space, lstm_hidden, log_std_init, state_dependent)
         if ortho_init:
@@ -84,19 +101,24 @@ class RecurrentActorCritic(nn.Module):
     def encode(self, obs: Tensor) -> Tensor:
         return self.precision.trunk(self.encoder, obs)
 
+    def compile_acting(self, mode: CompileMode) -> None:
+        """Compile the step that acting takes (a fixed batch of one row per env); evaluation stays eager."""
+        self.acting_step = compiled(self._step, mode)
+
     def _step(self, obs: Tensor, memory: Memory, starts: Tensor) -> tuple[Tensor, Memory]:
-        """One LSTM step for a batch of envs: their features after `obs`, and their next state.
+        """One LSTM step for a batch of envs: their features after `obs`, and their next state."""
+        return self._recur(self.encode(obs), memory, starts)
+
+    def _recur(self, features: Tensor, memory: Memory, starts: Tensor) -> tuple[Tensor, Memory]:
+        """One LSTM step from encoded `features`, the state zeroed first where `starts`.
 
         Layer by layer through `torch.lstm_cell` with the LSTM's own weights: for one step it costs
         half of what a call of the whole module does (134 against 298 us for 4 envs here).
         """
         keep = (~starts).to(memory.dtype).view(1, 1, -1, 1)
         hidden, cell = (memory * keep).unbind(0)
-        features, states = self.encode(obs), []
-        for layer in range(self.lstm.num_layers):
-            weights = [
-                getattr(self.lstm, f"{name}_l{layer}") for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
-            ]
+        states = []
+        for layer, weights in enumerate(self.cell_weights):
             features, layer_cell = torch.lstm_cell(features, (hidden[layer], cell[layer]), *weights)
             states.append(torch.stack((features, layer_cell)))
         return features, torch.stack(states, dim=1)
@@ -115,9 +137,16 @@ class RecurrentActorCritic(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor, Memory]:
         """Sample actions (through gSDE's `exploration` matrices, with --use-sde); returns (action, log-prob,
         value, next memory)."""
-        features, memory = self._step(obs, memory, starts)
-        noise = action_noise(self.action_head, features.shape[0], generator, exploration)
-        action, logprob = self.action_head.sample(features, noise)
+        noise = action_noise(self.action_head, obs.shape[0], generator, exploration)
+        return self.act_with_noise(obs, memory, starts, *noise)
+
+    def act_with_noise(
+        self, obs: Tensor, memory: Memory, starts: Tensor, *noise: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor, Memory]:
+        """`act`, given its noise: nothing here draws a random number or waits for the GPU (`--cuda-graphs`
+        captures it with the rollout's writes, `RolloutCollector`)."""
+        features, memory = (self.acting_step or self._step)(obs, memory, starts)
+        action, logprob = self.action_head.sample(features, list(noise))
         return action, logprob, self._value(features), memory
 
     @torch.no_grad()
@@ -138,12 +167,22 @@ class RecurrentActorCritic(nn.Module):
         """Replay whole sequences: obs [B, T, ...], actions [B, T, ...], starts [B, T], memory [B, 2, layers,
         hidden] (each sequence's state before its first step); log-probs, entropies and values, [B * T]."""
         batch, steps = starts.shape
-        features = self.encode(obs.reshape(batch * steps, *obs.shape[2:]))
-        features = replay_lstm(self.lstm, features.view(batch, steps, -1), starts, memory.permute(1, 2, 0, 3))
+        features = self.encode(obs.reshape(batch * steps, *obs.shape[2:])).view(batch, steps, -1)
+        replay = self.replay_stepwise if self.replay_in_steps else functools.partial(replay_lstm, self.lstm)
+        features = replay(features, starts, memory.permute(1, 2, 0, 3))
         logprob, entropy = self.action_head.log_prob_entropy(
             features, actions.reshape(batch * steps, *actions.shape[2:])
         )
         return logprob, entropy, self._value(features)
+
+    def replay_stepwise(self, features: Tensor, starts: Tensor, memory: Memory) -> Tensor:
+        """What `replay_lstm` returns, stepped as acting stepped it: one `_recur` per step, so that every
+        shape is fixed by the minibatch's size (`starts` on the features' device; nothing is planned)."""
+        outputs = []
+        for step in range(starts.shape[1]):
+            output, memory = self._recur(features[:, step], memory, starts[:, step])
+            outputs.append(output)
+        return torch.stack(outputs, dim=1).flatten(0, 1)
 
 
 def replay_lstm(lstm: nn.LSTM, features: Tensor, starts: Tensor, memory: Memory) -> Tensor:

@@ -115,9 +115,9 @@ class RolloutCollector(ExperienceSource):
         # elsewhere), the row found by a counter on the device, which the graph advances.
         self.cursor = torch.zeros(1, dtype=torch.long, device=device)
         self.recorded_step: Callable[..., tuple[Tensor, ...]] | None = None
-        if capture and memory_shape is None:
+        if capture:
             self.recorded_step = captured_function(self._act_and_record) if on_gpu else self._act_and_record
-        self._recording_policy: ActorCritic | None = None
+        self._recording_policy: ActorCritic | RecurrentActorCritic | None = None
         # Recurrent: each env's state before its next observation, and whether that observation begins
         # an episode (`_set_starts`, first by the reset in `super().__init__`); `stepped_memory` is the
         # state after the current step's observation.
@@ -188,7 +188,7 @@ class RolloutCollector(ExperienceSource):
 
     def _record_step(self, policy: ActorCritic | RecurrentActorCritic, step: int) -> Tensor:
         """`_act_and_write` through `recorded_step`, which draws no random number: its noise is drawn here."""
-        assert isinstance(policy, ActorCritic) and self.recorded_step is not None
+        assert self.recorded_step is not None
         if self._recording_policy is not policy:  # a graph holds the weights it was captured with, in place
             assert self._recording_policy is None, "a collector records the steps of one policy"
             self._recording_policy = policy
@@ -196,24 +196,34 @@ class RolloutCollector(ExperienceSource):
         if self.exploration is not None:
             exploration = self.exploration.for_step(policy, step, self.envs.num_envs, self.generator)
         noise = action_noise(policy.action_head, self.envs.num_envs, self.generator, exploration)
-        (action,) = self.recorded_step(self.raw_obs, *noise)
+        if self.memory is None:
+            (action,) = self.recorded_step(self.raw_obs, *noise)
+            return action
+        self.buffer.starts[step] = torch.from_numpy(self.starts_on_host)
+        action, self.stepped_memory = self.recorded_step(self.raw_obs, self.memory, self.starts, *noise)
         return action
 
     @torch.no_grad()
-    def _act_and_record(self, raw_obs: Tensor, *noise: Tensor) -> tuple[Tensor]:
+    def _act_and_record(self, raw_obs: Tensor, *inputs: Tensor) -> tuple[Tensor, ...]:
         """The step `_act_and_write` takes, as a function of its inputs: the row goes where the device-side
-        cursor points, and the cursor moves on (nothing here reads a value on the host)."""
+        cursor points, and the cursor moves on (nothing here reads a value on the host). `inputs`: the noise;
+        a recurrent policy's state and starts before it, and its next state returned after the action."""
         buf, policy = self.buffer, self._recording_policy
-        assert policy is not None
         obs = self.obs_normalizer(raw_obs)
-        action, logprob, value = policy.act_with_noise(obs, *noise)
+        carried: tuple[Tensor, ...] = ()
+        if isinstance(policy, RecurrentActorCritic):
+            action, logprob, value, next_memory = policy.act_with_noise(obs, *inputs)
+            carried = (next_memory,)
+        else:
+            assert policy is not None
+            action, logprob, value = policy.act_with_noise(obs, *inputs)
         rows = [(buf.obs, obs), (buf.actions, action), (buf.logprobs, logprob), (buf.values, value)]
         if buf.raw_obs is not buf.obs:
             rows.append((buf.raw_obs, raw_obs))
         for column, row in rows:
             column.index_copy_(0, self.cursor, row.unsqueeze(0).to(column.dtype))
         self.cursor.add_(1)
-        return (action,)
+        return (action, *carried)
 
     def _act(self, policy: ActorCritic | RecurrentActorCritic, obs: Tensor, step: int) -> tuple[Tensor, Tensor, Tensor]:
         exploration = None
