@@ -22,7 +22,9 @@ steps, 4 epochs of 4 minibatches; here ale-py's threaded vector env, LeanRL's ru
 PPO on HalfCheetah with CleanRL's continuous settings (1 env x 2,048 steps, 10 epochs of 32
 minibatches), and SAC on HalfCheetah (1 env, a batch of 256, one gradient step per env step; -v5
 here, -v4 in LeanRL). LeanRL's published H100 figures, with torch.compile and CUDA graphs: Atari
-PPO 6,809, continuous PPO 1,774 and SAC 725 env steps/s.
+PPO 6,809, continuous PPO 1,774 and SAC 725 env steps/s. `--configs atari-recurrent` (not run
+by default) adds the Atari config with an LSTM: `32-true` replays its sequences through cuDNN,
+`32-true+cuda-graphs` step by step as captured graphs.
 
 `--envs-alone` first times the Atari config's vector env stepped with random actions and nothing
 else, the bound the Atari loop cannot pass. `--baseline DIR` (a checkout of another revision) runs
@@ -61,12 +63,17 @@ COMPILE = re.compile(r"torch\.compile: ([\d.]+) s")
 LEANRL_SPEED = re.compile(r"leanrl speed: ([\d.]+)")
 ENVS_SHARE = re.compile(r"stepping the envs: [\d.]+ s \((\d+)%\)")
 
+BREAKOUT = ["--preset", "atari-ppo", "--env-id", "ALE/Breakout-v5", "--total-timesteps", "61440"]
 CONFIGS: dict[str, list[str]] = {
-    "atari": ["--preset", "atari-ppo", "--env-id", "ALE/Breakout-v5", "--total-timesteps", "61440"],
+    "atari": BREAKOUT,
     "ppo-mujoco": ["--preset", "cleanrl-mujoco", "--env-id", "HalfCheetah-v5", "--total-timesteps", "20480"],
     "sac": ["sac", "--preset", "halfcheetah", "--learning-starts", "1000", "--total-timesteps", "8000"],
+    # Not LeanRL's, and run only when named: the Atari config with an LSTM (2 whole sequences per minibatch),
+    # to measure its captured step-by-step replay against cuDNN's (`32-true+cuda-graphs` against `32-true`).
+    "atari-recurrent": [*BREAKOUT, "--recurrent"],
 }
 LEANRL_H100 = {"atari": 6809, "ppo-mujoco": 1774, "sac": 725}
+DEFAULT_CONFIGS = list(LEANRL_H100)
 # LeanRL's script for each config and its flags for the same run length (HalfCheetah-v4, their default env).
 LEANRL_SCRIPTS: dict[str, list[str]] = {
     "ppo-mujoco": ["ppo_continuous_action_torchcompile.py", "--total-timesteps", "20480"],
@@ -269,15 +276,20 @@ def print_table(measured: Measured, configs: list[str], labels: list[str]) -> No
             ratio = f"{median / base:.2f}" if base else ""
             shares = measured.envs_shares.get(key)
             print(
-                f"| {config} | {label} | {median:,.0f} | {ratio} | {median / LEANRL_H100[config]:.2f} | "
+                f"| {config} | {label} | {median:,.0f} | {ratio} | {leanrl_ratio(config, median)} | "
                 f"{statistics.median(measured.compile_s[key]):.0f} | "
                 f"{f'{statistics.median(shares):.0%}' if shares else ''} |"
             )
 
 
+def leanrl_ratio(config: str, speed: float) -> str:
+    """`speed` over LeanRL's published H100 figure for `config`; blank for a config LeanRL has not."""
+    return f"{speed / LEANRL_H100[config]:.2f}" if config in LEANRL_H100 else ""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, choices=list(CONFIGS))
     parser.add_argument("--variants", nargs="+", default=VARIANTS)
     parser.add_argument("--topologies", nargs="+", default=["coupled"], choices=list(TOPOLOGIES))
     parser.add_argument("--rounds", type=int, default=1)

@@ -56,3 +56,24 @@ def test_a_variant_with_an_option_of_one_config_runs_for_that_config_alone(monke
     gpu.main()
     assert runs == [("atari", "32-true"), ("sac", "32-true"), ("sac", "32-true+while-stepping")]
     assert gpu.variant_flags("32-true+while-stepping") == ["--precision", "32-true", "--update-while-stepping"]
+
+
+def test_the_recurrent_config_runs_only_when_named_and_its_row_has_no_leanrl_ratio(monkeypatch, capsys):
+    from rl.cli import parse_config
+
+    runs = []
+
+    def run_setting(config, topology, variant, args):
+        runs.append(config)
+        return gpu.Result(500.0)
+
+    monkeypatch.setattr(gpu, "run_setting", run_setting)
+    monkeypatch.setattr(sys, "argv", ["gpu.py", "--variants", "32-true"])
+    gpu.main()
+    assert runs == ["atari", "ppo-mujoco", "sac"]  # LeanRL's three
+    monkeypatch.setattr(sys, "argv", ["gpu.py", "--configs", "atari-recurrent", "--variants", "32-true+cuda-graphs"])
+    gpu.main()
+    assert runs[-1] == "atari-recurrent"
+    assert "| atari-recurrent | 32-true+cuda-graphs | 500 | 1.00 |  | 0 |  |" in capsys.readouterr().out
+    config = parse_config([*gpu.CONFIGS["atari-recurrent"], "--cuda-graphs"])  # a run the GPU machine accepts
+    assert config.recurrent and config.replays_in_steps and config.vector_mode == "auto"
