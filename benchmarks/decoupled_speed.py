@@ -19,9 +19,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from launch import checkout, loop_steps_per_second
+from launch import REPO, alternated_ratios, checkout, loop_steps_per_second
 
-REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 CONFIGS = {
     "ppo": "--env-id CartPole-v1 --num-envs 4 --num-steps 128 --total-timesteps 32768 --no-progress-bar".split(),
@@ -51,7 +50,7 @@ def main() -> None:
     config = CONFIGS[args.algorithm]
     if args.against:
         with checkout(args.against) as baseline:
-            against(runs(REPO, config), runs(baseline, config), args.against, args.repeats)
+            against(runs(REPO, config), runs(baseline, config), baseline, args.against, args.repeats)
     else:
         by_itself(runs(REPO, config), args.repeats)
 
@@ -70,23 +69,16 @@ def by_itself(commands: dict[str, list[str]], repeats: int) -> None:
             print(f"median {name:<21} {statistics.median(values):.2f}x coupled over {repeats} rounds")
 
 
-def against(ours: dict[str, list[str]], theirs: dict[str, list[str]], revision: str, repeats: int) -> None:
-    ratios: dict[str, list[float]] = {}
-    for round_ in range(1, repeats + 1):
-        for name in ours:
-            trees = [(revision, theirs), ("this tree", ours)]
-            if round_ % 2 == 0:  # alternate which tree goes first
-                trees.reverse()
-            timed = {tree: loop_steps_per_second(commands[name]) for tree, commands in trees}
-            before, after = timed[revision], timed["this tree"]
-            ratios.setdefault(name, []).append(after / before)
-            print(
-                f"round {round_}, {name:<21} {revision}: {before:7,.0f}  this tree: {after:7,.0f} steps/s "
-                f"({after / before:.2f}x)",
-                flush=True,
-            )
+def against(
+    ours: dict[str, list[str]], theirs: dict[str, list[str]], baseline: Path, revision: str, rounds: int
+) -> None:
+    """Each mode's run here (`ours`) and in `baseline` (`theirs`), alternated: the median ratio of each."""
+    commands = {REPO: ours, baseline: theirs}
+    ratios = alternated_ratios(
+        list(ours), lambda name, tree: loop_steps_per_second(commands[tree][name]), baseline, revision, rounds
+    )
     for name, values in ratios.items():
-        print(f"median this tree / {revision}, {name}: {statistics.median(values):.2f}x over {repeats} rounds")
+        print(f"median this tree / {revision}, {name}: {statistics.median(values):.2f}x over {rounds} rounds")
 
 
 if __name__ == "__main__":

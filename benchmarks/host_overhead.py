@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from launch import REPO, checkout
+from launch import REPO, alternated_ratios, checkout
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import rl
@@ -226,24 +226,17 @@ def rate_with(tree: Path, name: str, tiny: bool) -> float:
 
 def against(revision: str, names: list[str], rounds: int) -> None:
     """Each config's env steps/s in this tree and in `revision`, alternated run by run (which goes first too)."""
-    ratios: dict[tuple[str, bool], list[float]] = {}
+    runs = {
+        f"{name} ({'tiny' if tiny else 'preset'} networks)": (name, tiny) for name in names for tiny in (False, True)
+    }
     with checkout(revision) as baseline:
-        for round_ in range(1, rounds + 1):
-            for name in names:
-                for tiny in (False, True):
-                    trees = [("before", baseline), ("after", REPO)]
-                    rates = {label: rate_with(tree, name, tiny) for label, tree in trees[:: (-1) ** round_]}
-                    ratio = rates["after"] / rates["before"]
-                    ratios.setdefault((name, tiny), []).append(ratio)
-                    networks = "tiny" if tiny else "preset"
-                    print(
-                        f"round {round_}, {name} ({networks} networks): {revision} {rates['before']:,.0f}, "
-                        f"this tree {rates['after']:,.0f} env steps/s ({ratio:.3f}x)",
-                        flush=True,
-                    )
+        ratios = alternated_ratios(
+            list(runs), lambda run, tree: rate_with(tree, *runs[run]), baseline, revision, rounds
+        )
     print(f"\n| config | networks | this tree / {revision} (median of {rounds} rounds) |")
     print("| --- | --- | --- |")
-    for (name, tiny), values in ratios.items():
+    for run, values in ratios.items():
+        name, tiny = runs[run]
         print(f"| {name} | {'tiny' if tiny else 'preset'} | {statistics.median(values):.3f}x |")
 
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -84,3 +84,24 @@ def checkout(revision: str) -> Iterator[Path]:
             yield tree
         finally:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)], check=False)
+
+
+def alternated_ratios(
+    runs: list[str], speed_in: Callable[[str, Path], float], baseline: Path, revision: str, rounds: int
+) -> dict[str, list[float]]:
+    """Each run's speed (`speed_in(run, tree)`) in this tree and in `baseline` (a checkout of `revision`), round
+    after round, the tree that goes first alternating: the ratios this tree / `revision` by run, each printed as
+    it is measured."""
+    ratios: dict[str, list[float]] = {}
+    for round_ in range(1, rounds + 1):
+        for run in runs:
+            trees = [baseline, REPO] if round_ % 2 else [REPO, baseline]
+            speeds = {tree: speed_in(run, tree) for tree in trees}
+            before, after = speeds[baseline], speeds[REPO]
+            ratios.setdefault(run, []).append(after / before)
+            print(
+                f"round {round_}, {run}: {revision} {before:,.0f}, this tree {after:,.0f} env steps/s "
+                f"({after / before:.3f}x)",
+                flush=True,
+            )
+    return ratios

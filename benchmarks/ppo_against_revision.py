@@ -47,7 +47,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     with checkout(args.revision) as baseline:
-        against(runs(REPO), runs(baseline), args.revision, args.rounds)
+        against(runs(REPO), runs(baseline), baseline, args.revision, args.rounds)
 
 
 if __name__ == "__main__":

@@ -351,3 +351,21 @@ def test_the_hyperparameters_page_is_generated_from_the_rows_as_they_are():
     written = suite.HYPERPARAMETERS_PAGE.read_text()
     assert written == suite.hyperparameters_page(), "regenerate: python benchmarks/suite.py --hyperparameters"
     assert "| --use-sde | " in written and "| --net-arch | 256 256 | 256 256 | 256 256 | 400 300 | 400 300 |" in written
+
+
+def test_a_comparison_against_a_revision_alternates_which_tree_runs_first(capsys):
+    import launch
+
+    baseline, order = Path("/checkout/of/REV"), []
+
+    def speed_in(run: str, tree: Path) -> float:
+        order.append((run, "this" if tree == launch.REPO else "REV"))
+        return 300.0 if tree == launch.REPO else 200.0
+
+    ratios = launch.alternated_ratios(["ppo", "sac"], speed_in, baseline, "REV", rounds=2)
+    assert ratios == {"ppo": [1.5, 1.5], "sac": [1.5, 1.5]}
+    assert order == [
+        *[("ppo", "REV"), ("ppo", "this"), ("sac", "REV"), ("sac", "this")],
+        *[("ppo", "this"), ("ppo", "REV"), ("sac", "this"), ("sac", "REV")],
+    ]
+    assert "round 2, sac: REV 200, this tree 300 env steps/s (1.500x)" in capsys.readouterr().out
