@@ -187,10 +187,11 @@ def test_normalizing_with_a_mask_keeps_the_old_rules_for_zero_and_one_kept_rows(
 CPU = torch.device("cpu")
 
 
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1", "rl/MaskedCartPole-v1"])
 def test_one_call_per_minibatch_step_trains_as_the_split_steps_do(env_id):
     """The function `--cuda-graphs` captures (loss, backward, clip and step in one call) takes the same
-    steps as the update's own loop, to the bit: on a GPU the captured graph replays this function."""
+    steps as the update's own loop, to the bit: on a GPU the captured graph replays this function. A
+    recurrent policy's minibatches are whole sequences, replayed step by step as a captured run does."""
     from rl.algos.ppo.algorithm import PPO
     from rl.algos.ppo.config import PPOConfig
     from rl.algos.ppo.update import ppo_update
@@ -198,18 +199,27 @@ def test_one_call_per_minibatch_step_trains_as_the_split_steps_do(env_id):
     from rl.envs import inspect_env
     from rl.runtime import TorchRuntime
 
-    cfg = PPOConfig(env_id=env_id, num_envs=2, num_steps=16, per_rank_batch_size=12, update_epochs=2)
+    recurrent = env_id == "rl/MaskedCartPole-v1"
+    changes = {"recurrent": True, "per_rank_batch_size": 32, "lstm_hidden_size": 8} if recurrent else {}
+    settings = {"env_id": env_id, "num_envs": 2, "num_steps": 16, "per_rank_batch_size": 12, "update_epochs": 2}
+    cfg = PPOConfig(**settings | changes)
     algorithm = PPO(cfg, inspect_env(env_id))
+    rows = algorithm.batch_rows(1)
     learners = []
     for _ in range(2):
         policy = algorithm.build_policy(CPU)
-        learners.append(algorithm.make_learner(policy, TorchRuntime(cfg, 1), DataShard(32), env_ranks=1))
-    generator = torch.Generator().manual_seed(0)
-    batch = random_batch(32, algorithm, generator)
+        policy.replay_in_steps = recurrent
+        learners.append(algorithm.make_learner(policy, TorchRuntime(cfg, 1), DataShard(rows), env_ranks=1))
+    if recurrent:  # a rollout's sequences
+        source = algorithm.make_source(0, CPU, None, env_ranks=1, batch_rows=rows)
+        source.collect(learners[0].policy)
+        batch = source.next_batch(0, lambda tensor: tensor)
+    else:
+        batch = random_batch(32, algorithm, torch.Generator().manual_seed(0))
     split, whole = learners
 
     def one_call(minibatch: Batch):
-        outputs = whole.minibatch_step_on_device(len(minibatch), *minibatch.tensors())
+        outputs = whole.minibatch_step_on_device((type(minibatch), len(minibatch)), *minibatch.tensors())
         return outputs["policy_loss"], outputs["value_loss"], outputs["entropy_loss"], outputs["new_logprobs"]
 
     for learner, step in ((split, None), (whole, one_call)):

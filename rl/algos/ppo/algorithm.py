@@ -121,12 +121,14 @@ class PPOLearner(Learner):
     def captured_minibatch_step(self, minibatch: Batch) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """A minibatch's whole step as a CUDA graph, one per minibatch size (a shard's last may be smaller)."""
         assert self.captured is not None
-        outputs = self.captured(len(minibatch), *minibatch.tensors())
+        outputs = self.captured((type(minibatch), len(minibatch)), *minibatch.tensors())
         return outputs["policy_loss"], outputs["value_loss"], outputs["entropy_loss"], outputs["new_logprobs"]
 
-    def minibatch_step_on_device(self, rows: int, *tensors: Tensor) -> dict[str, Tensor]:
-        """Loss, backward, clip and optimizer step of one minibatch; nothing here waits for the GPU."""
-        loss, pg_loss, v_loss, ent_loss, new_logprobs = self.loss_of(self.policy, Batch(*tensors), self.hp)
+    def minibatch_step_on_device(self, kind: tuple[type[Batch], int], *tensors: Tensor) -> dict[str, Tensor]:
+        """Loss, backward, clip and optimizer step of one minibatch, given as its kind (its batch type and rows)
+        and its tensors; nothing here waits for the GPU."""
+        batch_type, _ = kind
+        loss, pg_loss, v_loss, ent_loss, new_logprobs = self.loss_of(self.policy, batch_type(*tensors), self.hp)
         self.backward_and_average(loss)
         self.step()
         return {
