@@ -128,7 +128,7 @@ def test_decoupled_players_on_the_cpu_leave_the_one_gpu_to_the_trainer(tmp_path,
 def test_a_recurrent_policy_replays_its_sequences_on_a_gpu(tmp_path, script, nproc):
     """Eagerly, the trainer plans each minibatch's segments from the starts it keeps on the host: from its own
     rollout, or from the rows a CPU player sent. Captured, it replays them step by step: the same first update
-    within float32 rounding (cuDNN's LSTM and the LSTM cell sum in other orders)."""
+    within rounding (cuDNN's LSTM, which may use TF32, and the LSTM cell sum in other orders)."""
     args = ["--preset", "masked-cartpole", "--total-timesteps", "1024", "--eval-episodes", "0", "--no-progress-bar"]
     losses = {}
     for name, flags in (("eager", []), ("graphed", ["--cuda-graphs"])):
@@ -139,7 +139,7 @@ def test_a_recurrent_policy_replays_its_sequences_on_a_gpu(tmp_path, script, npr
         assert all(math.isfinite(value) for _, value in losses[name]["Loss/value_loss"])
     for tag in ("Loss/policy_loss", "Loss/value_loss"):
         first_eager, first_graphed = losses["eager"][tag][0][1], losses["graphed"][tag][0][1]
-        assert first_graphed == pytest.approx(first_eager, rel=1e-2, abs=1e-4), tag
+        assert first_graphed == pytest.approx(first_eager, rel=1e-2, abs=1e-3), tag
 
 
 def test_a_captured_step_replays_what_the_eager_step_computes():
