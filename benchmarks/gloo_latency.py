@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from rl.runtime import all_gather_single
+
 SAC_GRADIENT_FLOATS = 202_000
 
 
@@ -40,7 +42,7 @@ def _worker(rank: int, port: int, work: str, floats: int, steps: int, folder: st
         else:
             time.sleep(0.01)
         arrived = time.perf_counter()
-        dist.all_gather_single(gathered, flat)
+        all_gather_single(gathered, flat)
         marks.append((arrived, time.perf_counter()))
     torch.save(marks, os.path.join(folder, f"{rank}.pt"))
     dist.barrier()

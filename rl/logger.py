@@ -338,7 +338,7 @@ class MeanOverRanks:
         """The sums' rows of `names` as an index on `device`, made once per list of names."""
         key = (tuple(names), device)
         if key not in self._rows:
-            self._rows[key] = torch.tensor([self._index[name] for name in names], device=device)
+            self._rows[key] = to_device([self._index[name] for name in names], device)  # not waited for
         return self._rows[key]
 
     def compute(self) -> dict[str, float]:

@@ -56,7 +56,8 @@ class RunningMoments:
 def _pooled_moments(samples: Tensor, all_reduce_sum: AllReduceSum) -> tuple[Tensor, Tensor, Tensor]:
     """Mean, variance and count of `samples` (rows) pooled over all ranks, on the samples' device."""
     flat = samples.reshape(samples.shape[0], -1).double()
-    sums = torch.cat([flat.new_tensor([flat.shape[0]]), flat.sum(0), flat.pow(2).sum(0)])
+    count = flat.new_full((1,), flat.shape[0])  # filled on the device: a host value copied there would wait
+    sums = torch.cat([count, flat.sum(0), flat.pow(2).sum(0)])
     sums = all_reduce_sum(sums)
     count = sums[0]
     width = flat.shape[1]

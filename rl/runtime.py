@@ -193,6 +193,11 @@ class Runtime(ABC):
         """Release the process group."""
 
 
+# The one-tensor all-gather: `all_gather_single` where torch has it (2.13 does, 2.11 does not), which deprecates
+# `all_gather_into_tensor`.
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def start_all_gather(flat: Tensor, gathered: Tensor, group: dist.ProcessGroup | None) -> dist.Work:
     """Gather every rank's `flat` into `gathered`, in rank order, in the background.
 
@@ -201,7 +206,7 @@ def start_all_gather(flat: Tensor, gathered: Tensor, group: dist.ProcessGroup | 
     and for the small gradient buffers of these networks latency is what bounds an update
     (`benchmarks/ddp_step.py`). Every rank sums the rows in rank order, so all get identical averages.
     """
-    return dist.all_gather_single(gathered, flat, group=group, async_op=True)
+    return all_gather_single(gathered, flat, group=group, async_op=True)
 
 
 def mean_of_gathered(gathered: Tensor, world_size: int, out: Tensor | None = None) -> Tensor:
