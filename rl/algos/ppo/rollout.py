@@ -148,6 +148,8 @@ class RolloutCollector(ExperienceSource):
         self.cursor.zero_()
         buf.final_values.zero_()  # the steps where a time limit cut an episode off get V(final observation)
         for step in range(self.num_steps):
+            if self.memory is not None:  # where episodes start, as the envs reported them
+                buf.starts[step] = torch.from_numpy(self.starts_on_host)
             if self.recorded_step is not None:
                 action = self._record_step(policy, step)
             else:
@@ -199,7 +201,6 @@ class RolloutCollector(ExperienceSource):
         if self.memory is None:
             (action,) = self.recorded_step(self.raw_obs, *noise)
             return action
-        self.buffer.starts[step] = torch.from_numpy(self.starts_on_host)
         action, self.stepped_memory = self.recorded_step(self.raw_obs, self.memory, self.starts, *noise)
         return action
 
@@ -233,7 +234,6 @@ class RolloutCollector(ExperienceSource):
             assert isinstance(policy, ActorCritic)
             return policy.act(obs, self.generator, exploration)
         assert isinstance(policy, RecurrentActorCritic)
-        self.buffer.starts[step] = torch.from_numpy(self.starts_on_host)
         action, logprob, value, self.stepped_memory = policy.act(
             obs, self.generator, self.memory, self.starts, exploration
         )
@@ -388,7 +388,8 @@ class SequenceBatch(Batch):
     """A recurrent policy's training data: one row per env, each column [envs, steps, ...], with where
     episodes start and the state each sequence began with; minibatches take whole sequences."""
 
-    starts: Tensor  # on the host, which plans each minibatch's segments from them (`replay_lstm`)
+    starts: Tensor  # on the host, which plans each minibatch's segments from them (`replay_lstm`); a replay in
+    # steps takes them on the device
     memory: Tensor  # [envs, 2, layers, hidden]
 
     def model_inputs(self) -> tuple[Tensor, ...]:
