@@ -38,8 +38,9 @@ the GPU machine's Python, which has no package index:
         torchrl==0.6.0 gymnasium==0.29.1 tqdm orjson cloudpickle pyvers
 
 (the tensordict and torchrl of their time: later ones refuse their TensorDictModule; gymnasium 0.29,
-whose `final_observation` their SAC reads). wandb is replaced by `leanrl_wandb/`, which prints the
-speed they log. Their Atari script needs envpool, whose wheel alone is larger than a GPU command
+whose `final_observation` their SAC reads). They run through `leanrl_shim/`: its `wandb` prints the
+speed they log, and `run_script.py` makes gymnasium 0.29's episode statistics readable under
+NumPy 2.4 and later. Their Atari script needs envpool, whose wheel alone is larger than a GPU command
 may carry (64 MiB).
 """
 
@@ -190,9 +191,10 @@ def run_setting(config: str, topology: str, variant: str, args: argparse.Namespa
 def run_leanrl(config: str, leanrl: Path, site: Path) -> Result:
     """One run of LeanRL's own script for `config`, at its fastest setting; its last logged speed."""
     script, *flags = LEANRL_SCRIPTS[config]
-    shim = Path(__file__).resolve().parent / "leanrl_wandb"
+    shim = Path(__file__).resolve().parent / "leanrl_shim"
     env = no_wait_chosen() | {"PYTHONPATH": os.pathsep.join([str(site), str(shim), os.environ.get("PYTHONPATH", "")])}
-    done = run_in_scratch([sys.executable, str(leanrl / script), *flags, "--compile", "--cudagraphs"], env)
+    command = [sys.executable, str(shim / "run_script.py"), str(leanrl / script), *flags, "--compile", "--cudagraphs"]
+    done = run_in_scratch(command, env)
     speeds = LEANRL_SPEED.findall(done.stdout)
     if done.returncode != 0 or not speeds:
         return Result(None, failure=last_line(done.stderr))

@@ -77,3 +77,19 @@ def test_the_recurrent_config_runs_only_when_named_and_its_row_has_no_leanrl_rat
     assert "| atari-recurrent | 32-true+cuda-graphs | 500 | 1.00 |  | 0 |  |" in capsys.readouterr().out
     config = parse_config([*gpu.CONFIGS["atari-recurrent"], "--cuda-graphs"])  # a run the GPU machine accepts
     assert config.recurrent and config.replays_in_steps and config.vector_mode == "async"
+
+
+def test_leanrls_scripts_read_a_single_envs_episode_statistics_as_scalars():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "leanrl_shim"))
+    import numpy as np
+    from run_script import with_scalar_statistics
+
+    class SingleEnvStatistics:  # gymnasium 0.29's RecordEpisodeStatistics around one env, at an episode's end
+        is_vector_env = False
+
+        def step(self, action):
+            return np.zeros(3), 1.0, False, True, {"episode": {"r": np.array([-42.5]), "l": np.array([1000])}}
+
+    *transition, infos = with_scalar_statistics(SingleEnvStatistics.step)(SingleEnvStatistics(), 0)
+    assert float(infos["episode"]["r"]) == -42.5 and int(infos["episode"]["l"]) == 1000
+    assert transition[1:] == [1.0, False, True]
