@@ -70,10 +70,8 @@ CONFIGS: dict[str, list[str]] = {
     "ppo-mujoco": ["--preset", "cleanrl-mujoco", "--env-id", "HalfCheetah-v5", "--total-timesteps", "20480"],
     "sac": ["sac", "--preset", "halfcheetah", "--learning-starts", "1000", "--total-timesteps", "8000"],
     # Not LeanRL's, and run only when named: the Atari config with an LSTM (2 whole sequences per minibatch),
-    # to measure its captured step-by-step replay against cuDNN's (`32-true+cuda-graphs` against `32-true`). Its
-    # envs step in subprocesses: a recurrent policy cannot take ale-py's native vector env, and stepped one
-    # after another (`auto`'s sync) they took 68% of the loop on an H100 machine.
-    "atari-recurrent": [*BREAKOUT, "--recurrent", "--vector-mode", "async"],
+    # to measure its captured step-by-step replay against cuDNN's (`32-true+cuda-graphs` against `32-true`).
+    "atari-recurrent": [*BREAKOUT, "--recurrent"],
 }
 LEANRL_H100 = {"atari": 6809, "ppo-mujoco": 1774, "sac": 725}
 DEFAULT_CONFIGS = list(LEANRL_H100)

@@ -191,6 +191,11 @@ class ExperienceSource(ABC):
         reward, learner_terminated = self.signal.apply(reward, terminated, life_lost & is_transition)
         return EnvStep(raw_next, reward, learner_terminated, truncated, info, is_transition, self.ended)
 
+    def episode_begins(self, stepped: EnvStep) -> np.ndarray:
+        """Which envs' new observations begin an episode: those whose episode ended, where the env resets in the
+        same step; those whose step was the reset, where it resets a step late (it first returns the last one)."""
+        return ~stepped.is_transition if self.resets_next_step else stepped.ended
+
     def final_observations(self, raw_next: np.ndarray, info: dict, index: np.ndarray) -> np.ndarray:
         """The true last observations of the envs in `index`, which ended in this step."""
         if self.resets_next_step:

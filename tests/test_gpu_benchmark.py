@@ -76,7 +76,7 @@ def test_the_recurrent_config_runs_only_when_named_and_its_row_has_no_leanrl_rat
     assert runs[-1] == "atari-recurrent"
     assert "| atari-recurrent | 32-true+cuda-graphs | 500 | 1.00 |  | 0 |  |" in capsys.readouterr().out
     config = parse_config([*gpu.CONFIGS["atari-recurrent"], "--cuda-graphs"])  # a run the GPU machine accepts
-    assert config.recurrent and config.replays_in_steps and config.vector_mode == "async"
+    assert config.recurrent and config.replays_in_steps and config.vector_mode == "auto"
 
 
 def test_leanrls_scripts_read_a_single_envs_episode_statistics_as_scalars():

@@ -183,10 +183,7 @@ class PPO(Algorithm):
         "kl_stop_minibatch": "Info/kl_stop_minibatch",
     }
     cfg: PPOConfig
-
-    @property
-    def handles_late_resets(self) -> bool:  # type: ignore[override]
-        return not self.cfg.recurrent  # a recurrent state zeroes where an episode starts, in the step
+    handles_late_resets = True
 
     @property
     def passes_per_batch(self) -> int:  # type: ignore[override]

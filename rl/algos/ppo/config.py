@@ -167,12 +167,6 @@ class PPOConfig(RunConfig):
                 f"give a multiple of {self.num_steps} (--per-rank-batch-size {self.num_steps} trains on one "
                 f"sequence at a time), not {self.per_rank_batch_size}",
             )
-        if self.vector_mode in ("native", "envpool"):
-            raise UsageError(
-                "--vector-mode",
-                f"{self.vector_mode} envs reset a step after an episode ends, which "
-                "a recurrent policy's state does not follow; use sync or async",
-            )
 
     def validate_decoupled(self, num_trainers: int) -> None:
         if self.recurrent and self.num_envs < num_trainers:

@@ -155,7 +155,7 @@ class RolloutCollector(ExperienceSource):
             else:
                 action = self._act_and_write(policy, step)
             stepped = self.step_envs(HostCopy(action).numpy())
-            raw_next, reward, terminated, truncated, info, is_transition, ended = stepped
+            raw_next, reward, terminated, truncated, info, is_transition, _ = stepped
             self._raw_rewards[step] = reward
             env_side["discounted_returns"][step] = self.reward_scaler.track(reward, terminated | truncated)
             env_side["terminated"][step] = terminated
@@ -166,7 +166,7 @@ class RolloutCollector(ExperienceSource):
                 buf.final_values[step] = self._truncation_values(policy, cut_off, raw_next, info)
             episodes.record(info)
             self.raw_obs = self.to_tensor(raw_next)
-            self._advance_memory(ended)
+            self._advance_memory(self.episode_begins(stepped))
 
         for name, array in env_side.items():
             getattr(buf, name).copy_(to_device(array, self.device))
@@ -239,11 +239,11 @@ class RolloutCollector(ExperienceSource):
         )
         return action, logprob, value
 
-    def _advance_memory(self, ended: np.ndarray) -> None:
-        """The stepped state carries over; an env whose episode ended zeroes it before its next observation."""
+    def _advance_memory(self, begins: np.ndarray) -> None:
+        """The stepped state carries over; an env whose next observation begins an episode zeroes it first."""
         if self.memory is not None:
             self.memory = self.stepped_memory
-            self._set_starts(ended)
+            self._set_starts(begins)
 
     def _set_starts(self, starts: np.ndarray) -> None:
         """Which envs' next observations begin an episode: on the host for the rollout, on the device for acting."""
