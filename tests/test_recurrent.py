@@ -155,11 +155,12 @@ def test_a_rollout_keeps_each_envs_start_state_and_where_its_episodes_start():
     assert torch.equal(batch.starts, source.buffer.starts.T)
 
 
-def test_envs_that_reset_a_step_late_zero_the_state_on_the_first_observation_not_the_last():
-    """A native CartPole returns an ended episode's last observation, then a step later (a step that trains
-    nothing) the next episode's first: the state carries to the last observation and zeroes on the first."""
+@pytest.mark.parametrize("vector_mode", ["native", "envpool"])
+def test_envs_that_reset_a_step_late_zero_the_state_on_the_first_observation_not_the_last(vector_mode):
+    """Native and envpool CartPoles return an ended episode's last observation, then a step later (a step that
+    trains nothing) the next episode's first: the state carries to the last observation and zeroes on the first."""
     algorithm = PPO(
-        PPOConfig(env_id="CartPole-v1", recurrent=True, vector_mode="native", num_envs=3, num_steps=64,
+        PPOConfig(env_id="CartPole-v1", recurrent=True, vector_mode=vector_mode, num_envs=3, num_steps=64,
                   per_rank_batch_size=64, lstm_hidden_size=4),
         inspect_env("CartPole-v1"),
     )  # fmt: skip
