@@ -17,7 +17,7 @@ from rl.algos.ppo.recurrent import Memory, RecurrentActorCritic, initial_memory
 from rl.batch import TensorBatch
 from rl.cuda_graphs import captured_function
 from rl.envs import EnvSpaces
-from rl.experience import GAME_SIGNAL, EpisodeLog, ExperienceSource, StateDependentExploration, TrainingSignal
+from rl.experience import GAME_SIGNAL, EnvStep, EpisodeLog, ExperienceSource, StateDependentExploration, TrainingSignal
 from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
 from rl.uploads import HostCopy, to_device
 
@@ -166,7 +166,7 @@ class RolloutCollector(ExperienceSource):
                 buf.final_values[step] = self._truncation_values(policy, cut_off, raw_next, info)
             episodes.record(info)
             self.raw_obs = self.to_tensor(raw_next)
-            self._advance_memory(self.episode_begins(stepped))
+            self._advance_memory(stepped)
 
         for name, array in env_side.items():
             getattr(buf, name).copy_(to_device(array, self.device))
@@ -239,11 +239,11 @@ class RolloutCollector(ExperienceSource):
         )
         return action, logprob, value
 
-    def _advance_memory(self, begins: np.ndarray) -> None:
+    def _advance_memory(self, stepped: EnvStep) -> None:
         """The stepped state carries over; an env whose next observation begins an episode zeroes it first."""
         if self.memory is not None:
             self.memory = self.stepped_memory
-            self._set_starts(begins)
+            self._set_starts(self.episode_begins(stepped))
 
     def _set_starts(self, starts: np.ndarray) -> None:
         """Which envs' next observations begin an episode: on the host for the rollout, on the device for acting."""
