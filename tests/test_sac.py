@@ -226,6 +226,14 @@ def test_update_takes_gradient_steps_and_moves_targets_and_temperature():
     assert all(p.is_leaf and p.grad_fn is None and not p.requires_grad for p in learner.target_tensors())
 
 
+def test_auto_with_a_start_tunes_the_temperature_from_that_start():
+    """Stable-Baselines3's 'auto_0.1': tuned, as 'auto', but from 0.1 instead of 1.0."""
+    _, learner = one_process_learner(ent_coef="auto_0.1")
+    assert learner.alpha.item() == pytest.approx(0.1)
+    stats = learner.update(random_transitions(8), iteration=1)
+    assert "alpha_loss" in stats and learner.alpha.item() != pytest.approx(0.1, abs=1e-7)
+
+
 def test_a_fixed_entropy_coefficient_is_not_tuned():
     _, learner = one_process_learner(ent_coef="0.2")
     stats = learner.update(random_transitions(8), iteration=1)
@@ -243,6 +251,8 @@ def test_a_fixed_entropy_coefficient_is_not_tuned():
         ({"gradient_steps": 0}, "--gradient-steps"),
         ({"ent_coef": "hot"}, "--ent-coef"),
         ({"ent_coef": "-0.1"}, "--ent-coef"),
+        ({"ent_coef": "auto_x"}, "--ent-coef"),
+        ({"ent_coef": "auto_0"}, "--ent-coef"),
         ({"target_entropy": "low"}, "--target-entropy"),
         ({"policy_lr": 0.0}, "--policy-lr"),
         ({"q_lr": -1.0}, "--q-lr"),

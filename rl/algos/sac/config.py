@@ -10,6 +10,7 @@ from rl.config import RunConfig, check_signs
 from rl.errors import UsageError
 
 AUTO = "auto"
+ENT_COEF_FORMS = "must be a positive number, 'auto' or 'auto_' and a positive start (auto_0.1)"
 
 
 @dataclass
@@ -45,7 +46,8 @@ class SACConfig(RunConfig):
     on a GPU the update trains while the CPU steps the envs; the update then samples the replay buffer without
     that step's transitions, which later phases see (coupled and Hogwild modes)"""
     ent_coef: str = AUTO
-    """the entropy coefficient (temperature): a number, or 'auto' to tune it towards --target-entropy"""
+    """the entropy coefficient (temperature): a number, or 'auto' to tune it towards --target-entropy from 1.0
+    ('auto_0.1': from 0.1, Stable-Baselines3's form)"""
     target_entropy: str = AUTO
     """the entropy the tuned temperature aims at: a number, or 'auto' for -(action dimensions)"""
     policy_lr: float = 3e-4
@@ -83,7 +85,17 @@ class SACConfig(RunConfig):
 
     @property
     def autotune(self) -> bool:
-        return self.ent_coef == AUTO
+        return self.ent_coef == AUTO or self.ent_coef.startswith(AUTO + "_")
+
+    @property
+    def initial_temperature(self) -> float:
+        """The temperature training starts from: the fixed one, or where tuning starts (1.0 for 'auto')."""
+        if self.ent_coef == AUTO:
+            return 1.0
+        try:
+            return float(self.ent_coef.removeprefix(AUTO + "_"))
+        except ValueError:
+            raise UsageError("--ent-coef", f"{ENT_COEF_FORMS}, got {self.ent_coef!r}") from None
 
     def validate_algorithm(self) -> None:
         check_signs(
@@ -103,8 +115,8 @@ class SACConfig(RunConfig):
         )
         if not 0.0 < self.tau <= 1.0:
             raise UsageError("--tau", f"must be in (0, 1], got {self.tau}")
-        if not self.autotune and not parse_number(self.ent_coef, "--ent-coef") > 0:
-            raise UsageError("--ent-coef", f"must be positive or 'auto', got {self.ent_coef}")
+        if not self.initial_temperature > 0:
+            raise UsageError("--ent-coef", f"{ENT_COEF_FORMS}, got {self.ent_coef!r}")
         if self.target_entropy != AUTO:
             parse_number(self.target_entropy, "--target-entropy")
         if min(self.net_arch) <= 0:

@@ -4,6 +4,7 @@ of all three over every rank."""
 from __future__ import annotations
 
 import copy
+import math
 import time
 from typing import Any
 
@@ -81,8 +82,9 @@ class SACLearner(Learner):
         self.target_encoder = copy.deepcopy(actor.encoder).requires_grad_(False) if self.encoder_parameters else None
         critic_side = [*self.critic.parameters(), *self.encoder_parameters]
         self.target_entropy = -float(actor.action_dim) if cfg.target_entropy == AUTO else float(cfg.target_entropy)
-        self.log_alpha = torch.zeros(1, device=device, requires_grad=cfg.autotune)
-        self.fixed_alpha = torch.tensor([1.0 if cfg.autotune else float(cfg.ent_coef)], device=device)
+        initial = cfg.initial_temperature
+        self.log_alpha = torch.full((1,), math.log(initial), device=device, requires_grad=cfg.autotune)
+        self.fixed_alpha = torch.tensor([1.0 if cfg.autotune else initial], device=device)
         temperature = [self.log_alpha] if cfg.autotune else []
         self.gradients = FlatGradients(critic_side, [*actor.head_parameters(), *temperature])
         self.critic_optimizer = adam(critic_side, cfg.q_lr * lr_scale)
