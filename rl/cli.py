@@ -63,7 +63,19 @@ def parse_config(argv: list[str], mode: Mode | None = None) -> RunConfig:
     try:
         return parse_config_flags(ALGORITHMS[name].config_type, flags, prog=program, mode=mode)
     except UsageError as error:
-        raise other_modes_flag(error, mode) or other_algorithms_flag(error, name) or error from None
+        raise (
+            misplaced_algorithm(error) or other_modes_flag(error, mode) or other_algorithms_flag(error, name) or error
+        ) from None
+
+
+def misplaced_algorithm(error: UsageError) -> UsageError | None:
+    """An algorithm's name after some flags (`--num-envs 4 sac`), which the parser found no place for."""
+    _, listed, unrecognized = str(error).partition("Unrecognized options: ")
+    misplaced = next((word for word in unrecognized.split(", ") if listed and word in ALGORITHMS), None)
+    if misplaced is None:
+        return None
+    script = os.path.basename(sys.argv[0])
+    return UsageError("command line", f"the algorithm goes first, before any flag: {script} {misplaced} --...")
 
 
 MODE_COMMANDS = {

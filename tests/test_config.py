@@ -366,6 +366,19 @@ def test_another_algorithms_flag_is_named_as_that_algorithms(argv, flag_name, ow
     assert str(error.value).endswith(f"does not take it: it is {owner}")
 
 
+@pytest.mark.parametrize("argv", [["--num-envs", "1", "sac", "--batch-size", "8"], ["--num-envs", "1", "ppo"]])
+def test_an_algorithm_named_after_flags_is_told_to_go_first(argv):
+    with pytest.raises(UsageError) as error:
+        parse_config(argv)
+    assert error.value.flag == "command line" and "the algorithm goes first" in str(error.value)
+
+
+def test_an_algorithms_name_as_a_flags_value_is_no_misplaced_algorithm():
+    with pytest.raises(UsageError) as error:
+        parse_config(["--exp-name", "sac", "--no-such-flag"])
+    assert error.value.flag == "--no-such-flag"
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
