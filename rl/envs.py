@@ -397,7 +397,11 @@ def make_envpool(env_id: str, num_envs: int, steps: Preprocessing, seed: int) ->
         ENVPOOL_OPTION_NAMES.get(name, name): value for name, value in _ale_vector_options(env_id, steps).items()
     }
     seed = c_int_seed(seed, num_envs)
-    return envpool.make(envpool_task(env_id), env_type="gymnasium", num_envs=num_envs, seed=seed, **options)
+    with warnings.catch_warnings():  # envpool gives float32 spaces float64 bounds, which gymnasium warns of
+        warnings.filterwarnings("ignore", ".*precision lowered by casting to float32", UserWarning)
+        pool = envpool.make(envpool_task(env_id), env_type="gymnasium", num_envs=num_envs, seed=seed, **options)
+        _ = pool.observation_space, pool.action_space  # made, and kept, on first use
+    return pool
 
 
 def c_int_seed(seed: int, num_envs: int) -> int:

@@ -3,6 +3,7 @@
 import dataclasses
 import re
 import typing
+import warnings
 
 import envs_for_tests  # noqa: F401  (registers the tests' envs)
 import gymnasium as gym
@@ -300,6 +301,17 @@ def test_an_unknown_preset_is_named_with_the_choices(argv):
         parse_config(argv)
     assert error.value.flag == "--preset"
     assert "choose from" in str(error.value) and argv[-1] in str(error.value)
+
+
+def test_envpool_envs_are_made_without_warnings_the_user_cannot_act_on():
+    """envpool gives its float32 spaces float64 bounds, which gymnasium warns of when the spaces are first made."""
+    from rl.envs import make_vector_env
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        envs = make_vector_env("CartPole-v1", 2, mode="envpool")
+        assert envs.single_observation_space.shape == (4,)
+        envs.close()
 
 
 def test_auto_vector_mode_is_native_only_where_the_env_algorithm_and_video_allow_it():
