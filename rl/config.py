@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import sys
 import typing
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import asdict, dataclass, field, fields
@@ -635,12 +636,23 @@ def parse_dataclass(
     out, err = io.StringIO(), io.StringIO()
     try:
         with redirect_stdout(out), redirect_stderr(err):
-            return tyro.cli(config_type, args=argv, prog=prog, default=default, description=description)
+            return tyro.cli(
+                config_type, args=argv, prog=prog or command_name(), default=default, description=description
+            )
     except SystemExit as exit_:
         if exit_.code in (0, None):
             print(out.getvalue(), end="")
             raise
         raise UsageError(*_summarize_tyro_error(err.getvalue() + out.getvalue())) from None
+
+
+def command_name() -> str:
+    """The command as the user typed it: `python -m rl.evaluate` for a module of this package (whose file path is
+    what Python puts in `sys.argv[0]`), else the script's name."""
+    script = os.path.abspath(sys.argv[0])
+    if os.path.dirname(script) == os.path.dirname(os.path.abspath(__file__)):
+        return f"python -m rl.{os.path.splitext(os.path.basename(script))[0]}"
+    return os.path.basename(script)
 
 
 def _summarize_tyro_error(text: str) -> tuple[str, str]:
