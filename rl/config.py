@@ -503,7 +503,9 @@ def mode_view(config_type: type[RunConfigT], mode: str | None) -> type[RunConfig
     suppressed = [
         (name, Annotated[hints[name], tyro.conf.Suppress], field(default=getattr(defaults, name))) for name in hidden
     ]
-    return dataclasses.make_dataclass(config_type.__name__, suppressed, bases=(config_type,))
+    view = dataclasses.make_dataclass(config_type.__name__, suppressed, bases=(config_type,))
+    view.__doc__ = config_type.__doc__  # --help's description
+    return view
 
 
 def parse_config_flags(

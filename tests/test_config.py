@@ -579,3 +579,10 @@ def test_cuda_graphs_are_on_by_default_on_a_gpu_where_they_can_serve(argv, captu
     cfg = parse_config(argv)
     assert cfg.cuda_graphs is captured
     check_cuda_graphs(cfg)  # a default is never one the run refuses
+
+
+@pytest.mark.parametrize(("argv", "describes"), [(["--help"], "Proximal Policy"), (["sac", "--help"], "Soft Actor")])
+def test_an_entry_scripts_help_describes_its_algorithm(argv, describes, capsys):
+    with pytest.raises(SystemExit):
+        parse_config(argv, mode="hogwild")
+    assert describes in capsys.readouterr().out
