@@ -13,6 +13,7 @@ import json
 import os
 import re
 import sys
+import types
 import typing
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import asdict, dataclass, field, fields
@@ -537,14 +538,96 @@ def config_file_values(config_type: type[RunConfig], path: str | None) -> dict[s
         return {}
     values = read_config_file(path)
     known = {member.name: member for member in fields(config_type)}
+    hints = typing.get_type_hints(config_type, include_extras=True)
     result = {}
     for key, value in values.items():
         name = str(key).replace("-", "_")
         if name not in known or name in NOT_IN_CONFIG_FILES:
             raise UsageError("--config", f"{path} sets {key!r}, which is no flag of {config_type.__name__}")
-        default = getattr(config_type(), name)
-        result[name] = tuple(value) if isinstance(default, tuple) and isinstance(value, list) else value
+        try:
+            result[name] = typed_value(hints[name], value)
+        except (TypeError, ValueError):
+            raise UsageError(
+                "--config", f"{path} sets {key}: {value!r}, which is not {type_name(hints[name])}"
+            ) from None
     return result
+
+
+def typed_value(hint: Any, value: Any) -> Any:
+    """`value`, read from a config file, as the field typed `hint` takes it (a list as a tuple; a number that YAML
+    left as text, such as 3e-4, as the number); raises `ValueError` where it is not of that type."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Annotated:
+        return typed_value(args[0], value)
+    if origin is Literal:
+        if value not in args:
+            raise ValueError(value)
+        return value
+    if origin in (typing.Union, types.UnionType):
+        return _first_typed_value(args, value)
+    if origin in (tuple, list):
+        return _typed_sequence(origin, args, value)
+    return _typed_scalar(hint, value)
+
+
+def _first_typed_value(options: tuple[Any, ...], value: Any) -> Any:
+    """`value` as the first of a union's types that takes it (None for null where the union has it)."""
+    for option in options:
+        if option is type(None):
+            if value is None:
+                return None
+            continue
+        try:
+            return typed_value(option, value)
+        except (TypeError, ValueError):
+            continue
+    raise ValueError(value)
+
+
+def _typed_sequence(origin: type, args: tuple[Any, ...], value: Any) -> Any:
+    """A list (or a tuple, as the field's type has it) of typed items; a lone value for a list of any length."""
+    variadic = origin is list or args[-1] is Ellipsis
+    if not isinstance(value, list | tuple):
+        if not variadic:
+            raise ValueError(value)
+        value = [value]  # logger: csv, as --logger csv
+    kinds = [args[0]] * len(value) if variadic else list(args)
+    if len(kinds) != len(value):
+        raise ValueError(value)
+    return origin(typed_value(kind, item) for kind, item in zip(kinds, value, strict=True))
+
+
+def _typed_scalar(hint: Any, value: Any) -> Any:
+    if hint is bool or isinstance(value, bool):  # YAML's true and false go to a bool, and to nothing else
+        if hint is not bool or not isinstance(value, bool):
+            raise ValueError(value)
+        return value
+    if hint in (int, float):
+        if isinstance(value, int):
+            return hint(value)
+        number = float(value)  # "3e-4" and "1e6", which YAML leaves as text; "four" raises
+        if hint is int and not number.is_integer():
+            raise ValueError(value)
+        return hint(number)
+    if hint is str and isinstance(value, str | int | float):
+        return str(value)
+    raise ValueError(value)
+
+
+def type_name(hint: Any) -> str:
+    """How a field's type reads in an error: 'a number', 'one of sync, async, ...'."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is Annotated:
+        return type_name(args[0])
+    if origin is Literal:
+        return "one of " + ", ".join(str(arg) for arg in args)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join("null" if arg is type(None) else type_name(arg) for arg in args)
+    if origin in (tuple, list):
+        size = "" if origin is list or args[-1] is Ellipsis else f" of {len(args)}"
+        return f"a list{size}, each {type_name(args[0])}"
+    names = {bool: "true or false", int: "a whole number", float: "a number", str: "text"}
+    return names.get(hint, str(hint))
 
 
 def read_config_file(path: str) -> dict[str, Any]:

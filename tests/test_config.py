@@ -495,13 +495,31 @@ def test_a_config_file_sets_flags_that_the_command_line_overrides(tmp_path):
     assert (parse_config(["sac", "--config", str(sac)]).net_arch) == (32, 16)
 
 
-def test_the_resolved_config_written_out_is_taken_back_whole(tmp_path):
+def test_a_config_file_takes_numbers_yaml_leaves_as_text_and_a_lone_value_for_a_list(tmp_path):
+    """PyYAML reads 3e-4 and 1e6 as text (YAML 1.1 wants 3.0e-4): they are numbers all the same."""
+    path = tmp_path / "run.yaml"
+    path.write_text("learning_rate: 3e-4\ntotal_timesteps: 1e6\nnum_envs: 4.0\nlogger: csv\ntarget_kl: null\n")
+    cfg = parse_config(["--config", str(path)])
+    assert (cfg.learning_rate, cfg.total_timesteps, cfg.num_envs) == (3e-4, 1_000_000, 4)
+    assert type(cfg.total_timesteps) is int and cfg.logger == ("csv",) and cfg.target_kl is None
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sac", "--preset", "bipedalwalker", "--seed", "3", "--no-use-sde"],
+        ["--preset", "masked-cartpole", "--logger", "csv", "tensorboard", "--target-kl", "0.02", "--async"],
+        ["--preset", "atari-ppo", "--env-kwarg", "mode=1", "--run-name", "7"],
+    ],
+)
+def test_the_resolved_config_written_out_is_taken_back_whole(tmp_path, argv):
     from rl.config import write_config_file
 
-    original = parse_config(["sac", "--preset", "bipedalwalker", "--seed", "3", "--no-use-sde"])
+    original = parse_config(argv)
     for name in ("resolved.yaml", "resolved.json"):
         write_config_file(original, str(tmp_path / name))
-        again = parse_config(["sac", "--config", str(tmp_path / name)])
+        algorithm = argv[:1] if argv[0] == "sac" else []
+        again = parse_config([*algorithm, "--config", str(tmp_path / name)])
         assert again.to_dict() | {"config": None} == original.to_dict()
 
 
@@ -512,6 +530,12 @@ def test_the_resolved_config_written_out_is_taken_back_whole(tmp_path):
         ("- 1\n", "must map flag names to values"),
         ("a: [1\n", "is not valid YAML"),
         (None, "cannot read"),
+        ("num_envs: four\n", "sets num_envs: 'four', which is not a whole number"),
+        ("num_envs: 2.5\n", "sets num_envs: 2.5, which is not a whole number"),
+        ("anneal_lr: 1\n", "sets anneal_lr: 1, which is not true or false"),
+        ("vector_mode: fast\n", "sets vector_mode: 'fast', which is not one of auto, sync, async, native, envpool"),
+        ("logger: [csv, tb]\n", "which is not a list, each one of tensorboard, csv, wandb"),
+        ("target_kl: high\n", "sets target_kl: 'high', which is not a number or null"),
     ],
 )
 def test_a_bad_config_file_is_named_in_one_line(tmp_path, text, told):
