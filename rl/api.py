@@ -18,7 +18,8 @@ from typing import Any, Literal
 from rl.algos.ppo.config import PPOConfig
 from rl.algos.sac.config import SACConfig
 from rl.cli import prepare_config
-from rl.config import RunConfig, preset_values
+from rl.config import RunConfig, check_field_types, flag, preset_values
+from rl.errors import UsageError
 from rl.loop import Callback
 from rl.modes.coupled import train_coupled
 from rl.run import TrainingResult
@@ -33,9 +34,16 @@ def preset(name: str, **overrides: Any) -> RunConfig:
     `name` is PPO's ("hopper"), or another algorithm's with its name first ("sac/hopper").
     """
     algorithm, _, preset_name = name.rpartition("/")
+    if (algorithm or "ppo") not in CONFIG_TYPES:
+        raise UsageError("--preset", f"there is no algorithm {algorithm!r}; name one of {', '.join(CONFIG_TYPES)}")
     config_type = CONFIG_TYPES[algorithm or "ppo"]
+    known = {member.name for member in fields(config_type)}
+    for field_name in overrides:
+        if field_name not in known:
+            raise UsageError(flag(field_name), f"{config_type.__name__} has no field {field_name!r}")
     values = preset_values(config_type, preset_name) | overrides
     config = config_type(**values)
+    check_field_types(config)
     config.fill_defaults(set(values))
     return config
 
@@ -52,6 +60,7 @@ def train(
     callbacks run in its workers, which start by pickling them: define their classes at a module's
     top level."""
     cfg = copy.deepcopy(config)
+    check_field_types(cfg)
     defaults = type(cfg)()
     cfg.fill_defaults(
         {field.name for field in fields(cfg) if getattr(cfg, field.name) != getattr(defaults, field.name)}

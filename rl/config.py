@@ -553,6 +553,19 @@ def config_file_values(config_type: type[RunConfig], path: str | None) -> dict[s
     return result
 
 
+def check_field_types(cfg: RunConfig) -> None:
+    """Give each field of a config built in Python its flag's type, as a config file's values get it; raise
+    `UsageError` naming the flag of a value that is not of that type (`num_envs="four"`, `logger="csv"` becomes
+    `("csv",)`)."""
+    hints = typing.get_type_hints(type(cfg), include_extras=True)
+    for member in fields(cfg):
+        value = getattr(cfg, member.name)
+        try:
+            setattr(cfg, member.name, typed_value(hints[member.name], value))
+        except (TypeError, ValueError):
+            raise UsageError(flag(member.name), f"{value!r} is not {type_name(hints[member.name])}") from None
+
+
 def typed_value(hint: Any, value: Any) -> Any:
     """`value`, read from a config file, as the field typed `hint` takes it (a list as a tuple; a number that YAML
     left as text, such as 3e-4, as the number); raises `ValueError` where it is not of that type."""

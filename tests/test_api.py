@@ -90,6 +90,28 @@ def test_presets_and_bad_configs_as_the_command_line_has_them():
         rl.train(rl.PPOConfig(num_envs=0))
 
 
+@pytest.mark.parametrize(
+    ("name", "changes", "told"),
+    [
+        ("cartpole", {"num_envs": "four"}, "--num-envs: 'four' is not a whole number"),
+        ("cartpole", {"vector_mode": "fast"}, "--vector-mode: 'fast' is not one of auto, sync, async, native, envpool"),
+        ("cartpole", {"num_env": 4}, "--num-env: PPOConfig has no field 'num_env'"),
+        ("td3/hopper", {}, "--preset: there is no algorithm 'td3'"),
+    ],
+)
+def test_a_preset_with_a_value_of_another_type_or_no_such_field_is_refused_naming_it(name, changes, told):
+    with pytest.raises(rl.UsageError, match=re.escape(told)):
+        rl.preset(name, **changes)
+
+
+def test_a_config_built_by_hand_takes_its_fields_types_as_a_config_file_does():
+    """A lone logger is a one-item tuple (a string would be read letter by letter), numbers as text are numbers."""
+    with pytest.raises(rl.UsageError, match=re.escape("--logger: ('nope',) is not a list, each one of")):
+        rl.train(rl.PPOConfig(logger=("nope",)))
+    config = rl.preset("cartpole", logger="csv", learning_rate="3e-4")
+    assert config.logger == ("csv",) and config.learning_rate == 3e-4
+
+
 def test_the_getting_started_walk_through_runs(tmp_path):
     """The page's notebook-style example, shortened to 4,096 steps, in a process of its own."""
     page = (Path(__file__).resolve().parents[1] / "docs" / "index.md").read_text()
