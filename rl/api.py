@@ -15,17 +15,14 @@ from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any, Literal
 
-from rl.algos.ppo.config import PPOConfig
-from rl.algos.sac.config import SACConfig
 from rl.cli import prepare_config
 from rl.config import RunConfig, check_field_types, flag, preset_values
 from rl.errors import UsageError
 from rl.loop import Callback
 from rl.modes.coupled import train_coupled
+from rl.registry import ALGORITHMS, DEFAULT_ALGORITHM
 from rl.run import TrainingResult
 from rl.runtime import FabricRuntime, LocalRuntime
-
-CONFIG_TYPES: dict[str, type[RunConfig]] = {"ppo": PPOConfig, "sac": SACConfig}
 
 
 def preset(name: str, **overrides: Any) -> RunConfig:
@@ -34,9 +31,9 @@ def preset(name: str, **overrides: Any) -> RunConfig:
     `name` is PPO's ("hopper"), or another algorithm's with its name first ("sac/hopper").
     """
     algorithm, _, preset_name = name.rpartition("/")
-    if (algorithm or "ppo") not in CONFIG_TYPES:
-        raise UsageError("--preset", f"there is no algorithm {algorithm!r}; name one of {', '.join(CONFIG_TYPES)}")
-    config_type = CONFIG_TYPES[algorithm or "ppo"]
+    if (algorithm or DEFAULT_ALGORITHM) not in ALGORITHMS:
+        raise UsageError("--preset", f"there is no algorithm {algorithm!r}; name one of {', '.join(ALGORITHMS)}")
+    config_type = ALGORITHMS[algorithm or DEFAULT_ALGORITHM].config_type
     known = {member.name for member in fields(config_type)}
     for field_name in overrides:
         if field_name not in known:

@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -92,6 +92,7 @@ class TuneConfig:
 
 
 def search_space(cfg: TuneConfig, algorithm: str) -> dict[str, dict[str, Any]]:
+    """--space's search space, checked before any trial, or the algorithm's default one."""
     if cfg.space is None:
         return DEFAULT_SPACES[algorithm]
     try:
@@ -100,7 +101,30 @@ def search_space(cfg: TuneConfig, algorithm: str) -> dict[str, dict[str, Any]]:
         raise UsageError("--space", f"cannot read {cfg.space}: {str(error).splitlines()[0]}") from None
     if not isinstance(space, dict) or not all(isinstance(d, dict) for d in space.values()):
         raise UsageError("--space", f"{cfg.space} must map each flag name to {{low, high}} or {{choices}}")
+    from rl.registry import ALGORITHMS  # torch and the algorithms: only for a space to check
+
+    flags = {member.name for member in fields(ALGORITHMS[algorithm].config_type)}
+    for name, domain in space.items():
+        if str(name).replace("-", "_") not in flags:
+            raise UsageError("--space", f"{cfg.space}: {name} is no flag of {algorithm.upper()}")
+        space[name] = checked_domain(domain, f"{cfg.space}: {name}")
     return space
+
+
+def checked_domain(domain: dict[str, Any], where: str) -> dict[str, Any]:
+    """A flag's domain, `{choices: [...]}` or `{low, high[, log]}` with numbers (YAML's text 1e-5 included)."""
+    if set(domain) == {"choices"} and isinstance(domain["choices"], list) and domain["choices"]:
+        return domain
+    if not {"low", "high"} <= set(domain) <= {"low", "high", "log"} or not isinstance(domain.get("log", False), bool):
+        raise UsageError("--space", f"{where} must be {{low, high}} (and log: true) or {{choices: [...]}}")
+    try:
+        bounds = [value if isinstance(value, int) else float(value) for value in (domain["low"], domain["high"])]
+    except (TypeError, ValueError):
+        raise UsageError("--space", f"{where}: low and high must be numbers, got {domain}") from None
+    low, high = bounds
+    if not low < high or (domain.get("log") and low <= 0):
+        raise UsageError("--space", f"{where}: needs low < high (and 0 < low with log), got {domain}")
+    return domain | {"low": low, "high": high}
 
 
 def suggest(trial: Any, space: dict[str, dict[str, Any]]) -> list[str]:
@@ -203,12 +227,16 @@ def make_pruner(cfg: TuneConfig) -> Any:
     return AnyOf()
 
 
+def training_algorithm(training: list[str]) -> str:
+    """The algorithm the training flags name first, as the entry scripts read it: PPO without one."""
+    return training[0] if training and training[0] in DEFAULT_SPACES else "ppo"
+
+
 def tune(cfg: TuneConfig, training: list[str]) -> None:
     """One tuning process: trials of the shared study until it holds --trials finished or pruned ones."""
     import optuna
 
-    algorithm = training[0] if training and training[0] in DEFAULT_SPACES else "ppo"
-    space = search_space(cfg, algorithm)
+    space = search_space(cfg, training_algorithm(training))
     seed = cfg.seed + cfg.worker
     sampler = optuna.samplers.TPESampler(seed=seed) if cfg.sampler == "tpe" else optuna.samplers.RandomSampler(seed)
     study = optuna.create_study(
@@ -260,6 +288,7 @@ def main(argv: list[str]) -> None:
     except ImportError:
         raise UsageError("rl.tune", "tuning needs Optuna: pip install -e '.[tuning]'") from None
     cfg, training = parse(argv)
+    search_space(cfg, training_algorithm(training))  # a bad space stops here, before any process or trial
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     Path(cfg.out, cfg.study_name).mkdir(parents=True, exist_ok=True)
     if cfg.worker > 0:  # a process another tuner started: trials only

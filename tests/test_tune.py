@@ -88,11 +88,21 @@ def test_a_space_file_the_random_sampler_and_the_timeout_shape_the_study(tmp_pat
     assert set(trial.params) == {"learning_rate", "update_epochs"}
 
 
-def test_a_space_file_that_is_not_a_mapping_of_domains_is_refused_with_one_line(tmp_path):
+@pytest.mark.parametrize(
+    ("text", "told"),
+    [
+        ("- learning_rate\n", "{space} must map each flag name to {{low, high}} or {{choices}}"),
+        ("learning_rate: {min: 1.0e-5, max: 1.0e-3}\n", "{space}: learning_rate must be {{low, high}}"),
+        ("learning_rate: {low: abc, high: 1e-3}\n", "{space}: learning_rate: low and high must be numbers"),
+        ("learning_rate: {low: 1e-3, high: 1e-5}\n", "{space}: learning_rate: needs low < high"),
+        ("tau: {choices: [0.01]}\n", "{space}: tau is no flag of PPO"),
+    ],
+)
+def test_a_bad_space_file_is_refused_in_one_line_before_any_trial(tmp_path, text, told):
     space = tmp_path / "space.yaml"
-    space.write_text("- learning_rate\n")
+    space.write_text(text)
     refused = tune(tmp_path, "--space", str(space))
     assert refused.returncode == 2
-    assert refused.stderr.strip().splitlines()[-1] == (
-        f"error: --space: {space} must map each flag name to {{low, high}} or {{choices}}"
-    )
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith("error: --space: " + told.format(space=space))
+    assert not (tmp_path / "study.db").exists()
