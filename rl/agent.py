@@ -38,12 +38,23 @@ def restore_agent(state: SavedAgent, env_id: str) -> tuple[Algorithm, nn.Module,
     # Inference makes its own envs; the training envs' vector mode need not exist for `env_id`.
     trained = kind.config_type(**saved | {"vector_mode": "sync"})
     spaces = inspect_env(env_id, trained.preprocessing())
-    kind.check_spaces(spaces)
-    algorithm = kind(trained, spaces)
     try:
+        kind.check_spaces(spaces)
+        algorithm = kind(trained, spaces)
         return algorithm, *restored_agent(algorithm, state)
-    except RuntimeError as error:
-        raise UsageError("--env-id", f"{env_id} does not fit this agent: {str(error).splitlines()[0]}") from None
+    except (UsageError, RuntimeError) as error:  # RuntimeError: weights of other shapes than the env's spaces need
+        if env_id == trained.env_id and isinstance(error, UsageError):
+            raise
+        raise UsageError(
+            "--env-id",
+            f"{env_id} does not fit this agent, trained on {trained.env_id}: it observes "
+            f"{space_summary(spaces.observation_space)} and acts in {space_summary(spaces.action_space)}",
+        ) from None
+
+
+def space_summary(space: gym.Space) -> str:
+    """A space in a few words: a Box by its shape, without its bounds."""
+    return f"a Box of shape {space.shape}" if isinstance(space, gym.spaces.Box) else str(space)
 
 
 @dataclass

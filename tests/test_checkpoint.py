@@ -275,7 +275,10 @@ def test_evaluation_cli_takes_training_checkpoints_stochastic_play_and_another_e
     done = evaluate([checkpoint, "--episodes", "2", "--stochastic"], runs["fabric-half"])
     assert done.returncode == 0 and "2 stochastic episodes" in done.stdout, done.stderr[-2000:]
     wrong_env = evaluate([checkpoint, "--env-id", "Pendulum-v1"], runs["fabric-half"])
-    assert wrong_env.returncode == 2 and wrong_env.stderr.strip().startswith("error: --env-id: ")
+    assert wrong_env.returncode == 2 and wrong_env.stderr.strip() == (
+        "error: --env-id: Pendulum-v1 does not fit this agent, trained on CartPole-v1: "
+        "it observes a Box of shape (3,) and acts in a Box of shape (1,)"
+    )
     missing = evaluate(["nothing.ckpt"], runs["fabric-half"])
     assert missing.returncode == 2 and missing.stderr.strip().startswith("error: CHECKPOINT: no checkpoint at")
 
