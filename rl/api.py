@@ -31,9 +31,10 @@ def preset(name: str, **overrides: Any) -> RunConfig:
     `name` is PPO's ("hopper"), or another algorithm's with its name first ("sac/hopper").
     """
     algorithm, _, preset_name = name.rpartition("/")
-    if (algorithm or DEFAULT_ALGORITHM) not in ALGORITHMS:
+    algorithm = algorithm or DEFAULT_ALGORITHM
+    if algorithm not in ALGORITHMS:
         raise UsageError("--preset", f"there is no algorithm {algorithm!r}; name one of {', '.join(ALGORITHMS)}")
-    config_type = ALGORITHMS[algorithm or DEFAULT_ALGORITHM].config_type
+    config_type = ALGORITHMS[algorithm].config_type
     known = {member.name for member in fields(config_type)}
     for field_name in overrides:
         if field_name not in known:

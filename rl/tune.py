@@ -232,11 +232,10 @@ def training_algorithm(training: list[str]) -> str:
     return training[0] if training and training[0] in DEFAULT_SPACES else "ppo"
 
 
-def tune(cfg: TuneConfig, training: list[str]) -> None:
+def tune(cfg: TuneConfig, training: list[str], space: dict[str, dict[str, Any]]) -> None:
     """One tuning process: trials of the shared study until it holds --trials finished or pruned ones."""
     import optuna
 
-    space = search_space(cfg, training_algorithm(training))
     seed = cfg.seed + cfg.worker
     sampler = optuna.samplers.TPESampler(seed=seed) if cfg.sampler == "tpe" else optuna.samplers.RandomSampler(seed)
     study = optuna.create_study(
@@ -288,11 +287,11 @@ def main(argv: list[str]) -> None:
     except ImportError:
         raise UsageError("rl.tune", "tuning needs Optuna: pip install -e '.[tuning]'") from None
     cfg, training = parse(argv)
-    search_space(cfg, training_algorithm(training))  # a bad space stops here, before any process or trial
+    space = search_space(cfg, training_algorithm(training))  # a bad space stops here, before any process or trial
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     Path(cfg.out, cfg.study_name).mkdir(parents=True, exist_ok=True)
     if cfg.worker > 0:  # a process another tuner started: trials only
-        tune(cfg, training)
+        tune(cfg, training, space)
         return
     # the study exists before the other processes open it, so that they never race to create it
     optuna.create_study(storage=cfg.storage, study_name=cfg.study_name, direction="maximize", load_if_exists=True)
@@ -301,7 +300,7 @@ def main(argv: list[str]) -> None:
         subprocess.Popen([sys.executable, "-m", "rl.tune", *own, "--worker", str(index), "--", *training])
         for index in range(1, cfg.workers)
     ]
-    tune(cfg, training)
+    tune(cfg, training, space)
     for helper in helpers:
         helper.wait()
     write_best(cfg)
