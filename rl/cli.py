@@ -42,6 +42,7 @@ from rl.elastic import (
 )
 from rl.envs import EnvSpaces, env_family, inspect_env
 from rl.errors import UsageError, exit_on_usage_error, print_error
+from rl.loop import InterruptFlag
 from rl.optim import TrainingDiverged
 from rl.precision import DEFAULT_PRECISION
 from rl.registry import ALGORITHMS, DEFAULT_ALGORITHM, algorithm_type
@@ -307,6 +308,12 @@ def run_main(main: Callable[[list[str]], None]) -> None:
         except RepeatedFailure as error:
             print_error(f"error: {error}")
             os._exit(1)  # before any process group: nothing to tear down
+        except KeyboardInterrupt:  # in training, Ctrl-C is the loop's to turn into a checkpoint and a stop
+            if role == "rank 0":
+                after = InterruptFlag.heard_in_this_process
+                when = "after training: its final checkpoint is written" if after else "before training began"
+                print_error(f"interrupted (Ctrl-C) {when}")
+            os._exit(130)  # the shell's status for a process ended by SIGINT
         except Exception as error:
             usage = compile_failure(error)
             if usage is not None:

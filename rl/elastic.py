@@ -27,6 +27,7 @@ from rl.errors import UsageError, print_error
 JOURNAL_FILENAME = "elastic.jsonl"
 REACHED_FILENAME = "elastic.step"  # the step the current round has reached, rewritten in place every iteration
 ROUND_KEYS = "rl/round"
+ROUND_POLL_SECONDS = 0.005
 
 
 def under_torchelastic() -> bool:
@@ -95,15 +96,21 @@ def agree_on_round(store: dist.Store, rank: int, world_size: int, timeout_second
     Rank 0 draws it; every other rank asks under a nonce of its own and waits for the answer
     under that nonce, which only this round's rank 0 can have written, then acknowledges it.
     """
+    deadline = time.monotonic() + timeout_seconds
     if rank != 0:
         nonce = uuid.uuid4().hex
         store.set(f"{ROUND_KEYS}/ask/{rank}", nonce)
-        round_id = store.get(f"{ROUND_KEYS}/answer/{nonce}").decode()  # blocks until written
+        answer = f"{ROUND_KEYS}/answer/{nonce}"
+        # Polled, not a blocking get: that would hold this process in C++, where Ctrl-C cannot reach it.
+        while not store.check([answer]):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"rank 0 did not start this round within {timeout_seconds:.0f} s")
+            time.sleep(ROUND_POLL_SECONDS)
+        round_id = store.get(answer).decode()
         store.set(f"{ROUND_KEYS}/{round_id}/joined/{rank}", "1")
         return round_id
     round_id = uuid.uuid4().hex
     waiting, answered = set(range(1, world_size)), set()
-    deadline = time.monotonic() + timeout_seconds
     while waiting:
         for peer in sorted(waiting):
             ask = f"{ROUND_KEYS}/ask/{peer}"
@@ -115,7 +122,7 @@ def agree_on_round(store: dist.Store, rank: int, world_size: int, timeout_second
                 waiting.discard(peer)
         if time.monotonic() > deadline:
             raise RuntimeError(f"ranks {sorted(waiting)} did not join this round within {timeout_seconds:.0f} s")
-        time.sleep(0.005)
+        time.sleep(ROUND_POLL_SECONDS)
     return round_id
 
 
@@ -148,6 +155,7 @@ class RoundRecord:
     began_training: bool = True  # False: it ended during start-up, between its launch and its first iteration
     restart: int | None = None  # torchrun's restart count where its rank 0 ran (None: not journaled)
     host: str | None = None  # the machine of its rank 0
+    ended: str | None = None  # how it ended cleanly ("finished", or "interrupted" by Ctrl-C); None: it did not
 
 
 class Journal:
@@ -206,10 +214,20 @@ class Journal:
                 records.append(opened_round(entry))
             if entry["event"] == "start":
                 records[-1].began_training = True
-            elif entry["event"] == "fault" and records:
-                records[-1].faults.append(entry)
+            elif entry["event"] in ("fault", "end") and records:
+                if entry["event"] == "fault":
+                    records[-1].faults.append(entry)
+                else:
+                    records[-1].ended = entry["how"]
                 records[-1].reached = max(records[-1].reached, entry["step"])
         return records
+
+
+def this_jobs_rounds(rounds: list[RoundRecord]) -> list[RoundRecord]:
+    """The rounds since the last one that ended cleanly: a launch after a finished or interrupted run
+    resumes it as a new job, whose restarts count from there."""
+    ends = [index for index, round_ in enumerate(rounds) if round_.ended]
+    return rounds[ends[-1] + 1 :] if ends else rounds
 
 
 def opened_round(entry: dict[str, Any]) -> RoundRecord:
@@ -243,7 +261,7 @@ def begin_round(run_dir: str, resume_step: int, checkpoint: str | None, rank: in
     """
     global _this_round
     journal = Journal(run_dir)
-    rounds = journal.rounds()
+    rounds = this_jobs_rounds(journal.rounds())
     last = rounds[-1] if rounds else None
     if last is not None and last.began_training:  # the reached file is the last round's, finer than its faults
         last.reached = max(last.reached, journal.read_reached())
@@ -350,6 +368,15 @@ def reached(step: int, is_main: bool) -> None:
     _this_round.step = step
     if is_main:
         _this_round.journal.write_reached(step)
+
+
+def record_end(step: int, interrupted: bool) -> None:
+    """The main process, once the run has ended cleanly at `step` (finished, or stopped by Ctrl-C) with its
+    checkpoint written: a later launch in this folder is a resume, not a restart after a fault."""
+    if _this_round is None:
+        return
+    with contextlib.suppress(OSError):
+        _this_round.journal.append({"event": "end", "how": "interrupted" if interrupted else "finished", "step": step})
 
 
 def record_fault(role: str, kind: str, what: str) -> None:

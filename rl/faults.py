@@ -159,6 +159,12 @@ def report_failed_collective(role: str, known_lost: str, error: Exception) -> bo
     return True
 
 
+def on_main_thread() -> bool:
+    """Whether this thread may set signal handlers: Python runs them in the main thread only, so training
+    started from another thread hears no signal, and sets no handler."""
+    return threading.current_thread() is threading.main_thread()
+
+
 @contextmanager
 def report_lost_peers(own_rank: int, name: Callable[[int], str], process_ids: Tensor) -> Iterator[None]:
     """End this process with a line naming what failed, instead of hanging or a traceback."""
@@ -192,7 +198,7 @@ def report_lost_peers(own_rank: int, name: Callable[[int], str], process_ids: Te
             print_error(f"error: {role}: stopped by the launcher (SIGTERM); no process of the job is known to be lost")
         os._exit(1)
 
-    previous = signal.signal(signal.SIGTERM, stopped_by_launcher)
+    previous = signal.signal(signal.SIGTERM, stopped_by_launcher) if on_main_thread() else None
     try:
         yield
     except TrainingDiverged:
@@ -202,6 +208,7 @@ def report_lost_peers(own_rank: int, name: Callable[[int], str], process_ids: Te
             raise
         os._exit(1)  # the process group is broken: skip its teardown, which could block
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         if heartbeat is not None:
             heartbeat.stopped.set()

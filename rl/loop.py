@@ -14,13 +14,14 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
 from rl import PROCESS_STARTED
 from rl.compiling import compile_seconds
 from rl.config import RunConfig
+from rl.faults import on_main_thread
 from rl.run import Run
 from rl.runtime import Runtime
 
@@ -107,21 +108,44 @@ class CheckpointClock:
         self.last = time.monotonic()
 
 
-class InterruptFlag:
-    """Ctrl-C (SIGINT, which the launchers pass on to every rank) asks for a checkpoint and a clean
-    stop at the end of the current update, agreed by all ranks, rather than a KeyboardInterrupt
-    in the middle of a collective."""
+class StopRequest:
+    """How a training loop hears that it should checkpoint and stop, while it runs (`with` it)."""
 
-    def __init__(self) -> None:
-        self.requested = False
-        signal.signal(signal.SIGINT, self._request)
+    requested: bool = False
+
+    def __enter__(self) -> StopRequest:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+class InterruptFlag(StopRequest):
+    """Ctrl-C (SIGINT, which the launchers pass on to every rank), while training, asks for a checkpoint
+    and a clean stop at the end of the current update, agreed by all ranks, rather than a KeyboardInterrupt
+    in the middle of a collective. Outside training Ctrl-C does what it did before (in a notebook: it
+    interrupts the cell; the command line's entry points end with one line)."""
+
+    heard_in_this_process = False  # whether training here has listened for Ctrl-C (a later one comes after it)
+
+    def __init__(self, on_request: Callable[[], object] | None = None) -> None:
+        self.on_request = on_request
+        self.previous: Any = None
+
+    def __enter__(self) -> InterruptFlag:
+        if on_main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._request)
+            InterruptFlag.heard_in_this_process = True
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.previous is not None:  # None: not set from this thread, or replaced a handler set outside Python
+            signal.signal(signal.SIGINT, self.previous)
 
     def _request(self, signum: int, frame: object) -> None:
         self.requested = True
-
-
-class StopRequest(Protocol):
-    requested: bool
+        if self.on_request is not None:
+            self.on_request()
 
 
 @dataclass
@@ -233,13 +257,19 @@ class TrainingLoop:
     evaluation: Evaluation | None = None
     callbacks: Sequence[Callback] = ()
     interrupt: StopRequest = field(default_factory=InterruptFlag)  # Ctrl-C, or how the mode hears of it
-    saved_at: int = -1  # the iteration of the newest checkpoint
 
     def __post_init__(self) -> None:
         self.clock = CheckpointClock(self.cfg.checkpoint_seconds)
+        # The iteration of the newest checkpoint: at first the one this run resumed from (if any), so that a
+        # loop with no iteration left to run (a Hogwild worker resumed at its last) writes it no second time.
+        self.saved_at = self.first_iteration - 1
 
     def run(self) -> LoopState:
         """The loop, to its last iteration or a stop; the state it ended in. It ends with a checkpoint."""
+        with self.interrupt:
+            return self._run()
+
+    def _run(self) -> LoopState:
         state = self.state
         iteration, start_step = self.first_iteration - 1, state.global_step
         checked_step = start_step

@@ -2,6 +2,7 @@
 
 import os
 import signal
+import sys
 import time
 
 import gymnasium as gym
@@ -149,6 +150,19 @@ class KilledOnceAtStartup(CartPoleEnv):
 
 
 gym.register("KilledOnceAtStartup-v0", entry_point=KilledOnceAtStartup, max_episode_steps=500)
+
+
+class SlowToMake(CartPoleEnv):
+    """CartPole that takes a minute to make, and says on stderr when it starts to: a test interrupts a run
+    while it is still starting up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        print("making an env", file=sys.stderr, flush=True)
+        time.sleep(60)
+
+
+gym.register("SlowToMake-v0", entry_point=SlowToMake, max_episode_steps=500)
 
 
 class DictCartPole(CartPoleEnv):

@@ -56,14 +56,24 @@ def test_a_script_that_calls_train_in_each_rank_trains_as_the_command_line_does(
 
 IN_ONE_PROCESS = """
 import json
-import re
-from pathlib import Path
+import signal
+import threading
 import rl
 
-sac = rl.train(rl.SACConfig(total_timesteps=300, learning_starts=100, batch_size=32, eval_episodes=2,
-                            progress_bar=False, torch_threads=1))
-recurrent = rl.train(rl.PPOConfig(recurrent=True, total_timesteps=256, eval_episodes=0, progress_bar=False))
-print(json.dumps({"sac": sac.__dict__, "recurrent": recurrent.__dict__}))
+if __name__ == "__main__":  # Hogwild's workers import this file again
+    ctrl_c = signal.getsignal(signal.SIGINT)
+    sac = rl.train(rl.SACConfig(total_timesteps=300, learning_starts=100, batch_size=32, eval_episodes=2,
+                                progress_bar=False, torch_threads=1))
+    recurrent = rl.train(rl.PPOConfig(recurrent=True, total_timesteps=256, eval_episodes=0, progress_bar=False))
+    rl.train(rl.PPOConfig(total_timesteps=1024, workers=2, eval_episodes=0, progress_bar=False), mode="hogwild")
+    ctrl_c_kept = signal.getsignal(signal.SIGINT) is ctrl_c  # a notebook's Ctrl-C interrupts its cells again
+    in_a_thread = []  # where no signal handler can be set
+    config = rl.PPOConfig(total_timesteps=256, eval_episodes=0, progress_bar=False)
+    thread = threading.Thread(target=lambda: in_a_thread.append(rl.train(config).global_step))
+    thread.start()
+    thread.join()
+    print(json.dumps({"sac": sac.__dict__, "recurrent": recurrent.__dict__, "ctrl_c_kept": ctrl_c_kept,
+                      "in_a_thread": in_a_thread}))
 """
 
 
@@ -79,6 +89,8 @@ def test_train_in_one_process_returns_its_runs_and_the_agents_they_saved(tmp_pat
     action, state = rl.load_agent(sac["agent_path"]).predict(np.zeros(3, dtype=np.float32))
     assert action.shape == (1,) and state is None
     assert rl.load_agent(recurrent["agent_path"]).recurrent  # its minibatch defaulted to one sequence, as on the CLI
+    assert results["ctrl_c_kept"]  # training listens for Ctrl-C only while it runs
+    assert results["in_a_thread"] == [256]
 
 
 def test_presets_and_bad_configs_as_the_command_line_has_them():

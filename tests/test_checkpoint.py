@@ -324,6 +324,45 @@ def test_a_checkpoint_resumes_only_in_its_own_mode(runs, tmp_path):
     assert all("written in coupled mode, not decoupled mode" in line for line in lines)
 
 
+def ctrl_c_when(job: subprocess.Popen, stream, said: str) -> tuple[str, str]:
+    """A terminal's Ctrl-C (the whole process group) once the job's `stream` says `said`; its outputs."""
+    try:
+        while said not in (line := stream.readline()):
+            assert line, "ended before it said so"
+        os.killpg(job.pid, signal.SIGINT)
+        stdout, stderr = job.communicate(timeout=30)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    return stdout, stderr
+
+
+def test_ctrl_c_while_a_run_starts_ends_it_with_one_line(tmp_path):
+    args = ["--env-id", "envs_for_tests:SlowToMake-v0", "--no-progress-bar"]
+    job = start("python", SCRIPTS["fabric"], args, tmp_path, nproc=1)
+    _, stderr = ctrl_c_when(job, job.stderr, "making an env")
+    assert job.returncode == 130, stderr[-3000:]
+    assert stderr.strip().splitlines() == ["interrupted (Ctrl-C) before training began"]
+
+
+def test_ctrl_c_in_the_closing_evaluation_ends_the_run_with_one_line(tmp_path):
+    args = [*QUICK, "--total-timesteps", "1024", "--eval-episodes", "100000"]  # an evaluation of hours
+    job = start("python", SCRIPTS["fabric"], args, tmp_path, nproc=1)
+    _, stderr = ctrl_c_when(job, job.stdout, "training loop: 1024 steps")
+    assert job.returncode == 130, stderr[-3000:]
+    assert stderr.strip().splitlines() == ["interrupted (Ctrl-C) after training: its final checkpoint is written"]
+    assert [path.name for path in checkpoints(tmp_path)] == ["step_000000001024.ckpt"]
+
+
+def test_ctrl_c_while_hogwild_workers_start_checkpoints_once_they_have(tmp_path):
+    """The workers are born deaf to Ctrl-C (left to the supervisor), so one still importing does not die of it."""
+    job = start("python", SCRIPTS["hogwild"], [*QUICK, "--workers", "2"], tmp_path, nproc=1)
+    stdout, stderr = ctrl_c_when(job, job.stdout, "hogwild: 2 workers")  # each still importing torch
+    assert job.returncode == 0, stderr[-3000:]
+    assert "interrupted at step " in stdout, stdout[-3000:]
+    assert checkpoints(tmp_path, "hogwild")
+
+
 def test_ctrl_c_on_asynchronous_decoupled_players_checkpoints_and_stops(tmp_path):
     """Two players that run ahead of the trainers agree on where to stop, and the run resumes."""
     players = ["--num-players", "2"]

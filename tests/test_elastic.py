@@ -35,7 +35,7 @@ from conftest import (
 
 from rl.cli import parse_config
 from rl.config import validate
-from rl.elastic import Journal, RoundRecord, agree_on_round, describe_end, same_failure
+from rl.elastic import Journal, RoundRecord, agree_on_round, describe_end, same_failure, this_jobs_rounds
 from rl.errors import UsageError
 
 QUICK_PPO = ["--update-epochs", "2", "--eval-episodes", "0", "--no-progress-bar"]
@@ -228,6 +228,53 @@ def test_a_journaled_round_that_never_trained_is_told_apart(tmp_path):
     assert describe_end(died).startswith("it ended during start-up, before its first iteration")
 
 
+def test_a_round_that_ended_cleanly_closes_its_job(tmp_path):
+    journal = Journal(str(tmp_path))
+    for entry in (
+        {"event": "start", "step": 0},
+        {"event": "fault", "role": "rank 0", "kind": "lost", "what": "rank 1: its process ended", "step": 512},
+        {"event": "start", "step": 512},
+        {"event": "end", "how": "interrupted", "step": 2048},  # Ctrl-C, its checkpoint written
+        {"event": "start", "step": 2048},
+    ):
+        journal.append(entry)
+    lost, interrupted, resumed = journal.rounds()
+    assert (interrupted.ended, interrupted.reached, lost.ended) == ("interrupted", 2048, None)
+    assert this_jobs_rounds([lost, interrupted, resumed]) == [resumed]  # what counts as its restarts
+    assert this_jobs_rounds([lost, interrupted]) == []  # a launch now is a resume, no restart
+    assert this_jobs_rounds([lost]) == [lost]
+
+
+MODES_ONCE_MORE = {
+    "fabric": ("python", 1, ["--total-timesteps", "1024"], 1024),
+    "decoupled": ("fabric run", 3, ["--total-timesteps", "1024"], 1024),
+    "hogwild": ("python", 1, ["--total-timesteps", "1024", "--workers", "2"], 2048),
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES_ONCE_MORE))
+def test_a_named_run_launched_again_after_it_finished_resumes_without_a_restart_line(tmp_path, mode):
+    """Only a round that did not end cleanly makes the next launch a restart: a finished (or interrupted) run
+    trained further is not reported as recovering from a fault, and its restarts count from there."""
+    launcher, processes, args, more = MODES_ONCE_MORE[mode]
+    args = [*QUICK_PPO, "--num-steps", "64", "--run-name", "named", *args]
+    steps = int(args[args.index("--total-timesteps") + 1])
+
+    def launch_with(total: int):
+        args[args.index("--total-timesteps") + 1] = str(total)
+        finished = run_ranks(launcher, SCRIPTS[mode], args, tmp_path, nproc=processes)
+        assert finished.returncode == 0, finished.stderr[-3000:]
+        return [line for line in finished.stderr.splitlines() if line.startswith("restart ")]
+
+    assert launch_with(steps) == []
+    assert launch_with(steps + more) == []  # resumed from the finished run's last checkpoint
+    journal = Journal(str(run_dir(tmp_path, mode)))
+    assert [round_.ended for round_ in journal.rounds()] == ["finished", "finished"]
+    journal.append({"event": "start", "step": steps + more})  # a round that never ended: killed
+    (line,) = launch_with(steps + 2 * more)
+    assert line.startswith("restart 1 of the job ") and "no process recorded why" in line, line
+
+
 @pytest.mark.slow
 def test_a_run_that_fails_in_the_same_place_stops_after_max_restarts_with_the_cause(tmp_path):
     args = [
@@ -340,6 +387,38 @@ def test_every_round_agrees_on_an_id_that_no_earlier_round_used():
         ids = one_round(server.port, world_size)
         assert len(set(ids)) == 1 and ids[0] not in seen and ids[0] != "an-earlier-round"
         seen.add(ids[0])
+
+
+WAIT_FOR_RANK_0 = """
+import sys
+from datetime import timedelta
+import torch.distributed as dist
+from rl.elastic import agree_on_round
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), is_master=False, timeout=timedelta(seconds=60))
+print("waiting", flush=True)
+agree_on_round(store, 1, 2, timeout_seconds=60)
+"""
+
+
+def test_a_rank_waiting_for_its_round_hears_ctrl_c_at_once():
+    """A terminal's Ctrl-C during the rendezvous reaches every rank: one left waiting in C++ for a rank 0 that
+    Ctrl-C already ended would hold on until the launcher kills it, 30 s later."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=20))  # no rank 0 comes
+    rank_1 = subprocess.Popen(
+        [str(BIN / "python"), "-c", WAIT_FOR_RANK_0, str(server.port)],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert rank_1.stdout.readline() == "waiting\n"
+        time.sleep(0.5)
+        rank_1.send_signal(signal.SIGINT)
+        _, stderr = rank_1.communicate(timeout=10)
+    finally:
+        rank_1.kill()
+    assert "KeyboardInterrupt" in stderr, stderr[-2000:]
 
 
 # --- The journal ---------------------------------------------------------------------------------

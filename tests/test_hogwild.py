@@ -114,16 +114,18 @@ def test_resume_continues_exactly_with_one_synced_worker_and_keeps_the_worker_co
     assert "error: --workers: the checkpoint was written by 1 process, not 2" in refused.stderr
 
 
-def test_workers_resumed_at_different_iterations_finish_together(tmp_path):
+@pytest.mark.parametrize("ahead", [7, 8], ids=["one-iteration-left", "none-left"])
+def test_workers_resumed_at_different_iterations_finish_together(tmp_path, ahead):
     """After Ctrl-C the workers may have stopped at different iterations; a resumed worker that
-    finishes first keeps taking part in the others' checkpoints instead of leaving them waiting."""
+    finishes first (or has no iteration left to run) keeps taking part in the others' checkpoints
+    instead of leaving them waiting."""
     args = [*PPO_SHORT, "--workers", "2", "--checkpoint-every", "512"]
     first = run_ranks("python", SCRIPTS["hogwild"], args, tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     folder = run_dir(tmp_path, "hogwild")
     state = torch.load(folder / "checkpoints" / "step_000000003072.ckpt", weights_only=True)
     assert [worker["iteration"] for worker in state["workers"]] == [6, 6]
-    state["workers"][1] |= {"iteration": 7, "frames": 7 * 256}  # worker 1 one iteration ahead
+    state["workers"][1] |= {"iteration": ahead, "frames": ahead * 256}  # worker 1 ahead, of 8 iterations
     uneven = tmp_path / "uneven.ckpt"
     torch.save(state, uneven)
     resumed = run_ranks("python", SCRIPTS["hogwild"], [*args, "--resume-from", str(uneven)], tmp_path, timeout=120)

@@ -23,7 +23,7 @@ from rl.checkpoint import (
     restore_run_state,
     training_checkpoint,
 )
-from rl.elastic import reached
+from rl.elastic import reached, record_end
 from rl.evaluation import PeriodicEvaluation, report_evaluation
 from rl.faults import gather_process_ids, peer, report_lost_peers
 from rl.logger import EPISODE_RETURN, ProgressBar, TrainingMetrics
@@ -174,6 +174,7 @@ def _train_coupled(
     if state.interrupted:
         if runtime.is_main:
             print(f"interrupted at step {rank.global_step}: checkpoint written to {run.dir}", flush=True)
+            record_end(rank.global_step, interrupted=True)
         run.sink.close()
         runtime.shutdown()
         return TrainingResult(os.path.abspath(run.dir), None, None, rank.global_step)
@@ -189,5 +190,6 @@ def _train_coupled(
     evaluation = None
     if runtime.is_main:
         evaluation = report_evaluation(cfg, env_id, rank.policy, rank.source.obs_normalizer, run, rank.global_step)
+        record_end(rank.global_step, interrupted=False)
     run.sink.close()
     return TrainingResult(os.path.abspath(run.dir), os.path.abspath(agent_path(run.dir)), evaluation, rank.global_step)

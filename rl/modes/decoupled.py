@@ -34,7 +34,7 @@ from rl.checkpoint import (
     write_file,
 )
 from rl.config import RunConfig, local_gpu_index, uses_gpu
-from rl.elastic import init_default_process_group, reached
+from rl.elastic import init_default_process_group, reached, record_end
 from rl.errors import progress_line
 from rl.evaluation import report_evaluation
 from rl.faults import gather_process_ids, peer, report_lost_peers
@@ -333,6 +333,7 @@ class Player:
         print(summary_line(steps, loop_seconds, env_seconds=source.env_seconds), flush=True)
         if state.interrupted:
             print(f"interrupted at step {global_step}: checkpoint written to {run.dir}", flush=True)
+            record_end(global_step, interrupted=True)
             run.sink.close()
             return TrainingResult(os.path.abspath(run.dir), None, None, global_step)
         report_compile_time(self.cfg, self.loop_clock.compile_seconds(), "the lead player")
@@ -352,6 +353,7 @@ class Player:
             self.cfg, self.algorithm.spaces.env_id, self.policy, self.source.obs_normalizer, self.run, self.closing_step
         )
         self.run.sink.close()
+        record_end(self.closing_step, interrupted=False)
         return replace(result, evaluation=evaluation)
 
 

@@ -50,11 +50,21 @@ from rl.checkpoint import (
     write_file,
 )
 from rl.config import RunConfig
+from rl.elastic import reached, record_end
 from rl.errors import print_error
 from rl.evaluation import report_evaluation
 from rl.experience import ExperienceSource
 from rl.logger import EPISODE_RETURN, ProgressBar, TrainingMetrics, open_sinks
-from rl.loop import Callback, LoopClock, LoopState, Requests, TrainingLoop, summary_line
+from rl.loop import (
+    Callback,
+    InterruptFlag,
+    LoopClock,
+    LoopState,
+    Requests,
+    StopRequest,
+    TrainingLoop,
+    summary_line,
+)
 from rl.optim import TrainingDiverged
 from rl.precision import float32_state
 from rl.run import Run, TrainingResult, start_run, training_video_folder
@@ -65,7 +75,7 @@ POLL_SECONDS = 0.1
 INTERRUPTED, FINISHED = 1, 2  # why the workers stop at a meeting
 
 
-class SupervisorStop:
+class SupervisorStop(StopRequest):
     """Ctrl-C as a worker hears of it: the supervisor's request in the channel (workers ignore SIGINT)."""
 
     def __init__(self, channel: Channel) -> None:
@@ -225,6 +235,7 @@ def run_worker(
 ) -> None:
     """A worker process's body: one line and exit code 1 if training diverges."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to turn into a checkpoint and a stop
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # born blocked (start_workers); ignored from now on
     try:
         WorkerLoop(index, algorithm, shared, channel, run_dir, resume).run(callbacks)
     except TrainingDiverged as error:
@@ -460,17 +471,17 @@ def train_hogwild(
         )
         for index in range(cfg.workers)
     ]
-    signal.signal(signal.SIGINT, lambda *_: channel.stop_requested.set())
-    for process in processes:
-        process.start()
-    pids = ", ".join(str(process.pid) for process in processes)
-    print(f"hogwild: {cfg.workers} workers ({cfg.sync}), process ids {pids}; run folder {run.dir}", flush=True)
     writer = CheckpointWriter(algorithm, run.dir)
-    try:
-        supervise(processes, channel, writer.add)
-    except WorkerLost as lost:
-        print_error(f"error: {lost}; the others were stopped, and the checkpoints written so far are in {run.dir}")
-        os._exit(1)
+    with InterruptFlag(on_request=channel.stop_requested.set):  # the workers hear of Ctrl-C from the channel
+        start_workers(processes)
+        pids = ", ".join(str(process.pid) for process in processes)
+        print(f"hogwild: {cfg.workers} workers ({cfg.sync}), process ids {pids}; run folder {run.dir}", flush=True)
+        try:
+            supervise(processes, channel, writer.add)
+        except WorkerLost as lost:
+            release(processes, channel)
+            print_error(f"error: {lost}; the others were stopped, and the checkpoints written so far are in {run.dir}")
+            os._exit(1)
     interrupted = channel.stop_requested.is_set()
     release(processes, channel)
     final = writer.last
@@ -480,11 +491,24 @@ def train_hogwild(
     if interrupted:
         print(writer.loop_report, flush=True)
         print(f"interrupted at step {step}: checkpoint written to {run.dir}", flush=True)
+        record_end(step, interrupted=True)
         run.sink.close()
         return TrainingResult(os.path.abspath(run.dir), None, None, step)
     evaluation = finish(algorithm, final, writer.loop_report, run)
     run.sink.close()
+    record_end(step, interrupted=False)
     return TrainingResult(os.path.abspath(run.dir), os.path.abspath(agent_path(run.dir)), evaluation, step)
+
+
+def start_workers(processes: list[SpawnProcess]) -> None:
+    """Start the workers with Ctrl-C blocked: a worker still importing would die of it, where a started one
+    leaves it to the supervisor. The supervisor's own Ctrl-C waits meanwhile, and reaches it after."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        for process in processes:
+            process.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def supervise(processes: list[SpawnProcess], channel: Channel, on_part: Callable[[int, int, bytes], None]) -> None:
@@ -573,6 +597,7 @@ class CheckpointWriter:
         write_file(checkpoint_path(self.run_dir, global_step), checkpoint)
         prune_checkpoints(self.run_dir, self.algorithm.cfg.keep_last)
         self.last = checkpoint
+        reached(global_step, is_main=True)  # the supervisor journals its progress by the checkpoints it writes
         loop_seconds = max(part["loop_seconds"] for part in parts)
         steps = sum(part["frames_this_run"] for part in parts)
         env_seconds = sum(part["env_seconds"] for part in parts) / len(parts)  # each worker's, on average
