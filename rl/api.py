@@ -56,7 +56,7 @@ def train(
     GPU without CUDA graphs, build it with `rl.preset(..., cuda_graphs=False)`.
     In decoupled mode the lead player (rank 0) returns them and the other roles None. Hogwild's
     callbacks run in its workers, which start by pickling them: define their classes at a module's
-    top level."""
+    top level. A Hogwild worker that ends or fails stops the others and raises `rl.RunStopped`."""
     cfg = copy.deepcopy(config)
     check_field_types(cfg)
     defaults = type(cfg)()

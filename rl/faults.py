@@ -159,6 +159,11 @@ def report_failed_collective(role: str, known_lost: str, error: Exception) -> bo
     return True
 
 
+class RunStopped(Exception):
+    """One of the run's processes ended or failed, and the others were stopped: the message says which, and where
+    the checkpoints written so far are. The command line prints it as an error line; in Python it is raised."""
+
+
 def on_main_thread() -> bool:
     """Whether this thread may set signal handlers: Python runs them in the main thread only, so training
     started from another thread hears no signal, and sets no handler."""

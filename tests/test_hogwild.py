@@ -192,6 +192,37 @@ def test_a_killed_worker_ends_the_job_with_a_line_naming_it(tmp_path):
     assert checkpoints and all(torch.load(path, weights_only=True)["workers"] for path in checkpoints)
 
 
+LOSES_A_WORKER_IN_PYTHON = """
+import os
+import signal
+import rl
+
+
+class KillsWorker1(rl.Callback):
+    def on_iteration_end(self, state):
+        if state.rank == 1 and state.iteration == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+if __name__ == "__main__":  # the workers import this file again
+    config = rl.PPOConfig(total_timesteps=1_000_000, workers=2, eval_episodes=0, progress_bar=False)
+    try:
+        rl.train(config, callbacks=[KillsWorker1()], mode="hogwild")
+    except rl.RunStopped as error:
+        print(f"raised: {error}")
+    print("the interpreter goes on")
+"""
+
+
+def test_a_worker_lost_under_rl_train_raises_rather_than_ending_the_interpreter(tmp_path):
+    script = tmp_path / "loses_a_worker.py"
+    script.write_text(LOSES_A_WORKER_IN_PYTHON)
+    finished = launch("python", script, [], tmp_path)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "raised: hogwild worker 1 was killed by SIGKILL; the others were stopped" in finished.stdout
+    assert finished.stdout.strip().endswith("the interpreter goes on")
+
+
 def test_ctrl_c_checkpoints_every_worker_and_stops(tmp_path):
     job = long_run(tmp_path, "synced")  # synced: the checkpoint merges every copy first
     try:

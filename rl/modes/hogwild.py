@@ -54,6 +54,7 @@ from rl.elastic import reached, record_end
 from rl.errors import print_error
 from rl.evaluation import report_evaluation
 from rl.experience import ExperienceSource
+from rl.faults import RunStopped
 from rl.logger import EPISODE_RETURN, ProgressBar, TrainingMetrics, open_sinks
 from rl.loop import (
     Callback,
@@ -480,8 +481,9 @@ def train_hogwild(
             supervise(processes, channel, writer.add)
         except WorkerLost as lost:
             release(processes, channel)
-            print_error(f"error: {lost}; the others were stopped, and the checkpoints written so far are in {run.dir}")
-            os._exit(1)
+            run.sink.close()
+            stopped = f"{lost}; the others were stopped, and the checkpoints written so far are in {run.dir}"
+            raise RunStopped(stopped) from None
     interrupted = channel.stop_requested.is_set()
     release(processes, channel)
     final = writer.last
