@@ -22,6 +22,7 @@ import contextlib
 import csv
 import json
 import logging
+import os
 import re
 import shutil
 import sys
@@ -79,6 +80,14 @@ def open_launch_file(out: Path, name: str) -> Path:
     return out / "segments" / f"{name}.open"
 
 
+def write_json(path: Path, value: dict) -> None:
+    """Written whole or not at all: a harness killed mid-write (a session's end) leaves the file it had, which
+    the next launch reads."""
+    partial = path.with_name(f"{path.name}.tmp")
+    partial.write_text(json.dumps(value))
+    os.replace(partial, path)
+
+
 def append_segment(out: Path, name: str, segment: dict) -> None:
     segments_file = out / "segments" / f"{name}.jsonl"
     segments_file.parent.mkdir(parents=True, exist_ok=True)
@@ -104,7 +113,7 @@ def checkpoints_watched(out: Path, name: str, opened: dict) -> Iterator[None]:
             if step > seen:
                 seen = step
                 noted = {**opened, "checkpoint_step": step, "checkpoint_seen": round(time.time(), 1)}
-                open_launch_file(out, name).write_text(json.dumps(noted))
+                write_json(open_launch_file(out, name), noted)
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -162,7 +171,7 @@ def launch_segment(run: Run, out: Path) -> tuple[dict, str]:
     marker = open_launch_file(out, run.name)
     marker.parent.mkdir(parents=True, exist_ok=True)
     opened = {"started": round(started, 1), "from_step": saved_step(out, run.name)[0]}
-    marker.write_text(json.dumps(opened))
+    write_json(marker, opened)
     with checkpoints_watched(out, run.name, opened):
         done, wall_time = run_in_folder(run.command(), out / "launches" / run.name)
     summary, compiling = SUMMARY.search(done.stdout), COMPILE.search(done.stdout)
@@ -230,7 +239,7 @@ def run_all(plan: list[Run], out: Path, parallel: int = 1) -> list[dict]:
         except BaseException:
             stopping.set()
             raise
-        row_file(out, run.name).write_text(json.dumps(row))
+        write_json(row_file(out, run.name), row)
         if run.keep_agent:
             agent_file(out, run.name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(run_folder(out, run.name) / "agent.ckpt", agent_file(out, run.name))
