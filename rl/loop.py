@@ -122,8 +122,8 @@ class StopRequest:
 
 class InterruptFlag(StopRequest):
     """Ctrl-C (SIGINT, which the launchers pass on to every rank), while training, asks for a checkpoint
-    and a clean stop at the end of the current update, agreed by all ranks, rather than a KeyboardInterrupt
-    in the middle of a collective. Outside training Ctrl-C does what it did before (in a notebook: it
+    and a clean stop at the next report, agreed by all ranks, rather than a KeyboardInterrupt in the
+    middle of a collective. Outside training Ctrl-C does what it did before (in a notebook: it
     interrupts the cell; the command line's entry points end with one line)."""
 
     heard_in_this_process = False  # whether training here has listened for Ctrl-C (a later one comes after it)
