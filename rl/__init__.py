@@ -28,7 +28,7 @@ LIBRARY = {  # the library's names, and the modules that hold them
     "PPOConfig": "rl.algos.ppo.config",
     "SACConfig": "rl.algos.sac.config",
     "UsageError": "rl.errors",
-    "RunStopped": "rl.faults",
+    "RunStopped": "rl.errors",
     "Callback": "rl.loop",
     "LoopState": "rl.loop",
 }

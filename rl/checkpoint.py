@@ -17,6 +17,7 @@ version; files of an older version are migrated when read (`migrate`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 from dataclasses import asdict, dataclass, fields
@@ -28,7 +29,7 @@ from torch import Tensor, nn
 
 from rl.algos.base import Algorithm, Learner
 from rl.config import RunConfig, flag
-from rl.errors import UsageError, print_error
+from rl.errors import RunStopped, UsageError, print_error, refused_writes
 from rl.experience import ExperienceSource
 from rl.normalization import ObservationNormalizer
 from rl.precision import float32_state
@@ -236,10 +237,29 @@ def to_cpu(value: Any) -> Any:
 
 
 def save_file_atomically(path: str, state: dict[str, Any]) -> None:
-    """`torch.save` to a temporary file, then rename: for a single writer such as the player."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    torch.save(state, f"{path}.tmp")
-    os.replace(f"{path}.tmp", path)
+    """`torch.save` to a temporary file, then rename, so that no reader ever sees half a file. A write the system
+    refuses (no space left, a quota, a lost mount) removes its partial file and raises `RunStopped`, whose
+    message names the file, the system's reason, and the newest checkpoint kept."""
+    temporary = f"{path}.tmp"
+    with refused_writes(lambda reason: RunStopped(unwritten(path, reason))):
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            # Through a Python file, whose failed write raises the system's reason (torch's own writer does not).
+            with open(temporary, "wb") as file:
+                torch.save(state, file)
+            os.replace(temporary, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(temporary)  # the space it took may be what the next write needs
+            raise
+
+
+def unwritten(path: str, reason: str) -> str:
+    """What could not be written and why, and what of the run is kept."""
+    folder = Path(path).parent
+    newest = newest_checkpoint(str(folder.parent if folder.name == CHECKPOINT_DIR else folder))
+    kept = f"its newest checkpoint is kept: --resume-from {newest} resumes it" if newest else "it had no checkpoint yet"
+    return f"could not write {path}: {reason}; training stopped, and {kept}"
 
 
 def assert_finite(*modules: nn.Module) -> None:

@@ -41,8 +41,7 @@ from rl.elastic import (
     under_torchelastic,
 )
 from rl.envs import EnvSpaces, env_family, inspect_env
-from rl.errors import UsageError, exit_on_usage_error, print_error
-from rl.faults import RunStopped
+from rl.errors import RunStopped, UsageError, exit_after_peers_report, exit_on_usage_error, print_error
 from rl.loop import InterruptFlag
 from rl.optim import TrainingDiverged
 from rl.precision import DEFAULT_PRECISION
@@ -306,9 +305,15 @@ def run_main(main: Callable[[list[str]], None]) -> None:
             print_error(f"error: training stopped: {error}; the checkpoints written so far hold finite weights")
             sys.stderr.flush()
             os._exit(1)  # every rank stops here at the same step; a process group teardown could block
-        except (RepeatedFailure, RunStopped) as error:
+        except RepeatedFailure as error:
             print_error(f"error: {error}")
-            os._exit(1)  # no process group yet, or the lost process's peers already stopped: nothing to tear down
+            os._exit(1)  # no process group yet: nothing to tear down
+        except RunStopped as error:
+            record_fault(role, "failed", str(error))
+            print_error(f"error: {error}")
+            if error.every_rank and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+                exit_after_peers_report(exit_code=1)
+            os._exit(1)  # the lost process's peers already stopped: nothing to tear down
         except KeyboardInterrupt:  # in training, Ctrl-C is the loop's to turn into a checkpoint and a stop
             if role == "rank 0":
                 after = InterruptFlag.heard_in_this_process

@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 USAGE_EXIT_CODE = 2
@@ -28,6 +28,38 @@ class UsageError(Exception):
     def __init__(self, flag: str, message: str) -> None:
         super().__init__(f"{flag}: {message}")
         self.flag = flag
+
+
+class RunStopped(Exception):
+    """The run stopped part way: one of its processes ended or failed (the others were stopped), or a file of the
+    run could not be written. The message says what happened, and what of the run is kept. The command line
+    prints it as an error line; in Python it is raised."""
+
+    def __init__(self, message: str, every_rank: bool = False) -> None:
+        super().__init__(message)
+        self.every_rank = every_rank  # every rank of the job raised it at once, and prints its line before it exits
+
+
+def system_error(error: BaseException | None) -> OSError | None:
+    """The system's refusal (a full disk, a quota, a lost mount) behind `error`, if any: the error itself, or one
+    it was raised over, as Python's traceback would show it."""
+    while error is not None and not isinstance(error, OSError):
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+    return error
+
+
+@contextmanager
+def refused_writes(error_for: Callable[[str], Exception]) -> Iterator[None]:
+    """Raise `error_for(the system's reason)` in place of an error that a write the system refused is behind.
+    Libraries raise their own errors over it: torch's zip writer, closing an archive after a failed write, an
+    unexplained RuntimeError; Lightning's TensorBoard logger, a ValueError about the value it was logging."""
+    try:
+        yield
+    except Exception as error:
+        refused = system_error(error)
+        if refused is None:
+            raise
+        raise error_for(refused.strerror or str(refused)) from None
 
 
 _progress_line_open = False  # a progress bar is drawn on stderr's current line
@@ -79,17 +111,18 @@ def exit_on_usage_error(prefix: str = "error") -> Iterator[None]:
         sys.exit(USAGE_EXIT_CODE)
 
 
-def exit_after_peers_report() -> None:
-    """Give peers time to print their own line, then exit with code 2 even if the launcher stops us first.
+def exit_after_peers_report(exit_code: int = USAGE_EXIT_CODE) -> None:
+    """Give peers time to print their own line, then exit with `exit_code` even if the launcher stops us first.
 
     `os._exit` because a SIGTERM that lands during interpreter shutdown would otherwise read as -15.
-    Nothing needs cleaning up: bad input is found before any file, logger or process group exists.
+    Nothing needs cleaning up: bad input is found before any file, logger or process group exists, and a run
+    stopped on every rank at once has nothing left to write.
     """
     sys.stdout.flush()
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(USAGE_EXIT_CODE))
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(exit_code))
     if not wait_for_every_rank_report(time.monotonic() + PEER_REPORT_TIMEOUT_SECONDS):
         time.sleep(PEER_GRACE_SECONDS)
-    os._exit(USAGE_EXIT_CODE)
+    os._exit(exit_code)
 
 
 def wait_for_every_rank_report(deadline: float) -> bool:
@@ -108,7 +141,7 @@ def wait_for_every_rank_report(deadline: float) -> bool:
     import torch.distributed as dist
 
     world_size = int(os.environ["WORLD_SIZE"])
-    key = f"rl/usage_errors/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    key = f"rl/error_reports/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     try:
         # The agent's store is up before any worker starts: connecting takes no time unless no store is there.
         store = dist.TCPStore(

@@ -21,9 +21,9 @@ from rl.checkpoint import CHECKPOINT_DIR
 from rl.cli import check_video_support
 from rl.config import parse_dataclass
 from rl.envs import video_folder
-from rl.errors import UsageError, exit_on_usage_error
+from rl.errors import UsageError, exit_on_usage_error, refused_writes
 from rl.evaluation import evaluate_greedy
-from rl.logger import LoggerName, open_sinks
+from rl.logger import LoggerName, open_sinks, quiet_tensorboard_writer_threads
 from rl.runtime import configure_torch_threads
 
 
@@ -82,6 +82,7 @@ def log_scores(
 def log_to_tensorboard(folder: Path, returns: np.ndarray, lengths: np.ndarray, video_dir: str | None) -> None:
     from torch.utils.tensorboard import SummaryWriter
 
+    quiet_tensorboard_writer_threads()
     with SummaryWriter(str(folder / "evaluation")) as writer:
         writer.add_scalar("Eval/return_mean", float(returns.mean()))
         writer.add_scalar("Eval/return_std", float(returns.std()))
@@ -138,7 +139,10 @@ def main(argv: list[str]) -> None:
         f"{env_id}, {cfg.episodes} {mode} episodes: return {returns.mean():.2f} ± {returns.std():.2f}, "
         f"length {lengths.mean():.1f} ± {lengths.std():.1f}"
     )
-    log_scores(cfg.logger, folder, returns, lengths, video_dir)
+    # The logs go into the checkpoint's run folder: a full disk there is told as such, after the scores.
+    unlogged = f"cannot log the scores above into the checkpoint's run folder, {folder}"
+    with refused_writes(lambda reason: UsageError("CHECKPOINT", f"{unlogged}: {reason}")):
+        log_scores(cfg.logger, folder, returns, lengths, video_dir)
     if video_dir:
         print(f"video: {sorted(glob.glob(os.path.join(video_dir, '*.mp4')))[0]}")
 

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from rl.agent import Agent, load_agent
 from rl.config import parse_dataclass
 from rl.envs import is_image_space
-from rl.errors import UsageError, exit_on_usage_error
+from rl.errors import UsageError, exit_on_usage_error, refused_writes
 from rl.multi_input import KeyInput, MultiInputLayout, packed_layout
 from rl.normalization import CLIP, ObservationNormalizer
 
@@ -140,14 +140,21 @@ def check_output_file(out: str) -> None:
 
 def export(module: GreedyPolicy, example: tuple[Tensor, ...], out: str, format: ExportFormat) -> None:
     check_output_file(out)
-    write(module, example, out, format)
+    with refused_writes(lambda reason: UsageError("--out", f"cannot write {out}: {reason}")):
+        try:
+            write(module, example, out, format)
+        except BaseException:
+            Path(out).unlink(missing_ok=True)  # a file cut short would load as a broken policy
+            raise
 
 
 def write(module: GreedyPolicy, example: tuple[Tensor, ...], out: str, format: ExportFormat) -> None:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's deprecation notes on TorchScript and on tracing
         if format == "torchscript":
-            torch.jit.save(torch.jit.trace(module, example), out)
+            traced = torch.jit.trace(module, example)
+            with open(out, "wb") as file:  # a Python file, whose failed write says why (torch's own does not)
+                torch.jit.save(traced, file)
             return
         try:
             import onnx  # noqa: F401

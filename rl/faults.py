@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rl.elastic import job_store_client, record_fault
-from rl.errors import print_error
+from rl.errors import RunStopped, print_error
 from rl.optim import TrainingDiverged
 
 LOST_CONNECTION = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out", "timed out")
@@ -159,11 +159,6 @@ def report_failed_collective(role: str, known_lost: str, error: Exception) -> bo
     return True
 
 
-class RunStopped(Exception):
-    """One of the run's processes ended or failed, and the others were stopped: the message says which, and where
-    the checkpoints written so far are. The command line prints it as an error line; in Python it is raised."""
-
-
 def on_main_thread() -> bool:
     """Whether this thread may set signal handlers: Python runs them in the main thread only, so training
     started from another thread hears no signal, and sets no handler."""
@@ -206,8 +201,8 @@ def report_lost_peers(own_rank: int, name: Callable[[int], str], process_ids: Te
     previous = signal.signal(signal.SIGTERM, stopped_by_launcher) if on_main_thread() else None
     try:
         yield
-    except TrainingDiverged:
-        raise  # every rank finds it at the same step, whether or not a peer has already exited over it
+    except (TrainingDiverged, RunStopped):
+        raise  # it names what happened, whether or not a peer has already exited over it
     except Exception as error:
         if not report_failed_collective(role, lost(), error):
             raise

@@ -6,15 +6,17 @@ import csv
 import glob
 import math
 import os
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import torch
 from tqdm import tqdm
 
-from rl.errors import UsageError, progress_line
+from rl.errors import RunStopped, UsageError, progress_line, refused_writes
 from rl.normalization import AllReduceSum
 from rl.uploads import to_device
 
@@ -213,7 +215,8 @@ def wandb_run_id(run_dir: str) -> str:
 
 
 class Sinks:
-    """Every logger of the run (`--logger`), behind one sink."""
+    """Every logger of the run (`--logger`), behind one sink. A write the system refuses stops the run with
+    `RunStopped` (`refused_logs`)."""
 
     def __init__(self, sinks: list[MetricsSink], log_dir: str) -> None:
         self.sinks, self.log_dir = sinks, log_dir
@@ -221,20 +224,51 @@ class Sinks:
     def log_scalars(self, metrics: dict[str, float], step: int) -> None:
         if not metrics:
             return  # a CSV row of nothing but its step
-        for sink in self.sinks:
-            sink.log_scalars(metrics, step)
+        with refused_logs(self.log_dir):
+            for sink in self.sinks:
+                sink.log_scalars(metrics, step)
 
     def log_hparams(self, params: dict[str, Any]) -> None:
-        for sink in self.sinks:
-            sink.log_hparams(params)
+        with refused_logs(self.log_dir):
+            for sink in self.sinks:
+                sink.log_hparams(params)
 
     def log_text(self, tag: str, text: str) -> None:
-        for sink in self.sinks:
-            sink.log_text(tag, text)
+        with refused_logs(self.log_dir):
+            for sink in self.sinks:
+                sink.log_text(tag, text)
 
     def close(self) -> None:
-        for sink in self.sinks:
-            sink.close()
+        with refused_logs(self.log_dir):
+            for sink in self.sinks:
+                sink.close()
+
+
+def refused_logs(log_dir: str) -> AbstractContextManager[None]:
+    """A write of the run's logs or config that the system refuses (a full disk, a lost mount) stops the run."""
+    return refused_writes(
+        lambda reason: RunStopped(
+            f"could not write the run's files in {log_dir}: {reason}; training stopped, and the checkpoints "
+            "written before it are kept"
+        )
+    )
+
+
+def quiet_tensorboard_writer_threads() -> None:
+    """tensorboard writes its event files from a thread, which prints the traceback of a write the system
+    refuses, then hands the error to the next write, where `refused_logs` tells it in one line: leave the
+    telling to that line. Other threads' errors are printed as before."""
+    previous = threading.excepthook
+    if getattr(previous, "quiets_tensorboard", False):
+        return
+
+    def hook(args: Any) -> None:
+        writer_thread = type(args.thread).__module__.startswith("tensorboard.")
+        if not (writer_thread and args.exc_type is not None and issubclass(args.exc_type, OSError)):
+            previous(args)
+
+    hook.quiets_tensorboard = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
 
 
 def open_sinks(
@@ -250,13 +284,15 @@ def open_sinks(
     `wandb` False leaves W&B to another process of the run, which writes the run's one W&B run."""
     make_tensorboard = tensorboard or (lambda: SummaryWriterSink(run_dir, is_main, purge_step))
     sinks: list[MetricsSink] = []
-    for name in dict.fromkeys(loggers):
-        if name == "tensorboard":
-            sinks.append(make_tensorboard())
-        elif name == "csv":
-            sinks.append(CSVSink(run_dir, is_main, purge_step, csv_folder))
-        else:
-            sinks.append(WandbSink(run_dir, is_main and wandb))
+    with refused_logs(run_dir):
+        for name in dict.fromkeys(loggers):
+            if name == "tensorboard":
+                quiet_tensorboard_writer_threads()
+                sinks.append(make_tensorboard())
+            elif name == "csv":
+                sinks.append(CSVSink(run_dir, is_main, purge_step, csv_folder))
+            else:
+                sinks.append(WandbSink(run_dir, is_main and wandb))
     return Sinks(sinks, run_dir)
 
 

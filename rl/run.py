@@ -13,7 +13,7 @@ from rl.checkpoint import TrainingCheckpoint, resumed_step, run_dir_of
 from rl.config import CONFIG_FILENAME, RunConfig, write_config_file
 from rl.elastic import job_id, start_logged, under_torchelastic
 from rl.envs import video_folder
-from rl.logger import MetricsSink, hparams_table, open_sinks
+from rl.logger import MetricsSink, hparams_table, open_sinks, refused_logs
 from rl.runtime import Runtime
 
 
@@ -57,7 +57,8 @@ def open_run(
     sink.log_hparams(cfg.to_dict())
     sink.log_text("hyperparameters", hparams_table(cfg.to_dict()))
     if is_main:
-        write_config_file(cfg, os.path.join(run_dir, CONFIG_FILENAME))  # what --config takes back
+        with refused_logs(run_dir):
+            write_config_file(cfg, os.path.join(run_dir, CONFIG_FILENAME))  # what --config takes back
         sink.log_scalars(start_logged(world_size), resume_step or 0)
     return Run(sink.log_dir, sink)
 

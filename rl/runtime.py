@@ -22,7 +22,7 @@ from torch import Tensor
 
 from rl.config import RunConfig, local_world_size_from_env
 from rl.elastic import init_default_process_group, under_torchelastic
-from rl.errors import UsageError
+from rl.errors import RunStopped, UsageError
 from rl.logger import FabricSink, MetricsSink, SummaryWriterSink
 from rl.precision import grad_scaler
 
@@ -123,17 +123,20 @@ class Runtime(ABC):
     @abstractmethod
     def broadcast_object(self, obj: Any) -> Any: ...
 
-    @abstractmethod
-    def save(self, path: str, state: dict[str, Any]) -> None:
-        """Write `state` once (from rank 0); every rank returns after the file exists."""
-
-    def save_atomically(self, path: str, state: dict[str, Any]) -> None:
-        """Write to a temporary file, then rename: a crash mid-save leaves the old files intact."""
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        temporary = f"{path}.tmp"
-        self.save(temporary, state)
+    def write_on_main(self, write: Callable[[], None]) -> None:
+        """Run `write` (a file the job writes once) on rank 0. Every rank returns once the file is written, or
+        raises the `RunStopped` that `write` raised (a full disk, say), so that no rank waits for a file that
+        will not come and each stops with the same line."""
+        failure = None
         if self.is_main:
-            os.replace(temporary, path)
+            try:
+                write()
+            except RunStopped as error:
+                failure = str(error)
+        if self.world_size > 1:
+            failure = self.broadcast_object(failure)
+        if failure is not None:
+            raise RunStopped(failure, every_rank=self.world_size > 1)
 
     def start_mean(self, tensor: Tensor) -> Callable[[], None]:
         """Average `tensor` in place over the ranks, in the background; call the result to wait for it.
@@ -318,9 +321,6 @@ class FabricRuntime(Runtime):
     def broadcast_object(self, obj: Any) -> Any:
         return self.fabric.broadcast(obj, src=0)
 
-    def save(self, path: str, state: dict[str, Any]) -> None:
-        self.fabric.save(path, state)
-
     def make_sink(self, root_dir: str, run_name: str, purge_step: int | None = None) -> MetricsSink:
         return FabricSink(root_dir, run_name, purge_step)
 
@@ -371,12 +371,6 @@ class TorchRuntime(Runtime):
         dist.broadcast_object_list(holder, src=0)
         return holder[0]
 
-    def save(self, path: str, state: dict[str, Any]) -> None:
-        if self.is_main:
-            torch.save(state, path)
-        if self.world_size > 1:
-            dist.barrier()
-
     def make_sink(self, root_dir: str, run_name: str, purge_step: int | None = None) -> MetricsSink:
         return SummaryWriterSink(os.path.join(root_dir, run_name), self.is_main, purge_step)
 
@@ -401,9 +395,6 @@ class LocalRuntime(Runtime):
 
     def broadcast_object(self, obj: Any) -> Any:
         return obj
-
-    def save(self, path: str, state: dict[str, Any]) -> None:
-        torch.save(state, path)
 
     def make_sink(self, root_dir: str, run_name: str, purge_step: int | None = None) -> MetricsSink:
         return SummaryWriterSink(os.path.join(root_dir, run_name), self.is_main, purge_step)

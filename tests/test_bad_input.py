@@ -97,7 +97,7 @@ def test_a_rank_that_finds_bad_input_waits_for_a_peer_that_starts_seconds_later(
     try:
         time.sleep(PEER_GRACE_SECONDS + 3)
         assert first.poll() is None, "the first rank left before its peer reported"
-        agent_store.add("rl/usage_errors/0", 1)  # the late rank's report
+        agent_store.add("rl/error_reports/0", 1)  # the late rank's report
         assert first.wait(timeout=10) == 2
     finally:
         first.kill()

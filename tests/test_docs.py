@@ -25,7 +25,7 @@ def test_the_flags_reference_names_every_flag_with_its_meaning():
 
 
 def error_messages() -> list[tuple[str, str]]:
-    """(where, message chunk) for every line the code can stop a run with: each `UsageError` and each
+    """(where, message chunk) for every line the code can stop a run with: each `UsageError`, `RunStopped` and
     `print_error`, by the longest literal piece of its message (the rest is filled in at run time)."""
     import ast
 
@@ -38,7 +38,8 @@ def error_messages() -> list[tuple[str, str]]:
                     if isinstance(node, ast.Return) and isinstance(node.value, ast.Constant) and node.value.value:
                         found.append((f"{path.relative_to(DOCS.parent)}:{node.lineno}", node.value.value))
         for node in ast.walk(tree):
-            if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("UsageError", "print_error")):
+            stops = ("UsageError", "print_error", "RunStopped")
+            if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) in stops):
                 continue
             message = node.args[-1]
             pieces = (

@@ -22,6 +22,7 @@ from rl.checkpoint import (
     prune_checkpoints,
     restore_run_state,
     training_checkpoint,
+    write_file,
 )
 from rl.elastic import reached, record_end
 from rl.evaluation import PeriodicEvaluation, report_evaluation
@@ -141,7 +142,8 @@ class CoupledRank:
         checkpoint = training_checkpoint(
             agent, self.learner.state_dict(), counters, rank_states, MODE, self.runtime.world_size
         )
-        self.runtime.save_atomically(checkpoint_path(self.run.dir, self.global_step), checkpoint.to_file())
+        path = checkpoint_path(self.run.dir, self.global_step)
+        self.runtime.write_on_main(lambda: write_file(path, checkpoint))
         if self.runtime.is_main:
             prune_checkpoints(self.run.dir, self.cfg.keep_last)
 
@@ -183,7 +185,8 @@ def _train_coupled(
         report_compile_time(cfg, rank.loop_clock.compile_seconds(), "rank 0")
     rank.learner.raise_if_diverged()
     assert_finite(rank.policy)
-    runtime.save_atomically(agent_path(run.dir), agent_of(algorithm, rank.policy, rank.source).to_file())
+    agent = agent_of(algorithm, rank.policy, rank.source)
+    runtime.write_on_main(lambda: write_file(agent_path(run.dir), agent))
     # Leave before rank 0's closing evaluation: a rank waiting for it in a collective would give up after
     # --collective-timeout, which a long evaluation (a greedy Atari game, say) outlasts.
     runtime.shutdown()

@@ -23,6 +23,7 @@ import os
 import queue
 import resource
 import signal
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.context import SpawnContext, SpawnProcess
@@ -32,6 +33,7 @@ from typing import Any, Protocol
 import torch
 import torch.multiprocessing as mp
 from torch import Tensor
+from tqdm import tqdm
 
 from rl.algos.base import Algorithm, Learner
 from rl.batch import DataShard
@@ -51,10 +53,9 @@ from rl.checkpoint import (
 )
 from rl.config import RunConfig
 from rl.elastic import reached, record_end
-from rl.errors import print_error
+from rl.errors import RunStopped, print_error
 from rl.evaluation import report_evaluation
 from rl.experience import ExperienceSource
-from rl.faults import RunStopped
 from rl.logger import EPISODE_RETURN, ProgressBar, TrainingMetrics, open_sinks
 from rl.loop import (
     Callback,
@@ -237,10 +238,16 @@ def run_worker(
     """A worker process's body: one line and exit code 1 if training diverges."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to turn into a checkpoint and a stop
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # born blocked (start_workers); ignored from now on
+    # tqdm's default lock is shared between processes: a worker the supervisor stops leaves it behind, and the
+    # resource tracker warns of it. One process draws the bar, so a lock of this process's threads serves.
+    tqdm.set_lock(threading.RLock())
     try:
         WorkerLoop(index, algorithm, shared, channel, run_dir, resume).run(callbacks)
     except TrainingDiverged as error:
         print_error(f"error: {worker_name(index)}: training stopped: {error}")
+        os._exit(1)
+    except RunStopped as error:  # worker 0 writes the run's logs: the disk may refuse them
+        print_error(f"error: {worker_name(index)}: {error}")
         os._exit(1)
     except BrokenBarrierError:  # the supervisor stopped the job: another worker was lost, and it says so
         os._exit(1)
@@ -484,6 +491,11 @@ def train_hogwild(
             run.sink.close()
             stopped = f"{lost}; the others were stopped, and the checkpoints written so far are in {run.dir}"
             raise RunStopped(stopped) from None
+        except RunStopped:  # a checkpoint that could not be written
+            stop_workers(processes, channel)
+            release(processes, channel)
+            run.sink.close()
+            raise
     interrupted = channel.stop_requested.is_set()
     release(processes, channel)
     final = writer.last
