@@ -41,16 +41,16 @@ SAC_GROWING = [
 SAC_SECOND_CHECKPOINT_REFUSED = 60_000  # bytes: its checkpoint at step 200 is about 49 kB, at step 400 about 78 kB
 
 
-def run_with_file_limit(command: list[str], cwd: Path, limit: int, timeout: float = 240) -> subprocess.CompletedProcess:
-    """`command` (and every process it starts) unable to write a file past `limit` bytes."""
+def run_with_file_limit(command: list[str], cwd: Path, limit: int | None) -> subprocess.CompletedProcess:
+    """`command` (and every process it starts) unable to write a file past `limit` bytes (None: no limit)."""
     return subprocess.run(
         command,
         cwd=cwd,
         env=child_env(),
         capture_output=True,
         text=True,
-        timeout=timeout,
-        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
+        timeout=240,
+        preexec_fn=None if limit is None else lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
     )
 
 
@@ -79,15 +79,12 @@ def test_a_refused_checkpoint_stops_the_run_in_one_line_and_the_one_before_resum
     assert sorted(path.name for path in kept.parent.iterdir()) == [kept.name]  # no partial file left
     assert torch.load(kept, weights_only=True)["counters"]["global_step"] == 200
 
-    resumed = subprocess.run(
+    resumed = run_with_file_limit(
         launch_command(
             "python", SCRIPTS["fabric"], [*SAC_GROWING, "--total-timesteps", "400", "--resume-from", str(kept)], 1
         ),
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
+        tmp_path,
+        limit=None,
     )
     assert resumed.returncode == 0, resumed.stderr
     assert (kept.parent / "step_000000000400.ckpt").is_file()
@@ -158,13 +155,8 @@ def test_logs_the_system_refuses_stop_the_run_in_one_line_rather_than_as_a_value
 @pytest.fixture(scope="module")
 def saved_agent(tmp_path_factory) -> Path:
     cwd = tmp_path_factory.mktemp("agent")
-    done = subprocess.run(
-        launch_command("python", SCRIPTS["fabric"], [*PPO_QUICK, "--total-timesteps", "512"], 1),
-        cwd=cwd,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
+    done = run_with_file_limit(
+        launch_command("python", SCRIPTS["fabric"], [*PPO_QUICK, "--total-timesteps", "512"], 1), cwd, limit=None
     )
     assert done.returncode == 0, done.stderr
     return run_dir(cwd, "fabric") / "agent.ckpt"
