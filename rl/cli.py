@@ -313,7 +313,7 @@ def run_main(main: Callable[[list[str]], None]) -> None:
             print_error(f"error: {error}")
             if error.every_rank and int(os.environ.get("WORLD_SIZE", "1")) > 1:
                 exit_after_peers_report(exit_code=1)
-            os._exit(1)  # the lost process's peers already stopped: nothing to tear down
+            os._exit(1)  # nothing to tear down: any peer still running learns of it as a lost process
         except KeyboardInterrupt:  # in training, Ctrl-C is the loop's to turn into a checkpoint and a stop
             if role == "rank 0":
                 after = InterruptFlag.heard_in_this_process

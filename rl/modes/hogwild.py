@@ -16,6 +16,7 @@ memory; only checkpoint parts, which are rare, travel pickled through a queue.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import io
@@ -494,7 +495,8 @@ def train_hogwild(
         except RunStopped:  # a checkpoint that could not be written
             stop_workers(processes, channel)
             release(processes, channel)
-            run.sink.close()
+            with contextlib.suppress(RunStopped):  # the disk that refused it may refuse the last logs too
+                run.sink.close()
             raise
     interrupted = channel.stop_requested.is_set()
     release(processes, channel)
