@@ -57,7 +57,8 @@ def train(
     In decoupled mode the lead player (rank 0) returns them and the other roles None. Hogwild's
     callbacks run in its workers, which start by pickling them: define their classes at a module's
     top level. A Hogwild worker that ends or fails stops the others and raises `rl.RunStopped`, as does a file of
-    the run that the system refuses to write (a full disk), after removing its partial copy."""
+    the run that the system refuses to write (a full disk), after removing its partial copy, and an env that
+    raises or returns a NaN or infinite value."""
     cfg = copy.deepcopy(config)
     check_field_types(cfg)
     defaults = type(cfg)()

@@ -310,7 +310,7 @@ def run_main(main: Callable[[list[str]], None]) -> None:
             os._exit(1)  # no process group yet: nothing to tear down
         except RunStopped as error:
             record_fault(role, "failed", str(error))
-            print_error(f"error: {error}")
+            print_error(error.lines())
             if error.every_rank and int(os.environ.get("WORLD_SIZE", "1")) > 1:
                 exit_after_peers_report(exit_code=1)
             os._exit(1)  # nothing to tear down: any peer still running learns of it as a lost process

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from rl import masked_cartpole, pixel_cartpole, two_cues  # noqa: F401  (register rl/MaskedCartPole-v1 and others)
-from rl.errors import UsageError
+from rl.env_faults import env_frames, own_frames, summary
+from rl.errors import UsageError, print_error
 from rl.multi_input import (
     MultiInputLayout,
     PackObservations,
@@ -225,7 +226,13 @@ def check_env_api(env_id: str, preprocessing: Preprocessing) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # advice (float64 spaces, unbounded boxes) is not a broken rule
             check_env(env.unwrapped, skip_render_check=True)
-    except (AssertionError, gym.error.Error, TypeError, ValueError) as error:
+    except Exception as error:
+        own = own_frames(error.__traceback__)
+        if own:  # the env's own code raised, not one of the checker's rules
+            print_error(env_frames(error.__traceback__))
+            raise UsageError("--env-id", f"{env_id}'s {own[0].name} raised {summary(error)}") from None
+        if not isinstance(error, AssertionError | gym.error.Error | TypeError | ValueError):
+            raise
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         if "values to unpack" in message:
             message = f"step() must return (obs, reward, terminated, truncated, info): {message}"

@@ -38,6 +38,12 @@ class RunStopped(Exception):
     def __init__(self, message: str, every_rank: bool = False) -> None:
         super().__init__(message)
         self.every_rank = every_rank  # every rank of the job raised it at once, and prints its line before it exits
+        self.context = ""  # lines printed above the error line (an env's own frames, where it raised)
+
+    def lines(self, who: str = "") -> str:
+        """What to print: the context, if any, then the error line (`who`: the process, where several print)."""
+        line = f"error: {who}{self}"
+        return f"{self.context}\n{line}" if self.context else line
 
 
 def system_error(error: BaseException | None) -> OSError | None:

@@ -20,8 +20,9 @@ from rl.agent import load_agent
 from rl.checkpoint import CHECKPOINT_DIR
 from rl.cli import check_video_support
 from rl.config import parse_dataclass
+from rl.env_faults import EnvFault
 from rl.envs import video_folder
-from rl.errors import UsageError, exit_on_usage_error, refused_writes
+from rl.errors import UsageError, exit_on_usage_error, print_error, refused_writes
 from rl.evaluation import evaluate_greedy
 from rl.logger import LoggerName, open_sinks, quiet_tensorboard_writer_threads
 from rl.runtime import configure_torch_threads
@@ -123,17 +124,22 @@ def main(argv: list[str]) -> None:
     folder = run_folder(cfg.checkpoint)
     video_dir = video_folder(str(folder), "eval", Path(cfg.checkpoint).stem) if cfg.capture_video else None
     env_id = agent.env_id
-    returns, lengths = evaluate_greedy(
-        agent.policy,
-        env_id,
-        cfg.episodes,
-        cfg.seed,
-        agent.normalizer,
-        agent.device,
-        video_dir,
-        cfg.deterministic,
-        agent.preprocessing,
-    )
+    try:
+        returns, lengths = evaluate_greedy(
+            agent.policy,
+            env_id,
+            cfg.episodes,
+            cfg.seed,
+            agent.normalizer,
+            agent.device,
+            video_dir,
+            cfg.deterministic,
+            agent.preprocessing,
+        )
+    except EnvFault as fault:  # a bad env, named as the flag that chose it
+        if fault.context:
+            print_error(fault.context)
+        raise UsageError("--env-id", f"{env_id}'s {fault.what}") from None
     mode = "deterministic" if cfg.deterministic else "stochastic"
     print(
         f"{env_id}, {cfg.episodes} {mode} episodes: return {returns.mean():.2f} ± {returns.std():.2f}, "

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from rl.config import RunConfig
+from rl.env_faults import ENV_RESET, ENV_STEP
 from rl.envs import (
     ATARI_PREPROCESSING,
     Preprocessing,
@@ -57,14 +58,16 @@ def evaluate_greedy(
     finished = np.zeros(episodes, dtype=bool)
     act = _stepper(agent, episodes, device, deterministic, generator)
     try:
-        obs, _ = envs.reset(seed=[derive_seed(seed, EVAL_STREAM, i) for i in range(episodes)])
+        with ENV_RESET:
+            obs, _ = envs.reset(seed=[derive_seed(seed, EVAL_STREAM, i) for i in range(episodes)])
         starts = np.ones(episodes, dtype=bool)
         while not finished.all():
             if abandon is not None and abandon():
                 raise EvaluationAbandoned
             obs_t = observations_tensor(obs, as_bytes, device)
             action = act(obs_normalizer(obs_t), torch.as_tensor(starts, device=device)).cpu().numpy()
-            obs, _, terminated, truncated, info = envs.step(action)
+            with ENV_STEP:
+                obs, _, terminated, truncated, info = envs.step(action)
             starts = terminated | truncated
             if "_episode" in info:  # only an env's first episode counts
                 ended = info["_episode"] & ~finished

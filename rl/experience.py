@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from rl.batch import TensorBatch
+from rl.env_faults import ENV_RESET, ENV_STEP, check_finite
 from rl.envs import observations_tensor, reset_vector_env, resets_next_step, stored_as_bytes
 from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
 
@@ -167,7 +168,9 @@ class ExperienceSource(ABC):
         return {}
 
     def reset_envs(self, seeds: list[int]) -> None:
-        first_obs, info = reset_vector_env(self.envs, seeds)
+        with ENV_RESET:
+            first_obs, info = reset_vector_env(self.envs, seeds)
+        check_finite(first_obs, call="reset")
         self.raw_obs = self.to_tensor(first_obs)
         self.ended = np.zeros(self.envs.num_envs, dtype=np.bool_)  # which envs' last step ended an episode
         self.lives = self._lives(info)
@@ -181,8 +184,10 @@ class ExperienceSource(ABC):
         """One vector step, and which of its rows are transitions (not a NEXT_STEP env's reset step)."""
         is_transition = ~self.ended if self.resets_next_step else np.ones(self.envs.num_envs, dtype=np.bool_)
         started = time.perf_counter()
-        raw_next, reward, terminated, truncated, info = self.envs.step(actions)
+        with ENV_STEP:
+            raw_next, reward, terminated, truncated, info = self.envs.step(actions)
         self.env_seconds += time.perf_counter() - started
+        check_finite(raw_next, reward)  # before it reaches a buffer, a normalizer or a loss
         self.ended = terminated | truncated
         lives = self._lives(info)
         # A reset restores the lives; only a drop within an episode is a lost life.

@@ -231,3 +231,39 @@ class ImageAndText(FixedLength):
 
 
 gym.register("ImageAndText-v0", entry_point=ImageAndText)
+
+
+class Misbehaves(gym.Env):
+    """From its `after`th step on (counted over the env's life), `fault`: "raise" (a RuntimeError from a helper),
+    "nan_observation", "inf_reward", or "raise_if_asked" (raise where MISBEHAVE is set in the environment)."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), dtype=np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, after: int = 300, fault: str = "raise"):
+        self.after, self.fault, self.lifetime_steps = after, fault, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        return np.zeros(3, dtype=np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        self.lifetime_steps += 1
+        obs, reward = np.full(3, 0.5, dtype=np.float32), 1.0
+        if self.lifetime_steps >= self.after:
+            if self.fault == "raise" or (self.fault == "raise_if_asked" and os.environ.get("MISBEHAVE")):
+                self.lose_contact()
+            if self.fault == "nan_observation":
+                obs[2] = np.nan
+            if self.fault == "inf_reward":
+                reward = float("inf")
+        return obs, reward, False, self.steps >= 20, {}
+
+    @staticmethod
+    def lose_contact():
+        raise RuntimeError("lost contact with the simulator\nits log: ...")
+
+
+gym.register("Misbehaves-v0", entry_point=Misbehaves)

@@ -248,7 +248,7 @@ def run_worker(
         print_error(f"error: {worker_name(index)}: training stopped: {error}")
         os._exit(1)
     except RunStopped as error:  # worker 0 writes the run's logs: the disk may refuse them
-        print_error(f"error: {worker_name(index)}: {error}")
+        print_error(error.lines(f"{worker_name(index)}: "))
         os._exit(1)
     except BrokenBarrierError:  # the supervisor stopped the job: another worker was lost, and it says so
         os._exit(1)

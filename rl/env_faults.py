@@ -1,0 +1,86 @@
+"""What an env can do wrong in the middle of a run: raise, or return a value that is not finite.
+
+Either stops the run with one line that names the env's call and what it did, instead of a
+traceback through the vector env, or a "gradient is not finite" that reads as the learner's fault
+steps later. An env that raised also shows its own frames, above that line: the bug is there.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from types import TracebackType
+
+import gymnasium as gym
+import numpy as np
+
+from rl.errors import RunStopped
+
+# Frames of the vector env, gymnasium's wrappers and checker, and this package lie between the run and the env's
+# own code (numpy's too, where the checker calls it).
+PLUMBING = tuple(os.path.dirname(os.path.abspath(path)) + os.sep for path in (__file__, gym.__file__, np.__file__))
+GYMNASIUM_ENVS = os.path.join(os.path.dirname(gym.__file__), "envs") + os.sep  # its own envs are env code
+
+
+class EnvFault(RunStopped):
+    """The env raised or returned a non-finite value: `what` it did, in which call; `frames`, where it raised."""
+
+    def __init__(self, what: str, frames: str = "") -> None:
+        super().__init__(f"--env-id: the env's {what}; the run stopped, and the checkpoints written so far are kept")
+        self.what = what
+        self.context = frames
+
+
+class EnvCall:
+    """`with ENV_STEP:` around an env's call turns what it raises into `EnvFault` (one instance per call kind:
+    nothing is made per step)."""
+
+    def __init__(self, call: str) -> None:
+        self.call = call
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        if error is None or not isinstance(error, Exception) or isinstance(error, EnvFault):
+            return  # KeyboardInterrupt and the like are the loop's to handle
+        raise EnvFault(f"{self.call} raised {summary(error)}", env_frames(tb)) from error
+
+
+ENV_STEP, ENV_RESET = EnvCall("step"), EnvCall("reset")
+
+
+def summary(error: BaseException) -> str:
+    """The error's type and the first line of its message."""
+    return f"{type(error).__name__}: {str(error).splitlines()[0]}" if str(error).strip() else type(error).__name__
+
+
+def env_frames(tb: TracebackType | None) -> str:
+    """The traceback's frames from the first in the env's own code, as Python prints them; empty where the env's
+    code is not among them (a vector env's worker process prints its own)."""
+    own = own_frames(tb)
+    return "the env raised in these frames:\n" + "".join(traceback.format_list(own)).rstrip("\n") if own else ""
+
+
+def own_frames(tb: TracebackType | None) -> list[traceback.FrameSummary]:
+    frames = traceback.extract_tb(tb)
+    first = next((i for i, frame in enumerate(frames) if is_env_code(frame.filename)), len(frames))
+    return frames[first:]
+
+
+def is_env_code(filename: str) -> bool:
+    return filename.startswith(GYMNASIUM_ENVS) or not filename.startswith(PLUMBING)
+
+
+def check_finite(obs: np.ndarray, reward: np.ndarray | None = None, call: str = "step") -> None:
+    """Raise `EnvFault` if a reward or a (floating-point) observation is NaN or infinite."""
+    if reward is not None and not np.isfinite(reward).all():
+        raise EnvFault(non_finite(call, "a reward", reward))
+    if obs.dtype.kind == "f" and not np.isfinite(obs).all():
+        raise EnvFault(non_finite(call, "an observation", obs))
+
+
+def non_finite(call: str, where: str, values: np.ndarray) -> str:
+    rows = values.reshape(len(values), -1) if values.ndim else values.reshape(1, 1)
+    env, column = np.argwhere(~np.isfinite(rows))[0]
+    return f"{call} returned {rows[env, column]} in {where} (env {env})"

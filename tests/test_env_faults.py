@@ -1,0 +1,133 @@
+"""An env that raises, or returns a NaN or infinite value, in the middle of a run stops it with one line naming the
+env's call and what it did; one that raised shows its own frames above that line (the vector env's are left out)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import SCRIPTS, child_env, launch_command, run_dir
+
+import rl
+
+MISBEHAVES = ["--env-id", "envs_for_tests:Misbehaves-v0"]
+# One env, 64 steps an iteration: its 300th step falls in the iteration after the checkpoint at step 256.
+QUICK = ["--num-envs", "1", "--num-steps", "64", "--per-rank-batch-size", "32", "--update-epochs", "2"]
+QUICK += ["--total-timesteps", "1024", "--eval-episodes", "0", "--no-progress-bar"]
+RAISED = (
+    "error: --env-id: the env's step raised RuntimeError: lost contact with the simulator; the run stopped, "
+    "and the checkpoints written so far are kept"
+)
+
+
+def run(command: list[str], cwd, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = child_env() | (extra_env or {})
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+def test_an_env_that_raises_shows_its_frames_then_one_line_and_keeps_the_checkpoints(tmp_path):
+    done = run(
+        launch_command("python", SCRIPTS["fabric"], [*MISBEHAVES, *QUICK, "--checkpoint-every", "128"], 1), tmp_path
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1] == RAISED
+    frames = lines[lines.index("the env raised in these frames:") + 1 : -1]
+    # From the env's step down to where it raised: none of the vector env's or this project's frames.
+    assert "envs_for_tests.py" in frames[0] and frames[0].endswith(", in step"), frames
+    assert frames[-1].strip().startswith('raise RuntimeError("lost contact'), frames
+    assert len(frames) == 4, frames
+    checkpoints = sorted(path.name for path in (run_dir(tmp_path, "fabric") / "checkpoints").iterdir())
+    assert checkpoints == ["step_000000000128.ckpt", "step_000000000256.ckpt"]
+
+
+@pytest.mark.parametrize(
+    ("fault", "what"),
+    [("nan_observation", "nan in an observation (env 0)"), ("inf_reward", "inf in a reward (env 0)")],
+)
+def test_a_non_finite_value_from_the_env_is_named_before_it_reaches_the_learner(tmp_path, fault, what):
+    cfg = rl.PPOConfig(
+        env_id="envs_for_tests:Misbehaves-v0",
+        env_kwargs=json.dumps({"after": 40, "fault": fault}),
+        num_envs=2,
+        num_steps=32,
+        total_timesteps=512,
+        eval_episodes=0,
+        progress_bar=False,
+        log_dir=str(tmp_path / "logs"),
+    )
+    with pytest.raises(rl.RunStopped) as stopped:
+        rl.train(cfg)
+    assert str(stopped.value) == (
+        f"--env-id: the env's step returned {what}; the run stopped, and the checkpoints written so far are kept"
+    )
+
+
+@pytest.mark.parametrize("mode", ["fabric run", "decoupled", "hogwild"])
+def test_every_process_ends_and_names_what_happened(tmp_path, mode):
+    if mode == "hogwild":
+        command = launch_command("python", SCRIPTS["hogwild"], [*MISBEHAVES, *QUICK, "--workers", "2"], 1)
+    else:
+        script = SCRIPTS["decoupled" if mode == "decoupled" else "fabric"]
+        command = launch_command("fabric run", script, [*MISBEHAVES, *QUICK], 3 if mode == "decoupled" else 2)
+    done = run(command, tmp_path)
+    assert done.returncode != 0
+    lines = error_lines(done.stderr)
+    if mode == "fabric run":  # both ranks' envs step alike: each raises and says so
+        assert lines == [RAISED, RAISED], done.stderr
+    elif mode == "decoupled":
+        assert lines[0] == RAISED, done.stderr
+        trainers = sorted(lines[1:])  # a trainer may also see the other trainer's process end
+        assert [line.split(": lost the player")[0] for line in trainers] == ["error: trainer 1", "error: trainer 2"]
+    else:
+        assert (
+            RAISED.replace("error: ", "error: hogwild worker 0: ") in lines
+            or RAISED.replace("error: ", "error: hogwild worker 1: ") in lines
+        ), done.stderr
+        assert lines[-1].endswith(
+            "the checkpoints written so far are in logs/hogwild_logs/" + run_dir(tmp_path, "hogwild").name
+        )
+    ours = done.stderr.split("torch/distributed/elastic")[0]  # the launcher's own report follows
+    assert "Traceback" not in ours, done.stderr
+
+
+def test_rl_evaluate_names_the_env_that_raised(tmp_path):
+    # It behaves while it trains; it raises in the evaluation, after the env checker's steps.
+    trained = run(
+        launch_command(
+            "python",
+            SCRIPTS["fabric"],
+            [*MISBEHAVES, "--env-kwargs", '{"after": 10, "fault": "raise_if_asked"}', *QUICK],
+            1,
+        ),
+        tmp_path,
+    )
+    assert trained.returncode == 0, trained.stderr
+    agent = run_dir(tmp_path, "fabric") / "agent.ckpt"
+    evaluated = run([sys.executable, "-m", "rl.evaluate", str(agent), "--episodes", "2"], tmp_path, {"MISBEHAVE": "1"})
+    assert evaluated.returncode == 2
+    assert evaluated.stderr.strip().splitlines()[-1] == (
+        "error: --env-id: envs_for_tests:Misbehaves-v0's step raised RuntimeError: lost contact with the simulator"
+    )
+    assert "the env raised in these frames:" in evaluated.stderr
+
+
+def test_the_env_checker_tells_an_env_that_raises_from_one_that_breaks_a_rule(tmp_path):
+    done = run(
+        launch_command("python", SCRIPTS["fabric"], [*MISBEHAVES, "--env-kwargs", '{"after": 1}', *QUICK], 1),
+        tmp_path,
+    )
+    assert done.returncode == 2
+    assert error_lines(done.stderr) == [
+        "error: --env-id: envs_for_tests:Misbehaves-v0's step raised RuntimeError: lost contact with the simulator"
+    ]
+    assert "breaks the gymnasium API" not in done.stderr
+    assert not os.path.isdir(tmp_path / "logs")  # refused before the run began
