@@ -220,11 +220,6 @@ def checkpoint_path(run_dir: str, global_step: int) -> str:
     return os.path.join(run_dir, CHECKPOINT_DIR, f"step_{global_step:012d}.ckpt")
 
 
-def run_dir_of(checkpoint: str) -> str:
-    """The run folder a checkpoint was written into (…/<run>/checkpoints/step_*.ckpt)."""
-    return str(Path(checkpoint).resolve().parent.parent)
-
-
 def to_cpu(value: Any) -> Any:
     """A copy of nested dicts, lists and tuples with every tensor on the CPU."""
     if isinstance(value, Tensor):

@@ -17,6 +17,7 @@ import types
 import typing
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args
 
 import tyro
@@ -133,7 +134,8 @@ class RunFlags:
     keep_last: int = 3
     """how many of the newest training checkpoints to keep"""
     resume_from: str | None = None
-    """continue the run saved in this training checkpoint (same envs, network and process count)"""
+    """continue the run saved in this training checkpoint, with the run's own flags where none are given (same envs,
+    network and process count)"""
     run_name: str | None = None
     """the run folder's name under --log-dir (default: experiment, env, seed and start time; under torchrun,
     the job's --rdzv-id instead of the time); a run whose folder holds a checkpoint resumes from its newest"""
@@ -515,7 +517,12 @@ def parse_config_flags(
     """A run config from the command line; `--preset NAME` replaces the defaults with the preset's values.
 
     `mode`: the flags of that mode's entry script (its own, and those every mode shares)."""
-    from_file = config_file_values(config_type, flag_value(argv, "--config"))
+    config_path = flag_value(argv, "--config")
+    resumed = config_path is None and flag_value(argv, "--resume-from") is not None
+    if resumed:
+        from_file = resumed_run_values(config_type, flag_value(argv, "--resume-from"))
+    else:
+        from_file = config_file_values(config_type, config_path) if config_path else {}
     name = flag_value(argv, "--preset") or from_file.get("preset")
     preset = {} if name is None else preset_values(config_type, name)
     base = preset | from_file | ({} if name is None else {"preset": name})
@@ -523,7 +530,9 @@ def parse_config_flags(
     parsed = parse_dataclass(view, argv, prog, view(**base) if base else None)
     cfg = config_type(**{member.name: getattr(parsed, member.name) for member in fields(config_type)})
     cfg.precision = launcher_precision() or cfg.precision
-    cfg.fill_defaults(set(base) | fields_on_command_line(config_type, argv))
+    # A resumed run's CUDA graphs followed from its --cuda unless chosen: they follow this run's.
+    derived_again = {"cuda_graphs"} if resumed else set()
+    cfg.fill_defaults((set(base) - derived_again) | fields_on_command_line(config_type, argv))
     return cfg
 
 
@@ -532,10 +541,9 @@ CONFIG_FILENAME = "config.yaml"  # in every run folder: the run's resolved flags
 NOT_IN_CONFIG_FILES = ("config", "write_config")  # what a config file neither sets nor keeps
 
 
-def config_file_values(config_type: type[RunConfig], path: str | None) -> dict[str, Any]:
-    """The fields a `--config` file sets, checked against `config_type`; {} without a file."""
-    if path is None:
-        return {}
+def config_file_values(config_type: type[RunConfig], path: str, others: bool = False) -> dict[str, Any]:
+    """The fields a `--config` file sets, checked against `config_type`. `others`: leave out the keys that are no
+    field of it, or whose value is not of its type (another algorithm's), rather than refuse them."""
     values = read_config_file(path)
     known = {member.name: member for member in fields(config_type)}
     hints = typing.get_type_hints(config_type, include_extras=True)
@@ -543,14 +551,35 @@ def config_file_values(config_type: type[RunConfig], path: str | None) -> dict[s
     for key, value in values.items():
         name = str(key).replace("-", "_")
         if name not in known or name in NOT_IN_CONFIG_FILES:
+            if others:
+                continue
             raise UsageError("--config", f"{path} sets {key!r}, which is no flag of {config_type.__name__}")
         try:
             result[name] = typed_value(hints[name], value)
         except (TypeError, ValueError):
+            if others:
+                continue
             raise UsageError(
                 "--config", f"{path} sets {key}: {value!r}, which is not {type_name(hints[name])}"
             ) from None
     return result
+
+
+def resumed_run_values(config_type: type[RunConfig], checkpoint: str) -> dict[str, Any]:
+    """With `--resume-from` and no `--config`: the flags the run was started with (its folder's config file), for
+    the command line to change; {} where there is none. Another algorithm's fields are left out: the checkpoint
+    names its algorithm."""
+    path = os.path.join(run_dir_of(checkpoint), CONFIG_FILENAME)
+    if not os.path.isfile(path):
+        return {}
+    values = config_file_values(config_type, path, others=True)
+    values.pop("resume_from", None)  # the file of a resumed run names the checkpoint it resumed from
+    return values
+
+
+def run_dir_of(checkpoint: str) -> str:
+    """The run folder a checkpoint was written into (…/<run>/checkpoints/step_*.ckpt)."""
+    return str(Path(checkpoint).resolve().parent.parent)
 
 
 def check_field_types(cfg: RunConfig) -> None:

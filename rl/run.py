@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from rl.checkpoint import TrainingCheckpoint, resumed_step, run_dir_of
-from rl.config import CONFIG_FILENAME, RunConfig, write_config_file
+from rl.checkpoint import TrainingCheckpoint, resumed_step
+from rl.config import CONFIG_FILENAME, RunConfig, run_dir_of, write_config_file
 from rl.elastic import job_id, start_logged, under_torchelastic
 from rl.envs import video_folder
 from rl.logger import MetricsSink, hparams_table, open_sinks, refused_logs

@@ -62,12 +62,13 @@ def runs(tmp_path_factory):
     folders["fabric-resumed"] = copy_of(fabric_half, "fabric-resumed")
     folders["torch-resumed"] = copy_of(torch_half, "torch-resumed")
     resume = [*QUICK, "--total-timesteps", "4096", "--resume-from"]
-    for name, launcher, mode in (
-        ("fabric-resumed", "fabric run", "fabric"),
-        ("torch-resumed", "torchrun", "torch"),
-        ("fabric-to-torch", "torchrun", "torch"),
+    for name, launcher, mode, flags in (
+        # Without QUICK's flags: the run's own (its --update-epochs 2 among them) are taken from its folder.
+        ("fabric-resumed", "fabric run", "fabric", ["--total-timesteps", "4096", "--resume-from"]),
+        ("torch-resumed", "torchrun", "torch", resume),
+        ("fabric-to-torch", "torchrun", "torch", resume),
     ):
-        finished = run_ranks(launcher, SCRIPTS[mode], [*resume, last_checkpoint(folders[name])], folders[name])
+        finished = run_ranks(launcher, SCRIPTS[mode], [*flags, last_checkpoint(folders[name])], folders[name])
         assert finished.returncode == 0, finished.stderr[-3000:]
     folders["fabric_half_checkpoint"] = Path(last_checkpoint(fabric_half))
     return folders
