@@ -29,6 +29,9 @@ from rl.errors import UsageError
 from rl.logger import LoggerName
 from rl.precision import DEFAULT_PRECISION, PrecisionName, check_precision
 
+# A text field's mark: it holds a JSON object, which Python and config files may give as a dict.
+JSON_OBJECT = "json-object"
+
 
 @dataclass
 class RunFlags:
@@ -78,9 +81,9 @@ class RunFlags:
     env_id: str = "CartPole-v1"
     """the id of the gymnasium environment (ALE/Pong-v5 and the other Atari games with the atari extra); an id of
     your own as my_package.my_module:MyEnv-v0 imports the module, which registers it"""
-    env_kwargs: str = "{}"
-    """keyword arguments for the env's gym.make, as a JSON object ('{"continuous": true}'); the run saves them
-    and evaluation makes its envs with them again"""
+    env_kwargs: Annotated[str, JSON_OBJECT] = "{}"
+    """keyword arguments for the env's gym.make, as a JSON object ('{"continuous": true}'; a dict in Python and
+    config files); the run saves them and evaluation makes its envs with them again"""
     env_kwarg: Annotated[list[str], tyro.conf.UseAppendAction] = field(default_factory=list)
     """one keyword argument for gym.make as key=value (the value read as JSON where it parses: true, 3, 0.5,
     "text"; else as text), repeatable; added to --env-kwargs"""
@@ -600,6 +603,8 @@ def typed_value(hint: Any, value: Any) -> Any:
     left as text, such as 3e-4, as the number); raises `ValueError` where it is not of that type."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is Annotated:
+        if JSON_OBJECT in args[1:] and isinstance(value, dict):
+            return json.dumps(value)
         return typed_value(args[0], value)
     if origin is Literal:
         if value not in args:

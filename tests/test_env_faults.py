@@ -3,7 +3,6 @@ env's call and what it did; one that raised shows its own frames above that line
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -56,7 +55,7 @@ def test_an_env_that_raises_shows_its_frames_then_one_line_and_keeps_the_checkpo
 def test_a_non_finite_value_from_the_env_is_named_before_it_reaches_the_learner(tmp_path, fault, what):
     cfg = rl.PPOConfig(
         env_id="envs_for_tests:Misbehaves-v0",
-        env_kwargs=json.dumps({"after": 40, "fault": fault}),
+        env_kwargs={"after": 40, "fault": fault},
         num_envs=2,
         num_steps=32,
         total_timesteps=512,

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from conftest import SCRIPTS, child_env, load_agent, refusal_line, run_dir, run_ranks
 
+from rl import PPOConfig
 from rl.cli import parse_config
+from rl.config import check_field_types
 
 OWN_ENV = [
     "--env-id",
@@ -38,6 +40,15 @@ def test_keyword_arguments_merge_json_and_key_value_pairs_read_as_json_where_the
     )
     assert cfg.make_kwargs() == {"a": 1, "b": True, "c": 0.5, "d": "some text"}
     assert dict(cfg.preprocessing().env_kwargs) == cfg.make_kwargs()
+
+
+def test_keyword_arguments_may_be_a_dict_in_python_and_in_a_config_file(tmp_path):
+    cfg = PPOConfig(env_kwargs={"length": 7, "name": "x"})
+    check_field_types(cfg)
+    assert cfg.make_kwargs() == {"length": 7, "name": "x"}
+    config = tmp_path / "run.yaml"
+    config.write_text("env_kwargs:\n  length: 5\n")
+    assert parse_config(["--config", str(config), "--env-kwarg", "name=y"]).make_kwargs() == {"length": 5, "name": "y"}
 
 
 @pytest.mark.parametrize(
