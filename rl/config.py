@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import math
 import os
 import re
 import sys
@@ -376,6 +377,15 @@ def check_signs(cfg: RunConfig, positive: tuple[str, ...], non_negative: tuple[s
             raise UsageError(flag(name), f"must not be negative, got {getattr(cfg, name)}")
 
 
+def check_finite_numbers(cfg: RunConfig) -> None:
+    """No flag takes NaN or infinity: each would reach a loss, a comparison or a timeout as nonsense (a limit that
+    is off has its own value: 0 or none)."""
+    for member in fields(cfg):
+        value = getattr(cfg, member.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(flag(member.name), f"must be a finite number, got {value}")
+
+
 def validate(
     cfg: RunConfig, world_size: int, gpu_count: int, env_ranks: int | None = None, decoupled: bool = False
 ) -> None:
@@ -385,6 +395,7 @@ def validate(
     mode runs them on the player alone).
     """
     env_ranks = world_size if env_ranks is None else env_ranks
+    check_finite_numbers(cfg)
     if cfg.seed < 0:
         raise UsageError("--seed", f"must not be negative, got {cfg.seed}")
     check_signs(cfg, cfg.POSITIVE, cfg.NON_NEGATIVE)

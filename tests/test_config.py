@@ -56,6 +56,12 @@ def check(cfg, world_size=1, gpu_count=0):
         ({"noop_max": -1}, "--noop-max"),
         ({"run_name": "a/b"}, "--run-name"),
         ({"run_name": " "}, "--run-name"),
+        # NaN passes no comparison, so a sign check alone lets it through; infinity passes "positive"
+        ({"vf_coef": float("nan")}, "--vf-coef"),
+        ({"stop_at_return": float("nan"), "eval_every": 1000}, "--stop-at-return"),
+        ({"learning_rate": float("inf")}, "--learning-rate"),
+        ({"collective_timeout": float("inf")}, "--collective-timeout"),
+        ({"log_std_init": float("inf")}, "--log-std-init"),
     ],
 )
 def test_bad_values_name_their_flag(changes, flag):
