@@ -18,6 +18,7 @@ import types
 import typing
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import asdict, dataclass, field, fields
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args
 
@@ -377,6 +378,9 @@ def check_signs(cfg: RunConfig, positive: tuple[str, ...], non_negative: tuple[s
             raise UsageError(flag(name), f"must not be negative, got {getattr(cfg, name)}")
 
 
+LONGEST_TIMEOUT_SECONDS = timedelta.max.total_seconds()  # the longest span Python's timedelta (gloo's timeout) holds
+
+
 def check_finite_numbers(cfg: RunConfig) -> None:
     """No flag takes NaN or infinity: each would reach a loss, a comparison or a timeout as nonsense (a limit that
     is off has its own value: 0 or none)."""
@@ -398,7 +402,12 @@ def validate(
     check_finite_numbers(cfg)
     if cfg.seed < 0:
         raise UsageError("--seed", f"must not be negative, got {cfg.seed}")
+    if cfg.seed >= 2**63:
+        raise UsageError("--seed", f"must be below 2**63 (torch seeds with a 64-bit integer), got {cfg.seed}")
     check_signs(cfg, cfg.POSITIVE, cfg.NON_NEGATIVE)
+    if cfg.collective_timeout > LONGEST_TIMEOUT_SECONDS:
+        longest = f"{LONGEST_TIMEOUT_SECONDS:.0f}"
+        raise UsageError("--collective-timeout", f"must be at most {longest} seconds, got {cfg.collective_timeout}")
     checkpoint_interval(cfg.checkpoint_every)
     if cfg.run_name is not None and (not cfg.run_name.strip() or os.sep in cfg.run_name or cfg.run_name in (".", "..")):
         raise UsageError("--run-name", f"must be a folder name, without {os.sep}; got {cfg.run_name!r}")

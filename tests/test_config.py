@@ -62,6 +62,8 @@ def check(cfg, world_size=1, gpu_count=0):
         ({"learning_rate": float("inf")}, "--learning-rate"),
         ({"collective_timeout": float("inf")}, "--collective-timeout"),
         ({"log_std_init": float("inf")}, "--log-std-init"),
+        ({"collective_timeout": 1e300}, "--collective-timeout"),  # past what a timedelta holds
+        ({"seed": 2**63}, "--seed"),  # past torch's 64-bit seed
     ],
 )
 def test_bad_values_name_their_flag(changes, flag):
