@@ -381,6 +381,14 @@ def check_signs(cfg: RunConfig, positive: tuple[str, ...], non_negative: tuple[s
 LONGEST_TIMEOUT_SECONDS = timedelta.max.total_seconds()  # the longest span Python's timedelta (gloo's timeout) holds
 
 
+def check_seed(seed: int, bits: int = 63, seeded: str = "torch") -> None:
+    """A seed that `seeded` takes: at least 0 and below 2**`bits`."""
+    if seed < 0:
+        raise UsageError("--seed", f"must not be negative, got {seed}")
+    if seed >= 2**bits:
+        raise UsageError("--seed", f"must be below 2**{bits} ({seeded} takes no larger seed), got {seed}")
+
+
 def check_finite_numbers(cfg: RunConfig) -> None:
     """No flag takes NaN or infinity: each would reach a loss, a comparison or a timeout as nonsense (a limit that
     is off has its own value: 0 or none)."""
@@ -400,10 +408,7 @@ def validate(
     """
     env_ranks = world_size if env_ranks is None else env_ranks
     check_finite_numbers(cfg)
-    if cfg.seed < 0:
-        raise UsageError("--seed", f"must not be negative, got {cfg.seed}")
-    if cfg.seed >= 2**63:
-        raise UsageError("--seed", f"must be below 2**63 (torch seeds with a 64-bit integer), got {cfg.seed}")
+    check_seed(cfg.seed)
     check_signs(cfg, cfg.POSITIVE, cfg.NON_NEGATIVE)
     if cfg.collective_timeout > LONGEST_TIMEOUT_SECONDS:
         longest = f"{LONGEST_TIMEOUT_SECONDS:.0f}"

@@ -19,7 +19,7 @@ import tyro
 from rl.agent import load_agent
 from rl.checkpoint import CHECKPOINT_DIR
 from rl.cli import check_video_support
-from rl.config import parse_dataclass
+from rl.config import check_seed, parse_dataclass
 from rl.env_faults import EnvFault
 from rl.envs import video_folder
 from rl.errors import UsageError, exit_on_usage_error, print_error, refused_writes
@@ -117,6 +117,7 @@ def main(argv: list[str]) -> None:
     cfg = parse(argv)
     if cfg.episodes <= 0:
         raise UsageError("--episodes", f"must be positive, got {cfg.episodes}")
+    check_seed(cfg.seed)
     if cfg.capture_video:
         check_video_support()
     agent = load_agent(cfg.checkpoint, env_id=cfg.env_id, flag="CHECKPOINT")

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import yaml
 
-from rl.config import CONFIG_FILENAME, flag, parse_dataclass
+from rl.config import CONFIG_FILENAME, check_seed, flag, parse_dataclass
 from rl.errors import UsageError, exit_on_usage_error
 from rl.logger import CSV_METRICS_FILE
 
@@ -236,7 +236,7 @@ def tune(cfg: TuneConfig, training: list[str], space: dict[str, dict[str, Any]])
     """One tuning process: trials of the shared study until it holds --trials finished or pruned ones."""
     import optuna
 
-    seed = cfg.seed + cfg.worker
+    seed = (cfg.seed + cfg.worker) % 2**32  # each tuning process its own, within the sampler's range
     sampler = optuna.samplers.TPESampler(seed=seed) if cfg.sampler == "tpe" else optuna.samplers.RandomSampler(seed)
     study = optuna.create_study(
         storage=cfg.storage,
@@ -276,8 +276,10 @@ def write_best(cfg: TuneConfig) -> Path | None:
 def parse(argv: list[str]) -> tuple[TuneConfig, list[str]]:
     split = argv.index("--") if "--" in argv else len(argv)
     cfg = parse_dataclass(TuneConfig, argv[:split])
-    if cfg.trials <= 0 or cfg.workers <= 0 or cfg.eval_every <= 0:
-        raise UsageError("--trials", "--trials, --workers and --eval-every must be positive")
+    for name in ("trials", "workers", "eval_every"):
+        if getattr(cfg, name) <= 0:
+            raise UsageError(flag(name), f"must be positive, got {getattr(cfg, name)}")
+    check_seed(cfg.seed, bits=32, seeded="Optuna's sampler")
     return cfg, argv[split + 1 :]
 
 

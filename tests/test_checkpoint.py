@@ -282,6 +282,8 @@ def test_evaluation_cli_takes_training_checkpoints_stochastic_play_and_another_e
     )
     missing = evaluate(["nothing.ckpt"], runs["fabric-half"])
     assert missing.returncode == 2 and missing.stderr.strip().startswith("error: CHECKPOINT: no checkpoint at")
+    bad_seed = evaluate([checkpoint, "--seed", "-1"], runs["fabric-half"])
+    assert bad_seed.returncode == 2 and bad_seed.stderr.strip() == "error: --seed: must not be negative, got -1"
 
 
 def test_decoupled_resume_equals_an_uninterrupted_run(tmp_path):

@@ -106,3 +106,20 @@ def test_a_bad_space_file_is_refused_in_one_line_before_any_trial(tmp_path, text
     (line,) = refused.stderr.strip().splitlines()
     assert line.startswith("error: --space: " + told.format(space=space))
     assert not (tmp_path / "study.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "told"),
+    [
+        (["--workers", "0"], "--workers: must be positive, got 0"),
+        (["--seed", "-1"], "--seed: must not be negative, got -1"),
+        (["--seed", str(2**32)], "--seed: must be below 2**32 (Optuna's sampler takes no larger seed)"),
+    ],
+)
+def test_tuner_flags_out_of_range_name_their_flag(flags, told):
+    from rl.errors import UsageError
+    from rl.tune import parse
+
+    with pytest.raises(UsageError) as refused:
+        parse([*flags, *TRAINING])
+    assert str(refused.value).startswith(told)
