@@ -16,7 +16,7 @@ from dataclasses import fields
 from typing import Any, Literal
 
 from rl.cli import prepare_config
-from rl.config import RunConfig, check_field_types, flag, preset_values
+from rl.config import RunConfig, check_field_types, flag, preset_values, resumed_run_values
 from rl.errors import UsageError
 from rl.loop import Callback
 from rl.modes.coupled import train_coupled
@@ -58,13 +58,18 @@ def train(
     callbacks run in its workers, which start by pickling them: define their classes at a module's
     top level. A Hogwild worker that ends or fails stops the others and raises `rl.RunStopped`, as does a file of
     the run that the system refuses to write (a full disk), after removing its partial copy, and an env that
-    raises or returns a NaN or infinite value."""
+    raises or returns a NaN or infinite value. With `resume_from`, the fields left at their defaults take the
+    resumed run's values, as its flags do on the command line."""
     cfg = copy.deepcopy(config)
     check_field_types(cfg)
     defaults = type(cfg)()
-    cfg.fill_defaults(
-        {field.name for field in fields(cfg) if getattr(cfg, field.name) != getattr(defaults, field.name)}
-    )
+    given = {field.name for field in fields(cfg) if getattr(cfg, field.name) != getattr(defaults, field.name)}
+    if cfg.resume_from is not None:  # as on the command line: the run's own values where the config has defaults
+        for name, value in resumed_run_values(type(cfg), cfg.resume_from).items():
+            if name not in given:
+                setattr(cfg, name, value)
+                given.add(name)
+    cfg.fill_defaults(given)
     if mode == "decoupled":
         from rl.modes.decoupled import LOG_SUBDIR, train_decoupled
 

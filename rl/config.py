@@ -545,12 +545,11 @@ def parse_config_flags(
     """A run config from the command line; `--preset NAME` replaces the defaults with the preset's values.
 
     `mode`: the flags of that mode's entry script (its own, and those every mode shares)."""
-    config_path = flag_value(argv, "--config")
-    resumed = config_path is None and flag_value(argv, "--resume-from") is not None
-    if resumed:
-        from_file = resumed_run_values(config_type, flag_value(argv, "--resume-from"))
-    else:
-        from_file = config_file_values(config_type, config_path) if config_path else {}
+    config_path, checkpoint = flag_value(argv, "--config"), flag_value(argv, "--resume-from")
+    if config_path is not None:
+        from_file = config_file_values(config_type, config_path)
+    else:  # a resumed run's own flags, where it has them
+        from_file = resumed_run_values(config_type, checkpoint) if checkpoint else {}
     name = flag_value(argv, "--preset") or from_file.get("preset")
     preset = {} if name is None else preset_values(config_type, name)
     base = preset | from_file | ({} if name is None else {"preset": name})
@@ -558,9 +557,7 @@ def parse_config_flags(
     parsed = parse_dataclass(view, argv, prog, view(**base) if base else None)
     cfg = config_type(**{member.name: getattr(parsed, member.name) for member in fields(config_type)})
     cfg.precision = launcher_precision() or cfg.precision
-    # A resumed run's CUDA graphs followed from its --cuda unless chosen: they follow this run's.
-    derived_again = {"cuda_graphs"} if resumed else set()
-    cfg.fill_defaults((set(base) - derived_again) | fields_on_command_line(config_type, argv))
+    cfg.fill_defaults(set(base) | fields_on_command_line(config_type, argv))
     return cfg
 
 
@@ -602,6 +599,7 @@ def resumed_run_values(config_type: type[RunConfig], checkpoint: str) -> dict[st
         return {}
     values = config_file_values(config_type, path, others=True)
     values.pop("resume_from", None)  # the file of a resumed run names the checkpoint it resumed from
+    values.pop("cuda_graphs", None)  # it followed from the run's --cuda: it follows this one's
     return values
 
 

@@ -93,6 +93,16 @@ def test_train_in_one_process_returns_its_runs_and_the_agents_they_saved(tmp_pat
     assert results["in_a_thread"] == [256]
 
 
+def test_a_resumed_config_takes_the_runs_own_values_where_it_leaves_the_defaults(tmp_path):
+    logs = str(tmp_path / "logs")
+    quick = {"eval_episodes": 0, "progress_bar": False, "log_dir": logs}
+    first = rl.train(rl.PPOConfig(num_envs=2, num_steps=64, hidden_size=32, total_timesteps=256, **quick))
+    (checkpoint,) = sorted(Path(first.run_dir, "checkpoints").glob("step_*.ckpt"))
+    # Its envs and network, which cannot change, come from the run; the steps given here stand.
+    resumed = rl.train(rl.PPOConfig(resume_from=str(checkpoint), total_timesteps=512, **quick))
+    assert resumed.global_step == 512 and resumed.run_dir == first.run_dir
+
+
 def test_presets_and_bad_configs_as_the_command_line_has_them():
     assert rl.preset("sac/hopper", seed=3).seed == 3 and isinstance(rl.preset("sac/hopper"), rl.SACConfig)
     assert rl.preset("masked-cartpole").per_rank_batch_size == 128
