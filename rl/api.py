@@ -65,7 +65,7 @@ def train(
     defaults = type(cfg)()
     given = {field.name for field in fields(cfg) if getattr(cfg, field.name) != getattr(defaults, field.name)}
     if cfg.resume_from is not None:  # as on the command line: the run's own values where the config has defaults
-        for name, value in resumed_run_values(type(cfg), cfg.resume_from).items():
+        for name, value in resumed_run_values(type(cfg), cfg.resume_from, mode).items():
             if name not in given:
                 setattr(cfg, name, value)
                 given.add(name)

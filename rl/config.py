@@ -524,11 +524,15 @@ Config = TypeVar("Config")
 RunConfigT = TypeVar("RunConfigT", bound=RunConfig)
 
 
+def other_modes_fields(config_type: type[RunConfig], mode: str) -> list[str]:
+    return [name for other, names in config_type.MODE_FIELDS.items() if other != mode for name in names]
+
+
 def mode_view(config_type: type[RunConfigT], mode: str | None) -> type[RunConfigT]:
     """`config_type` as one mode's entry script parses it: without the other modes' flags (all of them: None)."""
     if mode is None:
         return config_type
-    hidden = [name for other, names in config_type.MODE_FIELDS.items() if other != mode for name in names]
+    hidden = other_modes_fields(config_type, mode)
     hints = typing.get_type_hints(config_type, include_extras=True)
     defaults = config_type()
     suppressed = [
@@ -549,7 +553,7 @@ def parse_config_flags(
     if config_path is not None:
         from_file = config_file_values(config_type, config_path)
     else:  # a resumed run's own flags, where it has them
-        from_file = resumed_run_values(config_type, checkpoint) if checkpoint else {}
+        from_file = resumed_run_values(config_type, checkpoint, mode) if checkpoint else {}
     name = flag_value(argv, "--preset") or from_file.get("preset")
     preset = {} if name is None else preset_values(config_type, name)
     base = preset | from_file | ({} if name is None else {"preset": name})
@@ -590,17 +594,18 @@ def config_file_values(config_type: type[RunConfig], path: str, others: bool = F
     return result
 
 
-def resumed_run_values(config_type: type[RunConfig], checkpoint: str) -> dict[str, Any]:
+def resumed_run_values(config_type: type[RunConfig], checkpoint: str, mode: str | None) -> dict[str, Any]:
     """With `--resume-from` and no `--config`: the flags the run was started with (its folder's config file), for
-    the command line to change; {} where there is none. Another algorithm's fields are left out: the checkpoint
-    names its algorithm."""
+    the command line to change; {} where there is none. Another algorithm's fields, and another mode's than `mode`,
+    are left out: the checkpoint names the algorithm and mode it was written in."""
     path = os.path.join(run_dir_of(checkpoint), CONFIG_FILENAME)
     if not os.path.isfile(path):
         return {}
     values = config_file_values(config_type, path, others=True)
     values.pop("resume_from", None)  # the file of a resumed run names the checkpoint it resumed from
     values.pop("cuda_graphs", None)  # it followed from the run's --cuda: it follows this one's
-    return values
+    others = other_modes_fields(config_type, mode) if mode is not None else []
+    return {name: value for name, value in values.items() if name not in others}
 
 
 def run_dir_of(checkpoint: str) -> str:

@@ -327,6 +327,17 @@ def test_a_checkpoint_resumes_only_in_its_own_mode(runs, tmp_path):
     assert all("written in coupled mode, not decoupled mode" in line for line in lines)
 
 
+def test_a_hogwild_checkpoint_resumed_elsewhere_names_its_mode_not_its_flags(tmp_path):
+    trained = run_ranks("python", SCRIPTS["hogwild"], [*QUICK, "--workers", "2", "--total-timesteps", "512"], tmp_path)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    (saved,) = checkpoints(tmp_path, "hogwild")
+    # Its folder's config sets --workers 2, a flag the coupled scripts do not take: the mode is what differs.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    line = refusal_line("fabric", ["--total-timesteps", "1024", "--resume-from", str(saved)], elsewhere)
+    assert line == "error: --resume-from: this checkpoint was written in hogwild mode, not coupled mode"
+
+
 def ctrl_c_when(job: subprocess.Popen, stream, said: str) -> tuple[str, str]:
     """A terminal's Ctrl-C (the whole process group) once the job's `stream` says `said`; its outputs."""
     try:
