@@ -7,13 +7,18 @@ Stable-Baselines3 / CleanRL (SAC), so their commands run unchanged.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
+import inspect
 import io
+import itertools
 import json
 import math
 import os
 import re
 import sys
+import textwrap
 import types
 import typing
 from contextlib import redirect_stderr, redirect_stdout
@@ -528,6 +533,7 @@ def other_modes_fields(config_type: type[RunConfig], mode: str) -> list[str]:
     return [name for other, names in config_type.MODE_FIELDS.items() if other != mode for name in names]
 
 
+@functools.cache
 def mode_view(config_type: type[RunConfigT], mode: str | None) -> type[RunConfigT]:
     """`config_type` as one mode's entry script parses it: without the other modes' flags (all of them: None)."""
     if mode is None:
@@ -540,6 +546,7 @@ def mode_view(config_type: type[RunConfigT], mode: str | None) -> type[RunConfig
     ]
     view = dataclasses.make_dataclass(config_type.__name__, suppressed, bases=(config_type,))
     view.__doc__ = config_type.__doc__  # --help's description
+    setattr(view, VIEW_MARK, True)
     return view
 
 
@@ -782,6 +789,49 @@ def preset_values(config_type: type[RunConfig], name: str) -> dict[str, Any]:
     return {"preset": name, **config_type.PRESETS[name]}
 
 
+def field_docstrings(config_type: type) -> dict[str, str]:
+    """The docstring under each field, from the class and its bases (a subclass's own wins)."""
+    docs: dict[str, str] = {}
+    for cls in reversed(config_type.__mro__):
+        if not dataclasses.is_dataclass(cls) or is_view(cls):
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body  # type: ignore[attr-defined]
+        for statement, following in itertools.pairwise(body):
+            documented = isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
+            if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name) and documented:
+                docs[statement.target.id] = " ".join(str(following.value.value).split())
+    return docs
+
+
+VIEW_MARK = "_rl_view"
+
+
+def is_view(cls: type) -> bool:
+    """A class this module made at run time (a mode's view, one-line help), which has no source to read."""
+    return bool(cls.__dict__.get(VIEW_MARK))
+
+
+@functools.cache  # one class per config: tyro reads a class's fields once
+def with_one_line_help(config_type: type[Config]) -> type[Config]:
+    """`config_type` whose fields' help is their docstring on one line. tyro keeps a field docstring's line
+    breaks, which `--help` then prints as they fall in the source, between its own."""
+    docs = field_docstrings(config_type)
+    hints = typing.get_type_hints(config_type, include_extras=True)
+    helped = []
+    for member in fields(config_type):
+        if member.name not in docs:
+            continue
+        if member.default_factory is dataclasses.MISSING:
+            default = field(default=member.default)
+        else:
+            default = field(default_factory=member.default_factory)
+        helped.append((member.name, Annotated[hints[member.name], tyro.conf.arg(help=docs[member.name])], default))
+    view = dataclasses.make_dataclass(config_type.__name__, helped, bases=(config_type,))
+    view.__doc__ = config_type.__doc__  # --help's description
+    setattr(view, VIEW_MARK, True)
+    return view
+
+
 def parse_dataclass(
     config_type: type[Config],
     argv: list[str],
@@ -794,11 +844,12 @@ def parse_dataclass(
     `--help` prints tyro's help as usual; any parse error raises `UsageError`.
     """
     out, err = io.StringIO(), io.StringIO()
+    helped = with_one_line_help(config_type)
+    if default is not None:
+        default = helped(**{member.name: getattr(default, member.name) for member in fields(config_type)})
     try:
         with redirect_stdout(out), redirect_stderr(err):
-            return tyro.cli(
-                config_type, args=argv, prog=prog or command_name(), default=default, description=description
-            )
+            return tyro.cli(helped, args=argv, prog=prog or command_name(), default=default, description=description)
     except SystemExit as exit_:
         if exit_.code in (0, None):
             print(out.getvalue(), end="")

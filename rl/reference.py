@@ -8,30 +8,13 @@ the command line.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import inspect
-import itertools
-import textwrap
 import typing
 from typing import Any
 
-from rl.config import RunConfig, flag
+from rl.config import RunConfig, field_docstrings, flag
 from rl.registry import ALGORITHMS
-
-
-def field_docstrings(config_type: type) -> dict[str, str]:
-    """The docstring under each field, from the class and its bases (a subclass's own wins)."""
-    docs: dict[str, str] = {}
-    for cls in reversed(config_type.__mro__):
-        if not dataclasses.is_dataclass(cls):
-            continue
-        body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body  # type: ignore[attr-defined]
-        for statement, following in itertools.pairwise(body):
-            documented = isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
-            if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name) and documented:
-                docs[statement.target.id] = " ".join(str(following.value.value).split())
-    return docs
 
 
 def _type_text(hint: Any) -> str:

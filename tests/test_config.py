@@ -122,6 +122,15 @@ def test_help_lists_every_field_with_its_docstring(capsys):
     assert "the number of parallel environments per rank" in help_text
 
 
+def test_help_prints_each_flags_meaning_as_one_paragraph(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # no wrapping: a line break would be the docstring's own
+    with pytest.raises(SystemExit):
+        parse_config(["--help"])
+    lines = capsys.readouterr().out.splitlines()
+    meaning = next(line for line in lines if "keyword arguments for the env's gym.make" in line)
+    assert meaning.strip().endswith("evaluation makes its envs with them again (default: '{}')")
+
+
 @pytest.mark.parametrize(
     ("env_id", "message"),
     [
