@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -280,9 +281,29 @@ def _checked_action_space(space: gym.Space) -> gym.Space:
     return space
 
 
+# MuJoCo 4 deprecates a compiler attribute that gymnasium's MuJoCo models set, and warns of it each time one is
+# loaded: advice for the models' authors, which a run cannot act on.
+MUJOCO_MODEL_ADVICE = ("compiler attribute 'settotalmass' is deprecated",)
+
+
+@functools.cache  # once per process
+def quiet_mujoco_model_advice() -> None:
+    """Leave out MuJoCo's warnings about gymnasium's models; print every other one as MuJoCo would (an
+    unstable simulation's, say)."""
+    import mujoco
+
+    def warn(message: str) -> None:
+        if not message.startswith(MUJOCO_MODEL_ADVICE):
+            sys.stderr.write(f"WARNING: {message}\n\n")
+
+    mujoco.set_mju_user_warning(warn)
+
+
 def make_env(env_id: str, video_dir: str | None, preprocessing: Preprocessing, clip_actions: bool = True) -> gym.Env:
     """One env as training steps it: observations preprocessed, Box actions clipped to the bounds."""
     register_optional_envs(env_id)  # also in a process of its own (async envs)
+    if env_family(env_id) == "mujoco":
+        quiet_mujoco_model_advice()
     options: dict[str, Any] = dict(preprocessing.env_kwargs)
     if video_dir:
         options["render_mode"] = "rgb_array"

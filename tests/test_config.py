@@ -331,6 +331,19 @@ def test_envpool_envs_are_made_without_warnings_the_user_cannot_act_on():
         envs.close()
 
 
+def test_mujoco_envs_are_made_without_advice_about_gymnasiums_models_but_warn_of_an_unstable_simulation(capfd):
+    from rl.envs import ATARI_PREPROCESSING, make_env
+
+    env = make_env("HalfCheetah-v5", None, ATARI_PREPROCESSING)
+    env.reset(seed=0)
+    env.unwrapped.data.qvel[:] = 1e30
+    env.step(np.zeros(6, dtype=np.float32))
+    env.close()
+    err = capfd.readouterr().err
+    assert "settotalmass" not in err
+    assert "WARNING: Nan, Inf or huge value in QVEL at DOF 0. The simulation is unstable." in err
+
+
 def test_auto_vector_mode_is_native_only_where_the_env_algorithm_and_video_allow_it():
     from rl.envs import choose_vector_mode
 
