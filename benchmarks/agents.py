@@ -22,7 +22,7 @@ from resumable import agent_file, row_file
 from suite import ROWS, run_name
 
 PAGE = REPO / "docs" / "agents.md"
-REPLAYED = re.compile(r"episodes: return (-?[\d.]+) ± ([\d.]+)")
+REPLAYED = re.compile(r"episodes?: return (-?[\d.]+) ± ([\d.]+)")
 
 
 def replay_command(agent: Path) -> list[str]:

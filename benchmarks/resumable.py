@@ -38,7 +38,7 @@ from launch import SUMMARY, run_in_folder
 from rl.checkpoint import newest_checkpoint
 from rl.logger import EPISODE_COUNT, EPISODE_LENGTH, EPISODE_RETURN
 
-EVALUATION = re.compile(r"evaluation over \d+ greedy episodes: return (-?[\d.]+) ± ([\d.]+)")
+EVALUATION = re.compile(r"evaluation over \d+ greedy episodes?: return (-?[\d.]+) ± ([\d.]+)")
 COMPILE = re.compile(r"torch\.compile: ([\d.]+) s compiling")
 INTERRUPTED = re.compile(r"^interrupted at step \d+", re.MULTILINE)
 

@@ -24,7 +24,7 @@ from launch import run_in_scratch_folder
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-EVALUATION = re.compile(r"evaluation over \d+ greedy episodes: return (-?[\d.]+) ± ([\d.]+)")
+EVALUATION = re.compile(r"evaluation over \d+ greedy episodes?: return (-?[\d.]+) ± ([\d.]+)")
 LOOP = re.compile(r"\(([\d,]+) steps/s\)")
 TASKS = {
     "pendulum": "--env-id Pendulum-v1 --total-timesteps 20000 --policy-lr 1e-3 --q-lr 1e-3",

@@ -142,8 +142,9 @@ def main(argv: list[str]) -> None:
             print_error(fault.context)
         raise UsageError("--env-id", f"{env_id}'s {fault.what}") from None
     mode = "deterministic" if cfg.deterministic else "stochastic"
+    episodes = f"{cfg.episodes} {mode} episode{'s' if cfg.episodes > 1 else ''}"
     print(
-        f"{env_id}, {cfg.episodes} {mode} episodes: return {returns.mean():.2f} ± {returns.std():.2f}, "
+        f"{env_id}, {episodes}: return {returns.mean():.2f} ± {returns.std():.2f}, "
         f"length {lengths.mean():.1f} ± {lengths.std():.1f}"
     )
     # The logs go into the checkpoint's run folder: a full disk there is told as such, after the scores.

@@ -33,7 +33,7 @@ from rl.errors import UsageError, exit_on_usage_error
 from rl.logger import CSV_METRICS_FILE
 
 REPO = Path(__file__).resolve().parents[1]
-EVALUATION = re.compile(r"evaluation over \d+ greedy episodes: return (-?[\d.]+)")
+EVALUATION = re.compile(r"evaluation over \d+ greedy episodes?: return (-?[\d.]+)")
 POLL_SECONDS = 0.5
 USAGE_ERROR_EXIT = 2  # a training command's exit code for bad input
 # What the tuner adds to a trial's run, left out of the best config: a run from it is a new run of its own.

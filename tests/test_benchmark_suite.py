@@ -138,7 +138,7 @@ def test_each_mujoco_preset_trains_a_few_hundred_steps_of_its_env(row, tmp_path)
     finished = run_ranks("python", SCRIPTS["fabric"], args, tmp_path)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert f"training loop: {steps} steps" in finished.stdout
-    assert "evaluation over 1 greedy episodes" in finished.stdout
+    assert "evaluation over 1 greedy episode:" in finished.stdout
 
 
 # The rows of rl-zoo's configurations, which SB3 runs; CleanRL's continuous PPO anneals its learning rate and

@@ -103,7 +103,7 @@ def test_a_run_with_the_time_feature_evaluates_with_it_again(tmp_path):
     command = [sys.executable, "-m", "rl.evaluate", str(agent), "--episodes", "1"]
     done = subprocess.run(command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "1 deterministic episodes: return" in done.stdout and "length 200.0" in done.stdout
+    assert "1 deterministic episode: return" in done.stdout and "length 200.0" in done.stdout
 
 
 @pytest.mark.parametrize(
@@ -140,4 +140,4 @@ def test_the_docs_example_env_trains_with_the_docs_command(tmp_path):
         env={**child_env(), "PYTHONPATH": str(tmp_path)},
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "evaluation over 1 greedy episodes:" in done.stdout and "length 100.0" in done.stdout
+    assert "evaluation over 1 greedy episode:" in done.stdout and "length 100.0" in done.stdout

@@ -178,7 +178,7 @@ def test_an_evaluation_whose_logs_the_system_refuses_prints_its_scores_and_says_
         [sys.executable, "-m", "rl.evaluate", str(saved_agent), "--episodes", "1"], tmp_path, limit=100
     )
     assert refused.returncode == 2
-    assert "CartPole-v1, 1 deterministic episodes: return" in refused.stdout
+    assert "CartPole-v1, 1 deterministic episode: return" in refused.stdout
     assert refused.stderr.strip() == (
         f"error: CHECKPOINT: cannot log the scores above into the checkpoint's run folder, {saved_agent.parent}: "
         f"{REFUSED}"
