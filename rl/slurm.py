@@ -8,6 +8,7 @@ the first node. Both are torch.distributed; nothing here transports data. Submit
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ from typing import Literal
 
 import tyro
 
-from rl.config import parse_dataclass
+from rl.config import flag, parse_dataclass
 from rl.errors import UsageError, exit_on_usage_error
 
 
@@ -87,14 +88,31 @@ def launcher_command(cfg: SlurmConfig) -> list[str]:
     ]
 
 
+# sbatch's --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes or
+# days-hours:minutes:seconds
+SLURM_TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}")
+
+
+def check_job_shape(cfg: SlurmConfig) -> None:
+    """Counts the job cannot run with, a port that is none, a time limit sbatch would refuse: one line each."""
+    for name in ("nodes", "processes_per_node", "cpus_per_node"):
+        if getattr(cfg, name) < 1:
+            raise UsageError(flag(name), f"must be at least 1, got {getattr(cfg, name)}")
+    if cfg.gpus_per_node < 0:
+        raise UsageError("--gpus-per-node", f"must not be negative, got {cfg.gpus_per_node}")
+    if not 1 <= cfg.port <= 65535:
+        raise UsageError("--port", f"must be a port number, 1 to 65535, got {cfg.port}")
+    if not SLURM_TIME.fullmatch(cfg.time):
+        raise UsageError("--time", f"takes sbatch's forms (04:00:00, 90, 2-12:00), got {cfg.time!r}")
+
+
 def render(cfg: SlurmConfig) -> str:
-    if cfg.nodes < 1 or cfg.processes_per_node < 1:
-        raise UsageError("--nodes", "--nodes and --processes-per-node must be at least 1")
-    for flag, value in (("--max-restarts", cfg.max_restarts), ("--min-nodes", cfg.min_nodes)):
+    check_job_shape(cfg)
+    for name, value in (("--max-restarts", cfg.max_restarts), ("--min-nodes", cfg.min_nodes)):
         if value and cfg.launcher != "torchrun":
-            raise UsageError(flag, "restarts and changing membership are torchrun's: add --launcher torchrun")
+            raise UsageError(name, "restarts and changing membership are torchrun's: add --launcher torchrun")
         if value < 0:
-            raise UsageError(flag, f"must not be negative, got {value}")
+            raise UsageError(name, f"must not be negative, got {value}")
     if cfg.min_nodes > cfg.nodes:
         raise UsageError("--min-nodes", f"{cfg.min_nodes} is more than --nodes {cfg.nodes}")
     if not cfg.command or not cfg.command[0].endswith(".py"):

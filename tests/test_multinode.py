@@ -173,6 +173,25 @@ def test_the_slurm_script_starts_one_launcher_per_node_with_the_first_node_as_re
     assert arguments[-5:] == ["train_fabric.py", "sac", "--exp-name", "it's mine", "--cuda"]
 
 
+@pytest.mark.parametrize(
+    ("flags", "told"),
+    [
+        (["--processes-per-node", "0"], "--processes-per-node: must be at least 1, got 0"),
+        (["--gpus-per-node", "-1"], "--gpus-per-node: must not be negative, got -1"),
+        (["--port", "70000"], "--port: must be a port number, 1 to 65535, got 70000"),
+        (["--time", "four hours"], "--time: takes sbatch's forms (04:00:00, 90, 2-12:00), got 'four hours'"),
+    ],
+)
+def test_a_slurm_job_it_cannot_run_names_its_flag(flags, told):
+    rendered = render_slurm(*flags, "--", "train_fabric.py")
+    assert rendered.returncode == 2 and rendered.stderr.strip() == f"error: {told}"
+
+
+def test_sbatch_time_forms_are_taken():
+    for limit in ("90", "30:00", "04:00:00", "2-12", "2-12:30", "2-12:30:00"):
+        assert render_slurm("--time", limit, "--", "train_fabric.py").returncode == 0, limit
+
+
 def test_a_slurm_script_needs_an_entry_script():
     rendered = render_slurm("--nodes", "2", "--", "sac")
     assert rendered.returncode == 2
