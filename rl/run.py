@@ -68,7 +68,12 @@ def start_run(cfg: RunConfig, runtime: Runtime, resume: TrainingCheckpoint | Non
     run_dir = fixed_run_dir(cfg, runtime.log_subdir)
     if run_dir is None:
         run_dir = os.path.join(cfg.log_dir, runtime.log_subdir, runtime.broadcast_object(run_name(cfg, cfg.env_id)))
-    return open_run(cfg, run_dir, runtime.make_sink, resume, runtime.world_size, runtime.is_main)
+    run = open_run(cfg, run_dir, runtime.make_sink, resume, runtime.world_size, runtime.is_main)
+    if runtime.world_size > 1:
+        # No rank trains before rank 0 has journaled this round's start: an env that fails in another rank's first
+        # rollout would otherwise end the round (the launcher stops rank 0) before the journal knows it began.
+        runtime.broadcast_object(None)
+    return run
 
 
 def training_video_folder(run_dir: str, resume: TrainingCheckpoint | None) -> str:
