@@ -81,6 +81,6 @@ def check_finite(obs: np.ndarray, reward: np.ndarray | None = None, call: str = 
 
 
 def non_finite(call: str, where: str, values: np.ndarray) -> str:
-    rows = values.reshape(len(values), -1) if values.ndim else values.reshape(1, 1)
+    rows = values.reshape(len(values), -1)  # a row per env
     env, column = np.argwhere(~np.isfinite(rows))[0]
     return f"{call} returned {rows[env, column]} in {where} (env {env})"

@@ -44,8 +44,11 @@ def open_run(
     resume: TrainingCheckpoint | None,
     world_size: int,
     is_main: bool = True,
+    on_main: Callable[[Callable[[], None]], None] | None = None,
 ) -> Run:
-    """Open the run folder's loggers (--logger), log the hyperparameters and, on rank 0, a restart's scalars.
+    """Open the run folder's loggers (--logger), log the hyperparameters and, on rank 0, the config file, the
+    round's start in the journal and a restart's scalars: through `on_main` (`Runtime.write_on_main` among ranks,
+    which every rank waits for, so that none trains before the round's start is on record).
 
     A resumed run writes on into its folder's TensorBoard run, which hides what the run before
     logged past the checkpoint (the steps now done again), so no step is logged twice.
@@ -56,10 +59,16 @@ def open_run(
     )
     sink.log_hparams(cfg.to_dict())
     sink.log_text("hyperparameters", hparams_table(cfg.to_dict()))
-    if is_main:
+
+    def record_start() -> None:
         with refused_logs(run_dir):
             write_config_file(cfg, os.path.join(run_dir, CONFIG_FILENAME))  # what --config takes back
         sink.log_scalars(start_logged(world_size), resume_step or 0)
+
+    if on_main is not None:
+        on_main(record_start)
+    elif is_main:
+        record_start()
     return Run(sink.log_dir, sink)
 
 
@@ -68,12 +77,9 @@ def start_run(cfg: RunConfig, runtime: Runtime, resume: TrainingCheckpoint | Non
     run_dir = fixed_run_dir(cfg, runtime.log_subdir)
     if run_dir is None:
         run_dir = os.path.join(cfg.log_dir, runtime.log_subdir, runtime.broadcast_object(run_name(cfg, cfg.env_id)))
-    run = open_run(cfg, run_dir, runtime.make_sink, resume, runtime.world_size, runtime.is_main)
-    if runtime.world_size > 1:
-        # No rank trains before rank 0 has journaled this round's start: an env that fails in another rank's first
-        # rollout would otherwise end the round (the launcher stops rank 0) before the journal knows it began.
-        runtime.broadcast_object(None)
-    return run
+    # Through write_on_main: an env that failed in another rank's first rollout would otherwise end the round (the
+    # launcher stops rank 0) before the journal knew it began, and a config file the disk refuses stops every rank.
+    return open_run(cfg, run_dir, runtime.make_sink, resume, runtime.world_size, runtime.is_main, runtime.write_on_main)
 
 
 def training_video_folder(run_dir: str, resume: TrainingCheckpoint | None) -> str:
