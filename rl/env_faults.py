@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import os
 import traceback
+from collections.abc import Callable
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import gymnasium as gym
 import numpy as np
 
 from rl.errors import RunStopped
+
+if TYPE_CHECKING:
+    from rl.multi_input import MultiInputLayout
 
 # Frames of the vector env, gymnasium's wrappers and checker, and this package lie between the run and the env's
 # own code (numpy's too, where the checker calls it).
@@ -72,15 +77,41 @@ def is_env_code(filename: str) -> bool:
     return filename.startswith(GYMNASIUM_ENVS) or not filename.startswith(PLUMBING)
 
 
-def check_finite(obs: np.ndarray, reward: np.ndarray | None = None, call: str = "step") -> None:
-    """Raise `EnvFault` if a reward or a (floating-point) observation is NaN or infinite."""
-    if reward is not None and not np.isfinite(reward).all():
-        raise EnvFault(non_finite(call, "a reward", reward))
-    if obs.dtype.kind == "f" and not np.isfinite(obs).all():
-        raise EnvFault(non_finite(call, "an observation", obs))
+def check_finite(
+    obs: np.ndarray,
+    reward: np.ndarray | None = None,
+    call: str = "step",
+    layout: MultiInputLayout | None = None,
+    what: str = "an observation",
+    envs: np.ndarray | None = None,
+) -> None:
+    """Raise `EnvFault` if a reward or an observation's value is NaN or infinite.
+
+    The observation's values: a floating-point one's, or the vectors' of a Dict with images, whose rows of
+    bytes `layout` reads back. `envs`: which envs the rows are of, where not all of them in order.
+    """
+    if reward is not None:
+        stop_if_not_finite(reward, call, "a reward", envs)
+    if layout is not None:
+        if layout.vector_bytes:
+            stop_if_not_finite(layout.vector_values(obs), call, what, envs, layout.vector_key_at)
+    elif obs.dtype.kind == "f":
+        stop_if_not_finite(obs, call, what, envs)
 
 
-def non_finite(call: str, where: str, values: np.ndarray) -> str:
+def stop_if_not_finite(
+    values: np.ndarray,
+    call: str,
+    where: str,
+    envs: np.ndarray | None = None,
+    key_at: Callable[[int], str] | None = None,
+) -> None:
+    """`EnvFault` naming the first value that is not finite, its env, and (`key_at` its column) its key."""
+    if np.isfinite(values).all():
+        return
     rows = values.reshape(len(values), -1)  # a row per env
-    env, column = np.argwhere(~np.isfinite(rows))[0]
-    return f"{call} returned {rows[env, column]} in {where} (env {env})"
+    row, column = np.argwhere(~np.isfinite(rows))[0]
+    if key_at is not None:
+        where = f"{where}'s {key_at(column)!r}"
+    env = row if envs is None else envs[row]
+    raise EnvFault(f"{call} returned {rows[row, column]} in {where} (env {env})")

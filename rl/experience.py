@@ -24,6 +24,7 @@ from torch import Tensor
 from rl.batch import TensorBatch
 from rl.env_faults import ENV_RESET, ENV_STEP, check_finite
 from rl.envs import observations_tensor, reset_vector_env, resets_next_step, stored_as_bytes
+from rl.multi_input import packed_layout
 from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
 
 
@@ -136,6 +137,7 @@ class ExperienceSource(ABC):
         self.envs = envs
         self.signal = signal
         self.as_bytes = stored_as_bytes(envs.single_observation_space)
+        self.layout = packed_layout(envs.single_observation_space)  # a Dict with images: how its bytes hold it
         self.device = device
         self.obs_normalizer = obs_normalizer
         self.reward_scaler = reward_scaler
@@ -170,7 +172,7 @@ class ExperienceSource(ABC):
     def reset_envs(self, seeds: list[int]) -> None:
         with ENV_RESET:
             first_obs, info = reset_vector_env(self.envs, seeds)
-        check_finite(first_obs, call="reset")
+        check_finite(first_obs, call="reset", layout=self.layout)
         self.raw_obs = self.to_tensor(first_obs)
         self.ended = np.zeros(self.envs.num_envs, dtype=np.bool_)  # which envs' last step ended an episode
         self.lives = self._lives(info)
@@ -187,7 +189,7 @@ class ExperienceSource(ABC):
         with ENV_STEP:
             raw_next, reward, terminated, truncated, info = self.envs.step(actions)
         self.env_seconds += time.perf_counter() - started
-        check_finite(raw_next, reward)  # before it reaches a buffer, a normalizer or a loss
+        check_finite(raw_next, reward, layout=self.layout)  # before it reaches a buffer, a normalizer or a loss
         self.ended = terminated | truncated
         lives = self._lives(info)
         # A reset restores the lives; only a drop within an episode is a lost life.
@@ -205,7 +207,9 @@ class ExperienceSource(ABC):
         """The true last observations of the envs in `index`, which ended in this step."""
         if self.resets_next_step:
             return raw_next[index]  # the reset comes on the next step; this one returned the last observation
-        return np.stack([info["final_obs"][i] for i in index])
+        final = np.stack([info["final_obs"][i] for i in index])
+        check_finite(final, layout=self.layout, what="an episode's last observation", envs=index)
+        return final
 
     def led_to(self, raw_next: np.ndarray, ended: np.ndarray, info: dict) -> np.ndarray:
         """The observation each env's transition led to: its true last one where its episode ended."""

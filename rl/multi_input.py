@@ -105,6 +105,15 @@ class MultiInputLayout:
                 row[key.start : key.start + key.size] = flat.view(np.uint8)
         return row
 
+    def vector_values(self, rows: np.ndarray) -> np.ndarray:
+        """The vectors' float32 values of rows of bytes [B, row_bytes], as [B, values] (a copy)."""
+        return np.ascontiguousarray(rows[:, : self.vector_bytes]).view(np.float32)
+
+    def vector_key_at(self, column: int) -> str:
+        """The vector key that holds `column` of `vector_values`."""
+        start = column * FLOAT_BYTES
+        return next(key.name for key in self.vectors if key.start <= start < key.start + key.size)
+
     def unpack(self, rows: Tensor) -> list[Tensor]:
         """A batch of rows [B, row_bytes] as its keys, in the Dict's order: uint8 images [B, *shape] and
         float32 vectors [B, values]."""

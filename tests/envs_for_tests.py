@@ -235,7 +235,8 @@ gym.register("ImageAndText-v0", entry_point=ImageAndText)
 
 class Misbehaves(gym.Env):
     """From its `after`th step on (counted over the env's life), `fault`: "raise" (a RuntimeError from a helper),
-    "nan_observation", "inf_reward", or "raise_if_asked" (raise where MISBEHAVE is set in the environment)."""
+    "nan_observation", "nan_last_observation" (NaN only in an episode's last observation), "inf_reward", or
+    "raise_if_asked" (raise where MISBEHAVE is set in the environment)."""
 
     observation_space = gym.spaces.Box(-1.0, 1.0, (3,), dtype=np.float32)
     action_space = gym.spaces.Discrete(2)
@@ -255,7 +256,7 @@ class Misbehaves(gym.Env):
         if self.lifetime_steps >= self.after:
             if self.fault == "raise" or (self.fault == "raise_if_asked" and os.environ.get("MISBEHAVE")):
                 self.lose_contact()
-            if self.fault == "nan_observation":
+            if self.fault == "nan_observation" or (self.fault == "nan_last_observation" and self.steps >= 20):
                 obs[2] = np.nan
             if self.fault == "inf_reward":
                 reward = float("inf")
@@ -267,3 +268,26 @@ class Misbehaves(gym.Env):
 
 
 gym.register("Misbehaves-v0", entry_point=Misbehaves)
+
+
+class MisbehavesWithImage(Misbehaves):
+    """`Misbehaves` whose observation is a Dict of an image and its vector, under the key "state"."""
+
+    observation_space = gym.spaces.Dict(
+        {"image": gym.spaces.Box(0, 255, (36, 36), np.uint8), "state": Misbehaves.observation_space}
+    )
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed, options=options)
+        return self.with_image(obs), info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return self.with_image(obs), reward, terminated, truncated, info
+
+    @staticmethod
+    def with_image(state: np.ndarray) -> dict:
+        return {"image": np.zeros((36, 36), np.uint8), "state": state}
+
+
+gym.register("MisbehavesWithImage-v0", entry_point=MisbehavesWithImage)

@@ -49,13 +49,20 @@ def test_an_env_that_raises_shows_its_frames_then_one_line_and_keeps_the_checkpo
 
 
 @pytest.mark.parametrize(
-    ("fault", "what"),
-    [("nan_observation", "nan in an observation (env 0)"), ("inf_reward", "inf in a reward (env 0)")],
+    ("env", "fault", "what"),
+    [
+        ("Misbehaves-v0", "nan_observation", "nan in an observation (env 0)"),
+        ("Misbehaves-v0", "inf_reward", "inf in a reward (env 0)"),
+        # Gymnasium's vector envs put an episode's last observation in `info` (a reset's follows it).
+        ("Misbehaves-v0", "nan_last_observation", "nan in an episode's last observation (env 0)"),
+        # A Dict with an image travels as bytes: its vectors are read back to be checked.
+        ("MisbehavesWithImage-v0", "nan_observation", "nan in an observation's 'state' (env 0)"),
+    ],
 )
-def test_a_non_finite_value_from_the_env_is_named_before_it_reaches_the_learner(tmp_path, fault, what):
+def test_a_non_finite_value_from_the_env_is_named_before_it_reaches_the_learner(tmp_path, env, fault, what):
     cfg = rl.PPOConfig(
-        env_id="envs_for_tests:Misbehaves-v0",
-        env_kwargs={"after": 40, "fault": fault},
+        env_id=f"envs_for_tests:{env}",
+        env_kwargs={"after": 45, "fault": fault},  # mid-episode: each lasts 20 steps
         num_envs=2,
         num_steps=32,
         total_timesteps=512,
