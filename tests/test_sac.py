@@ -261,6 +261,7 @@ def test_a_fixed_entropy_coefficient_is_not_tuned():
         ({"learning_starts": -1}, "--learning-starts"),
         ({"buffer_size": 10, "batch_size": 32}, "--buffer-size"),
         ({"total_timesteps": 0}, "--total-timesteps"),
+        ({"learning_starts": 10_000, "total_timesteps": 10_000}, "--learning-starts"),  # no gradient step
     ],
 )
 def test_bad_sac_values_name_their_flag(changes, flag):
