@@ -266,6 +266,8 @@ def assert_finite(*modules: nn.Module) -> None:
 def load_checkpoint(path: str, flag: str = "--resume-from") -> SavedAgent:
     """Read a saved agent or a training checkpoint (of any version); a missing, truncated or foreign file raises
     `UsageError`."""
+    if os.path.isdir(path):
+        raise UsageError(flag, instead_of_folder(path, takes_agent=flag != "--resume-from"))
     if not os.path.isfile(path):
         raise UsageError(flag, f"no checkpoint at {path}")
     try:
@@ -282,6 +284,16 @@ def load_checkpoint(path: str, flag: str = "--resume-from") -> SavedAgent:
             f"{state['version']}; this one reads up to {VERSION})",
         )
     return from_file(state)
+
+
+def instead_of_folder(path: str, takes_agent: bool) -> str:
+    """What to give in place of a run folder (or its checkpoints folder): its files that the flag takes."""
+    run_dir = Path(path).parent if Path(path).name == CHECKPOINT_DIR else Path(path)
+    agent = agent_path(str(run_dir)) if takes_agent and os.path.isfile(agent_path(str(run_dir))) else None
+    files = [file for file in (agent, newest_checkpoint(str(run_dir))) if file is not None]
+    if not files:
+        return f"{path} is a folder, and holds no checkpoint"
+    return f"{path} is a folder: give a file, such as {' or '.join(files)}"
 
 
 def write_file(path: str, saved: SavedAgent) -> None:

@@ -26,6 +26,8 @@ from conftest import (
     start,
 )
 
+from rl.checkpoint import newest_checkpoint
+
 QUICK = ["--update-epochs", "2", "--eval-episodes", "0", "--no-progress-bar"]
 
 
@@ -139,6 +141,7 @@ def bad_files(runs, folder: Path) -> dict[str, Path]:
         "newer": folder / "newer.ckpt",
         "saved agent": runs["fabric-half"] / "agent.ckpt",
         "missing": folder / "nothing-here.ckpt",
+        "run folder": runs["fabric-half"],
     }
 
 
@@ -150,6 +153,7 @@ BAD_FILE_LINES = {
     "newer": "was written by a newer version of this program (checkpoint version 99; this one reads up to 2)",
     "saved agent": "this file holds a saved agent, not a training checkpoint",
     "missing": "no checkpoint at",
+    "run folder": "is a folder: give a file, such as ",  # its newest checkpoint (a saved agent resumes nothing)
 }
 
 
@@ -282,6 +286,11 @@ def test_evaluation_cli_takes_training_checkpoints_stochastic_play_and_another_e
     )
     missing = evaluate(["nothing.ckpt"], runs["fabric-half"])
     assert missing.returncode == 2 and missing.stderr.strip().startswith("error: CHECKPOINT: no checkpoint at")
+    folder = evaluate([str(runs["fabric-half"])], runs["fabric-half"])
+    assert folder.returncode == 2 and folder.stderr.strip() == (
+        f"error: CHECKPOINT: {runs['fabric-half']} is a folder: give a file, such as "
+        f"{runs['fabric-half'] / 'agent.ckpt'} or {newest_checkpoint(str(runs['fabric-half']))}"
+    )
     bad_seed = evaluate([checkpoint, "--seed", "-1"], runs["fabric-half"])
     assert bad_seed.returncode == 2 and bad_seed.stderr.strip() == "error: --seed: must not be negative, got -1"
 
