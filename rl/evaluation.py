@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from rl.config import RunConfig
-from rl.env_faults import ENV_RESET, ENV_STEP
+from rl.env_faults import ENV_RESET, ENV_STEP, check_finite
 from rl.envs import (
     ATARI_PREPROCESSING,
     Preprocessing,
@@ -22,6 +22,7 @@ from rl.envs import (
 )
 from rl.experience import Policy
 from rl.loop import checkpoint_due
+from rl.multi_input import packed_layout
 from rl.normalization import ObservationNormalizer
 from rl.run import Run
 from rl.seeds import EVAL_STREAM, derive_seed
@@ -54,12 +55,14 @@ def evaluate_greedy(
     generator = torch.Generator(device=device).manual_seed(derive_seed(seed, EVAL_STREAM, episodes))
     envs = make_vector_env(env_id, episodes, video_dir, preprocessing=preprocessing)
     as_bytes = stored_as_bytes(envs.single_observation_space)
+    layout = packed_layout(envs.single_observation_space)
     returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
     finished = np.zeros(episodes, dtype=bool)
     act = _stepper(agent, episodes, device, deterministic, generator)
     try:
         with ENV_RESET:
             obs, _ = envs.reset(seed=[derive_seed(seed, EVAL_STREAM, i) for i in range(episodes)])
+        check_finite(obs, call="reset", layout=layout)
         starts = np.ones(episodes, dtype=bool)
         while not finished.all():
             if abandon is not None and abandon():
@@ -67,7 +70,8 @@ def evaluate_greedy(
             obs_t = observations_tensor(obs, as_bytes, device)
             action = act(obs_normalizer(obs_t), torch.as_tensor(starts, device=device)).cpu().numpy()
             with ENV_STEP:
-                obs, _, terminated, truncated, info = envs.step(action)
+                obs, reward, terminated, truncated, info = envs.step(action)
+            check_finite(obs, reward, layout=layout)  # else a score of nan, and no word of where it came from
             starts = terminated | truncated
             if "_episode" in info:  # only an env's first episode counts
                 ended = info["_episode"] & ~finished

@@ -236,7 +236,7 @@ gym.register("ImageAndText-v0", entry_point=ImageAndText)
 class Misbehaves(gym.Env):
     """From its `after`th step on (counted over the env's life), `fault`: "raise" (a RuntimeError from a helper),
     "nan_observation", "nan_last_observation" (NaN only in an episode's last observation), "inf_reward", or
-    "raise_if_asked" (raise where MISBEHAVE is set in the environment)."""
+    "as_asked" (the fault that MISBEHAVE names in the environment, where it is set)."""
 
     observation_space = gym.spaces.Box(-1.0, 1.0, (3,), dtype=np.float32)
     action_space = gym.spaces.Discrete(2)
@@ -253,12 +253,13 @@ class Misbehaves(gym.Env):
         self.steps += 1
         self.lifetime_steps += 1
         obs, reward = np.full(3, 0.5, dtype=np.float32), 1.0
+        fault = os.environ.get("MISBEHAVE") if self.fault == "as_asked" else self.fault
         if self.lifetime_steps >= self.after:
-            if self.fault == "raise" or (self.fault == "raise_if_asked" and os.environ.get("MISBEHAVE")):
+            if fault == "raise":
                 self.lose_contact()
-            if self.fault == "nan_observation" or (self.fault == "nan_last_observation" and self.steps >= 20):
+            if fault == "nan_observation" or (fault == "nan_last_observation" and self.steps >= 20):
                 obs[2] = np.nan
-            if self.fault == "inf_reward":
+            if fault == "inf_reward":
                 reward = float("inf")
         return obs, reward, False, self.steps >= 20, {}
 

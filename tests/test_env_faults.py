@@ -105,25 +105,28 @@ def test_every_process_ends_and_names_what_happened(tmp_path, mode):
     assert "Traceback" not in ours, done.stderr
 
 
-def test_rl_evaluate_names_the_env_that_raised(tmp_path):
-    # It behaves while it trains; it raises in the evaluation, after the env checker's steps.
+def test_rl_evaluate_names_what_the_env_did(tmp_path):
+    # It behaves while it trains; it misbehaves in the evaluation, after the env checker's steps.
     trained = run(
         launch_command(
-            "python",
-            SCRIPTS["fabric"],
-            [*MISBEHAVES, "--env-kwargs", '{"after": 10, "fault": "raise_if_asked"}', *QUICK],
-            1,
+            "python", SCRIPTS["fabric"], [*MISBEHAVES, "--env-kwargs", '{"after": 10, "fault": "as_asked"}', *QUICK], 1
         ),
         tmp_path,
     )
     assert trained.returncode == 0, trained.stderr
     agent = run_dir(tmp_path, "fabric") / "agent.ckpt"
-    evaluated = run([sys.executable, "-m", "rl.evaluate", str(agent), "--episodes", "2"], tmp_path, {"MISBEHAVE": "1"})
-    assert evaluated.returncode == 2
-    assert evaluated.stderr.strip().splitlines()[-1] == (
+    evaluate = [sys.executable, "-m", "rl.evaluate", str(agent), "--episodes", "2"]
+    raised = run(evaluate, tmp_path, {"MISBEHAVE": "raise"})
+    assert raised.returncode == 2
+    assert raised.stderr.strip().splitlines()[-1] == (
         "error: --env-id: envs_for_tests:Misbehaves-v0's step raised RuntimeError: lost contact with the simulator"
     )
-    assert "the env raised in these frames:" in evaluated.stderr
+    assert "the env raised in these frames:" in raised.stderr
+    # Not a score of nan: where it came from.
+    returned_nan = run(evaluate, tmp_path, {"MISBEHAVE": "inf_reward"})
+    assert returned_nan.returncode == 2 and returned_nan.stderr.strip() == (
+        "error: --env-id: envs_for_tests:Misbehaves-v0's step returned inf in a reward (env 0)"
+    )
 
 
 def test_the_env_checker_tells_an_env_that_raises_from_one_that_breaks_a_rule(tmp_path):
