@@ -22,7 +22,7 @@ from torch import Tensor
 
 from rl.config import RunConfig, local_world_size_from_env
 from rl.elastic import init_default_process_group, under_torchelastic
-from rl.errors import RunStopped, UsageError
+from rl.errors import RunStopped, UsageError, print_error
 from rl.logger import FabricSink, MetricsSink, SummaryWriterSink
 from rl.precision import grad_scaler
 
@@ -59,9 +59,17 @@ def default_torch_threads(cnn: bool) -> int:
 
 
 def configure_torch_threads(requested: int, cnn: bool = False) -> int:
-    """`requested` torch threads, or with 0 the default for the network (`default_torch_threads`)."""
+    """`requested` torch threads, or with 0 the default for the network (`default_torch_threads`); more than this
+    process's share of the cores are taken, with a warning (once per machine)."""
     threads = requested or default_torch_threads(cnn)
     torch.set_num_threads(threads)
+    cores, processes = available_cores(), local_world_size_from_env()
+    share = max(1, cores // processes)
+    if threads > share and os.environ.get("LOCAL_RANK", "0") == "0":
+        print_error(
+            f"warning: --torch-threads {threads} for each of {processes} process(es) here is more threads than this "
+            f"machine's {cores} cores: they wait on each other and slow training"
+        )
     return threads
 
 

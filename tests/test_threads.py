@@ -55,6 +55,25 @@ def test_torch_threads_given_are_taken_for_any_network(cnn):
     assert torch.get_num_threads() == 3
 
 
+@pytest.mark.parametrize("local_ranks", [1, 2])
+def test_more_threads_than_the_cores_hold_are_taken_with_a_warning(monkeypatch, capfd, local_ranks):
+    """Threads past the cores wait on each other: 2 processes of 2 threads ran at 0.7x of 1 thread on 2 cores."""
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_ranks))
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    cores = len(os.sched_getaffinity(0))
+    share = max(1, cores // local_ranks)
+    assert configure_torch_threads(share) == share
+    assert capfd.readouterr().err == ""
+    assert configure_torch_threads(share + 1) == share + 1
+    assert capfd.readouterr().err == (
+        f"warning: --torch-threads {share + 1} for each of {local_ranks} process(es) here is more threads than this "
+        f"machine's {cores} cores: they wait on each other and slow training\n"
+    )
+    monkeypatch.setenv("LOCAL_RANK", "1")  # once per machine
+    configure_torch_threads(share + 1)
+    assert capfd.readouterr().err == ""
+
+
 @pytest.mark.parametrize(("workers", "cnn", "requested"), [(1, False, 0), (1, True, 0), (2, True, 0), (1, False, 64)])
 def test_hogwild_workers_take_their_networks_threads_within_the_cores(workers, cnn, requested):
     cores = len(os.sched_getaffinity(0))
