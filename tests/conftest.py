@@ -8,6 +8,13 @@ import os
 # set before torch loads OpenMP, which this process may do before it imports the project.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import signal
+
+# The Ctrl-C tests send their runs SIGINT, which a suite started in the background (`nohup pytest &`, a shell
+# without job control) ignores, and so would every process it starts: they take the default again.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 import ast
 import functools
 import glob
