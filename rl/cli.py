@@ -175,6 +175,7 @@ def prepare_config(
             finished_ok=automatic,
         )
         say_precision_change(resume, cfg)
+        say_nothing_left_to_train(resume, cfg)
     run_dir = fixed_run_dir(cfg, log_subdir)
     # the run's own checkpoint folder where it is known now; else the folder its run folder will go into
     check_writable(
@@ -252,6 +253,18 @@ def say_precision_change(resume: SavedAgent, cfg: RunConfig) -> None:
         print(
             f"resuming a {saved} checkpoint at --precision {cfg.precision}: the weights and optimizer state "
             "carry over; the numerics of the steps ahead change",
+            flush=True,
+        )
+
+
+def say_nothing_left_to_train(resume: TrainingCheckpoint, cfg: RunConfig) -> None:
+    """A named run (or a restarted job) found its final checkpoint: only its closing evaluation is left, which a run
+    stopped during it wants; say so, or a relaunch with other flags would seem to have trained with them."""
+    step = resume.counters.global_step
+    if step >= cfg.total_timesteps and int(os.environ.get("RANK", "0")) == 0:
+        print(
+            f"this run already trained to step {step:,}: nothing is left to train but its closing evaluation "
+            "(a larger --total-timesteps trains on)",
             flush=True,
         )
 

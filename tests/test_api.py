@@ -103,6 +103,24 @@ def test_a_resumed_config_takes_the_runs_own_values_where_it_leaves_the_defaults
     assert resumed.global_step == 512 and resumed.run_dir == first.run_dir
 
 
+def test_a_named_run_launched_again_after_it_finished_says_it_trains_nothing(tmp_path, capsys):
+    config = rl.PPOConfig(
+        num_envs=2, num_steps=64, total_timesteps=256, eval_episodes=1, progress_bar=False, run_name="same"
+    )
+    config.log_dir = str(tmp_path / "logs")
+    first = rl.train(config)
+    capsys.readouterr()
+    # Launched again, say with another learning rate: it only evaluates again, and says so.
+    again = rl.train(dataclasses.replace(config, learning_rate=0.1))
+    assert again.global_step == first.global_step == 256
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == (
+        "this run already trained to step 256: nothing is left to train but its closing evaluation "
+        "(a larger --total-timesteps trains on)"
+    )
+    assert printed[-1].startswith("evaluation over 1 greedy episode")
+
+
 def test_presets_and_bad_configs_as_the_command_line_has_them():
     assert rl.preset("sac/hopper", seed=3).seed == 3 and isinstance(rl.preset("sac/hopper"), rl.SACConfig)
     assert rl.preset("masked-cartpole").per_rank_batch_size == 128
