@@ -51,11 +51,16 @@ def available_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def core_share(processes: int) -> int:
+    """The threads each of `processes` processes on this machine can run without waiting for a core."""
+    return max(1, available_cores() // processes)
+
+
 def default_torch_threads(cnn: bool) -> int:
     """A CNN's convolutions pay for more threads: each local rank takes its share of the cores (launchers hand
     every rank all of them). An MLP's ops are too small to share out: one thread, which spends nothing on
     waking or spinning threads between ops (`benchmarks/omp_wait.py --threads`)."""
-    return max(1, available_cores() // local_world_size_from_env()) if cnn else 1
+    return core_share(local_world_size_from_env()) if cnn else 1
 
 
 def configure_torch_threads(requested: int, cnn: bool = False) -> int:
@@ -63,12 +68,11 @@ def configure_torch_threads(requested: int, cnn: bool = False) -> int:
     process's share of the cores are taken, with a warning (once per machine)."""
     threads = requested or default_torch_threads(cnn)
     torch.set_num_threads(threads)
-    cores, processes = available_cores(), local_world_size_from_env()
-    share = max(1, cores // processes)
-    if threads > share and os.environ.get("LOCAL_RANK", "0") == "0":
+    processes = local_world_size_from_env()
+    if threads > core_share(processes) and os.environ.get("LOCAL_RANK", "0") == "0":
         print_error(
             f"warning: --torch-threads {threads} for each of {processes} process(es) here is more threads than this "
-            f"machine's {cores} cores: they wait on each other and slow training"
+            f"machine's {available_cores()} cores: they wait on each other and slow training"
         )
     return threads
 

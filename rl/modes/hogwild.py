@@ -71,7 +71,7 @@ from rl.loop import (
 from rl.optim import TrainingDiverged
 from rl.precision import float32_state
 from rl.run import Run, TrainingResult, start_run, training_video_folder
-from rl.runtime import LocalRuntime, available_cores, configure_torch_threads, default_torch_threads
+from rl.runtime import LocalRuntime, configure_torch_threads, core_share, default_torch_threads
 
 MODE = "hogwild"
 POLL_SECONDS = 0.1
@@ -95,7 +95,7 @@ def worker_name(index: int) -> str:
 
 def worker_threads(cfg: RunConfig, cnn: bool) -> int:
     """--torch-threads or the network's default per worker, never more than the cores hold for all workers."""
-    return min(cfg.torch_threads or default_torch_threads(cnn), max(1, available_cores() // cfg.workers))
+    return min(cfg.torch_threads or default_torch_threads(cnn), core_share(cfg.workers))
 
 
 # --- What the workers share -------------------------------------------------------------------
