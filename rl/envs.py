@@ -42,7 +42,7 @@ RENAMED_ENV_IDS = {
 
 VectorMode = Literal["auto", "sync", "async", "native", "envpool"]
 
-SUPPORTED_ACTION_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Box)
+SUPPORTED_ACTION_SPACES = (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary, gym.spaces.Box)
 
 
 @dataclass(frozen=True)
@@ -271,11 +271,13 @@ def _obs_dim(space: gym.Space) -> int:
 
 def _checked_action_space(space: gym.Space) -> gym.Space:
     if not isinstance(space, SUPPORTED_ACTION_SPACES):
-        raise UsageError("--env-id", f"action space {space} is not supported; use Discrete, MultiDiscrete or Box")
+        raise UsageError(
+            "--env-id", f"action space {space} is not supported; use Discrete, MultiDiscrete, MultiBinary or Box"
+        )
     if isinstance(space, gym.spaces.Box) and len(space.shape) != 1:
         raise UsageError("--env-id", f"Box action space of shape {space.shape} is not supported; it must be 1-D")
-    if isinstance(space, gym.spaces.MultiDiscrete) and len(space.nvec.shape) != 1:
-        raise UsageError("--env-id", f"MultiDiscrete action space {space} is not supported; it must be 1-D")
+    if isinstance(space, gym.spaces.MultiDiscrete | gym.spaces.MultiBinary) and len(space.shape) != 1:
+        raise UsageError("--env-id", f"{type(space).__name__} action space {space} is not supported; it must be 1-D")
     if isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete) and np.any(space.start != 0):
         raise UsageError("--env-id", f"action space {space} is not supported; its actions must start at 0")
     return space

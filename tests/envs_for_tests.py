@@ -94,6 +94,34 @@ class FixedLength(gym.Env):
 gym.register("FixedLength-v0", entry_point=FixedLength)
 
 
+class CopyBits(gym.Env):
+    """Shows random bits (4 by default) and pays, each step, the fraction of them that its MultiBinary action
+    copies, over 8-step episodes: copying scores 8, guessing 4. An action outside the space raises."""
+
+    def __init__(self, shape: tuple[int, ...] = (4,)) -> None:
+        self.observation_space = gym.spaces.Box(0.0, 1.0, tuple(shape), dtype=np.float32)
+        self.action_space = gym.spaces.MultiBinary(list(shape))
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        return self._draw(), {}
+
+    def step(self, action):
+        if not self.action_space.contains(action):
+            raise ValueError(f"{action!r} is not in {self.action_space}")
+        reward = float(np.mean(action == self.bits))
+        self.steps += 1
+        return self._draw(), reward, self.steps >= 8, False, {}
+
+    def _draw(self) -> np.ndarray:
+        self.bits = self.np_random.integers(0, 2, self.observation_space.shape).astype(np.float32)
+        return self.bits
+
+
+gym.register("CopyBits-v0", entry_point=CopyBits)
+
+
 class HeldCartPole(CartPoleEnv):
     """CartPole whose `step` waits while the file `hold` exists: a test holds a run at a point of its choosing,
     however fast the machine trains."""

@@ -19,6 +19,7 @@ from rl.errors import UsageError
 TINY = ["--eval-episodes", "0", "--no-progress-bar", "--torch-threads", "1"]
 AGENTS = {
     "ppo-discrete-mlp": ["--env-id", "CartPole-v1", "--total-timesteps", "512"],
+    "ppo-multibinary-mlp": ["--env-id", "envs_for_tests:CopyBits-v0", "--total-timesteps", "512"],
     "ppo-box-mlp-normalized": ["--env-id", "Pendulum-v1", "--normalize-observations", "--total-timesteps", "512"],
     "ppo-discrete-cnn": [
         "--env-id",

@@ -141,3 +141,18 @@ def test_the_docs_example_env_trains_with_the_docs_command(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "evaluation over 1 greedy episode:" in done.stdout and "length 100.0" in done.stdout
+
+
+def test_multibinary_actions_learn_to_copy_the_bits_with_a_player_apart_from_the_trainer(tmp_path):
+    """The bits travel from the player to the trainer as the rollout's actions; guessing scores 4, copying 8."""
+    args = ["--env-id", "envs_for_tests:CopyBits-v0", "--total-timesteps", "8192", "--no-progress-bar"]
+    finished = run_ranks("fabric run", SCRIPTS["decoupled"], args, tmp_path)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    greedy = float(re.search(r"evaluation over 10 greedy episodes: return ([\d.]+)", finished.stdout).group(1))
+    assert greedy > 7.5
+
+
+def test_multibinary_actions_of_more_than_one_dimension_are_refused_in_one_line(tmp_path):
+    args = ["--env-id", "envs_for_tests:CopyBits-v0", "--env-kwargs", '{"shape": [2, 2]}']
+    line = refusal_line("fabric", args, tmp_path)
+    assert line == "error: --env-id: MultiBinary action space MultiBinary((2, 2)) is not supported; it must be 1-D"

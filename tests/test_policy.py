@@ -4,7 +4,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from torch.distributions import Categorical, Normal
+from torch.distributions import Bernoulli, Categorical, Normal
 
 from rl.algos.ppo.policy import MLPActorCritic
 
@@ -46,6 +46,29 @@ def test_multi_discrete(obs):
     new_logprob, entropy, _ = agent(obs, action)
     torch.testing.assert_close(new_logprob, expected_logprob)
     torch.testing.assert_close(entropy, sum(d.entropy() for d in parts))
+
+
+def test_multi_binary(obs):
+    agent = agent_for(gym.spaces.MultiBinary(3))
+    action, logprob, _ = agent.act(obs, torch.Generator().manual_seed(0))
+    assert action.shape == (BATCH, 3) and action.dtype == torch.long
+    assert set(action.unique().tolist()) == {0, 1}
+    reference = Bernoulli(logits=agent.action_head.linear(agent.actor_body(obs)))
+    torch.testing.assert_close(logprob, reference.log_prob(action.float()).sum(-1))
+    new_logprob, entropy, _ = agent(obs, action)
+    torch.testing.assert_close(new_logprob, reference.log_prob(action.float()).sum(-1))
+    torch.testing.assert_close(entropy, reference.entropy().sum(-1))
+    torch.testing.assert_close(agent.greedy_action(obs), (reference.probs > 0.5).long())
+
+
+def test_sampled_bits_follow_their_probabilities():
+    agent = agent_for(gym.spaces.MultiBinary(3))
+    with torch.no_grad():
+        agent.action_head.linear.bias.copy_(torch.tensor([-1.5, 0.0, 2.0]))
+    obs = torch.zeros(20000, OBS_DIM)
+    actions = agent.act(obs, torch.Generator().manual_seed(0))[0]
+    probs = torch.sigmoid(agent.action_head.linear(agent.actor_body(obs[:1])))[0]
+    np.testing.assert_allclose(actions.float().mean(0).numpy(), probs.detach().numpy(), atol=0.015)
 
 
 def test_box_gaussian_with_learned_log_std(obs):

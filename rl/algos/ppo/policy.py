@@ -104,6 +104,35 @@ class MultiCategoricalHead(nn.Module):
         return torch.stack([lp.argmax(-1) for lp in self._log_probs(features)], dim=-1)
 
 
+class BernoulliHead(nn.Module):
+    """Independent Bernoullis, one per component of a MultiBinary space (a logit each)."""
+
+    def __init__(self, hidden: int, bits: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden, bits)
+
+    def noise(self, rows: int, generator: torch.Generator | None) -> list[Tensor]:
+        weight = self.linear.weight
+        return [torch.rand((rows, self.linear.out_features), generator=generator, device=weight.device)]
+
+    def sample(self, features: Tensor, noise: list[Tensor]) -> tuple[Tensor, Tensor]:
+        logits = _linear(self.linear, features)
+        action = (noise[0] < torch.sigmoid(logits)).long()  # a bit is 1 with its probability
+        return action, self._log_prob(logits, action)
+
+    def _log_prob(self, logits: Tensor, action: Tensor) -> Tensor:
+        bits = action.to(logits.dtype)
+        return -F.binary_cross_entropy_with_logits(logits, bits, reduction="none").sum(-1)
+
+    def log_prob_entropy(self, features: Tensor, action: Tensor) -> tuple[Tensor, Tensor]:
+        logits = _linear(self.linear, features)
+        entropy = (F.softplus(logits) - torch.sigmoid(logits) * logits).sum(-1)
+        return self._log_prob(logits, action), entropy
+
+    def mode(self, features: Tensor) -> Tensor:
+        return (_linear(self.linear, features) > 0).long()  # probability above one half
+
+
 class GaussianHead(nn.Module):
     """A diagonal Gaussian with a state-independent, learned log-std."""
 
@@ -181,7 +210,7 @@ def _gaussian_log_prob(action: Tensor, mean: Tensor, scale: Tensor) -> Tensor:
     return (-0.5 * z.pow(2) - scale.log() - 0.5 * math.log(2 * math.pi)).sum(-1)
 
 
-ActionHead = CategoricalHead | MultiCategoricalHead | GaussianHead | StateDependentGaussianHead
+ActionHead = CategoricalHead | MultiCategoricalHead | BernoulliHead | GaussianHead | StateDependentGaussianHead
 
 
 def make_action_head(
@@ -193,6 +222,8 @@ def make_action_head(
         return CategoricalHead(hidden, int(action_space.n))
     if isinstance(action_space, gym.spaces.MultiDiscrete):
         return MultiCategoricalHead(hidden, [int(n) for n in action_space.nvec])
+    if isinstance(action_space, gym.spaces.MultiBinary):
+        return BernoulliHead(hidden, int(np.prod(action_space.shape)))
     if isinstance(action_space, gym.spaces.Box):
         head = StateDependentGaussianHead if state_dependent else GaussianHead
         return head(hidden, int(np.prod(action_space.shape)), log_std_init)
@@ -222,7 +253,7 @@ def action_shape_and_dtype(action_space: gym.Space) -> tuple[tuple[int, ...], to
     """How one env's action is stored in the rollout buffer."""
     if isinstance(action_space, gym.spaces.Discrete):
         return (), torch.long
-    if isinstance(action_space, gym.spaces.MultiDiscrete):
+    if isinstance(action_space, gym.spaces.MultiDiscrete | gym.spaces.MultiBinary):
         return tuple(action_space.shape), torch.long
     return tuple(action_space.shape), torch.float32
 
