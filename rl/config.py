@@ -133,7 +133,8 @@ class RunFlags:
     """greedy evaluation episodes at the end of training (0 skips the evaluation)"""
     logger: tuple[LoggerName, ...] = ("tensorboard",)
     """where the run logs its scalars, one or several: tensorboard (event files), csv (RUN/csv/metrics.csv) and
-    wandb (Weights & Biases, offline without a network; pip install -e '.[tracking]'), through Lightning's loggers"""
+    wandb (Weights & Biases, offline without a network; pip install -e '.[tracking]'), through Lightning's loggers;
+    --logger alone logs no scalars"""
     log_dir: str = "logs"
     """root folder of the TensorBoard logs and run folders"""
     progress_bar: bool = True

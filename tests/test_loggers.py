@@ -46,6 +46,14 @@ def test_csv_alone_logs_every_scalar_to_a_csv_and_writes_no_event_file(tmp_path,
     assert steps == sorted(steps) and len(set(steps)) > 1
 
 
+def test_logger_alone_logs_no_scalars_and_still_saves_the_run(tmp_path):
+    finished = run_ranks("python", SCRIPTS["fabric"], [*SHORT, "--logger"], tmp_path, nproc=1)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    directory = run_dir(tmp_path, "fabric")
+    assert (directory / "agent.ckpt").is_file() and (directory / "config.yaml").is_file()
+    assert not list(directory.rglob("events.out.tfevents.*")) and not (directory / "csv").exists()
+
+
 def test_csv_and_tensorboard_log_the_same_points_and_a_resume_keeps_the_rows_before_its_checkpoint(tmp_path):
     args = [*SHORT, "--logger", "tensorboard", "csv", "--checkpoint-every", "1024"]
     first = run_ranks("fabric run", SCRIPTS["fabric"], args, tmp_path)
