@@ -24,6 +24,7 @@ from rl.checkpoint import (
 from rl.compiling import compile_failure
 from rl.config import (
     RunConfig,
+    UnknownConfigKey,
     flag,
     local_world_size_from_env,
     parse_config_flags,
@@ -65,7 +66,11 @@ def parse_config(argv: list[str], mode: Mode | None = None) -> RunConfig:
         return parse_config_flags(ALGORITHMS[name].config_type, flags, prog=program, mode=mode)
     except UsageError as error:
         raise (
-            misplaced_algorithm(error) or other_modes_flag(error, mode) or other_algorithms_flag(error, name) or error
+            misplaced_algorithm(error)
+            or other_modes_flag(error, mode)
+            or other_algorithms_flag(error, name)
+            or other_algorithms_key(error, name)
+            or error
         ) from None
 
 
@@ -110,6 +115,23 @@ def other_algorithms_flag(error: UsageError, name: str) -> UsageError | None:
     if not owners:
         return None
     return UsageError(error.flag, f"{name.upper()} does not take it: it is {' and '.join(o.upper() for o in owners)}'s")
+
+
+def other_algorithms_key(error: UsageError, name: str) -> UsageError | None:
+    """A `--config` key that another algorithm takes: most likely the file is a run folder's config.yaml of a
+    run of that algorithm, given without its name."""
+    if not isinstance(error, UnknownConfigKey):
+        return None
+    key_flag = flag(error.name)
+    owners = [other for other, kind in ALGORITHMS.items() if other != name and key_flag in flags_of(kind.config_type)]
+    if not owners:
+        return None
+    script = os.path.basename(sys.argv[0])
+    return UsageError(
+        "--config",
+        f"{error.path} sets {error.key!r}, a flag of {owners[0].upper()}, not of {name.upper()}: "
+        f"name the algorithm first, {script} {owners[0]} --config {error.path}",
+    )
 
 
 def flags_of(config_type: type[RunConfig]) -> set[str]:

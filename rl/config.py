@@ -578,6 +578,14 @@ CONFIG_FILENAME = "config.yaml"  # in every run folder: the run's resolved flags
 NOT_IN_CONFIG_FILES = ("config", "write_config")  # what a config file neither sets nor keeps
 
 
+class UnknownConfigKey(UsageError):
+    """A `--config` file's key that is no flag of the config it was read for: perhaps another algorithm's."""
+
+    def __init__(self, path: str, key: Any, name: str, config_type: type[RunConfig]) -> None:
+        super().__init__("--config", f"{path} sets {key!r}, which is no flag of {config_type.__name__}")
+        self.path, self.key, self.name = path, key, name
+
+
 def config_file_values(config_type: type[RunConfig], path: str, others: bool = False) -> dict[str, Any]:
     """The fields a `--config` file sets, checked against `config_type`. `others`: leave out the keys that are no
     field of it, or whose value is not of its type (another algorithm's), rather than refuse them."""
@@ -590,7 +598,7 @@ def config_file_values(config_type: type[RunConfig], path: str, others: bool = F
         if name not in known or name in NOT_IN_CONFIG_FILES:
             if others:
                 continue
-            raise UsageError("--config", f"{path} sets {key!r}, which is no flag of {config_type.__name__}")
+            raise UnknownConfigKey(path, key, name, config_type)
         try:
             result[name] = typed_value(hints[name], value)
         except (TypeError, ValueError):

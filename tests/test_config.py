@@ -577,6 +577,28 @@ def test_a_bad_config_file_is_named_in_one_line(tmp_path, text, told):
     assert raised.value.flag == "--config"
 
 
+@pytest.mark.parametrize(
+    ("argv", "algorithm", "told"),
+    [
+        (
+            ["sac", "--buffer-size", "5000"],
+            [],
+            "sets 'buffer_size', a flag of SAC, not of PPO: name the algorithm first",
+        ),
+        (["--update-epochs", "3"], ["sac"], "a flag of PPO, not of SAC: name the algorithm first"),
+    ],
+    ids=["sac-file-as-ppo", "ppo-file-as-sac"],
+)
+def test_a_config_file_of_another_algorithm_is_named_as_that_algorithms(tmp_path, argv, algorithm, told):
+    from rl.config import write_config_file
+
+    path = str(tmp_path / "config.yaml")
+    write_config_file(parse_config(argv), path)
+    with pytest.raises(UsageError, match=re.escape(told)) as raised:
+        parse_config([*algorithm, "--config", path])
+    assert raised.value.flag == "--config" and str(raised.value).endswith(f"--config {path}")
+
+
 MODE_FLAG_EXAMPLES = {
     "eval_every": ["--eval-every", "100"],
     "stop_at_return": ["--stop-at-return", "5"],
