@@ -22,7 +22,7 @@ from rl.loop import Callback
 from rl.modes.coupled import train_coupled
 from rl.registry import ALGORITHMS, DEFAULT_ALGORITHM
 from rl.run import TrainingResult
-from rl.runtime import FabricRuntime, LocalRuntime
+from rl.runtime import FabricRuntime, LocalRuntime, process_torch_settings_restored
 
 
 def preset(name: str, **overrides: Any) -> RunConfig:
@@ -59,7 +59,8 @@ def train(
     top level. A Hogwild worker that ends or fails stops the others and raises `rl.RunStopped`, as does a file of
     the run that the system refuses to write (a full disk), after removing its partial copy, and an env that
     raises or returns a NaN or infinite value. With `resume_from`, the fields left at their defaults take the
-    resumed run's values, as its flags do on the command line."""
+    resumed run's values, as its flags do on the command line. Torch's thread count and cuDNN's determinism, which a
+    run sets for its process (`torch_threads`, `torch_deterministic`), are put back as they were when it returns."""
     cfg = copy.deepcopy(config)
     check_field_types(cfg)
     defaults = type(cfg)()
@@ -70,6 +71,14 @@ def train(
                 setattr(cfg, name, value)
                 given.add(name)
     cfg.fill_defaults(given)
+    with process_torch_settings_restored():  # a run sets them for the process; the caller's stay
+        return _train_in_mode(cfg, callbacks, mode)
+
+
+def _train_in_mode(
+    cfg: RunConfig, callbacks: Sequence[Callback], mode: Literal["coupled", "decoupled", "hogwild"]
+) -> TrainingResult | None:
+    """`cfg`, checked and completed, trained in `mode` in this process."""
     if mode == "decoupled":
         from rl.modes.decoupled import LOG_SUBDIR, train_decoupled
 

@@ -63,6 +63,18 @@ def default_torch_threads(cnn: bool) -> int:
     return core_share(local_world_size_from_env()) if cnn else 1
 
 
+@contextmanager
+def process_torch_settings_restored() -> Iterator[None]:
+    """Torch's settings for the whole process that a run changes (its threads, cuDNN's determinism), put back
+    when the run returns or raises: a caller's own work after `rl.train` runs as it did before."""
+    threads, deterministic = torch.get_num_threads(), torch.backends.cudnn.deterministic
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        torch.backends.cudnn.deterministic = deterministic
+
+
 def configure_torch_threads(requested: int, cnn: bool = False) -> int:
     """`requested` torch threads, or with 0 the default for the network (`default_torch_threads`); more than this
     process's share of the cores are taken, with a warning (once per machine)."""

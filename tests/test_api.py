@@ -221,3 +221,16 @@ def test_cuda_graphs_follow_the_fields_until_chosen():
     later_on_a_gpu.cuda = True
     later_on_a_gpu.fill_defaults({"cuda"})
     assert later_on_a_gpu.cuda_graphs
+
+
+def test_train_puts_back_the_torch_settings_it_changes_for_the_process(tmp_path):
+    threads, deterministic = torch.get_num_threads(), torch.backends.cudnn.deterministic
+    try:
+        torch.set_num_threads(3)
+        torch.backends.cudnn.deterministic = False
+        config = rl.PPOConfig(total_timesteps=256, num_steps=64, eval_episodes=0, progress_bar=False)
+        rl.train(dataclasses.replace(config, torch_threads=1, torch_deterministic=True, log_dir=str(tmp_path)))
+        assert (torch.get_num_threads(), torch.backends.cudnn.deterministic) == (3, False)
+    finally:
+        torch.set_num_threads(threads)
+        torch.backends.cudnn.deterministic = deterministic
