@@ -244,15 +244,19 @@ FAMILY_NAMES = {"mujoco": "MuJoCo", "atari": "Atari", "images": "image"}
 
 
 def preset_hint(cfg: RunConfig, spaces: EnvSpaces) -> str | None:
-    """For a MuJoCo, Atari or image env run without --preset: one line naming the preset tuned for it, or
-    for envs of its kind (the defaults are tuned for a classic-control env, and train a CNN at a crawl)."""
-    family = env_family(spaces.env_id, spaces.observation_space)
-    if cfg.preset is not None or family is None:
+    """For an env run without --preset: one line naming the preset tuned for it, or for a MuJoCo, Atari or image
+    env the presets for envs of its kind (the defaults are tuned for one classic-control env, and train a CNN at
+    a crawl)."""
+    if cfg.preset is not None:
         return None
-    presets, defaults = type(cfg).PRESETS, f"this run takes the defaults, tuned for {type(cfg)().env_id}"
+    defaults_env = type(cfg)().env_id
+    presets, defaults = type(cfg).PRESETS, f"this run takes the defaults, tuned for {defaults_env}"
     own = [name for name, values in presets.items() if values.get("env_id") == spaces.env_id]
-    if own:
+    if own and spaces.env_id != defaults_env:
         return f"hint: --preset {own[0]} is tuned for {spaces.env_id}; {defaults}"
+    family = env_family(spaces.env_id, spaces.observation_space)
+    if family is None:
+        return None
     # Images of any kind train as Atari frames do: through the CNN, with its preset.
     kin = [
         name

@@ -431,20 +431,30 @@ def test_an_algorithms_name_as_a_flags_value_is_no_misplaced_algorithm():
             "hint: --preset hopper is tuned for Hopper-v5; this run takes the defaults, tuned for CartPole-v1",
         ),
         (
+            ["--env-id", "Acrobot-v1"],
+            "hint: --preset acrobot is tuned for Acrobot-v1; this run takes the defaults, tuned for CartPole-v1",
+        ),
+        (
+            ["--env-id", "Pendulum-v1"],
+            "hint: --preset pendulum is tuned for Pendulum-v1; this run takes the defaults, tuned for CartPole-v1",
+        ),
+        (
             ["sac", "--env-id", "Humanoid-v5"],
             "hint: --preset halfcheetah, --preset hopper, --preset walker2d are tuned for MuJoCo envs like Humanoid-v5",
         ),
     ],
 )
-def test_a_mujoco_atari_or_image_env_without_a_preset_gets_one_line_naming_it(argv, says):
+def test_an_env_with_a_preset_or_a_mujoco_atari_or_image_env_without_one_gets_one_line_naming_it(argv, says):
     from rl.cli import preset_hint
 
     cfg = parse_config(argv)
     assert preset_hint(cfg, inspect_env(cfg.env_id, cfg.preprocessing())).startswith(says)
 
 
-@pytest.mark.parametrize("argv", [["--env-id", "CartPole-v1"], ["--preset", "hopper"], ["sac"]])
-def test_no_hint_where_a_preset_is_given_or_the_env_is_not_of_a_tuned_family(argv):
+@pytest.mark.parametrize(
+    "argv", [["--env-id", "CartPole-v1"], ["--preset", "hopper"], ["sac"], ["--env-id", "MountainCar-v0"]]
+)
+def test_no_hint_where_a_preset_is_given_the_defaults_are_tuned_for_the_env_or_none_is(argv):
     from rl.cli import preset_hint
 
     cfg = parse_config(argv)
