@@ -27,9 +27,17 @@ from rl.multi_input import (
 )
 from rl.uploads import to_device
 
-# Rendering is to arrays only; pygame's SDL must not look for a display or a sound device.
-os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
-os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+
+def has_display() -> bool:
+    """Whether windows can open here: on Linux (and in its containers) only through X11 or Wayland."""
+    return not sys.platform.startswith("linux") or bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
+# This project renders to arrays only. Without a display, pygame's SDL would probe for one (and for a sound
+# device) and print errors; with one, a user's own `render_mode="human"` env must still open its window.
+if not has_display():
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
 
 # gymnasium 1.x removed these ids; their successors keep the same spaces and dynamics fixes.
 RENAMED_ENV_IDS = {

@@ -3,6 +3,8 @@
 import dataclasses
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import envs_for_tests  # noqa: F401  (registers the tests' envs)
@@ -10,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import SCRIPTS, launch_together, load_agent, refusal_line, run_dir, run_ranks
+from conftest import SCRIPTS, child_env, launch_together, load_agent, refusal_line, run_dir, run_ranks
 
 import rl
 
@@ -234,3 +236,14 @@ def test_train_puts_back_the_torch_settings_it_changes_for_the_process(tmp_path)
     finally:
         torch.set_num_threads(threads)
         torch.backends.cudnn.deterministic = deterministic
+
+
+@pytest.mark.parametrize(("display", "driver"), [({"DISPLAY": ":0"}, "None"), ({}, "dummy")], ids=["x11", "headless"])
+def test_the_library_keeps_pygame_off_the_display_only_where_there_is_none(display, driver):
+    """With a display, a user's own `render_mode="human"` env beside a loaded agent opens its window."""
+    hidden = ("DISPLAY", "WAYLAND_DISPLAY", "SDL_VIDEODRIVER", "SDL_AUDIODRIVER")
+    env = {name: value for name, value in child_env().items() if name not in hidden} | display
+    code = "import os, rl; rl.load_agent; print(os.environ.get('SDL_VIDEODRIVER'))"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [driver]
