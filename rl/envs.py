@@ -309,14 +309,17 @@ def quiet_mujoco_model_advice() -> None:
     mujoco.set_mju_user_warning(warn)
 
 
-def make_env(env_id: str, video_dir: str | None, preprocessing: Preprocessing, clip_actions: bool = True) -> gym.Env:
-    """One env as training steps it: observations preprocessed, Box actions clipped to the bounds."""
+def make_env(
+    env_id: str, video_dir: str | None, preprocessing: Preprocessing, clip_actions: bool = True, window: bool = False
+) -> gym.Env:
+    """One env as training steps it: observations preprocessed, Box actions clipped to the bounds. `window`: the
+    env shows itself in a window as it steps (`render_mode="human"`)."""
     register_optional_envs(env_id)  # also in a process of its own (async envs)
     if env_family(env_id) == "mujoco":
         quiet_mujoco_model_advice()
     options: dict[str, Any] = dict(preprocessing.env_kwargs)
-    if video_dir:
-        options["render_mode"] = "rgb_array"
+    if video_dir or window:
+        options["render_mode"] = "human" if window else "rgb_array"
     if is_atari(env_id):
         options["frameskip"] = 1  # AtariPreprocessing skips frames, max-pooling the last two of each skip
     env = gym.make(env_id, **options)
@@ -373,8 +376,10 @@ def make_vector_env(
     mode: VectorMode = "sync",
     preprocessing: Preprocessing = ATARI_PREPROCESSING,
     seed: int = 0,
+    window: bool = False,
 ) -> gym.vector.VectorEnv:
-    """`num_envs` envs stepped as one, with episode statistics.
+    """`num_envs` envs stepped as one, with episode statistics; with `video_dir` the first env is recorded, with
+    `window` shown in a window (sync and async modes).
 
     - `sync` / `async`: gymnasium's vector wrappers around single envs, in this process or one
       process per env. They reset an env in the same step as it ends (SAME_STEP autoreset):
@@ -395,7 +400,10 @@ def make_vector_env(
         envs = make_envpool(env_id, num_envs, preprocessing, seed)
     else:
         videos = [video_dir] + [None] * (num_envs - 1)
-        thunks = [functools.partial(make_env, env_id, video, preprocessing) for video in videos]
+        thunks = [
+            functools.partial(make_env, env_id, video, preprocessing, window=window and index == 0)
+            for index, video in enumerate(videos)
+        ]
         vector_type = gym.vector.AsyncVectorEnv if mode == "async" else gym.vector.SyncVectorEnv
         envs = vector_type(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)

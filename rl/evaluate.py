@@ -1,7 +1,8 @@
 """Evaluate a saved agent or training checkpoint: `python -m rl.evaluate CHECKPOINT [flags]`.
 
 Prints the mean ± std of the episode return and length; with --capture-video writes an mp4 of
-the first episode under the run folder and logs it, and the scores, to TensorBoard there.
+the first episode under the run folder and logs it, and the scores, to TensorBoard there; with
+--render shows the first env in a window as the agent plays.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from rl.checkpoint import CHECKPOINT_DIR
 from rl.cli import check_video_support
 from rl.config import check_seed, parse_dataclass
 from rl.env_faults import EnvFault
-from rl.envs import video_folder
+from rl.envs import Preprocessing, has_display, make_env, video_folder
 from rl.errors import UsageError, exit_on_usage_error, print_error, refused_writes
 from rl.evaluation import evaluate_greedy
 from rl.logger import LoggerName, open_sinks, quiet_tensorboard_writer_threads
@@ -40,6 +41,8 @@ class EvalConfig:
     """act with the distribution's mode; --stochastic (or --no-deterministic) samples actions"""
     capture_video: bool = False
     """write an mp4 of the first episode under the run folder and log it to TensorBoard"""
+    render: bool = False
+    """show the first env in a window as the agent plays (needs a display and an env that renders to one)"""
     env_id: str | None = None
     """evaluate on another env with the same spaces (default: the one it was trained on)"""
     seed: int = 0
@@ -113,6 +116,23 @@ def video_summary(tag: str, mp4: str):
     return Summary(value=[Summary.Value(tag=tag, image=image)])
 
 
+def check_window_support(cfg: EvalConfig) -> None:
+    """--render's window is the first env's render mode, which a recording takes too, and needs a display."""
+    if cfg.capture_video:
+        raise UsageError("--render", "takes no --capture-video: the first env shows itself or records, not both")
+    if not has_display():
+        raise UsageError("--render", "no display here (no DISPLAY or WAYLAND_DISPLAY); --capture-video records an mp4")
+
+
+def check_renders_to_a_window(env_id: str, preprocessing: Preprocessing) -> None:
+    """The env must list the "human" render mode: an env made with a mode it lacks would play without a window."""
+    env = make_env(env_id, None, preprocessing)
+    modes = env.metadata.get("render_modes", [])
+    env.close()
+    if "human" not in modes:
+        raise UsageError("--render", f"{env_id} does not render to a window (render_mode 'human')")
+
+
 def main(argv: list[str]) -> None:
     cfg = parse(argv)
     if cfg.episodes <= 0:
@@ -120,7 +140,11 @@ def main(argv: list[str]) -> None:
     check_seed(cfg.seed)
     if cfg.capture_video:
         check_video_support()
+    if cfg.render:
+        check_window_support(cfg)
     agent = load_agent(cfg.checkpoint, env_id=cfg.env_id, flag="CHECKPOINT")
+    if cfg.render:
+        check_renders_to_a_window(agent.env_id, agent.preprocessing)
     configure_torch_threads(0, agent.cnn)  # as training would: one thread for an MLP
     folder = run_folder(cfg.checkpoint)
     video_dir = video_folder(str(folder), "eval", Path(cfg.checkpoint).stem) if cfg.capture_video else None
@@ -136,6 +160,7 @@ def main(argv: list[str]) -> None:
             video_dir,
             cfg.deterministic,
             agent.preprocessing,
+            window=cfg.render,
         )
     except EnvFault as fault:  # a bad env, named as the flag that chose it
         if fault.context:

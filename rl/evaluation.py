@@ -44,16 +44,18 @@ def evaluate_greedy(
     deterministic: bool = True,
     preprocessing: Preprocessing = ATARI_PREPROCESSING,
     abandon: Callable[[], bool] | None = None,
+    window: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Returns and lengths of `episodes` episodes, one per env, all run side by side.
 
     Greedy (the distribution's mode) unless `deterministic` is False; then actions are sampled
     from a generator seeded by `seed`. With `video_dir`, the first env's episode is recorded (the
-    env's own frames). The envs are the game as it is: no episodic life, no clipped rewards.
-    `abandon`, asked before each step, raises `EvaluationAbandoned` once it answers True.
+    env's own frames); with `window`, the first env shows itself in a window. The envs are the game as
+    it is: no episodic life, no clipped rewards. `abandon`, asked before each step, raises
+    `EvaluationAbandoned` once it answers True.
     """
     generator = torch.Generator(device=device).manual_seed(derive_seed(seed, EVAL_STREAM, episodes))
-    envs = make_vector_env(env_id, episodes, video_dir, preprocessing=preprocessing)
+    envs = make_vector_env(env_id, episodes, video_dir, preprocessing=preprocessing, window=window)
     as_bytes = stored_as_bytes(envs.single_observation_space)
     layout = packed_layout(envs.single_observation_space)
     returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)

@@ -4,6 +4,7 @@ import os
 import signal
 import sys
 import time
+from typing import ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -92,6 +93,38 @@ class FixedLength(gym.Env):
 
 
 gym.register("FixedLength-v0", entry_point=FixedLength)
+
+
+class ShowsItself(FixedLength):
+    """FixedLength that renders to a window: in human mode each step draws a frame, a line in the file `frames`."""
+
+    metadata: ClassVar[dict] = {"render_modes": ["human"], "render_fps": 1000}
+
+    def __init__(self, length: int = 5, frames: str = "frames.txt", render_mode: str | None = None) -> None:
+        super().__init__(length)
+        self.frames, self.render_mode = frames, render_mode
+
+    def step(self, action):
+        stepped = super().step(action)
+        if self.render_mode == "human":
+            self.render()
+        return stepped
+
+    def render(self):
+        with open(self.frames, "a") as frames:
+            frames.write("frame\n")
+
+
+gym.register("ShowsItself-v0", entry_point=ShowsItself)
+
+
+class ShowsNothing(ShowsItself):
+    """ShowsItself without a window to render to."""
+
+    metadata: ClassVar[dict] = {"render_modes": []}
+
+
+gym.register("ShowsNothing-v0", entry_point=ShowsNothing)
 
 
 class CopyBits(gym.Env):

@@ -156,3 +156,32 @@ def test_multibinary_actions_of_more_than_one_dimension_are_refused_in_one_line(
     args = ["--env-id", "envs_for_tests:CopyBits-v0", "--env-kwargs", '{"shape": [2, 2]}']
     line = refusal_line("fabric", args, tmp_path)
     assert line == "error: --env-id: MultiBinary action space MultiBinary((2, 2)) is not supported; it must be 1-D"
+
+
+def test_evaluation_shows_the_first_env_in_a_window_where_a_display_and_the_env_allow_it(tmp_path):
+    frames = tmp_path / "frames.txt"
+    env_flags = ["--env-id", "envs_for_tests:ShowsItself-v0", "--env-kwarg", f"frames={frames}"]
+    trained = run_ranks("python", SCRIPTS["fabric"], [*env_flags, *OWN_ENV[2:]], tmp_path)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    agent = str(run_dir(tmp_path, "fabric") / "agent.ckpt")
+    assert not frames.exists(), "training renders nothing"
+    headless = {name: value for name, value in child_env().items() if name not in ("DISPLAY", "WAYLAND_DISPLAY")}
+
+    def evaluate(*args: str, display: bool = True) -> subprocess.CompletedProcess:
+        env = headless | ({"DISPLAY": ":0"} if display else {})
+        command = [sys.executable, "-m", "rl.evaluate", agent, "--episodes", "2", *args]
+        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+    shown = evaluate("--render")
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert "2 deterministic episodes: return 5.00 ± 0.00" in shown.stdout
+    assert frames.read_text().count("frame") == 5, "the first env's 5 steps, and only its"
+    refusals = {
+        "no display here (no DISPLAY or WAYLAND_DISPLAY)": evaluate("--render", display=False),
+        "takes no --capture-video": evaluate("--render", "--capture-video"),
+        "envs_for_tests:ShowsNothing-v0 does not render to a window (render_mode 'human')": evaluate(
+            "--render", "--env-id", "envs_for_tests:ShowsNothing-v0"
+        ),
+    }
+    for says, refused in refusals.items():
+        assert refused.returncode == 2 and refused.stderr.startswith("error: --render: ") and says in refused.stderr
