@@ -19,7 +19,14 @@ from torch import Tensor, nn
 
 from rl.algos.base import Algorithm
 from rl.checkpoint import SavedAgent, load_checkpoint, restored_agent
-from rl.envs import Preprocessing, env_observation_space, inspect_env, observations_tensor, stored_as_bytes
+from rl.envs import (
+    Preprocessing,
+    env_observation_space,
+    inspect_env,
+    is_image_space,
+    observations_tensor,
+    stored_as_bytes,
+)
 from rl.errors import UsageError
 from rl.multi_input import pack_each, packed_layout
 from rl.normalization import ObservationNormalizer
@@ -69,7 +76,7 @@ class Agent:
     action_space: gym.Space
     device: torch.device
     cnn: bool  # the policy sees its observations through a CNN (else through an MLP)
-    env_observation_space: gym.Space | None = None  # the env's own, where training flattened it (not a Box)
+    env_observation_space: gym.Space | None = None  # the env's own, where training flattened it
     generator: torch.Generator = field(init=False)
 
     def __post_init__(self) -> None:
@@ -137,6 +144,8 @@ class Agent:
 
     def _flattened(self, obs: Any, space: gym.Space) -> Any:
         """The env's own observation (or a list or array of them) as training saw it; a flat one as it is."""
+        if isinstance(space, gym.spaces.Box):
+            return flat_box_observations(obs, space)
         flat_shape = tuple(self.observation_space.shape or ())
         if isinstance(obs, np.ndarray | Tensor) and obs.dtype not in INTEGER_DTYPES and obs.shape[-1:] == flat_shape:
             return obs  # flattened already
@@ -152,6 +161,17 @@ class Agent:
             action = torch.maximum(torch.minimum(action, high), low)
         actions = action.cpu().numpy()
         return actions[0] if single else actions
+
+
+def flat_box_observations(obs: Any, space: gym.spaces.Box) -> Any:
+    """One observation of a Box of several axes (or of none), or a batch of them, flattened as training flattened
+    them, row by row; anything else as it is (flattened already, or of a shape that `predict` refuses)."""
+    array = obs.cpu().numpy() if isinstance(obs, Tensor) else np.asarray(obs)
+    if array.shape == space.shape:
+        return array.reshape(-1)
+    if array.shape[1:] == space.shape:
+        return array.reshape(len(array), -1)
+    return obs
 
 
 def load_agent(path: str, device: str | torch.device = "cpu", env_id: str | None = None, flag: str = "path") -> Agent:
@@ -170,7 +190,11 @@ def load_agent(path: str, device: str | torch.device = "cpu", env_id: str | None
     normalizer.device = target
     normalizer.load_state_dict(normalizer.state_dict())  # its tensors, moved to `target`
     own_space = env_observation_space(env, spaces.preprocessing)
-    structured = None if isinstance(own_space, gym.spaces.Box) else own_space  # a Dict, a Tuple or a choice
+    # The env's own space where training flattened its observations: any but a vector or images (or a Dict of images)
+    taken_as_they_are = isinstance(own_space, gym.spaces.Box) and (
+        len(own_space.shape) == 1 or is_image_space(own_space)
+    )
+    structured = None if taken_as_they_are else own_space
     return Agent(
         policy.eval().requires_grad_(False).to(target),
         normalizer,

@@ -155,6 +155,31 @@ class CopyBits(gym.Env):
 gym.register("CopyBits-v0", entry_point=CopyBits)
 
 
+class BoxOfShape(gym.Env):
+    """Observations in a float Box of any `shape` (a matrix, or a scalar with `shape=[]`), which training flattens;
+    pays 1 for action 1 over 5-step episodes."""
+
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, shape: tuple[int, ...] = (2, 3)) -> None:
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, tuple(shape), dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        return self._draw(), {}
+
+    def step(self, action):
+        self.steps += 1
+        return self._draw(), float(action), self.steps >= 5, False, {}
+
+    def _draw(self) -> np.ndarray:
+        return self.np_random.uniform(-1.0, 1.0, self.observation_space.shape).astype(np.float32)
+
+
+gym.register("BoxOfShape-v0", entry_point=BoxOfShape)
+
+
 class HeldCartPole(CartPoleEnv):
     """CartPole whose `step` waits while the file `hold` exists: a test holds a run at a point of its choosing,
     however fast the machine trains."""

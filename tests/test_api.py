@@ -247,3 +247,22 @@ def test_the_library_keeps_pygame_off_the_display_only_where_there_is_none(displ
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == [driver]
+
+
+@pytest.mark.parametrize("shape", [[2, 3], []], ids=["matrix", "scalar"])
+def test_a_loaded_agent_takes_the_envs_own_observations_of_a_box_that_training_flattened(tmp_path, shape):
+    args = ["--env-id", "envs_for_tests:BoxOfShape-v0", "--env-kwargs", json.dumps({"shape": shape})]
+    finished = run_ranks(
+        "python",
+        SCRIPTS["fabric"],
+        [*args, "--total-timesteps", "256", "--eval-episodes", "0", "--no-progress-bar"],
+        tmp_path,
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    agent = rl.load_agent(run_dir(tmp_path, "fabric") / "agent.ckpt")
+    env = gym.make(agent.env_id, shape=shape)
+    observations = np.stack([env.observation_space.sample() for _ in range(4)])
+    flat = observations.reshape(4, -1)
+    batch, _ = agent.predict(observations)
+    assert batch.tolist() == agent.predict(flat)[0].tolist()
+    assert [agent.predict(one)[0] for one in observations] == batch.tolist()
