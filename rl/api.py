@@ -13,9 +13,9 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import fields
-from typing import Any, Literal
+from typing import Any, get_args
 
-from rl.cli import prepare_config
+from rl.cli import Mode, prepare_config
 from rl.config import RunConfig, check_field_types, flag, preset_values, resumed_run_values
 from rl.errors import UsageError
 from rl.loop import Callback
@@ -46,9 +46,7 @@ def preset(name: str, **overrides: Any) -> RunConfig:
     return config
 
 
-def train(
-    config: RunConfig, callbacks: Sequence[Callback] = (), mode: Literal["coupled", "decoupled", "hogwild"] = "coupled"
-) -> TrainingResult | None:
+def train(config: RunConfig, callbacks: Sequence[Callback] = (), mode: Mode = "coupled") -> TrainingResult | None:
     """Train `config` in this process (one rank of the job); its run folder, saved agent and closing evaluation.
 
     Defaults that follow from other fields (CUDA graphs with `cuda=True`, a recurrent minibatch) are filled as
@@ -61,6 +59,8 @@ def train(
     raises or returns a NaN or infinite value. With `resume_from`, the fields left at their defaults take the
     resumed run's values, as its flags do on the command line. Torch's thread count and cuDNN's determinism, which a
     run sets for its process (`torch_threads`, `torch_deterministic`), are put back as they were when it returns."""
+    if mode not in get_args(Mode):  # else a misspelt mode would train coupled
+        raise ValueError(f"mode must be one of {', '.join(get_args(Mode))}, got {mode!r}")
     cfg = copy.deepcopy(config)
     check_field_types(cfg)
     defaults = type(cfg)()
@@ -75,9 +75,7 @@ def train(
         return _train_in_mode(cfg, callbacks, mode)
 
 
-def _train_in_mode(
-    cfg: RunConfig, callbacks: Sequence[Callback], mode: Literal["coupled", "decoupled", "hogwild"]
-) -> TrainingResult | None:
+def _train_in_mode(cfg: RunConfig, callbacks: Sequence[Callback], mode: Mode) -> TrainingResult | None:
     """`cfg`, checked and completed, trained in `mode` in this process."""
     if mode == "decoupled":
         from rl.modes.decoupled import LOG_SUBDIR, train_decoupled

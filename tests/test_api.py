@@ -266,3 +266,10 @@ def test_a_loaded_agent_takes_the_envs_own_observations_of_a_box_that_training_f
     batch, _ = agent.predict(observations)
     assert batch.tolist() == agent.predict(flat)[0].tolist()
     assert [agent.predict(one)[0] for one in observations] == batch.tolist()
+
+
+def test_train_refuses_a_mode_it_does_not_have_before_training(tmp_path):
+    config = rl.PPOConfig(total_timesteps=256, eval_episodes=0, progress_bar=False, log_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="mode must be one of coupled, decoupled, hogwild, got 'hogwlid'"):
+        rl.train(config, mode="hogwlid")
+    assert not (tmp_path / "fabric_logs").exists()
