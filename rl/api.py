@@ -59,6 +59,10 @@ def train(config: RunConfig, callbacks: Sequence[Callback] = (), mode: Mode = "c
     raises or returns a NaN or infinite value. With `resume_from`, the fields left at their defaults take the
     resumed run's values, as its flags do on the command line. Torch's thread count and cuDNN's determinism, which a
     run sets for its process (`torch_threads`, `torch_deterministic`), are put back as they were when it returns."""
+    if not isinstance(config, RunConfig):
+        raise TypeError(
+            f"train takes a config, such as rl.PPOConfig(), rl.SACConfig() or rl.preset(...); got {config!r}"
+        )
     if mode not in get_args(Mode):  # else a misspelt mode would train coupled
         raise ValueError(f"mode must be one of {', '.join(get_args(Mode))}, got {mode!r}")
     cfg = copy.deepcopy(config)

@@ -268,8 +268,11 @@ def test_a_loaded_agent_takes_the_envs_own_observations_of_a_box_that_training_f
     assert [agent.predict(one)[0] for one in observations] == batch.tolist()
 
 
-def test_train_refuses_a_mode_it_does_not_have_before_training(tmp_path):
+def test_train_refuses_a_mode_it_does_not_have_and_what_is_no_config_before_training(tmp_path):
     config = rl.PPOConfig(total_timesteps=256, eval_episodes=0, progress_bar=False, log_dir=str(tmp_path))
     with pytest.raises(ValueError, match="mode must be one of coupled, decoupled, hogwild, got 'hogwlid'"):
         rl.train(config, mode="hogwlid")
+    for not_a_config in ({"env_id": "CartPole-v1"}, rl.PPOConfig):
+        with pytest.raises(TypeError, match=re.escape("train takes a config, such as rl.PPOConfig(), ")):
+            rl.train(not_a_config)
     assert not (tmp_path / "fabric_logs").exists()
