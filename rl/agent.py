@@ -150,9 +150,14 @@ class Agent:
         if isinstance(obs, np.ndarray | Tensor) and obs.dtype not in INTEGER_DTYPES and obs.shape[-1:] == flat_shape:
             return obs  # flattened already
         one = obs.numpy() if isinstance(obs, Tensor) else obs
-        if isinstance(one, dict | tuple | int | np.integer) or (isinstance(one, np.ndarray) and space.contains(one)):
-            return gym.spaces.flatten(space, one)
-        return [gym.spaces.flatten(space, each) for each in one]
+        try:
+            if isinstance(one, dict | tuple | int | np.integer) or (
+                isinstance(one, np.ndarray) and space.contains(one)
+            ):
+                return gym.spaces.flatten(space, one)
+            return [gym.spaces.flatten(space, each) for each in one]
+        except (TypeError, ValueError, IndexError, KeyError) as error:  # gymnasium's, on what is not of the space
+            raise ValueError(f"{obs!r} is not an observation of {space}, nor a batch of them") from error
 
     def _as_actions(self, action: Tensor, single: bool) -> np.ndarray:
         if isinstance(self.action_space, gym.spaces.Box):

@@ -197,6 +197,9 @@ def test_dict_observations_of_vectors_train_flattened_and_the_agent_takes_them_a
     batch, _ = agent.predict([obs, obs])
     flat, _ = agent.predict(gym.spaces.flatten(env.observation_space, obs))
     assert batch.tolist() == [one, one] and flat == one
+    for not_its_observation in ({"cart": obs["cart"]}, np.zeros(5), "cart"):
+        with pytest.raises(ValueError, match=r"is not an observation of Dict\('cart'"):
+            agent.predict(not_its_observation)
 
 
 def test_an_observation_space_it_cannot_take_is_named_in_one_line(tmp_path):
