@@ -112,11 +112,18 @@ class Agent:
             else:
                 action = self.policy.act(inputs, self.generator, exploration)[0]
             return self._as_actions(action, single), None
-        memory = self.policy.initial_memory(rows, self.device) if state is None else state.to(self.device)
-        starts = np.broadcast_to(
-            np.asarray(state is None if episode_start is None else episode_start, dtype=bool), (rows,)
-        )
-        starts_t = torch.as_tensor(starts.copy(), device=self.device)
+        memory = self.policy.initial_memory(rows, self.device)
+        if state is not None:
+            if state.shape != memory.shape:  # another batch's state would broadcast over this one in silence
+                raise ValueError(
+                    f"a state of shape {tuple(state.shape)} for {rows} observation(s), which take one of shape "
+                    f"{tuple(memory.shape)}: give the state that predict returned for this batch, or None"
+                )
+            memory = state.to(self.device)
+        starts = np.asarray(state is None if episode_start is None else episode_start, dtype=bool)
+        if starts.shape not in ((), (rows,)):
+            raise ValueError(f"episode_start of shape {starts.shape} for {rows} observation(s): give one flag for each")
+        starts_t = torch.as_tensor(np.broadcast_to(starts, (rows,)).copy(), device=self.device)
         if deterministic:
             action, memory = self.policy.greedy_action(inputs, memory, starts_t)
         else:

@@ -244,6 +244,11 @@ def test_a_recurrent_policy_evaluates_with_its_state_and_is_refused_by_export_wi
     assert np.array_equal(first, again)  # no state: every episode starts here
     _, carried = loaded.predict(obs, state=state)
     assert not torch.equal(carried, state)  # the state moves on from step to step
+    one_rows_state = loaded.predict(obs[0])[1]
+    with pytest.raises(ValueError, match=r"a state of shape \(2, 1, 1, 128\) for 3 observation\(s\)"):
+        loaded.predict(obs, state=one_rows_state)  # it broadcast over the 3 rows in silence
+    with pytest.raises(ValueError, match=r"episode_start of shape \(2,\) for 3 observation\(s\)"):
+        loaded.predict(obs, state=state, episode_start=[True, False])
     command = [sys.executable, "-m", "rl.export", agent, "--out", "x.pt"]
     done = subprocess.run(command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
