@@ -23,7 +23,7 @@ from rl.envs import (
     Preprocessing,
     env_observation_space,
     inspect_env,
-    is_image_space,
+    needs_flattening,
     observations_tensor,
     stored_as_bytes,
 )
@@ -202,11 +202,7 @@ def load_agent(path: str, device: str | torch.device = "cpu", env_id: str | None
     normalizer.device = target
     normalizer.load_state_dict(normalizer.state_dict())  # its tensors, moved to `target`
     own_space = env_observation_space(env, spaces.preprocessing)
-    # The env's own space where training flattened its observations: any but a vector or images (or a Dict of images)
-    taken_as_they_are = isinstance(own_space, gym.spaces.Box) and (
-        len(own_space.shape) == 1 or is_image_space(own_space)
-    )
-    structured = None if taken_as_they_are else own_space
+    structured = own_space if needs_flattening(own_space) else None  # the env's own, where training flattened it
     return Agent(
         policy.eval().requires_grad_(False).to(target),
         normalizer,

@@ -254,7 +254,7 @@ def needs_flattening(space: gym.Space) -> bool:
     """A Box of more than one axis (not an image), or a Dict or Tuple of vectors: trained on as one vector
     (gymnasium flattens it, choices one-hot)."""
     if isinstance(space, gym.spaces.Box):
-        return len(space.shape) != 1
+        return len(space.shape) != 1 and not is_image_space(space)
     return is_vector_leaf(space)  # a choice (Discrete, ...) becomes one-hot; a Dict or Tuple is concatenated
 
 
