@@ -57,7 +57,8 @@ def train(config: RunConfig, callbacks: Sequence[Callback] = (), mode: Mode = "c
     top level. A Hogwild worker that ends or fails stops the others and raises `rl.RunStopped`, as does a file of
     the run that the system refuses to write (a full disk), after removing its partial copy, and an env that
     raises or returns a NaN or infinite value. With `resume_from`, the fields left at their defaults take the
-    resumed run's values, as its flags do on the command line. Torch's thread count and cuDNN's determinism, which a
+    resumed run's values, as its flags do on the command line. A run that raises (a callback's error, say) closes its
+    envs and logs first. Torch's thread count and cuDNN's determinism, which a
     run sets for its process (`torch_threads`, `torch_deterministic`), are put back as they were when it returns."""
     if not isinstance(config, RunConfig):
         raise TypeError(

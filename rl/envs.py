@@ -5,8 +5,10 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import signal
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -404,9 +406,22 @@ def make_vector_env(
             functools.partial(make_env, env_id, video, preprocessing, window=window and index == 0)
             for index, video in enumerate(videos)
         ]
+        if mode == "async":
+            parent = os.getpid()
+            thunks = [functools.partial(_made_in_worker, thunk, parent) for thunk in thunks]
         vector_type = gym.vector.AsyncVectorEnv if mode == "async" else gym.vector.SyncVectorEnv
         envs = vector_type(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)
+
+
+def _made_in_worker(make: Callable[[], gym.Env], parent: int) -> gym.Env:
+    """An async env made in its worker, a fork of the training process (`parent`): the worker takes the default
+    SIGTERM back. The handler it inherited reports the launcher stopping a rank, and closing a failed run's envs
+    (or collecting them) sends their workers SIGTERM. gymnasium also makes the first env in the parent, to read
+    its spaces: that process keeps its handler."""
+    if os.getpid() != parent:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    return make()
 
 
 def _ale_vector_options(env_id: str, steps: Preprocessing) -> dict[str, object]:

@@ -228,6 +228,16 @@ class ExperienceSource(ABC):
     def close(self) -> None:
         self.envs.close()
 
+    def abandon(self) -> None:
+        """Close the envs of a run that failed without waiting on them: an async env's worker may be the one that
+        failed, or be mid-call, so the workers are ended at once."""
+        if getattr(self.envs, "closed", False):
+            return
+        if isinstance(self.envs.unwrapped, gym.vector.AsyncVectorEnv):
+            self.envs.close(terminate=True)
+        else:
+            self.envs.close()
+
     # Checkpoints: this rank's own state.
     def capture_state(self) -> dict[str, Any]:
         """This rank's envs mid-episode, what they last showed, and its random streams."""

@@ -4,6 +4,7 @@ what its checkpoints hold `rl/checkpoint.py`'s."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,6 +22,28 @@ from rl.runtime import Runtime
 class Run:
     dir: str
     sink: MetricsSink
+
+
+class ClosedIfItFails:
+    """What a run opens in this process (its logs, envs, progress bar), closed if the run fails on its way: a run
+    trained from Python (`rl.train`) then leaves no env worker or log writer behind in the caller's process. A run
+    that ends well closes each itself, where its end needs it closed."""
+
+    def __init__(self) -> None:
+        self._closers: list[Callable[[], None]] = []
+
+    def add(self, close: Callable[[], None]) -> None:
+        self._closers.append(close)
+
+    def __enter__(self) -> ClosedIfItFails:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, traceback: object) -> None:
+        if error is None:
+            return
+        for close in reversed(self._closers):
+            with contextlib.suppress(Exception):  # the failure on its way out is the one to report
+                close()
 
 
 def run_name(cfg: RunConfig, env_id: str, suffix: str | None = None) -> str:

@@ -241,6 +241,36 @@ def test_train_puts_back_the_torch_settings_it_changes_for_the_process(tmp_path)
         torch.backends.cudnn.deterministic = deterministic
 
 
+FAILING_RUN = """
+import multiprocessing, sys, threading
+import rl
+
+class Raises(rl.Callback):
+    def on_iteration_end(self, state):
+        raise RuntimeError("the callback's own error")
+
+before = set(threading.enumerate())
+config = rl.PPOConfig(total_timesteps=2048, num_steps=64, vector_mode="async", progress_bar=False, log_dir=sys.argv[1])
+try:
+    rl.train(config, callbacks=[Raises()])
+except RuntimeError as error:
+    print("raised:", error)
+    kept = error  # as a notebook keeps the last error, with its traceback and the run's objects in its frames
+print("threads:", sorted(t.name for t in set(threading.enumerate()) - before if t.name != "tqdm_monitor"))
+print("env workers:", len(multiprocessing.active_children()))
+"""
+
+
+def test_a_run_that_fails_in_the_callers_process_closes_its_envs_and_logs_there(tmp_path):
+    """A notebook's kernel outlives the run: its async env workers end quietly, and its log writer is closed."""
+    done = subprocess.run(
+        [sys.executable, "-c", FAILING_RUN, str(tmp_path)], env=child_env(), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["raised: the callback's own error", "threads: []", "env workers: 0"]
+    assert "stopped by the launcher" not in done.stderr  # the workers' SIGTERM is not the rank's
+
+
 @pytest.mark.parametrize(("display", "driver"), [({"DISPLAY": ":0"}, "None"), ({}, "dummy")], ids=["x11", "headless"])
 def test_the_library_keeps_pygame_off_the_display_only_where_there_is_none(display, driver):
     """With a display, a user's own `render_mode="human"` env beside a loaded agent opens its window."""

@@ -39,7 +39,7 @@ from rl.loop import (
     report_compile_time,
     report_resources,
 )
-from rl.run import Run, TrainingResult, start_run, training_video_folder
+from rl.run import ClosedIfItFails, Run, TrainingResult, start_run, training_video_folder
 from rl.runtime import Runtime
 
 MODE = "coupled"
@@ -52,8 +52,12 @@ def rank_name(rank: int) -> str:
 def train_coupled(
     algorithm: Algorithm, runtime: Runtime, resume: TrainingCheckpoint | None = None, callbacks: Sequence[Callback] = ()
 ) -> TrainingResult:
-    with report_lost_peers(runtime.rank, rank_name, gather_process_ids(runtime.device)), peer("another rank"):
-        return _train_coupled(algorithm, runtime, resume, callbacks)
+    with (
+        report_lost_peers(runtime.rank, rank_name, gather_process_ids(runtime.device)),
+        peer("another rank"),
+        ClosedIfItFails() as opened,
+    ):
+        return _train_coupled(algorithm, runtime, resume, callbacks, opened)
 
 
 def learner_shard(batch_rows: int, share_data: bool, rank: int, world_size: int) -> DataShard:
@@ -149,11 +153,18 @@ class CoupledRank:
 
 
 def _train_coupled(
-    algorithm: Algorithm, runtime: Runtime, resume: TrainingCheckpoint | None, callbacks: Sequence[Callback]
+    algorithm: Algorithm,
+    runtime: Runtime,
+    resume: TrainingCheckpoint | None,
+    callbacks: Sequence[Callback],
+    opened: ClosedIfItFails,
 ) -> TrainingResult:
     cfg, env_id = algorithm.cfg, algorithm.spaces.env_id
     run = start_run(cfg, runtime, resume)
+    opened.add(run.sink.close)
     rank = CoupledRank(algorithm, runtime, run, resume)
+    opened.add(rank.source.abandon)
+    opened.add(rank.progress.close)
     state = LoopState(
         rank.first_iteration - 1, rank.global_step, rank.num_iterations, runtime.rank, runtime.is_main, run.dir
     )

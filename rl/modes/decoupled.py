@@ -77,7 +77,7 @@ from rl.modes.decoupled_links import (
 from rl.modes.evaluator import Evaluator, EvaluatorLink, send_run_dir
 from rl.normalization import AllReduceSum
 from rl.optim import load_flat_parameters, num_parameters
-from rl.run import Run, TrainingResult, fixed_run_dir, open_run, run_name, training_video_folder
+from rl.run import ClosedIfItFails, Run, TrainingResult, fixed_run_dir, open_run, run_name, training_video_folder
 from rl.runtime import FabricRuntime, close_process_group, collective_timeout, naming_a_taken_port
 from rl.uploads import to_device
 
@@ -176,6 +176,12 @@ class Player:
         self.trainer_compile: Tensor | float = 0.0
         self.reports_waiting: dict[int, tuple[int, dict[str, float]]] = {}  # update -> (iteration, episode means)
         self.loop_clock = LoopClock()
+
+    def close_if_it_fails(self, opened: ClosedIfItFails) -> None:
+        if self.run is not None:
+            opened.add(self.run.sink.close)
+        opened.add(self.source.abandon)
+        opened.add(self.progress.close)
 
     def _open_run(self, resume: TrainingCheckpoint | None) -> Run:
         cfg = self.cfg
@@ -454,10 +460,13 @@ def train_decoupled(
         else None
     )
     player, evaluator = None, None
+    player_opened = ClosedIfItFails()
     with report_lost_peers(topology.rank, topology.role_name, gather_process_ids(comm_device)):
         if topology.is_player:
-            player = Player(algorithm, topology, sum_over(players.group if players else None), resume)
-            result = player.train(callbacks)
+            with player_opened:
+                player = Player(algorithm, topology, sum_over(players.group if players else None), resume)
+                player.close_if_it_fails(player_opened)
+                result = player.train(callbacks)
         elif topology.is_evaluator:
             evaluator = Evaluator(algorithm, LEAD_PLAYER)
             evaluator.serve()
@@ -469,5 +478,6 @@ def train_decoupled(
     if evaluator is not None:
         evaluator.evaluate_final_weights()
     if player is not None and result is not None:
-        result = player.evaluate_saved_agent(result)
+        with player_opened:
+            result = player.evaluate_saved_agent(result)
     return result

@@ -16,7 +16,6 @@ memory; only checkpoint parts, which are rare, travel pickled through a queue.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import io
@@ -70,7 +69,7 @@ from rl.loop import (
 )
 from rl.optim import TrainingDiverged
 from rl.precision import float32_state
-from rl.run import Run, TrainingResult, start_run, training_video_folder
+from rl.run import ClosedIfItFails, Run, TrainingResult, start_run, training_video_folder
 from rl.runtime import LocalRuntime, configure_torch_threads, core_share, default_torch_threads
 
 MODE = "hogwild"
@@ -462,6 +461,20 @@ def train_hogwild(
     # Worker 0 writes the training's scalars; the supervisor's own (its hyperparameters) go to TensorBoard alone,
     # so that one process writes the run's CSV.
     run = start_run(replace(cfg, logger=tuple(name for name in cfg.logger if name != "csv")), runtime, resume)
+    with ClosedIfItFails() as opened:
+        opened.add(run.sink.close)
+        return supervise_run(algorithm, run, runtime, resume, callbacks)
+
+
+def supervise_run(
+    algorithm: Algorithm,
+    run: Run,
+    runtime: LocalRuntime,
+    resume: TrainingCheckpoint | None,
+    callbacks: Sequence[Callback],
+) -> TrainingResult:
+    """Start the workers, hand their checkpoints to the writer, and end the run as they end."""
+    cfg = algorithm.cfg
     policy = algorithm.build_policy(runtime.device)
     learner = algorithm.make_learner(policy, runtime, DataShard(algorithm.batch_rows(1)), env_ranks=cfg.workers)
     frames = torch.zeros(cfg.workers, dtype=torch.int64)
@@ -489,14 +502,11 @@ def train_hogwild(
             supervise(processes, channel, writer.add)
         except WorkerLost as lost:
             release(processes, channel)
-            run.sink.close()
             stopped = f"{lost}; the others were stopped, and the checkpoints written so far are in {run.dir}"
             raise RunStopped(stopped) from None
         except RunStopped:  # a checkpoint that could not be written
             stop_workers(processes, channel)
             release(processes, channel)
-            with contextlib.suppress(RunStopped):  # the disk that refused it may refuse the last logs too
-                run.sink.close()
             raise
     interrupted = channel.stop_requested.is_set()
     release(processes, channel)
