@@ -45,6 +45,7 @@ from rl.envs import EnvSpaces, env_family, inspect_env
 from rl.errors import RunStopped, UsageError, exit_after_peers_report, exit_on_usage_error, print_error
 from rl.loop import InterruptFlag
 from rl.optim import TrainingDiverged
+from rl.peer_flags import peer_flag
 from rl.precision import DEFAULT_PRECISION
 from rl.registry import ALGORITHMS, DEFAULT_ALGORITHM, algorithm_type
 from rl.run import fixed_run_dir
@@ -70,6 +71,7 @@ def parse_config(argv: list[str], mode: Mode | None = None) -> RunConfig:
             or other_modes_flag(error, mode)
             or other_algorithms_flag(error, name)
             or other_algorithms_key(error, name)
+            or other_programs_flag(error, name)
             or error
         ) from None
 
@@ -132,6 +134,20 @@ def other_algorithms_key(error: UsageError, name: str) -> UsageError | None:
         f"{error.path} sets {error.key!r}, a flag of {owners[0].upper()}, not of {name.upper()}: "
         f"name the algorithm first, {script} {owners[0]} --config {error.path}",
     )
+
+
+def other_programs_flag(error: UsageError, name: str) -> UsageError | None:
+    """An unknown flag that CleanRL, rl-zoo or LeanRL takes (or a Hydra override, as sheeprl's), answered with the
+    flag that does it here."""
+    _, listed, unrecognized = str(error).partition("Unrecognized options: ")
+    if not listed:
+        return None
+    found = peer_flag(unrecognized.split(", "), name, flags_of(ALGORITHMS[name].config_type))
+    if found is None:
+        return None
+    word, peer = found
+    advice = peer.advice.format(script=os.path.basename(sys.argv[0]))
+    return UsageError(word, f"{peer.program}'s {peer.kind}, not this program's: {advice}")
 
 
 def flags_of(config_type: type[RunConfig]) -> set[str]:

@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 
 from rl.algos.ppo.config import PPOConfig
-from rl.cli import parse_config
+from rl.cli import flags_of, parse_config
 from rl.config import RunConfig, flag, local_gpu_index, uses_gpu, validate, validate_decoupled
 from rl.envs import inspect_env
 from rl.errors import UsageError
+from rl.peer_flags import PEER_FLAGS
+from rl.registry import ALGORITHMS
 from rl.seeds import derive_seed
 
 
@@ -413,6 +415,41 @@ def test_an_algorithm_named_after_flags_is_told_to_go_first(argv):
     with pytest.raises(UsageError) as error:
         parse_config(argv)
     assert error.value.flag == "command line" and "the algorithm goes first" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    ("argv", "word", "says"),
+    [
+        (["--num-minibatches", "4"], "--num-minibatches", "CleanRL's flag, not this program's: give the minibatch's"),
+        (["--track"], "--track", "CleanRL's flag, not this program's: --logger tensorboard wandb"),
+        (["--norm-adv=True"], "--norm-adv", "CleanRL's flag, not this program's: --normalize-advantages"),
+        (["sac", "--autotune"], "--autotune", "CleanRL's flag, not this program's: --ent-coef auto"),
+        (["--cudagraphs"], "--cudagraphs", "LeanRL's flag, not this program's: --cuda-graphs"),
+        (["-n", "1000"], "-n", "rl-zoo's flag, not this program's: --total-timesteps"),
+        (["--num-envs", "2", "--env", "Hopper-v5"], "--env", "rl-zoo's flag, not this program's: --env-id"),
+        (["env.id=Hopper-v5"], "env.id=Hopper-v5", "sheeprl's Hydra override, not this program's: give flags"),
+    ],
+)
+def test_another_programs_flag_is_answered_with_this_ones(argv, word, says):
+    with pytest.raises(UsageError) as error:
+        parse_config(argv)
+    assert error.value.flag == word
+    assert says in str(error.value)
+
+
+@pytest.mark.parametrize("argv", [["--alpha", "0.2"], ["sac", "--norm-adv"]])
+def test_another_programs_flag_gets_no_advice_that_does_not_hold_for_the_algorithm(argv):
+    """PPO's --ent-coef is no temperature, and SAC normalizes no advantages."""
+    with pytest.raises(UsageError) as error:
+        parse_config(argv)
+    assert "Unrecognized options" in str(error.value)
+
+
+def test_each_flag_another_programs_flag_is_answered_with_is_a_flag_here():
+    flags_here = set().union(*(flags_of(kind.config_type) for kind in ALGORITHMS.values()))
+    named = {peer.flag_here for peer in PEER_FLAGS.values()} - {None}
+    assert named <= flags_here
+    assert not set(PEER_FLAGS) & flags_here  # a flag this program takes is never answered as another's
 
 
 def test_an_algorithms_name_as_a_flags_value_is_no_misplaced_algorithm():

@@ -1,0 +1,89 @@
+"""The flags of the programs this one's users come from (CleanRL, rl-zoo, LeanRL, sheeprl's overrides), and what
+this program calls each: an unknown flag that one of them takes is answered with this program's own."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PeerFlag:
+    program: str
+    advice: str  # what to give here instead; `{script}` stands for the entry script's name
+    flag_here: str | None = None  # the flag the advice names: the hint is given only where the algorithm takes it
+    algorithm: str | None = None  # the one algorithm the advice holds for, where it is one
+    kind: str = "flag"
+
+
+PEER_FLAGS: dict[str, PeerFlag] = {
+    # CleanRL's scripts (LeanRL's share them).
+    "--track": PeerFlag("CleanRL", "--logger tensorboard wandb logs to Weights & Biases as well", "--logger"),
+    "--wandb-project-name": PeerFlag(
+        "CleanRL", "set WANDB_PROJECT in the environment, with --logger wandb", "--logger"
+    ),
+    "--wandb-entity": PeerFlag("CleanRL", "set WANDB_ENTITY in the environment, with --logger wandb", "--logger"),
+    "--num-minibatches": PeerFlag(
+        "CleanRL",
+        "give the minibatch's size instead: --per-rank-batch-size, num_envs x num_steps / num_minibatches",
+        "--per-rank-batch-size",
+    ),
+    "--norm-adv": PeerFlag("CleanRL", "--normalize-advantages", "--normalize-advantages"),
+    "--no-norm-adv": PeerFlag("CleanRL", "--no-normalize-advantages", "--normalize-advantages"),
+    "--alpha": PeerFlag("CleanRL", "--ent-coef 0.2 fixes the temperature at 0.2", "--ent-coef", "sac"),
+    "--autotune": PeerFlag("CleanRL", "--ent-coef auto (the default) tunes the temperature", "--ent-coef", "sac"),
+    "--no-autotune": PeerFlag("CleanRL", "--ent-coef 0.2 fixes the temperature (at 0.2, say)", "--ent-coef", "sac"),
+    "--save-model": PeerFlag("CleanRL", "every run saves its agent as RUN/agent.ckpt"),
+    "--cudagraphs": PeerFlag("LeanRL", "--cuda-graphs", "--cuda-graphs"),
+    # rl-zoo's train.py.
+    "--algo": PeerFlag("rl-zoo", "name the algorithm first: {script} sac --..."),
+    "--env": PeerFlag("rl-zoo", "--env-id", "--env-id"),
+    "-n": PeerFlag("rl-zoo", "--total-timesteps", "--total-timesteps"),
+    "--n-timesteps": PeerFlag("rl-zoo", "--total-timesteps", "--total-timesteps"),
+    "--eval-freq": PeerFlag("rl-zoo", "--eval-every, in env steps across all processes", "--eval-every"),
+    "--save-freq": PeerFlag("rl-zoo", "--checkpoint-every, in env steps (8192) or time (10m)", "--checkpoint-every"),
+    "-f": PeerFlag("rl-zoo", "--log-dir", "--log-dir"),
+    "--log-folder": PeerFlag("rl-zoo", "--log-dir", "--log-dir"),
+    "-tb": PeerFlag("rl-zoo", "--log-dir: each run's TensorBoard logs are in its folder there", "--log-dir"),
+    "--tensorboard-log": PeerFlag(
+        "rl-zoo", "--log-dir: each run's TensorBoard logs are in its folder there", "--log-dir"
+    ),
+    "-params": PeerFlag("rl-zoo", "give each as its flag (--num-envs 4), or a file of them with --config", "--config"),
+    "--hyperparams": PeerFlag(
+        "rl-zoo", "give each as its flag (--num-envs 4), or a file of them with --config", "--config"
+    ),
+    "-conf": PeerFlag("rl-zoo", "--config FILE, a YAML or JSON file of this program's flags", "--config"),
+    "--conf-file": PeerFlag("rl-zoo", "--config FILE, a YAML or JSON file of this program's flags", "--config"),
+    "--vec-env": PeerFlag("rl-zoo", "--vector-mode async (subproc) or sync (dummy)", "--vector-mode"),
+    "--device": PeerFlag("rl-zoo", "--cuda trains on the GPU", "--cuda"),
+    "--progress": PeerFlag(
+        "rl-zoo", "the progress bar shows by default (--no-progress-bar hides it)", "--progress-bar"
+    ),
+    "-optimize": PeerFlag("rl-zoo", "python -m rl.tune --trials N -- {script} flags"),
+    "--optimize": PeerFlag("rl-zoo", "python -m rl.tune --trials N -- {script} flags"),
+    "--optimize-hyperparameters": PeerFlag("rl-zoo", "python -m rl.tune --trials N -- {script} flags"),
+    "--n-trials": PeerFlag("rl-zoo", "python -m rl.tune --trials N -- {script} flags"),
+    "-i": PeerFlag("rl-zoo", "--resume-from RUN/checkpoints/FILE continues a run from its checkpoint", "--resume-from"),
+    "--trained-agent": PeerFlag(
+        "rl-zoo", "--resume-from RUN/checkpoints/FILE continues a run from its checkpoint", "--resume-from"
+    ),
+}
+
+HYDRA_OVERRIDE = PeerFlag(
+    "sheeprl", "give flags (--env-id CartPole-v1), or a YAML file of them with --config", kind="Hydra override"
+)
+
+
+def peer_flag(unrecognized: list[str], algorithm: str, flags_here: set[str]) -> tuple[str, PeerFlag] | None:
+    """The first of the `unrecognized` words that another program takes as a flag (or a Hydra override,
+    `key=value`), and what to give `algorithm` here instead; None where none is, or its advice is not for
+    `algorithm` (a flag not in `flags_here`, another algorithm's)."""
+    for word in unrecognized:
+        if not word.startswith("-") and "=" in word:
+            return word, HYDRA_OVERRIDE
+        name = word.partition("=")[0]
+        peer = PEER_FLAGS.get(name)
+        if peer is None or peer.algorithm not in (None, algorithm):
+            continue
+        if peer.flag_here is None or peer.flag_here in flags_here:
+            return name, peer
+    return None
