@@ -45,7 +45,7 @@ from rl.envs import EnvSpaces, env_family, inspect_env
 from rl.errors import RunStopped, UsageError, exit_after_peers_report, exit_on_usage_error, print_error
 from rl.loop import InterruptFlag
 from rl.optim import TrainingDiverged
-from rl.peer_flags import peer_flag
+from rl.peer_flags import PeerFlag, peer_flag
 from rl.precision import DEFAULT_PRECISION
 from rl.registry import ALGORITHMS, DEFAULT_ALGORITHM, algorithm_type
 from rl.run import fixed_run_dir
@@ -72,6 +72,7 @@ def parse_config(argv: list[str], mode: Mode | None = None) -> RunConfig:
             or other_algorithms_flag(error, name)
             or other_algorithms_key(error, name)
             or other_programs_flag(error, name)
+            or other_programs_key(error, name)
             or error
         ) from None
 
@@ -146,8 +147,24 @@ def other_programs_flag(error: UsageError, name: str) -> UsageError | None:
     if found is None:
         return None
     word, peer = found
-    advice = peer.advice.format(script=os.path.basename(sys.argv[0]))
-    return UsageError(word, f"{peer.program}'s {peer.kind}, not this program's: {advice}")
+    return UsageError(word, f"{peer.program}'s {peer.kind}, not this program's: {peer_advice(peer)}")
+
+
+def other_programs_key(error: UsageError, name: str) -> UsageError | None:
+    """A `--config` key by another program's name (an rl-zoo hyperparameter, `n_steps`), answered with this one's."""
+    if not isinstance(error, UnknownConfigKey):
+        return None
+    found = peer_flag([flag(error.name)], name, flags_of(ALGORITHMS[name].config_type))
+    if found is None:
+        return None
+    _, peer = found
+    return UsageError(
+        "--config", f"{error.path} sets {error.key!r}, {peer.program}'s name, not this program's: {peer_advice(peer)}"
+    )
+
+
+def peer_advice(peer: PeerFlag) -> str:
+    return peer.advice.format(script=os.path.basename(sys.argv[0]))
 
 
 def flags_of(config_type: type[RunConfig]) -> set[str]:

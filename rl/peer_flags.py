@@ -1,5 +1,6 @@
-"""The flags of the programs this one's users come from (CleanRL, rl-zoo, LeanRL, sheeprl's overrides), and what
-this program calls each: an unknown flag that one of them takes is answered with this program's own."""
+"""The flags of the programs this one's users come from (CleanRL, rl-zoo and Stable-Baselines3's names, LeanRL,
+sheeprl's overrides), and what this program calls each: an unknown flag or `--config` key that one of them takes is
+answered with this program's own."""
 
 from __future__ import annotations
 
@@ -65,6 +66,15 @@ PEER_FLAGS: dict[str, PeerFlag] = {
     "-i": PeerFlag("rl-zoo", "--resume-from RUN/checkpoints/FILE continues a run from its checkpoint", "--resume-from"),
     "--trained-agent": PeerFlag(
         "rl-zoo", "--resume-from RUN/checkpoints/FILE continues a run from its checkpoint", "--resume-from"
+    ),
+    # Stable-Baselines3's hyperparameter names, as rl-zoo's files and --hyperparams give them.
+    "--n-envs": PeerFlag("Stable-Baselines3", "--num-envs", "--num-envs"),
+    "--n-steps": PeerFlag("Stable-Baselines3", "--num-steps", "--num-steps"),
+    "--n-epochs": PeerFlag("Stable-Baselines3", "--update-epochs", "--update-epochs"),
+    "--clip-range": PeerFlag("Stable-Baselines3", "--clip-coef", "--clip-coef"),
+    "--normalize-advantage": PeerFlag("Stable-Baselines3", "--normalize-advantages", "--normalize-advantages"),
+    "--normalize": PeerFlag(
+        "Stable-Baselines3", "--normalize-observations and --normalize-rewards", "--normalize-observations"
     ),
 }
 

@@ -426,6 +426,7 @@ def test_an_algorithm_named_after_flags_is_told_to_go_first(argv):
         (["sac", "--autotune"], "--autotune", "CleanRL's flag, not this program's: --ent-coef auto"),
         (["--cudagraphs"], "--cudagraphs", "LeanRL's flag, not this program's: --cuda-graphs"),
         (["-n", "1000"], "-n", "rl-zoo's flag, not this program's: --total-timesteps"),
+        (["--n-epochs", "4"], "--n-epochs", "Stable-Baselines3's flag, not this program's: --update-epochs"),
         (["--num-envs", "2", "--env", "Hopper-v5"], "--env", "rl-zoo's flag, not this program's: --env-id"),
         (["env.id=Hopper-v5"], "env.id=Hopper-v5", "sheeprl's Hydra override, not this program's: give flags"),
     ],
@@ -437,7 +438,7 @@ def test_another_programs_flag_is_answered_with_this_ones(argv, word, says):
     assert says in str(error.value)
 
 
-@pytest.mark.parametrize("argv", [["--alpha", "0.2"], ["sac", "--norm-adv"]])
+@pytest.mark.parametrize("argv", [["--alpha", "0.2"], ["sac", "--norm-adv"], ["sac", "--normalize"]])
 def test_another_programs_flag_gets_no_advice_that_does_not_hold_for_the_algorithm(argv):
     """PPO's --ent-coef is no temperature, and SAC normalizes no advantages."""
     with pytest.raises(UsageError) as error:
@@ -644,6 +645,22 @@ def test_a_config_file_of_another_algorithm_is_named_as_that_algorithms(tmp_path
     with pytest.raises(UsageError, match=re.escape(told)) as raised:
         parse_config([*algorithm, "--config", path])
     assert raised.value.flag == "--config" and str(raised.value).endswith(f"--config {path}")
+
+
+@pytest.mark.parametrize(
+    ("text", "told"),
+    [
+        ("n_steps: 512\n", "sets 'n_steps', Stable-Baselines3's name, not this program's: --num-steps"),
+        ("clip-range: 0.1\n", "sets 'clip-range', Stable-Baselines3's name, not this program's: --clip-coef"),
+        ("norm_adv: true\n", "sets 'norm_adv', CleanRL's name, not this program's: --normalize-advantages"),
+    ],
+)
+def test_a_config_key_by_another_programs_name_is_answered_with_this_ones(tmp_path, text, told):
+    path = tmp_path / "hyperparameters.yaml"
+    path.write_text(text)
+    with pytest.raises(UsageError, match=re.escape(told)) as raised:
+        parse_config(["--config", str(path)])
+    assert raised.value.flag == "--config"
 
 
 MODE_FLAG_EXAMPLES = {
