@@ -614,6 +614,10 @@ def test_the_resolved_config_written_out_is_taken_back_whole(tmp_path, argv):
         ("vector_mode: fast\n", "sets vector_mode: 'fast', which is not one of auto, sync, async, native, envpool"),
         ("logger: [csv, tb]\n", "which is not a list, each one of tensorboard, csv, wandb"),
         ("target_kl: high\n", "sets target_kl: 'high', which is not a number or null"),
+        # another program's names, answered with this one's
+        ("n_steps: 512\n", "sets 'n_steps', Stable-Baselines3's name, not this program's: --num-steps"),
+        ("clip-range: 0.1\n", "sets 'clip-range', Stable-Baselines3's name, not this program's: --clip-coef"),
+        ("norm_adv: true\n", "sets 'norm_adv', CleanRL's name, not this program's: --normalize-advantages"),
     ],
 )
 def test_a_bad_config_file_is_named_in_one_line(tmp_path, text, told):
@@ -645,22 +649,6 @@ def test_a_config_file_of_another_algorithm_is_named_as_that_algorithms(tmp_path
     with pytest.raises(UsageError, match=re.escape(told)) as raised:
         parse_config([*algorithm, "--config", path])
     assert raised.value.flag == "--config" and str(raised.value).endswith(f"--config {path}")
-
-
-@pytest.mark.parametrize(
-    ("text", "told"),
-    [
-        ("n_steps: 512\n", "sets 'n_steps', Stable-Baselines3's name, not this program's: --num-steps"),
-        ("clip-range: 0.1\n", "sets 'clip-range', Stable-Baselines3's name, not this program's: --clip-coef"),
-        ("norm_adv: true\n", "sets 'norm_adv', CleanRL's name, not this program's: --normalize-advantages"),
-    ],
-)
-def test_a_config_key_by_another_programs_name_is_answered_with_this_ones(tmp_path, text, told):
-    path = tmp_path / "hyperparameters.yaml"
-    path.write_text(text)
-    with pytest.raises(UsageError, match=re.escape(told)) as raised:
-        parse_config(["--config", str(path)])
-    assert raised.value.flag == "--config"
 
 
 MODE_FLAG_EXAMPLES = {
