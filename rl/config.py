@@ -454,6 +454,7 @@ def validate(
             f"fabric run --accelerator={launcher_accelerator} was given, but without --cuda "
             "every process trains on the CPU: add --cuda",
         )
+    check_launcher_strategy(os.environ.get("LT_STRATEGY"))
     if cfg.player_on_gpu and not cfg.cuda:
         raise UsageError("--player-on-gpu", "needs --cuda as well")
     check_precision(cfg.precision, cfg.cuda)
@@ -463,6 +464,21 @@ def validate(
         raise UsageError("--compile-mode", "chooses how --compile compiles; add --compile (or drop the flag)")
     if cfg.compile:  # every role on a GPU compiles with Triton; a CPU role needs a C++ compiler
         check_compiler(cfg.cuda and (cfg.player_on_gpu or env_ranks == world_size) and not cfg.evaluator)
+
+
+# `fabric run --strategy` values that name what every coupled run does: DDP's process group, over which the learners
+# average their gradients themselves (no module is wrapped, so no parameter goes unused).
+LAUNCHER_STRATEGIES = ("auto", "ddp", "ddp_find_unused_parameters_true")
+
+
+def check_launcher_strategy(strategy: str | None) -> None:
+    """`fabric run --strategy` (None: not given): DP, FSDP and DeepSpeed shard or wrap a module, which no mode has."""
+    if strategy is not None and strategy not in LAUNCHER_STRATEGIES:
+        raise UsageError(
+            "--strategy",
+            f"fabric run --strategy={strategy}: every process here keeps whole networks and averages their gradients "
+            "over DDP's process group itself: give --strategy=ddp, or leave it out",
+        )
 
 
 def check_cuda_graphs(cfg: RunConfig) -> None:

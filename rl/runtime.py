@@ -249,10 +249,6 @@ def _fabric_ddp_strategy(cfg: RunConfig, process_group: dist.ProcessGroup | None
     since the learners average their flat gradient buffers through `Runtime.start_mean`."""
     from lightning.fabric.strategies import DDPStrategy
 
-    # `fabric run --strategy=ddp` asks for exactly this strategy; Fabric would otherwise refuse
-    # a strategy object that differs from the launcher's string.
-    if os.environ.get("LT_STRATEGY") == "ddp":
-        del os.environ["LT_STRATEGY"]
     ddp_kwargs: dict[str, Any] = {"process_group": process_group} if process_group is not None else {}
     if device is not None:  # Fabric picks entry LOCAL_RANK of this list, which CPU players beside us would skew
         ddp_kwargs["parallel_devices"] = [device] * local_world_size_from_env()
@@ -309,6 +305,9 @@ class FabricRuntime(Runtime):
         # launcher's --accelerator only started the processes, and would conflict with a decoupled
         # trainer's GPU beside CPU players.
         os.environ.pop("LT_ACCELERATOR", None)
+        # The launcher's --strategy (ddp, as the config checked) names this strategy; Fabric would refuse an object
+        # that differs from its string, and take the string where the config chose "auto" (one process).
+        os.environ.pop("LT_STRATEGY", None)
         if device is not None:  # the mode chose this role's device; the launcher's --devices counts the CPU roles too
             os.environ.pop("LT_DEVICES", None)
         # fp16's plugin gets our scaler, which the learners' optimizer steps share; the other precisions by name.

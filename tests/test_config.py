@@ -536,6 +536,17 @@ def test_fabric_run_on_gpus_without_cuda_is_refused_and_the_script_flag_chooses_
     check(PPOConfig(cuda=True), gpu_count=1)
 
 
+@pytest.mark.parametrize("strategy", ["dp", "fsdp", "deepspeed_stage_2"])
+def test_fabric_run_with_a_strategy_that_wraps_a_module_is_refused_and_ddp_is_taken(monkeypatch, strategy):
+    monkeypatch.setenv("LT_STRATEGY", strategy)
+    with pytest.raises(UsageError, match=f"fabric run --strategy={strategy}: every process here keeps whole") as error:
+        check(PPOConfig())
+    assert error.value.flag == "--strategy" and str(error.value).endswith("give --strategy=ddp, or leave it out")
+    for taken in ("ddp", "ddp_find_unused_parameters_true", "auto"):
+        monkeypatch.setenv("LT_STRATEGY", taken)
+        check(PPOConfig())
+
+
 def test_recurrent_runs_train_with_every_other_flag_at_its_default():
     cfg = parse_config(["--recurrent"])
     assert cfg.per_rank_batch_size == cfg.num_steps  # one env sequence per minibatch
