@@ -455,6 +455,7 @@ def validate(
             "every process trains on the CPU: add --cuda",
         )
     check_launcher_strategy(os.environ.get("LT_STRATEGY"))
+    check_launcher_devices(os.environ.get("LT_DEVICES"))
     if cfg.player_on_gpu and not cfg.cuda:
         raise UsageError("--player-on-gpu", "needs --cuda as well")
     check_precision(cfg.precision, cfg.cuda)
@@ -478,6 +479,17 @@ def check_launcher_strategy(strategy: str | None) -> None:
             "--strategy",
             f"fabric run --strategy={strategy}: every process here keeps whole networks and averages their gradients "
             "over DDP's process group itself: give --strategy=ddp, or leave it out",
+        )
+
+
+def check_launcher_devices(devices: str | None) -> None:
+    """`fabric run --devices` (None: not given) counts the processes on each machine: a list of GPUs would choose
+    them, which this program does itself, each process by its place on the machine."""
+    if devices is not None and ("," in devices or "[" in devices):
+        raise UsageError(
+            "--devices",
+            f"fabric run --devices={devices}: each process here takes its GPU by its place on the machine: give "
+            "a count (--devices=2), and choose the GPUs with CUDA_VISIBLE_DEVICES",
         )
 
 

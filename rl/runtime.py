@@ -308,8 +308,9 @@ class FabricRuntime(Runtime):
         # The launcher's --strategy (ddp, as the config checked) names this strategy; Fabric would refuse an object
         # that differs from its string, and take the string where the config chose "auto" (one process).
         os.environ.pop("LT_STRATEGY", None)
-        if device is not None:  # the mode chose this role's device; the launcher's --devices counts the CPU roles too
-            os.environ.pop("LT_DEVICES", None)
+        # The launcher's --devices (a count, as the config checked, or auto) started LOCAL_WORLD_SIZE processes, which
+        # Fabric is told below; where the mode chose this role's device, that count includes the CPU roles too.
+        os.environ.pop("LT_DEVICES", None)
         # fp16's plugin gets our scaler, which the learners' optimizer steps share; the other precisions by name.
         precision: dict[str, Any] = (
             {"plugins": MixedPrecision("16-mixed", accelerator, scaler)} if scaler else {"precision": cfg.precision}

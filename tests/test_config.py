@@ -547,6 +547,18 @@ def test_fabric_run_with_a_strategy_that_wraps_a_module_is_refused_and_ddp_is_ta
         check(PPOConfig())
 
 
+def test_fabric_run_with_a_list_of_gpus_is_refused_and_a_count_is_taken(monkeypatch):
+    monkeypatch.setenv("LT_DEVICES", "1,3")
+    with pytest.raises(
+        UsageError, match="fabric run --devices=1,3: each process here takes its GPU by its place"
+    ) as error:
+        check(PPOConfig())
+    assert error.value.flag == "--devices" and str(error.value).endswith("choose the GPUs with CUDA_VISIBLE_DEVICES")
+    for taken in ("2", "auto", "-1"):
+        monkeypatch.setenv("LT_DEVICES", taken)
+        check(PPOConfig())
+
+
 def test_recurrent_runs_train_with_every_other_flag_at_its_default():
     cfg = parse_config(["--recurrent"])
     assert cfg.per_rank_batch_size == cfg.num_steps  # one env sequence per minibatch
