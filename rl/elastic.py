@@ -381,7 +381,7 @@ def record_end(step: int, interrupted: bool) -> None:
 
 def record_fault(role: str, kind: str, what: str) -> None:
     """Why this process ends: `kind` "failed" (its own error), "lost" (a peer is gone), "timeout" (a peer did not
-    reach a collective in time) or "stopped" (by torchrun)."""
+    reach a collective in time) or "stopped" (by SIGTERM: torchrun, or from outside)."""
     if _this_round is None:
         return
     with contextlib.suppress(OSError):  # the folder itself is gone: the error line on stderr still says it

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rl.elastic import job_store_client, record_fault
+from rl.elastic import job_store_client, record_fault, under_torchelastic
 from rl.errors import RunStopped, print_error
 from rl.optim import TrainingDiverged
 
@@ -188,17 +188,23 @@ def report_lost_peers(own_rank: int, name: Callable[[int], str], process_ids: Te
             "heartbeat stopped"
         )
 
-    def stopped_by_launcher(signum: int, frame: object) -> None:
+    def stopped_by_sigterm(signum: int, frame: object) -> None:
         known = lost()
         if known:
             record_fault(role, "lost", known)
             print_error(f"error: {role}: stopped by the launcher because it lost {known}")
-        else:  # torchrun also restarts every worker when a node joins the job
-            record_fault(role, "stopped", "stopped by the launcher with no process of the job known to be lost")
-            print_error(f"error: {role}: stopped by the launcher (SIGTERM); no process of the job is known to be lost")
+        elif under_torchelastic():  # torchrun also restarts every worker when a node joins the job
+            record_fault(role, "stopped", "stopped by SIGTERM with no process of the job known to be lost")
+            print_error(
+                f"error: {role}: stopped by SIGTERM, from the launcher or sent to the job; no process of the job "
+                "is known to be lost"
+            )
+        else:  # no launcher: a kill, SLURM's scancel or time limit, a shutdown
+            record_fault(role, "stopped", "stopped by SIGTERM")
+            print_error(f"error: {role}: stopped by SIGTERM (a kill, scancel or shutdown); its checkpoints are kept")
         os._exit(1)
 
-    previous = signal.signal(signal.SIGTERM, stopped_by_launcher) if on_main_thread() else None
+    previous = signal.signal(signal.SIGTERM, stopped_by_sigterm) if on_main_thread() else None
     try:
         yield
     except (TrainingDiverged, RunStopped):

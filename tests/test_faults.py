@@ -148,3 +148,20 @@ def test_a_rank_that_waits_longer_than_the_collective_timeout_says_so_rather_tha
         "job is known to have ended: "
     ), lines[-20:]
     assert "Timed out" in waited[0]
+
+
+def test_a_run_stopped_by_sigterm_without_a_launcher_names_the_signal_and_no_launcher(tmp_path):
+    """A kill, SLURM's scancel or a shutdown: the line names no launcher, since none started the run."""
+    command = [sys.executable, str(SCRIPTS["fabric"]), "--total-timesteps", "10000000", "--log-dir", str(tmp_path)]
+    command += ["--no-progress-bar", "--checkpoint-every", "5m"]
+    run = subprocess.Popen(command, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob("fabric_logs/*/config.yaml")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2.0)  # into the training loop
+    run.send_signal(signal.SIGTERM)
+    _, stderr = run.communicate(timeout=60)
+    assert run.returncode == 1
+    assert stderr.strip().splitlines()[-1] == (
+        "error: rank 0: stopped by SIGTERM (a kill, scancel or shutdown); its checkpoints are kept"
+    )
