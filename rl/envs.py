@@ -176,6 +176,20 @@ def resolve_env_id(env_id: str) -> str:
     return env_id
 
 
+def newest_version_hint(env_id: str, error: Exception) -> str:
+    """Where an old version of an env cannot be made (MuJoCo's -v3 needs mujoco-py, gone from gymnasium 1.x),
+    its newest registered version, unless `error` names it already."""
+    try:
+        namespace, name, version = gym.envs.registration.parse_env_id(env_id)
+        newest = gym.envs.registration.find_highest_version(namespace, name)
+    except gym.error.Error:
+        return ""
+    if version is None or newest is None or newest <= version:
+        return ""
+    newest_id = gym.envs.registration.get_env_id(namespace, name, newest)
+    return "" if newest_id in str(error) else f" (this env's newest version is {newest_id})"
+
+
 def inspect_env(env_id: str, preprocessing: Preprocessing = ATARI_PREPROCESSING) -> EnvSpaces:
     """Resolve the id, build one env as training will and check its spaces (and a user's env against
     gymnasium's API); raise `UsageError` on bad input."""
@@ -186,13 +200,14 @@ def inspect_env(env_id: str, preprocessing: Preprocessing = ATARI_PREPROCESSING)
     try:
         env = make_env(env_id, None, preprocessing, clip_actions=False)  # the env's own action bounds
     except gym.error.Error as error:
-        raise UsageError("--env-id", f"cannot make {env_id!r}: {error}") from None
+        raise UsageError("--env-id", f"cannot make {env_id!r}: {error}{newest_version_hint(env_id, error)}") from None
     except TypeError as error:
         if not preprocessing.env_kwargs:
             raise
         raise UsageError("--env-kwargs", f"{env_id} does not take {dict(preprocessing.env_kwargs)}: {error}") from None
     except ImportError as error:
-        raise UsageError("--env-id", f"{env_id!r} needs a missing package: {error}") from None
+        hint = newest_version_hint(env_id, error)
+        raise UsageError("--env-id", f"{env_id!r} needs a missing package: {error}{hint}") from None
     try:
         obs_space = env.observation_space
         action_space = _checked_action_space(env.action_space)

@@ -138,12 +138,22 @@ def test_help_prints_each_flags_meaning_as_one_paragraph(capsys, monkeypatch):
     [
         ("NoSuchEnv-v0", "cannot make 'NoSuchEnv-v0'"),
         ("envs_for_tests:TextObservations-v0", "observation space Text(1, 8"),
+        (
+            "HalfCheetah-v3",
+            "gymnasium-robotics). (this env's newest version is HalfCheetah-v5)",
+        ),
     ],
 )
 def test_bad_envs_are_refused_with_the_env_flag(env_id, message):
     with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")) as error:
         inspect_env(env_id)
     assert error.value.flag == "--env-id"
+
+
+def test_an_old_version_that_gymnasium_names_the_successor_of_gets_no_second_hint():
+    with pytest.raises(UsageError) as error:
+        inspect_env("Pendulum-v0")
+    assert str(error.value).endswith("Please use `Pendulum-v1` instead.")
 
 
 def test_choices_and_tuples_of_them_are_observed_one_hot():
