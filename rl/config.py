@@ -593,6 +593,7 @@ def parse_config_flags(
     name = flag_value(argv, "--preset") or from_file.get("preset")
     preset = {} if name is None else preset_values(config_type, name)
     base = preset | from_file | ({} if name is None else {"preset": name})
+    argv = switches_given_values(config_type, argv)
     view = mode_view(config_type, mode)
     parsed = parse_dataclass(view, argv, prog, view(**base) if base else None)
     cfg = config_type(**{member.name: getattr(parsed, member.name) for member in fields(config_type)})
@@ -784,6 +785,38 @@ def write_config_file(cfg: RunConfig, path: str) -> None:
         os.makedirs(folder, exist_ok=True)
     with open(path, "w", encoding="utf-8") as file:
         file.write(text)
+
+
+# The words Python's old `distutils.util.strtobool` read, which the Lightning example's switches take as values.
+TRUE_WORDS = ("y", "yes", "t", "true", "on", "1")
+FALSE_WORDS = ("n", "no", "f", "false", "off", "0")
+
+
+def switches_given_values(config_type: type[RunConfig], argv: list[str]) -> list[str]:
+    """`argv` with each switch given a value as the Lightning example's argparse takes it (`--anneal-lr True`,
+    `--share-data=false`) spelled as a switch (`--anneal-lr`, `--no-share-data`). A value that is no such word is
+    left for the parser to refuse."""
+    hints = typing.get_type_hints(config_type, include_extras=True)
+    switches: dict[str, str] = {}
+    for member in fields(config_type):
+        hint = hints[member.name]
+        if (typing.get_args(hint)[0] if typing.get_origin(hint) is Annotated else hint) is bool:
+            name = flag(member.name)
+            switches[name] = switches["--" + name[2:].replace("-", "_")] = name
+    spelled, index = [], 0
+    while index < len(argv):
+        word, has_value, value = argv[index].partition("=")
+        if word in switches and not has_value and index + 1 < len(argv):
+            value = argv[index + 1]
+            has_value = value.lower() in TRUE_WORDS + FALSE_WORDS
+            index += has_value
+        if word in switches and has_value and value.lower() in TRUE_WORDS + FALSE_WORDS:
+            name = switches[word]
+            spelled.append(name if value.lower() in TRUE_WORDS else "--no-" + name[2:])
+        else:
+            spelled.append(argv[index])
+        index += 1
+    return spelled
 
 
 def fields_on_command_line(config_type: type[RunConfig], argv: list[str]) -> set[str]:

@@ -1,6 +1,6 @@
 """The flags of the programs this one's users come from (CleanRL, rl-zoo and Stable-Baselines3's names, LeanRL,
-sheeprl's overrides), and what this program calls each: an unknown flag or `--config` key that one of them takes is
-answered with this program's own."""
+Lightning's recurrent example, sheeprl's overrides), and what this program calls each: an unknown flag or `--config`
+key that one of them takes is answered with this program's own."""
 
 from __future__ import annotations
 
@@ -35,6 +35,17 @@ PEER_FLAGS: dict[str, PeerFlag] = {
     "--no-autotune": PeerFlag("CleanRL", "--ent-coef 0.2 fixes the temperature (at 0.2, say)", "--ent-coef", "sac"),
     "--save-model": PeerFlag("CleanRL", "every run saves its agent as RUN/agent.ckpt"),
     "--cudagraphs": PeerFlag("LeanRL", "--cuda-graphs", "--cuda-graphs"),
+    # Lightning's recurrent PPO example.
+    "--mask-vel": PeerFlag(
+        "the Lightning example",
+        "--env-id rl/MaskedCartPole-v1, or --preset masked-cartpole (with its LSTM)",
+        "--env-id",
+    ),
+    "--envs-batch-size": PeerFlag(
+        "the Lightning example",
+        "--per-rank-batch-size, in rows: envs_batch_size x num_steps with --recurrent",
+        "--per-rank-batch-size",
+    ),
     # rl-zoo's train.py.
     "--algo": PeerFlag("rl-zoo", "name the algorithm first: {script} sac --..."),
     "--env": PeerFlag("rl-zoo", "--env-id", "--env-id"),

@@ -439,6 +439,7 @@ def test_an_algorithm_named_after_flags_is_told_to_go_first(argv):
         (["--n-epochs", "4"], "--n-epochs", "Stable-Baselines3's flag, not this program's: --update-epochs"),
         (["--num-envs", "2", "--env", "Hopper-v5"], "--env", "rl-zoo's flag, not this program's: --env-id"),
         (["env.id=Hopper-v5"], "env.id=Hopper-v5", "sheeprl's Hydra override, not this program's: give flags"),
+        (["--mask-vel", "True"], "--mask-vel", "the Lightning example's flag, not this program's: --env-id rl/Masked"),
     ],
 )
 def test_another_programs_flag_is_answered_with_this_ones(argv, word, says):
@@ -461,6 +462,25 @@ def test_each_flag_another_programs_flag_is_answered_with_is_a_flag_here():
     named = {peer.flag_here for peer in PEER_FLAGS.values()} - {None}
     assert named <= flags_here
     assert not set(PEER_FLAGS) & flags_here  # a flag this program takes is never answered as another's
+
+
+@pytest.mark.parametrize(
+    ("argv", "values"),
+    [
+        (["--anneal-lr", "True", "--share-data=false"], {"anneal_lr": True, "share_data": False}),
+        (["--normalize-advantages", "1", "--num-envs", "2"], {"normalize_advantages": True, "num_envs": 2}),
+        (["--clip-vloss=yes", "--torch_deterministic", "off"], {"clip_vloss": True, "torch_deterministic": False}),
+        (["sac", "--use-sde", "false", "--capture-video"], {"use_sde": False, "capture_video": True}),
+    ],
+)
+def test_a_switch_takes_a_true_or_false_value_as_the_lightning_examples_argparse_does(argv, values):
+    cfg = parse_config(argv)
+    assert {name: getattr(cfg, name) for name in values} == values
+
+
+def test_a_switch_given_a_word_that_is_no_truth_value_is_refused_naming_it():
+    with pytest.raises(UsageError, match="Unrecognized options: maybe"):
+        parse_config(["--anneal-lr", "maybe"])
 
 
 def test_an_algorithms_name_as_a_flags_value_is_no_misplaced_algorithm():
