@@ -668,7 +668,17 @@ def check_field_types(cfg: RunConfig) -> None:
         try:
             setattr(cfg, member.name, typed_value(hints[member.name], value))
         except (TypeError, ValueError):
-            raise UsageError(flag(member.name), f"{value!r} is not {type_name(hints[member.name])}") from None
+            raise UsageError(flag(member.name), not_of_type_message(member.name, value, hints[member.name])) from None
+
+
+def not_of_type_message(name: str, value: Any, hint: Any) -> str:
+    message = f"{value!r} is not {type_name(hint)}"
+    if name == "env_id" and not isinstance(value, str):  # Stable-Baselines3 takes an env object, or its class
+        message += (
+            ": give the env's registered id, such as 'CartPole-v1' (every process makes its own envs from it); "
+            "register an env of your own with gymnasium.register('MyEnv-v0', entry_point=MyEnv)"
+        )
+    return message
 
 
 def typed_value(hint: Any, value: Any) -> Any:

@@ -139,6 +139,7 @@ def test_presets_and_bad_configs_as_the_command_line_has_them():
         ("cartpole", {"vector_mode": "fast"}, "--vector-mode: 'fast' is not one of auto, sync, async, native, envpool"),
         ("cartpole", {"num_env": 4}, "--num-env: PPOConfig has no field 'num_env'"),
         ("td3/hopper", {}, "--preset: there is no algorithm 'td3'"),
+        ("cartpole", {"env_id": gym.Env}, "is not text: give the env's registered id, such as 'CartPole-v1'"),
     ],
 )
 def test_a_preset_with_a_value_of_another_type_or_no_such_field_is_refused_naming_it(name, changes, told):
