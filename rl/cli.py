@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import Literal, NoReturn
@@ -154,6 +155,12 @@ def other_programs_key(error: UsageError, name: str) -> UsageError | None:
     """A `--config` key by another program's name (an rl-zoo hyperparameter, `n_steps`), answered with this one's."""
     if not isinstance(error, UnknownConfigKey):
         return None
+    if ENV_ID.fullmatch(str(error.key)):
+        return UsageError(
+            "--config",
+            f"{error.path} sets {error.key!r}, an env id, as rl-zoo's files hold an entry per env: give one entry's "
+            f"keys at the top level, with env_id: {error.key}",
+        )
     found = peer_flag([flag(error.name)], name, flags_of(ALGORITHMS[name].config_type))
     if found is None:
         return None
@@ -161,6 +168,9 @@ def other_programs_key(error: UsageError, name: str) -> UsageError | None:
     return UsageError(
         "--config", f"{error.path} sets {error.key!r}, {peer.program}'s name, not this program's: {peer_advice(peer)}"
     )
+
+
+ENV_ID = re.compile(r"(\w+/)?[\w.:-]+-v\d+")  # gymnasium's [namespace/]name-vN
 
 
 def peer_advice(peer: PeerFlag) -> str:

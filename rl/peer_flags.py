@@ -84,6 +84,9 @@ PEER_FLAGS: dict[str, PeerFlag] = {
     "--n-epochs": PeerFlag("Stable-Baselines3", "--update-epochs", "--update-epochs"),
     "--clip-range": PeerFlag("Stable-Baselines3", "--clip-coef", "--clip-coef"),
     "--normalize-advantage": PeerFlag("Stable-Baselines3", "--normalize-advantages", "--normalize-advantages"),
+    "--policy": PeerFlag(
+        "Stable-Baselines3", "--encoder mlp or cnn; auto, the default, follows the observations", "--encoder"
+    ),
     "--normalize": PeerFlag(
         "Stable-Baselines3", "--normalize-observations and --normalize-rewards", "--normalize-observations"
     ),

@@ -671,6 +671,8 @@ def test_the_resolved_config_written_out_is_taken_back_whole(tmp_path, argv):
         ("n_steps: 512\n", "sets 'n_steps', Stable-Baselines3's name, not this program's: --num-steps"),
         ("clip-range: 0.1\n", "sets 'clip-range', Stable-Baselines3's name, not this program's: --clip-coef"),
         ("norm_adv: true\n", "sets 'norm_adv', CleanRL's name, not this program's: --normalize-advantages"),
+        ("policy: MlpPolicy\n", "sets 'policy', Stable-Baselines3's name, not this program's: --encoder mlp or cnn"),
+        ("HalfCheetah-v4:\n  n_envs: 1\n", "sets 'HalfCheetah-v4', an env id, as rl-zoo's files hold an entry per env"),
     ],
 )
 def test_a_bad_config_file_is_named_in_one_line(tmp_path, text, told):
