@@ -21,6 +21,7 @@ import sys
 import textwrap
 import types
 import typing
+from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
@@ -593,7 +594,7 @@ def parse_config_flags(
     name = flag_value(argv, "--preset") or from_file.get("preset")
     preset = {} if name is None else preset_values(config_type, name)
     base = preset | from_file | ({} if name is None else {"preset": name})
-    argv = switches_given_values(config_type, argv)
+    argv = command_line_spellings(config_type, argv)
     view = mode_view(config_type, mode)
     parsed = parse_dataclass(view, argv, prog, view(**base) if base else None)
     cfg = config_type(**{member.name: getattr(parsed, member.name) for member in fields(config_type)})
@@ -802,31 +803,59 @@ TRUE_WORDS = ("y", "yes", "t", "true", "on", "1")
 FALSE_WORDS = ("n", "no", "f", "false", "off", "0")
 
 
-def switches_given_values(config_type: type[RunConfig], argv: list[str]) -> list[str]:
-    """`argv` with each switch given a value as the Lightning example's argparse takes it (`--anneal-lr True`,
-    `--share-data=false`) spelled as a switch (`--anneal-lr`, `--no-share-data`). A value that is no such word is
-    left for the parser to refuse."""
+def flags_typed(config_type: type[RunConfig], kind: type) -> dict[str, str]:
+    """The flags of `config_type`'s fields of type `kind` (or `kind | None`), by each spelling the parser takes
+    (`--anneal-lr`, `--anneal_lr`), to the flag's own."""
     hints = typing.get_type_hints(config_type, include_extras=True)
-    switches: dict[str, str] = {}
+    typed: dict[str, str] = {}
     for member in fields(config_type):
         hint = hints[member.name]
-        if (typing.get_args(hint)[0] if typing.get_origin(hint) is Annotated else hint) is bool:
+        hint = typing.get_args(hint)[0] if typing.get_origin(hint) is Annotated else hint
+        if hint is kind or hint == kind | None:
             name = flag(member.name)
-            switches[name] = switches["--" + name[2:].replace("-", "_")] = name
+            typed[name] = typed["--" + name[2:].replace("-", "_")] = name
+    return typed
+
+
+def respelled(argv: list[str], flags: dict[str, str], spell: Callable[[str, str], str | None]) -> list[str]:
+    """`argv` with each of `flags` that has a value (`--flag VALUE` or `--flag=VALUE`) that `spell(flag, value)`
+    rewrites as one word; the rest as it is."""
     spelled, index = [], 0
     while index < len(argv):
         word, has_value, value = argv[index].partition("=")
-        if word in switches and not has_value and index + 1 < len(argv):
+        if word in flags and not has_value and index + 1 < len(argv):
             value = argv[index + 1]
-            has_value = value.lower() in TRUE_WORDS + FALSE_WORDS
+            has_value = spell(flags[word], value) is not None
             index += has_value
-        if word in switches and has_value and value.lower() in TRUE_WORDS + FALSE_WORDS:
-            name = switches[word]
-            spelled.append(name if value.lower() in TRUE_WORDS else "--no-" + name[2:])
-        else:
-            spelled.append(argv[index])
+        rewritten = spell(flags[word], value) if word in flags and has_value else None
+        spelled.append(argv[index] if rewritten is None else rewritten)
         index += 1
     return spelled
+
+
+def as_switch(name: str, value: str) -> str | None:
+    """`--anneal-lr True` as `--anneal-lr`, `--share-data=false` as `--no-share-data`; None for no such word."""
+    if value.lower() in TRUE_WORDS:
+        return name
+    return "--no-" + name[2:] if value.lower() in FALSE_WORDS else None
+
+
+WHOLE_NUMBER_IN_EXPONENT_FORM = re.compile(r"\d+(\.\d*)?[eE]\+?\d+")
+
+
+def as_whole_number(name: str, value: str) -> str | None:
+    """`--total-timesteps 1e6` as `--total-timesteps=1000000`, as a config file reads it; None for anything else."""
+    if not WHOLE_NUMBER_IN_EXPONENT_FORM.fullmatch(value) or not float(value).is_integer():
+        return None
+    return f"{name}={int(float(value))}"
+
+
+def command_line_spellings(config_type: type[RunConfig], argv: list[str]) -> list[str]:
+    """`argv` with what other programs' command lines and this one's config files take spelled as the parser
+    takes it: a switch given a value, as the Lightning example's argparse takes one (`--anneal-lr True`), and a
+    whole number in exponent form (`--total-timesteps 1e6`). A value that is neither is left for the parser."""
+    argv = respelled(argv, flags_typed(config_type, bool), as_switch)
+    return respelled(argv, flags_typed(config_type, int), as_whole_number)
 
 
 def fields_on_command_line(config_type: type[RunConfig], argv: list[str]) -> set[str]:

@@ -62,8 +62,8 @@ def reference() -> str:
         "Generated from the command line's own definitions (`python -m rl.reference > docs/flags.md`); "
         "`python train_fabric.py [ALGORITHM] --help` prints the same. Every entry point takes them: "
         "`train_fabric.py`, `train_torch.py`, `train_fabric_decoupled.py` and `train_hogwild.py`, each "
-        "followed by an algorithm's name (PPO without one). A switch also takes a value: `--anneal-lr true`, "
-        "`--share-data=false`.",
+        "followed by an algorithm's name (PPO without one). A switch also takes a value (`--anneal-lr true`, "
+        "`--share-data=false`), and a whole number its exponent form (`--total-timesteps 1e6`).",
     ]
     for name, kind in ALGORITHMS.items():
         doc = inspect.getdoc(kind.config_type) or ""

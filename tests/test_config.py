@@ -471,9 +471,13 @@ def test_each_flag_another_programs_flag_is_answered_with_is_a_flag_here():
         (["--normalize-advantages", "1", "--num-envs", "2"], {"normalize_advantages": True, "num_envs": 2}),
         (["--clip-vloss=yes", "--torch_deterministic", "off"], {"clip_vloss": True, "torch_deterministic": False}),
         (["sac", "--use-sde", "false", "--capture-video"], {"use_sde": False, "capture_video": True}),
+        (["--total-timesteps", "1e5", "--num-envs=4"], {"total_timesteps": 100_000, "num_envs": 4}),
+        (["sac", "--buffer-size=2.5E4", "--learning-starts", "1e3"], {"buffer_size": 25_000, "learning_starts": 1000}),
     ],
 )
-def test_a_switch_takes_a_true_or_false_value_as_the_lightning_examples_argparse_does(argv, values):
+def test_switches_and_whole_numbers_take_the_values_other_programs_and_config_files_give(argv, values):
+    """A switch takes a true or false value, as the Lightning example's argparse does; a whole number its
+    exponent form, as a config file does."""
     cfg = parse_config(argv)
     assert {name: getattr(cfg, name) for name in values} == values
 
@@ -481,6 +485,8 @@ def test_a_switch_takes_a_true_or_false_value_as_the_lightning_examples_argparse
 def test_a_switch_given_a_word_that_is_no_truth_value_is_refused_naming_it():
     with pytest.raises(UsageError, match="Unrecognized options: maybe"):
         parse_config(["--anneal-lr", "maybe"])
+    with pytest.raises(UsageError, match="invalid literal for int"):
+        parse_config(["--total-timesteps", "1.5e0"])  # not a whole number
 
 
 def test_an_algorithms_name_as_a_flags_value_is_no_misplaced_algorithm():
