@@ -16,6 +16,8 @@ class PeerFlag:
     kind: str = "flag"
 
 
+TUNING = "python -m rl.tune --trials N -- TRAINING FLAGS (sac first for SAC)"
+
 PEER_FLAGS: dict[str, PeerFlag] = {
     # CleanRL's scripts (LeanRL's share them).
     "--track": PeerFlag("CleanRL", "--logger tensorboard wandb logs to Weights & Biases as well", "--logger"),
@@ -70,10 +72,10 @@ PEER_FLAGS: dict[str, PeerFlag] = {
     "--progress": PeerFlag(
         "rl-zoo", "the progress bar shows by default (--no-progress-bar hides it)", "--progress-bar"
     ),
-    "-optimize": PeerFlag("rl-zoo", "python -m rl.tune --trials N -- {script} flags"),
-    "--optimize": PeerFlag("rl-zoo", "python -m rl.tune --trials N -- {script} flags"),
-    "--optimize-hyperparameters": PeerFlag("rl-zoo", "python -m rl.tune --trials N -- {script} flags"),
-    "--n-trials": PeerFlag("rl-zoo", "python -m rl.tune --trials N -- {script} flags"),
+    "-optimize": PeerFlag("rl-zoo", TUNING),
+    "--optimize": PeerFlag("rl-zoo", TUNING),
+    "--optimize-hyperparameters": PeerFlag("rl-zoo", TUNING),
+    "--n-trials": PeerFlag("rl-zoo", TUNING),
     "-i": PeerFlag("rl-zoo", "--resume-from RUN/checkpoints/FILE continues a run from its checkpoint", "--resume-from"),
     "--trained-agent": PeerFlag(
         "rl-zoo", "--resume-from RUN/checkpoints/FILE continues a run from its checkpoint", "--resume-from"
