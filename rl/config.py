@@ -963,7 +963,31 @@ def parse_dataclass(
         if exit_.code in (0, None):
             print(out.getvalue(), end="")
             raise
-        raise UsageError(*_summarize_tyro_error(err.getvalue() + out.getvalue())) from None
+        named, message = _summarize_tyro_error(err.getvalue() + out.getvalue())
+        # An unknown flag before a positional argument takes the argument as its value, so the parser reports the
+        # argument missing: the unknown flag is what went wrong.
+        unknown = unknown_option(config_type, argv) if MISSING_POSITIONAL.match(message) else None
+        if unknown is not None:
+            raise UsageError(unknown, f"Unrecognized options: {unknown}") from None
+        raise UsageError(named, message) from None
+
+
+MISSING_POSITIONAL = re.compile(r"Missing value for argument '\w")  # a flag's name starts with a dash
+NUMBER = re.compile(r"-?\d+(\.\d*)?([eE][-+]?\d+)?")
+
+
+def unknown_option(config_type: type, argv: list[str]) -> str | None:
+    """The first word of `argv` that is an option (`-x`, `--name`, `--name=value`) that `config_type` has no field
+    for; None where there is none."""
+    known = {"-h", "--help"}
+    for member in fields(config_type):
+        spelled = flag(member.name)
+        known |= {spelled, "--" + member.name, "--no-" + spelled[2:], "--no_" + member.name}
+    for word in argv:
+        name = word.partition("=")[0]
+        if word.startswith("-") and not NUMBER.fullmatch(word) and name not in known:
+            return name
+    return None
 
 
 def command_name() -> str:

@@ -11,7 +11,7 @@ import glob
 import io
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -20,12 +20,13 @@ import tyro
 from rl.agent import load_agent
 from rl.checkpoint import CHECKPOINT_DIR
 from rl.cli import check_video_support
-from rl.config import check_seed, parse_dataclass
+from rl.config import check_seed, flag, parse_dataclass
 from rl.env_faults import EnvFault
 from rl.envs import Preprocessing, has_display, make_env, video_folder
 from rl.errors import UsageError, exit_on_usage_error, print_error, refused_writes
 from rl.evaluation import evaluate_greedy
 from rl.logger import LoggerName, open_sinks, quiet_tensorboard_writer_threads
+from rl.peer_flags import EVALUATION_PEER_FLAGS, peer_flag
 from rl.runtime import configure_torch_threads
 
 
@@ -54,7 +55,22 @@ class EvalConfig:
 
 def parse(argv: list[str]) -> EvalConfig:
     argv = ["--no-deterministic" if arg == "--stochastic" else arg for arg in argv]
-    return parse_dataclass(EvalConfig, argv)
+    try:
+        return parse_dataclass(EvalConfig, argv)
+    except UsageError as error:
+        raise other_programs_flag(error) or error from None
+
+
+def other_programs_flag(error: UsageError) -> UsageError | None:
+    """An unknown flag that rl-zoo's enjoy.py (or an evaluation function of CleanRL or Stable-Baselines3) takes,
+    answered with what does it here."""
+    _, listed, unrecognized = str(error).partition("Unrecognized options: ")
+    flags_here = {flag(member.name) for member in fields(EvalConfig)}
+    found = peer_flag(unrecognized.split(", "), None, flags_here, EVALUATION_PEER_FLAGS, hydra=None) if listed else None
+    if found is None:
+        return None
+    word, peer = found
+    return UsageError(word, f"{peer.program}'s {peer.kind}, not this program's: {peer.advice}")
 
 
 def run_folder(checkpoint: str) -> Path:

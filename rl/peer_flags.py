@@ -94,20 +94,44 @@ PEER_FLAGS: dict[str, PeerFlag] = {
     ),
 }
 
+AGENT_FILE = "give the agent's file first: python -m rl.evaluate RUN/agent.ckpt (or RUN/checkpoints/FILE)"
+
+# rl-zoo's enjoy.py finds the agent from its algorithm, env and experiment, and counts env steps.
+EVALUATION_PEER_FLAGS: dict[str, PeerFlag] = {
+    "--algo": PeerFlag("rl-zoo", AGENT_FILE),
+    "-f": PeerFlag("rl-zoo", AGENT_FILE),
+    "--folder": PeerFlag("rl-zoo", AGENT_FILE),
+    "--exp-id": PeerFlag("rl-zoo", AGENT_FILE),
+    "--load-checkpoint": PeerFlag("rl-zoo", AGENT_FILE),
+    "--load-last-checkpoint": PeerFlag("rl-zoo", AGENT_FILE),
+    "--load-best": PeerFlag("rl-zoo", "give the best agent's file: RUN/best.ckpt, kept by --evaluator"),
+    "--env": PeerFlag("rl-zoo", "the agent's own env by default; --env-id evaluates on another", "--env-id"),
+    "-n": PeerFlag("rl-zoo", "--episodes N counts episodes, not env steps", "--episodes"),
+    "--n-timesteps": PeerFlag("rl-zoo", "--episodes N counts episodes, not env steps", "--episodes"),
+    "--n-eval-episodes": PeerFlag("Stable-Baselines3", "--episodes", "--episodes"),
+    "--eval-episodes": PeerFlag("rl-zoo", "--episodes", "--episodes"),
+}
+
 HYDRA_OVERRIDE = PeerFlag(
     "sheeprl", "give flags (--env-id CartPole-v1), or a YAML file of them with --config", kind="Hydra override"
 )
 
 
-def peer_flag(unrecognized: list[str], algorithm: str, flags_here: set[str]) -> tuple[str, PeerFlag] | None:
-    """The first of the `unrecognized` words that another program takes as a flag (or a Hydra override,
-    `key=value`), and what to give `algorithm` here instead; None where none is, or its advice is not for
+def peer_flag(
+    unrecognized: list[str],
+    algorithm: str | None,
+    flags_here: set[str],
+    peers: dict[str, PeerFlag] = PEER_FLAGS,
+    hydra: PeerFlag | None = HYDRA_OVERRIDE,
+) -> tuple[str, PeerFlag] | None:
+    """The first of the `unrecognized` words that another program takes as one of `peers` (or, given `hydra`, a
+    Hydra override, `key=value`), and what to give here instead; None where none is, or its advice is not for
     `algorithm` (a flag not in `flags_here`, another algorithm's)."""
     for word in unrecognized:
-        if not word.startswith("-") and "=" in word:
-            return word, HYDRA_OVERRIDE
+        if hydra is not None and not word.startswith("-") and "=" in word:
+            return word, hydra
         name = word.partition("=")[0]
-        peer = PEER_FLAGS.get(name)
+        peer = peers.get(name)
         if peer is None or peer.algorithm not in (None, algorithm):
             continue
         if peer.flag_here is None or peer.flag_here in flags_here:

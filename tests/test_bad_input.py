@@ -1,5 +1,6 @@
 """Bad input ends every rank with one line naming the flag and exit code 2, before any collective."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -10,7 +11,12 @@ import torch
 from conftest import SCRIPTS, free_port, launch, refusal_line
 from torch.distributed import TCPStore
 
-from rl.errors import PEER_GRACE_SECONDS
+from rl.config import flag, parse_dataclass
+from rl.errors import PEER_GRACE_SECONDS, UsageError
+from rl.evaluate import EvalConfig
+from rl.evaluate import parse as parse_evaluation
+from rl.export import ExportConfig
+from rl.peer_flags import EVALUATION_PEER_FLAGS
 
 BAD_INPUTS = [
     (["--env-id", "NoSuchEnv-v0"], "--env-id"),
@@ -111,6 +117,48 @@ def test_the_tools_refuse_a_bad_flag_in_one_line(tmp_path, tool):
     )
     assert done.returncode == 2
     assert done.stderr.strip() == "error: --bogus: Unrecognized options: --bogus"
+
+
+def parse_export(argv: list[str]) -> ExportConfig:
+    return parse_dataclass(ExportConfig, argv)
+
+
+@pytest.mark.parametrize(
+    ("parse", "argv"),
+    [
+        (parse_evaluation, ["--bogus", "run/agent.ckpt"]),
+        (parse_evaluation, ["--seed", "-1", "--bogus=2", "run/agent.ckpt"]),
+        (parse_export, ["--bogus", "run/agent.ckpt", "--out", "policy.onnx"]),
+    ],
+)
+def test_an_unknown_flag_before_the_checkpoint_is_named_not_the_checkpoint_it_swallowed(parse, argv):
+    """The parser takes the file as the unknown flag's value, and would report no file given."""
+    with pytest.raises(UsageError) as error:
+        parse(argv)
+    assert (error.value.flag, str(error.value)) == ("--bogus", "--bogus: Unrecognized options: --bogus")
+
+
+@pytest.mark.parametrize(
+    ("argv", "word", "says"),
+    [
+        (["--algo", "ppo", "--env", "CartPole-v1", "-f", "logs/"], "--algo", "give the agent's file first"),
+        (["-n", "5000", "run/agent.ckpt"], "-n", "rl-zoo's flag, not this program's: --episodes N counts episodes"),
+        (["run/agent.ckpt", "--load-best"], "--load-best", "rl-zoo's flag, not this program's: give the best agent's"),
+        (["run/agent.ckpt", "--env", "Hopper-v5"], "--env", "the agent's own env by default; --env-id evaluates"),
+        (["run/agent.ckpt", "--n-eval-episodes=5"], "--n-eval-episodes", "Stable-Baselines3's flag, not this"),
+    ],
+)
+def test_rl_zoos_evaluation_flags_are_answered_with_this_programs(argv, word, says):
+    with pytest.raises(UsageError) as error:
+        parse_evaluation(argv)
+    assert error.value.flag == word
+    assert says in str(error.value)
+
+
+def test_each_flag_an_evaluation_peer_flag_is_answered_with_is_a_flag_of_rl_evaluate():
+    flags_here = {flag(member.name) for member in dataclasses.fields(EvalConfig)}
+    assert {peer.flag_here for peer in EVALUATION_PEER_FLAGS.values()} - {None} <= flags_here
+    assert not set(EVALUATION_PEER_FLAGS) & (flags_here | {"--no-render", "--no-deterministic", "--stochastic"})
 
 
 def test_a_missing_checkpoint_argument_is_named_in_one_line(tmp_path):
