@@ -21,7 +21,8 @@ from rl.algos.base import Algorithm
 from rl.checkpoint import SavedAgent, load_checkpoint, restored_agent
 from rl.envs import (
     Preprocessing,
-    env_observation_space,
+    env_own_spaces,
+    flat_action_space,
     inspect_env,
     needs_flattening,
     observations_tensor,
@@ -73,10 +74,11 @@ class Agent:
     env_id: str
     preprocessing: Preprocessing  # how the env's observations were prepared in training (image wrappers)
     observation_space: gym.Space  # as the policy takes it (a Dict or Tuple flattened into a Box)
-    action_space: gym.Space
+    action_space: gym.Space  # as the policy acts (one vector, where training flattened the env's)
     device: torch.device
     cnn: bool  # the policy sees its observations through a CNN (else through an MLP)
     env_observation_space: gym.Space | None = None  # the env's own, where training flattened it
+    env_action_shape: tuple[int, ...] | None = None  # each action's own shape, where training flattened it
     generator: torch.Generator = field(init=False)
 
     def __post_init__(self) -> None:
@@ -172,6 +174,8 @@ class Agent:
             high = torch.as_tensor(self.action_space.high, dtype=action.dtype, device=action.device)
             action = torch.maximum(torch.minimum(action, high), low)
         actions = action.cpu().numpy()
+        if self.env_action_shape is not None:
+            actions = actions.reshape(len(actions), *self.env_action_shape)
         return actions[0] if single else actions
 
 
@@ -201,7 +205,7 @@ def load_agent(path: str, device: str | torch.device = "cpu", env_id: str | None
     target = torch.device(device)
     normalizer.device = target
     normalizer.load_state_dict(normalizer.state_dict())  # its tensors, moved to `target`
-    own_space = env_observation_space(env, spaces.preprocessing)
+    own_space, own_actions = env_own_spaces(env, spaces.preprocessing)
     structured = own_space if needs_flattening(own_space) else None  # the env's own, where training flattened it
     return Agent(
         policy.eval().requires_grad_(False).to(target),
@@ -213,4 +217,5 @@ def load_agent(path: str, device: str | torch.device = "cpu", env_id: str | None
         target,
         algorithm.cnn,
         structured,
+        own_actions.shape if flat_action_space(own_actions) is not None else None,
     )

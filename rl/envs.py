@@ -275,13 +275,37 @@ def needs_flattening(space: gym.Space) -> bool:
     return is_vector_leaf(space)  # a choice (Discrete, ...) becomes one-hot; a Dict or Tuple is concatenated
 
 
-def env_observation_space(env_id: str, preprocessing: Preprocessing) -> gym.Space:
-    """The observation space of the env itself, before any wrapper (a Dict, where training flattens it)."""
+def env_own_spaces(env_id: str, preprocessing: Preprocessing) -> tuple[gym.Space, gym.Space]:
+    """The observation and action spaces of the env itself, before any wrapper (a Dict, or a matrix of actions,
+    where training flattens it)."""
     env = gym.make(resolve_env_id(env_id), **dict(preprocessing.env_kwargs))
     try:
-        return env.observation_space
+        return env.observation_space, env.action_space
     finally:
         env.close()
+
+
+ARRAY_ACTION_SPACES = (gym.spaces.Box, gym.spaces.MultiBinary, gym.spaces.MultiDiscrete)
+
+
+def flat_action_space(space: gym.Space) -> gym.Space | None:
+    """The same actions as one vector, for a Box, MultiBinary or MultiDiscrete of another number of axes (a matrix,
+    or a single number); None for any other space."""
+    if not isinstance(space, ARRAY_ACTION_SPACES) or len(space.shape) == 1:
+        return None
+    if isinstance(space, gym.spaces.Box):
+        return gym.spaces.Box(space.low.reshape(-1), space.high.reshape(-1), dtype=space.dtype)
+    if isinstance(space, gym.spaces.MultiBinary):
+        return gym.spaces.MultiBinary(int(np.prod(space.shape)))
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return gym.spaces.MultiDiscrete(space.nvec.reshape(-1), dtype=space.dtype, start=space.start.reshape(-1))
+    return None
+
+
+def _with_flat_actions(env: gym.Env, flat: gym.Space) -> gym.Env:
+    """The policy acts in `flat`, one vector per action; the env takes each action in its own shape."""
+    shape = env.action_space.shape
+    return gym.wrappers.TransformAction(env, lambda action: np.reshape(action, shape), flat)
 
 
 def _obs_dim(space: gym.Space) -> int:
@@ -299,10 +323,6 @@ def _checked_action_space(space: gym.Space) -> gym.Space:
         raise UsageError(
             "--env-id", f"action space {space} is not supported; use Discrete, MultiDiscrete, MultiBinary or Box"
         )
-    if isinstance(space, gym.spaces.Box) and len(space.shape) != 1:
-        raise UsageError("--env-id", f"Box action space of shape {space.shape} is not supported; it must be 1-D")
-    if isinstance(space, gym.spaces.MultiDiscrete | gym.spaces.MultiBinary) and len(space.shape) != 1:
-        raise UsageError("--env-id", f"{type(space).__name__} action space {space} is not supported; it must be 1-D")
     if isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete) and np.any(space.start != 0):
         raise UsageError("--env-id", f"action space {space} is not supported; its actions must start at 0")
     return space
@@ -353,6 +373,9 @@ def make_env(
     if clip_actions and isinstance(env.action_space, gym.spaces.Box):
         # The policy's log-prob is that of the unclipped sample; only the env sees the clip.
         env = gym.wrappers.ClipAction(env)
+    flat_actions = flat_action_space(env.action_space)
+    if flat_actions is not None:
+        env = _with_flat_actions(env, flat_actions)
     return env
 
 

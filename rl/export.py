@@ -60,9 +60,17 @@ class ExportConfig:
 class GreedyPolicy(nn.Module):
     """Observations in, greedy actions out: the normalization, the policy and the action bounds in one module."""
 
-    def __init__(self, policy: nn.Module, normalizer: ObservationNormalizer, pixels: bool, space: gym.Space) -> None:
+    def __init__(
+        self,
+        policy: nn.Module,
+        normalizer: ObservationNormalizer,
+        pixels: bool,
+        space: gym.Space,
+        action_shape: tuple[int, ...] | None = None,
+    ) -> None:
         super().__init__()
         self.policy, self.pixels, self.normalizes = policy, pixels, normalizer.enabled
+        self.action_shape = list(action_shape or space.shape or ())  # each action as the env takes it
         mean, scale = normalizer.mean_and_scale()
         self.register_buffer("mean", mean)
         self.register_buffer("scale", scale)
@@ -81,10 +89,13 @@ class GreedyPolicy(nn.Module):
             obs = obs.reshape(obs.shape[0], -1).float()
             if self.normalizes:
                 obs = ((obs - self.mean) * self.scale).clamp(-CLIP, CLIP)
-        return self.bounded(self.policy.greedy_action(obs))
+        return self.env_actions(self.policy.greedy_action(obs))
 
-    def bounded(self, action: Tensor) -> Tensor:
-        return torch.maximum(torch.minimum(action, self.high), self.low) if self.clips else action
+    def env_actions(self, action: Tensor) -> Tensor:
+        """The policy's actions within the bounds, each in the env's own shape."""
+        if self.clips:
+            action = torch.maximum(torch.minimum(action, self.high), self.low)
+        return action.reshape([action.shape[0], *self.action_shape])
 
 
 class GreedyMultiInputPolicy(GreedyPolicy):
@@ -92,13 +103,18 @@ class GreedyMultiInputPolicy(GreedyPolicy):
     them, vector keys as float32 rows (choices one-hot, as gymnasium flattens them)."""
 
     def __init__(
-        self, policy: nn.Module, normalizer: ObservationNormalizer, layout: MultiInputLayout, space: gym.Space
+        self,
+        policy: nn.Module,
+        normalizer: ObservationNormalizer,
+        layout: MultiInputLayout,
+        space: gym.Space,
+        action_shape: tuple[int, ...] | None = None,
     ) -> None:
-        super().__init__(policy, normalizer, True, space)  # its observations are not normalized
+        super().__init__(policy, normalizer, True, space, action_shape)  # its observations are not normalized
         self.layout = layout
 
     def forward(self, *keys: Tensor) -> Tensor:  # type: ignore[override]
-        return self.bounded(self.policy.greedy_action(list(keys)))
+        return self.env_actions(self.policy.greedy_action(list(keys)))
 
     @property
     def input_names(self) -> list[str]:
@@ -115,10 +131,13 @@ def greedy_policy(agent: Agent) -> tuple[GreedyPolicy, tuple[Tensor, ...]]:
     layout = packed_layout(space)
     module: GreedyPolicy
     if layout is not None:
-        module = GreedyMultiInputPolicy(agent.policy, agent.normalizer, layout, agent.action_space)
+        module = GreedyMultiInputPolicy(
+            agent.policy, agent.normalizer, layout, agent.action_space, agent.env_action_shape
+        )
         return module.eval().requires_grad_(False), tuple(layout.example_inputs(2))
     pixels = is_image_space(space)
-    module = GreedyPolicy(agent.policy, agent.normalizer, pixels, agent.action_space).eval().requires_grad_(False)
+    module = GreedyPolicy(agent.policy, agent.normalizer, pixels, agent.action_space, agent.env_action_shape)
+    module = module.eval().requires_grad_(False)
     example = torch.as_tensor(space.sample()).unsqueeze(0).repeat(2, *[1] * len(space.shape or ()))
     return module, (example if pixels else example.float(),)
 

@@ -155,6 +155,33 @@ class CopyBits(gym.Env):
 gym.register("CopyBits-v0", entry_point=CopyBits)
 
 
+class ReachTheTarget(gym.Env):
+    """Acts in a Box of any `shape` (a matrix by default, or a number with `shape=[]`), which training flattens:
+    pays, each step, minus the mean distance of the action from a fixed target of that shape, over 8-step episodes
+    (the best return is 0, acting 0 scores -3.84). An action of another shape raises."""
+
+    observation_space = gym.spaces.Box(0.0, 1.0, (1,), dtype=np.float32)
+
+    def __init__(self, shape: tuple[int, ...] = (2, 3)) -> None:
+        self.action_space = gym.spaces.Box(-1.0, 1.0, tuple(shape), dtype=np.float32)
+        self.target = np.linspace(-0.8, 0.8, self.action_space.low.size, dtype=np.float32).reshape(shape)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        if np.shape(action) != self.action_space.shape:
+            raise ValueError(f"an action of shape {np.shape(action)}, not {self.action_space.shape}")
+        reward = -float(np.mean(np.abs(action - self.target)))
+        self.steps += 1
+        return np.full(1, self.steps / 8, np.float32), reward, self.steps >= 8, False, {}
+
+
+gym.register("ReachTheTarget-v0", entry_point=ReachTheTarget)
+
+
 class BoxOfShape(gym.Env):
     """Observations in a float Box of any `shape` (a matrix, or a scalar with `shape=[]`), which training flattens;
     pays 1 for action 1 over 5-step episodes."""

@@ -13,13 +13,14 @@ from conftest import SCRIPTS, child_env, launch_together, run_dir, run_ranks
 
 from rl.agent import load_agent, restore_agent
 from rl.checkpoint import load_checkpoint
-from rl.envs import make_vector_env, observations_tensor
+from rl.envs import env_own_spaces, make_vector_env, observations_tensor
 from rl.errors import UsageError
 
 TINY = ["--eval-episodes", "0", "--no-progress-bar", "--torch-threads", "1"]
 AGENTS = {
     "ppo-discrete-mlp": ["--env-id", "CartPole-v1", "--total-timesteps", "512"],
     "ppo-multibinary-mlp": ["--env-id", "envs_for_tests:CopyBits-v0", "--total-timesteps", "512"],
+    "ppo-box-matrix": ["--env-id", "envs_for_tests:ReachTheTarget-v0", "--total-timesteps", "512"],
     "ppo-box-mlp-normalized": ["--env-id", "Pendulum-v1", "--normalize-observations", "--total-timesteps", "512"],
     "ppo-discrete-cnn": [
         "--env-id",
@@ -88,7 +89,9 @@ def checkpoint_actions(checkpoint: Path, obs: np.ndarray) -> np.ndarray:
     space = algorithm.spaces.action_space
     pixels = obs.dtype == np.uint8
     actions = agent.greedy_action(normalizer(observations_tensor(obs, pixels, torch.device("cpu")))).numpy()
-    return np.clip(actions, space.low, space.high) if isinstance(space, gym.spaces.Box) else actions
+    actions = np.clip(actions, space.low, space.high) if isinstance(space, gym.spaces.Box) else actions
+    own_actions = env_own_spaces(state.env_id, algorithm.spaces.preprocessing)[1]
+    return actions.reshape(len(actions), *own_actions.shape)  # trained flat, the env's own shape out
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +173,8 @@ def test_a_loaded_agent_predicts_the_checkpoints_greedy_actions_for_one_observat
     agent.seed(7)
     assert np.array_equal(sampled, agent.predict(obs, deterministic=False)[0])  # its own seeded stream
     if isinstance(agent.action_space, gym.spaces.Box):
-        assert (sampled >= agent.action_space.low).all() and (sampled <= agent.action_space.high).all()
+        flat = sampled.reshape(len(sampled), -1)  # as the policy acts, each action one vector
+        assert (flat >= agent.action_space.low).all() and (flat <= agent.action_space.high).all()
     else:
         assert np.array_equal(sampled, sampled.astype(np.int64))
 
