@@ -42,7 +42,7 @@ from rl.elastic import (
     restart_count,
     under_torchelastic,
 )
-from rl.envs import EnvSpaces, env_family, inspect_env
+from rl.envs import EnvSpaces, env_family, inspect_env, is_atari
 from rl.errors import RunStopped, UsageError, exit_after_peers_report, exit_on_usage_error, print_error
 from rl.loop import InterruptFlag
 from rl.optim import TrainingDiverged
@@ -290,8 +290,8 @@ def preset_hint(cfg: RunConfig, spaces: EnvSpaces) -> str | None:
     """For an env run without --preset: one line naming the preset tuned for it, or for a MuJoCo, Atari or image
     env the presets for envs of its kind (the defaults are tuned for one classic-control env, and train a CNN at
     a crawl)."""
-    if cfg.preset is not None:
-        return None
+    if cfg.preset is not None or (is_atari(spaces.env_id) and not spaces.pixels):
+        return None  # the Atari presets train a CNN on frames, not on the console's memory (obs_type="ram")
     defaults_env = type(cfg)().env_id
     presets, defaults = type(cfg).PRESETS, f"this run takes the defaults, tuned for {defaults_env}"
     own = [name for name, values in presets.items() if values.get("env_id") == spaces.env_id]

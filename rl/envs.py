@@ -357,7 +357,7 @@ def make_env(
     options: dict[str, Any] = dict(preprocessing.env_kwargs)
     if video_dir or window:
         options["render_mode"] = "human" if window else "rgb_array"
-    if is_atari(env_id):
+    if is_atari(env_id) and options.get("obs_type") != "ram":
         options["frameskip"] = 1  # AtariPreprocessing skips frames, max-pooling the last two of each skip
     env = gym.make(env_id, **options)
     if video_dir:  # innermost: the video shows the env's own frames, every one, not the agent's input

@@ -527,7 +527,14 @@ def test_an_env_with_a_preset_or_a_mujoco_atari_or_image_env_without_one_gets_on
 
 
 @pytest.mark.parametrize(
-    "argv", [["--env-id", "CartPole-v1"], ["--preset", "hopper"], ["sac"], ["--env-id", "MountainCar-v0"]]
+    "argv",
+    [
+        ["--env-id", "CartPole-v1"],
+        ["--preset", "hopper"],
+        ["sac"],
+        ["--env-id", "MountainCar-v0"],
+        ["--env-id", "ALE/Breakout-v5", "--env-kwarg", "obs_type=ram"],  # the Atari presets train on frames
+    ],
 )
 def test_no_hint_where_a_preset_is_given_the_defaults_are_tuned_for_the_env_or_none_is(argv):
     from rl.cli import preset_hint

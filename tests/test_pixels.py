@@ -22,7 +22,7 @@ from rl.algos.sac.config import SACConfig
 from rl.algos.sac.learner import StatMeans
 from rl.batch import DataShard
 from rl.encoders import ImageLayout, NatureCNN, uses_cnn
-from rl.envs import EnvSpaces, Preprocessing, inspect_env
+from rl.envs import EnvSpaces, Preprocessing, inspect_env, make_env
 from rl.errors import UsageError
 from rl.evaluation import evaluate_greedy
 from rl.experience import TrainingSignal
@@ -147,6 +147,27 @@ def test_an_atari_id_without_ale_py_names_the_extra(monkeypatch):
 def test_episodic_life_and_clipped_rewards_follow_their_flags_on_atari_only(env_id, flags, signal):
     cfg = PPOConfig(env_id=env_id, **flags)
     assert PPO(cfg, inspect_env(env_id, cfg.preprocessing())).training_signal() == signal
+
+
+@pytest.mark.parametrize(("obs_type", "skipped_by_the_env"), [("rgb", 1), ("grayscale", 1), ("ram", 4)])
+def test_an_atari_game_skips_frames_once_in_its_preprocessing_or_in_the_env_if_it_shows_its_memory(
+    obs_type, skipped_by_the_env
+):
+    """Frames are skipped by AtariPreprocessing, which max-pools them; the console's memory (128 bytes, a
+    vector) is not preprocessed, so the env skips them itself."""
+    env = make_env("ALE/Breakout-v5", None, Preprocessing(env_kwargs=(("obs_type", obs_type),)))
+    assert env.unwrapped._frameskip == skipped_by_the_env
+    preprocessed = [wrapper for wrapper in wrappers(env) if isinstance(wrapper, gym.wrappers.AtariPreprocessing)]
+    assert [wrapper.frame_skip for wrapper in preprocessed] == ([] if obs_type == "ram" else [4])
+    env.close()
+
+
+def wrappers(env: gym.Env) -> list[gym.Env]:
+    layers = []
+    while isinstance(env, gym.Wrapper):
+        layers.append(env)
+        env = env.env
+    return layers
 
 
 def test_image_observations_cannot_be_normalized_with_running_statistics():
