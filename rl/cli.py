@@ -29,6 +29,7 @@ from rl.config import (
     flag,
     local_world_size_from_env,
     parse_config_flags,
+    read_config_file,
     validate,
     validate_decoupled,
     world_size_from_env,
@@ -116,8 +117,8 @@ def other_algorithms_flag(error: UsageError, name: str) -> UsageError | None:
     if "Unrecognized" not in str(error):
         return None
     owners = [other for other, kind in ALGORITHMS.items() if other != name and error.flag in flags_of(kind.config_type)]
-    if not owners:
-        return None
+    if not owners or is_peer_key(error.flag, name):
+        return None  # another program's flag for this algorithm (SB3's --batch-size for PPO): answered as one
     return UsageError(error.flag, f"{name.upper()} does not take it: it is {' and '.join(o.upper() for o in owners)}'s")
 
 
@@ -128,14 +129,24 @@ def other_algorithms_key(error: UsageError, name: str) -> UsageError | None:
         return None
     key_flag = flag(error.name)
     owners = [other for other, kind in ALGORITHMS.items() if other != name and key_flag in flags_of(kind.config_type)]
-    if not owners:
-        return None
+    if not owners or (is_peer_key(key_flag, name) and not all_keys_of(error.path, owners[0])):
+        return None  # another program's name, as batch_size is in an rl-zoo PPO file
     script = os.path.basename(sys.argv[0])
     return UsageError(
         "--config",
         f"{error.path} sets {error.key!r}, a flag of {owners[0].upper()}, not of {name.upper()}: "
         f"name the algorithm first, {script} {owners[0]} --config {error.path}",
     )
+
+
+def is_peer_key(key_flag: str, name: str) -> bool:
+    return peer_flag([key_flag], name, flags_of(ALGORITHMS[name].config_type)) is not None
+
+
+def all_keys_of(path: str, algorithm: str) -> bool:
+    """Whether every key of the `--config` file at `path` is a flag of `algorithm`."""
+    keys = {flag(str(key).replace("-", "_")) for key in read_config_file(path)}
+    return keys <= flags_of(ALGORITHMS[algorithm].config_type)
 
 
 def other_programs_flag(error: UsageError, name: str) -> UsageError | None:
@@ -148,7 +159,7 @@ def other_programs_flag(error: UsageError, name: str) -> UsageError | None:
     if found is None:
         return None
     word, peer = found
-    return UsageError(word, f"{peer.program}'s {peer.kind}, not this program's: {peer_advice(peer)}")
+    return UsageError(word, f"{peer.program}'s {peer.kind}, not {whose(word, name)}: {peer_advice(peer)}")
 
 
 def other_programs_key(error: UsageError, name: str) -> UsageError | None:
@@ -166,11 +177,20 @@ def other_programs_key(error: UsageError, name: str) -> UsageError | None:
         return None
     _, peer = found
     return UsageError(
-        "--config", f"{error.path} sets {error.key!r}, {peer.program}'s name, not this program's: {peer_advice(peer)}"
+        "--config",
+        f"{error.path} sets {error.key!r}, {peer.program}'s name, not {whose(flag(error.name), name)}: "
+        f"{peer_advice(peer)}",
     )
 
 
 ENV_ID = re.compile(r"(\w+/)?[\w.:-]+-v\d+")  # gymnasium's [namespace/]name-vN
+
+
+def whose(flag_name: str, name: str) -> str:
+    """Whose flag `flag_name` is not: the algorithm's, where another algorithm here takes it (SAC's
+    --learning-rate), else this program's."""
+    taken_here = any(flag_name in flags_of(kind.config_type) for kind in ALGORITHMS.values())
+    return f"{name.upper()}'s" if taken_here else "this program's"
 
 
 def peer_advice(peer: PeerFlag) -> str:

@@ -634,10 +634,19 @@ def config_file_values(config_type: type[RunConfig], path: str, others: bool = F
         except (TypeError, ValueError):
             if others:
                 continue
-            raise UsageError(
-                "--config", f"{path} sets {key}: {value!r}, which is not {type_name(hints[name])}"
-            ) from None
+            message = f"{path} sets {key}: {value!r}, which is not {type_name(hints[name])}"
+            raise UsageError("--config", message + schedule_advice(key, value, known)) from None
     return result
+
+
+def schedule_advice(key: Any, value: Any, fields_here: dict[str, Any]) -> str:
+    """For rl-zoo's linear schedule (`learning_rate: lin_3e-4`): what gives it here, if anything does."""
+    if not (isinstance(value, str) and value.startswith("lin_")):
+        return ""
+    start = value.removeprefix("lin_")
+    if key == "learning_rate" and "anneal_lr" in fields_here:
+        return f": rl-zoo's linear schedule; give {key}: {start} with anneal_lr: true, which decays it linearly to 0"
+    return f": rl-zoo's linear schedule, which this key does not take; give {key}: {start}"
 
 
 def resumed_run_values(config_type: type[RunConfig], checkpoint: str, mode: str | None) -> dict[str, Any]:

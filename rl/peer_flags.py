@@ -18,7 +18,7 @@ class PeerFlag:
 
 TUNING = "python -m rl.tune --trials N -- TRAINING FLAGS (sac first for SAC)"
 
-PEER_FLAGS: dict[str, PeerFlag] = {
+PEER_FLAGS: dict[str, PeerFlag | tuple[PeerFlag, ...]] = {  # a tuple: the advice for each algorithm
     # CleanRL's scripts (LeanRL's share them).
     "--track": PeerFlag("CleanRL", "--logger tensorboard wandb logs to Weights & Biases as well", "--logger"),
     "--wandb-project-name": PeerFlag(
@@ -92,6 +92,39 @@ PEER_FLAGS: dict[str, PeerFlag] = {
     "--normalize": PeerFlag(
         "Stable-Baselines3", "--normalize-observations and --normalize-rewards", "--normalize-observations"
     ),
+    "--normalize-kwargs": PeerFlag(
+        "Stable-Baselines3", "--normalize-observations and --normalize-rewards", "--normalize-observations"
+    ),
+    "--batch-size": PeerFlag(
+        "Stable-Baselines3",
+        "--per-rank-batch-size is PPO's minibatch size (on each process)",
+        "--per-rank-batch-size",
+        "ppo",
+    ),
+    "--learning-rate": PeerFlag(
+        "Stable-Baselines3", "give SAC's two rates, --policy-lr and --q-lr (the same value for both)", "--q-lr", "sac"
+    ),
+    "--policy-kwargs": (
+        PeerFlag(
+            "Stable-Baselines3",
+            "give its entries as flags: net_arch as --hidden-size, activation_fn as --activation-function, "
+            "log_std_init as --log-std-init, ortho_init as --ortho-init",
+            "--hidden-size",
+            "ppo",
+        ),
+        PeerFlag(
+            "Stable-Baselines3",
+            "give its entries as flags: net_arch as --net-arch, log_std_init as --log-std-init",
+            "--net-arch",
+            "sac",
+        ),
+    ),
+    "--env-wrapper": PeerFlag(
+        "rl-zoo",
+        "--time-feature adds sb3_contrib's TimeFeatureWrapper; for another wrapper, register the wrapped env "
+        "(gymnasium.register('MyEnv-v0', entry_point=...)) and give --env-id MyEnv-v0",
+    ),
+    "--callback": PeerFlag("rl-zoo", "give callbacks in Python: rl.train(config, callbacks=[...])"),
 }
 
 AGENT_FILE = "give the agent's file first: python -m rl.evaluate RUN/agent.ckpt (or RUN/checkpoints/FILE)"
@@ -121,7 +154,7 @@ def peer_flag(
     unrecognized: list[str],
     algorithm: str | None,
     flags_here: set[str],
-    peers: dict[str, PeerFlag] = PEER_FLAGS,
+    peers: dict[str, PeerFlag | tuple[PeerFlag, ...]] = PEER_FLAGS,
     hydra: PeerFlag | None = HYDRA_OVERRIDE,
 ) -> tuple[str, PeerFlag] | None:
     """The first of the `unrecognized` words that another program takes as one of `peers` (or, given `hydra`, a
@@ -131,9 +164,14 @@ def peer_flag(
         if hydra is not None and not word.startswith("-") and "=" in word:
             return word, hydra
         name = word.partition("=")[0]
-        peer = peers.get(name)
-        if peer is None or peer.algorithm not in (None, algorithm):
-            continue
-        if peer.flag_here is None or peer.flag_here in flags_here:
-            return name, peer
+        for peer in alternatives(peers.get(name)):
+            if peer.algorithm in (None, algorithm) and (peer.flag_here is None or peer.flag_here in flags_here):
+                return name, peer
     return None
+
+
+def alternatives(entry: PeerFlag | tuple[PeerFlag, ...] | None) -> tuple[PeerFlag, ...]:
+    """A table's entry as the advice it holds, one for each algorithm it holds one for."""
+    if entry is None:
+        return ()
+    return entry if isinstance(entry, tuple) else (entry,)

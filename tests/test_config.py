@@ -15,7 +15,7 @@ from rl.cli import flags_of, parse_config
 from rl.config import RunConfig, flag, local_gpu_index, uses_gpu, validate, validate_decoupled
 from rl.envs import inspect_env
 from rl.errors import UsageError
-from rl.peer_flags import PEER_FLAGS
+from rl.peer_flags import PEER_FLAGS, alternatives
 from rl.registry import ALGORITHMS
 from rl.seeds import derive_seed
 
@@ -441,6 +441,8 @@ def test_an_algorithm_named_after_flags_is_told_to_go_first(argv):
         (["--num-envs", "2", "--env", "Hopper-v5"], "--env", "rl-zoo's flag, not this program's: --env-id"),
         (["env.id=Hopper-v5"], "env.id=Hopper-v5", "sheeprl's Hydra override, not this program's: give flags"),
         (["--mask-vel", "True"], "--mask-vel", "the Lightning example's flag, not this program's: --env-id rl/Masked"),
+        (["--batch-size", "64"], "--batch-size", "Stable-Baselines3's flag, not PPO's: --per-rank-batch-size is PPO"),
+        (["sac", "--learning-rate=1e-3"], "--learning-rate", "Stable-Baselines3's flag, not SAC's: give SAC's two"),
     ],
 )
 def test_another_programs_flag_is_answered_with_this_ones(argv, word, says):
@@ -458,11 +460,17 @@ def test_another_programs_flag_gets_no_advice_that_does_not_hold_for_the_algorit
     assert "Unrecognized options" in str(error.value)
 
 
-def test_each_flag_another_programs_flag_is_answered_with_is_a_flag_here():
-    flags_here = set().union(*(flags_of(kind.config_type) for kind in ALGORITHMS.values()))
-    named = {peer.flag_here for peer in PEER_FLAGS.values()} - {None}
-    assert named <= flags_here
-    assert not set(PEER_FLAGS) & flags_here  # a flag this program takes is never answered as another's
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_each_flag_another_programs_flag_is_answered_with_is_a_flag_of_the_algorithm(algorithm):
+    flags_here = flags_of(ALGORITHMS[algorithm].config_type)
+    every_flag = set().union(*(flags_of(kind.config_type) for kind in ALGORITHMS.values()))
+    for name, entry in PEER_FLAGS.items():
+        for peer in alternatives(entry):
+            assert peer.flag_here in every_flag | {None}, name
+            if peer.algorithm == algorithm:
+                assert peer.flag_here in flags_here | {None}, name
+            if peer.algorithm in (None, algorithm) and peer.flag_here in flags_here | {None}:  # advice given here
+                assert name not in flags_here  # a flag the algorithm takes is never answered as another program's
 
 
 @pytest.mark.parametrize(
@@ -687,6 +695,16 @@ def test_the_resolved_config_written_out_is_taken_back_whole(tmp_path, argv):
         ("norm_adv: true\n", "sets 'norm_adv', CleanRL's name, not this program's: --normalize-advantages"),
         ("policy: MlpPolicy\n", "sets 'policy', Stable-Baselines3's name, not this program's: --encoder mlp or cnn"),
         ("HalfCheetah-v4:\n  n_envs: 1\n", "sets 'HalfCheetah-v4', an env id, as rl-zoo's files hold an entry per env"),
+        # an rl-zoo PPO file sets batch_size, a flag of SAC here, beside names no SAC file has
+        ("batch_size: 64\nn_steps: 512\n", "sets 'batch_size', Stable-Baselines3's name, not PPO's: --per-rank-batch"),
+        ("batch_size: 64\n", "sets 'batch_size', a flag of SAC, not of PPO: name the algorithm first"),
+        ("policy_kwargs: dict(ortho_init=False)\n", "Stable-Baselines3's name, not this program's: give its entries"),
+        ("env_wrapper: sb3_contrib.common.wrappers.TimeFeatureWrapper\n", "rl-zoo's name, not this program's: --time"),
+        (
+            "learning_rate: lin_2.5e-4\n",
+            "which is not a number: rl-zoo's linear schedule; give learning_rate: 2.5e-4 with anneal_lr: true",
+        ),
+        ("clip_coef: lin_0.1\n", "rl-zoo's linear schedule, which this key does not take; give clip_coef: 0.1"),
     ],
 )
 def test_a_bad_config_file_is_named_in_one_line(tmp_path, text, told):
