@@ -26,7 +26,7 @@ from rl.envs import Preprocessing, has_display, make_env, video_folder
 from rl.errors import UsageError, exit_on_usage_error, print_error, refused_writes
 from rl.evaluation import evaluate_greedy
 from rl.logger import LoggerName, open_sinks, quiet_tensorboard_writer_threads
-from rl.peer_flags import EVALUATION_PEER_FLAGS, peer_flag
+from rl.peer_flags import EVALUATION_PEER_FLAGS, tools_peer_flag
 from rl.runtime import configure_torch_threads
 
 
@@ -58,19 +58,8 @@ def parse(argv: list[str]) -> EvalConfig:
     try:
         return parse_dataclass(EvalConfig, argv)
     except UsageError as error:
-        raise other_programs_flag(error) or error from None
-
-
-def other_programs_flag(error: UsageError) -> UsageError | None:
-    """An unknown flag that rl-zoo's enjoy.py (or an evaluation function of CleanRL or Stable-Baselines3) takes,
-    answered with what does it here."""
-    _, listed, unrecognized = str(error).partition("Unrecognized options: ")
-    flags_here = {flag(member.name) for member in fields(EvalConfig)}
-    found = peer_flag(unrecognized.split(", "), None, flags_here, EVALUATION_PEER_FLAGS, hydra=None) if listed else None
-    if found is None:
-        return None
-    word, peer = found
-    return UsageError(word, f"{peer.program}'s {peer.kind}, not this program's: {peer.advice}")
+        flags_here = {flag(member.name) for member in fields(EvalConfig)}
+        raise tools_peer_flag(error, EVALUATION_PEER_FLAGS, flags_here) or error from None
 
 
 def run_folder(checkpoint: str) -> Path:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rl.errors import UsageError
+
 
 @dataclass(frozen=True)
 class PeerFlag:
@@ -145,6 +147,24 @@ EVALUATION_PEER_FLAGS: dict[str, PeerFlag] = {
     "--eval-episodes": PeerFlag("rl-zoo", "--episodes", "--episodes"),
 }
 
+AFTER_DASHES = "the training flags follow --: python -m rl.tune --trials 20 -- {flag} ... (sac first for SAC)"
+
+# rl-zoo's train.py tunes with --optimize; rl.tune takes its own flags, then the training flags after --.
+TUNING_PEER_FLAGS: dict[str, PeerFlag | tuple[PeerFlag, ...]] = {
+    "--n-trials": PeerFlag("rl-zoo", "--trials", "--trials"),
+    "--max-total-trials": PeerFlag("rl-zoo", "--trials, which counts the study's earlier trials", "--trials"),
+    "--n-jobs": PeerFlag("rl-zoo", "--workers, a process each", "--workers"),
+    "--n-evaluations": PeerFlag("rl-zoo", "--eval-every, in env steps between a trial's evaluations", "--eval-every"),
+    "--optimization-log-path": PeerFlag("rl-zoo", "--out", "--out"),
+    "-optimize": PeerFlag("rl-zoo", "rl.tune always tunes"),
+    "--optimize": PeerFlag("rl-zoo", "rl.tune always tunes"),
+    "--optimize-hyperparameters": PeerFlag("rl-zoo", "rl.tune always tunes"),
+    "--algo": PeerFlag("rl-zoo", AFTER_DASHES.format(flag="--env-id ENV")),
+    "--env": PeerFlag("rl-zoo", AFTER_DASHES.format(flag="--env-id ENV")),
+    "-n": PeerFlag("rl-zoo", AFTER_DASHES.format(flag="--total-timesteps N")),
+    "--n-timesteps": PeerFlag("rl-zoo", AFTER_DASHES.format(flag="--total-timesteps N")),
+}
+
 HYDRA_OVERRIDE = PeerFlag(
     "sheeprl", "give flags (--env-id CartPole-v1), or a YAML file of them with --config", kind="Hydra override"
 )
@@ -175,3 +195,16 @@ def alternatives(entry: PeerFlag | tuple[PeerFlag, ...] | None) -> tuple[PeerFla
     if entry is None:
         return ()
     return entry if isinstance(entry, tuple) else (entry,)
+
+
+def tools_peer_flag(
+    error: UsageError, peers: dict[str, PeerFlag | tuple[PeerFlag, ...]], flags_here: set[str]
+) -> UsageError | None:
+    """A tool's parse `error` (rl.evaluate's, rl.tune's) for a flag of the program it stands in for, answered with
+    the tool's own; None for any other error."""
+    _, listed, unrecognized = str(error).partition("Unrecognized options: ")
+    found = peer_flag(unrecognized.split(", "), None, flags_here, peers, hydra=None) if listed else None
+    if found is None:
+        return None
+    word, peer = found
+    return UsageError(word, f"{peer.program}'s {peer.kind}, not this program's: {peer.advice}")

@@ -31,8 +31,10 @@ import yaml
 from rl.config import CONFIG_FILENAME, check_seed, flag, parse_dataclass
 from rl.errors import UsageError, exit_on_usage_error
 from rl.logger import CSV_METRICS_FILE
+from rl.peer_flags import TUNING_PEER_FLAGS, tools_peer_flag
 
 REPO = Path(__file__).resolve().parents[1]
+TRIALS_FOLDER = "fabric_logs"  # train_fabric.py's runs, under --out
 EVALUATION = re.compile(r"evaluation over \d+ greedy episodes?: return (-?[\d.]+)")
 POLL_SECONDS = 0.5
 USAGE_ERROR_EXIT = 2  # a training command's exit code for bad input
@@ -127,18 +129,58 @@ def checked_domain(domain: dict[str, Any], where: str) -> dict[str, Any]:
     return domain | {"low": low, "high": high}
 
 
+def distribution(domain: dict[str, Any]) -> Any:
+    """A flag's domain as Optuna's distribution: choices, whole numbers (both bounds whole, not log) or floats."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+    if "choices" in domain:
+        return CategoricalDistribution(domain["choices"])
+    if isinstance(domain["low"], int) and isinstance(domain["high"], int) and not domain.get("log"):
+        return IntDistribution(domain["low"], domain["high"])
+    return FloatDistribution(float(domain["low"]), float(domain["high"]), log=domain.get("log", False))
+
+
 def suggest(trial: Any, space: dict[str, dict[str, Any]]) -> list[str]:
     """The flags of the values the trial draws from `space`."""
+    from optuna.distributions import CategoricalDistribution, IntDistribution
+
     flags = []
     for name, domain in space.items():
-        if "choices" in domain:
-            value = trial.suggest_categorical(name, domain["choices"])
-        elif isinstance(domain["low"], int) and isinstance(domain["high"], int) and not domain.get("log"):
-            value = trial.suggest_int(name, domain["low"], domain["high"])
+        drawn = distribution(domain)
+        if isinstance(drawn, CategoricalDistribution):
+            value = trial.suggest_categorical(name, drawn.choices)
+        elif isinstance(drawn, IntDistribution):
+            value = trial.suggest_int(name, drawn.low, drawn.high)
         else:
-            value = trial.suggest_float(name, float(domain["low"]), float(domain["high"]), log=domain.get("log", False))
+            value = trial.suggest_float(name, drawn.low, drawn.high, log=drawn.log)
         flags += [flag(name.replace("-", "_")), str(value)]
     return flags
+
+
+def check_same_space(study: Any, cfg: TuneConfig, space: dict[str, dict[str, Any]]) -> None:
+    """A study goes on over the space it has searched: its best trial is the best of one search, and Optuna
+    refuses a flag whose choices, or kind of values, changed."""
+    from optuna.distributions import check_distribution_compatibility
+
+    searched: dict[str, Any] = {}
+    for trial in study.get_trials(deepcopy=False):
+        searched |= trial.distributions
+    if not searched:
+        return
+    wanted = {name: distribution(domain) for name, domain in space.items()}
+    differing = set(searched) ^ set(wanted)
+    for name in set(searched) & set(wanted):
+        try:
+            check_distribution_compatibility(searched[name], wanted[name])
+        except ValueError:
+            differing.add(name)
+    if differing:
+        raise UsageError(
+            "--study-name",
+            f"the study {cfg.study_name!r} in {cfg.storage} searched another space (over "
+            f"{', '.join(sorted(searched))}; {', '.join(sorted(differing))} differ): give this search a "
+            "--study-name of its own",
+        )
 
 
 class TrialFailed(Exception):
@@ -167,7 +209,7 @@ def run_trial(trial: Any, cfg: TuneConfig, training: list[str], space: dict[str,
         "--torch-threads",
         "1",
     ]
-    run_dir = folder / "fabric_logs" / name
+    run_dir = folder / TRIALS_FOLDER / name
     trial.set_user_attr("run_dir", str(run_dir))
     trial.set_user_attr("tuner_pid", os.getpid())
     folder.mkdir(parents=True, exist_ok=True)
@@ -273,9 +315,30 @@ def write_best(cfg: TuneConfig) -> Path | None:
     return target
 
 
+TUNING_FLAGS = {flag(member.name) for member in fields(TuneConfig)}
+
+
+def training_flag_before_dashes(error: UsageError) -> UsageError | None:
+    """An unknown flag that training takes (`--env-id`), given among the tuner's own."""
+    from rl.registry import ALGORITHMS
+
+    _, listed, unrecognized = str(error).partition("Unrecognized options: ")
+    word = unrecognized.split(", ")[0].partition("=")[0] if listed else ""
+    if not any(word in {flag(field.name) for field in fields(kind.config_type)} for kind in ALGORITHMS.values()):
+        return None
+    return UsageError(
+        word, f"a training flag: give it after --, as python -m rl.tune --trials 20 -- {word} ... (sac first for SAC)"
+    )
+
+
 def parse(argv: list[str]) -> tuple[TuneConfig, list[str]]:
     split = argv.index("--") if "--" in argv else len(argv)
-    cfg = parse_dataclass(TuneConfig, argv[:split])
+    try:
+        cfg = parse_dataclass(TuneConfig, argv[:split])
+    except UsageError as error:
+        raise (
+            tools_peer_flag(error, TUNING_PEER_FLAGS, TUNING_FLAGS) or training_flag_before_dashes(error) or error
+        ) from None
     for name in ("trials", "workers", "eval_every"):
         if getattr(cfg, name) <= 0:
             raise UsageError(flag(name), f"must be positive, got {getattr(cfg, name)}")
@@ -289,6 +352,9 @@ def main(argv: list[str]) -> None:
     except ImportError:
         raise UsageError("rl.tune", "tuning needs Optuna: pip install -e '.[tuning]'") from None
     cfg, training = parse(argv)
+    from rl.cli import prepare
+
+    prepare(training, TRIALS_FOLDER)  # bad training flags (or env) stop here, in one line, before any trial
     space = search_space(cfg, training_algorithm(training))  # a bad space stops here, before any process or trial
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     Path(cfg.out, cfg.study_name).mkdir(parents=True, exist_ok=True)
@@ -296,7 +362,10 @@ def main(argv: list[str]) -> None:
         tune(cfg, training, space)
         return
     # the study exists before the other processes open it, so that they never race to create it
-    optuna.create_study(storage=cfg.storage, study_name=cfg.study_name, direction="maximize", load_if_exists=True)
+    study = optuna.create_study(
+        storage=cfg.storage, study_name=cfg.study_name, direction="maximize", load_if_exists=True
+    )
+    check_same_space(study, cfg, space)
     own = argv[: argv.index("--")] if "--" in argv else argv
     helpers = [
         subprocess.Popen([sys.executable, "-m", "rl.tune", *own, "--worker", str(index), "--", *training])

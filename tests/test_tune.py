@@ -68,14 +68,53 @@ def test_a_pruned_trial_is_stopped_at_its_first_evaluation(tmp_path):
     assert not (run / "agent.ckpt").exists() and list((run / "checkpoints").glob("step_*.ckpt"))  # stopped, saved
 
 
-def test_training_flags_that_every_trial_would_fail_on_stop_the_tuner_with_their_line(tmp_path):
-    refused = tune(tmp_path, "--trials", "2", training=("--num-envs", "0"))
+@pytest.mark.parametrize(
+    ("training", "told"),
+    [
+        (("--num-envs", "0"), "error: --num-envs: must be positive, got 0"),
+        (("--num-envz", "2"), "error: --num-envz: Unrecognized options: --num-envz, 2"),
+    ],
+)
+def test_training_flags_that_every_trial_would_fail_on_stop_the_tuner_with_their_line_before_any_trial(
+    tmp_path, training, told
+):
+    refused = tune(tmp_path, "--trials", "2", training=training)
     assert refused.returncode == 2
-    assert (
-        refused.stderr.strip()
-        .splitlines()[-1]
-        .startswith("error: rl.tune: the training flags of trial-0 were refused: error: --num-envs: must be positive")
+    assert refused.stderr.strip() == told
+    assert not (tmp_path / "study.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "word", "says"),
+    [
+        (["--n-trials", "10"], "--n-trials", "rl-zoo's flag, not this program's: --trials"),
+        (["--n-jobs", "2"], "--n-jobs", "rl-zoo's flag, not this program's: --workers"),
+        (["--algo", "sac", "--env", "Hopper-v5"], "--algo", "the training flags follow --: python -m rl.tune"),
+        (["--env-id", "Hopper-v5", "--", "sac"], "--env-id", "a training flag: give it after --, as python -m"),
+        (["--trials", "3", "--total-timesteps=100"], "--total-timesteps", "a training flag: give it after --"),
+    ],
+)
+def test_rl_zoos_tuning_flags_and_training_flags_before_the_dashes_are_answered(argv, word, says):
+    from rl.errors import UsageError
+    from rl.tune import parse
+
+    with pytest.raises(UsageError) as refused:
+        parse(argv)
+    assert refused.value.flag == word and says in str(refused.value)
+
+
+def test_a_study_goes_on_only_over_the_space_it_searched(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("learning_rate: {choices: [0.002]}\n")
+    assert tune(tmp_path, "--trials", "1", "--space", str(space)).returncode == 0
+    space.write_text("learning_rate: {choices: [0.002, 0.003]}\n")  # Optuna refuses choices that change
+    refused = tune(tmp_path, "--trials", "2", "--space", str(space))
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == (
+        f"error: --study-name: the study 'cartpole' in sqlite:///{tmp_path / 'study.db'} searched another space "
+        "(over learning_rate; learning_rate differ): give this search a --study-name of its own"
     )
+    assert len(trials(tmp_path)) == 1
 
 
 def test_a_space_file_the_random_sampler_and_the_timeout_shape_the_study(tmp_path):
