@@ -165,6 +165,29 @@ TUNING_PEER_FLAGS: dict[str, PeerFlag | tuple[PeerFlag, ...]] = {
     "--n-timesteps": PeerFlag("rl-zoo", AFTER_DASHES.format(flag="--total-timesteps N")),
 }
 
+# sbatch's options: the ones rl.slurm sets have its own flag; the others sbatch adds to the script's.
+SBATCH_OWN_OPTIONS = (
+    "-p --partition -A --account -q --qos --mem --mem-per-cpu -C --constraint -o --output -e --error "
+    "--mail-type --mail-user --exclusive --reservation"
+).split()
+SBATCH_PEER_FLAGS: dict[str, PeerFlag | tuple[PeerFlag, ...]] = {
+    "-N": PeerFlag("sbatch", "--nodes", "--nodes"),
+    "--ntasks-per-node": PeerFlag(
+        "sbatch",
+        "--processes-per-node (the script starts one launcher per node, which starts them)",
+        "--processes-per-node",
+    ),
+    "--gres": PeerFlag("sbatch", "--gpus-per-node N", "--gpus-per-node"),
+    "--gpus": PeerFlag("sbatch", "--gpus-per-node N", "--gpus-per-node"),
+    "--cpus-per-task": PeerFlag("sbatch", "--cpus-per-node", "--cpus-per-node"),
+    "-t": PeerFlag("sbatch", "--time", "--time"),
+    "-J": PeerFlag("sbatch", "--job-name", "--job-name"),
+    **{
+        option: PeerFlag("sbatch", f"sbatch takes it beside the script's own: sbatch {option} ... job.sbatch")
+        for option in SBATCH_OWN_OPTIONS
+    },
+}
+
 HYDRA_OVERRIDE = PeerFlag(
     "sheeprl", "give flags (--env-id CartPole-v1), or a YAML file of them with --config", kind="Hydra override"
 )

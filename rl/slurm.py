@@ -8,16 +8,18 @@ the first node. Both are torch.distributed; nothing here transports data. Submit
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 import tyro
 
 from rl.config import flag, parse_dataclass
 from rl.errors import UsageError, exit_on_usage_error
+from rl.peer_flags import SBATCH_PEER_FLAGS, tools_peer_flag
 
 
 @dataclass
@@ -145,9 +147,34 @@ def render(cfg: SlurmConfig) -> str:
     return "\n".join(lines) + "\n"
 
 
+ENTRY_SCRIPT_MODES = {
+    "train_fabric.py": "coupled",
+    "train_torch.py": "coupled",
+    "train_fabric_decoupled.py": "decoupled",
+}
+
+
+def check_training_flags(command: list[str]) -> None:
+    """The entry script's flags, parsed here as the nodes will parse them: a bad one is refused now, not after the
+    job waited in the queue. A script of the user's own is left to itself."""
+    script = os.path.basename(command[0])
+    if script == "train_hogwild.py":
+        raise UsageError("command", "Hogwild runs on one machine: give train_fabric.py or train_fabric_decoupled.py")
+    if script in ENTRY_SCRIPT_MODES:
+        from rl.cli import parse_config
+
+        parse_config(command[1:], ENTRY_SCRIPT_MODES[script])
+
+
 def main(argv: list[str]) -> None:
-    cfg = parse_dataclass(SlurmConfig, argv, description=__doc__)
-    sys.stdout.write(render(cfg))
+    try:
+        cfg = parse_dataclass(SlurmConfig, argv, description=__doc__)
+    except UsageError as error:
+        slurm_flags = {flag(member.name) for member in fields(SlurmConfig)}
+        raise tools_peer_flag(error, SBATCH_PEER_FLAGS, slurm_flags) or error from None
+    script = render(cfg)
+    check_training_flags(cfg.command)
+    sys.stdout.write(script)
 
 
 if __name__ == "__main__":

@@ -198,6 +198,28 @@ def test_a_slurm_script_needs_an_entry_script():
     assert rendered.stderr.strip() == "error: command: give the entry script after `--`, e.g. -- train_fabric.py sac"
 
 
+@pytest.mark.parametrize(
+    ("argv", "told"),
+    [
+        (["--nodes", "2", "--", "train_fabric.py", "--num-envz", "4"], "--num-envz: Unrecognized options: --num-envz"),
+        (["--", "train_fabric_decoupled.py", "--workers", "3"], "--workers: belongs to Hogwild mode"),
+        (["--", "train_hogwild.py"], "command: Hogwild runs on one machine: give train_fabric.py or"),
+        (["-N", "4", "--", "train_fabric.py"], "-N: sbatch's flag, not this program's: --nodes"),
+        (["--gres", "gpu:4"], "--gres: sbatch's flag, not this program's: --gpus-per-node N"),
+        (["--partition=gpu"], "--partition: sbatch's flag, not this program's: sbatch takes it beside the script's"),
+    ],
+)
+def test_a_slurm_script_refuses_training_flags_the_nodes_would_refuse_and_answers_sbatchs_own(argv, told, capsys):
+    """Refused before the job waits in the queue; sbatch's options are its own, or go to sbatch."""
+    from rl.errors import UsageError
+    from rl.slurm import main
+
+    with pytest.raises(UsageError) as refused:
+        main(argv)
+    assert str(refused.value).startswith(told)
+    assert capsys.readouterr().out == ""  # no script printed
+
+
 def test_a_slurm_script_for_an_elastic_job_restarts_and_admits_fewer_nodes():
     rendered = render_slurm(
         "--nodes",
