@@ -352,15 +352,15 @@ def main(argv: list[str]) -> None:
     except ImportError:
         raise UsageError("rl.tune", "tuning needs Optuna: pip install -e '.[tuning]'") from None
     cfg, training = parse(argv)
+    space = search_space(cfg, training_algorithm(training))  # a bad space stops here, before any process or trial
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if cfg.worker > 0:  # a process another tuner started, after checking what follows: trials only
+        tune(cfg, training, space)
+        return
     from rl.cli import prepare
 
     prepare(training, TRIALS_FOLDER)  # bad training flags (or env) stop here, in one line, before any trial
-    space = search_space(cfg, training_algorithm(training))  # a bad space stops here, before any process or trial
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     Path(cfg.out, cfg.study_name).mkdir(parents=True, exist_ok=True)
-    if cfg.worker > 0:  # a process another tuner started: trials only
-        tune(cfg, training, space)
-        return
     # the study exists before the other processes open it, so that they never race to create it
     study = optuna.create_study(
         storage=cfg.storage, study_name=cfg.study_name, direction="maximize", load_if_exists=True
