@@ -3,8 +3,8 @@
 The file maps a batch of observations, as the training envs gave them (after the run's image
 wrappers: grayscale, resize, frame stack), to the actions the trained agent takes greedily. What
 the policy does to an observation travels inside it: the observation normalization's statistics,
-and for images the scaling of uint8 pixels and their layout. Box actions come back clipped to
-the env's bounds, as training sent them. It runs without this project:
+and for images the scaling of uint8 pixels and their layout. Actions come back in the env's own
+shape, Box actions clipped to the env's bounds, as training sent them. It runs without this project:
 
 - `--format torchscript`: `torch.jit.load(FILE)(obs)` with plain torch;
 - `--format onnx`: `onnxruntime.InferenceSession(FILE).run(None, {"obs": obs})` (`pip install -e ".[export]"`).
