@@ -70,7 +70,8 @@ class GreedyPolicy(nn.Module):
     ) -> None:
         super().__init__()
         self.policy, self.pixels, self.normalizes = policy, pixels, normalizer.enabled
-        self.action_shape = list(action_shape or space.shape or ())  # each action as the env takes it
+        own_shape = space.shape if action_shape is None else action_shape
+        self.action_shape = list(own_shape or ())  # each action as the env takes it
         mean, scale = normalizer.mean_and_scale()
         self.register_buffer("mean", mean)
         self.register_buffer("scale", scale)

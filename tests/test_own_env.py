@@ -190,6 +190,8 @@ def test_a_single_number_as_the_action_is_learned_as_a_vector_of_one_and_predict
     agent = trained_agent(tmp_path, [*args, "--total-timesteps", "300", "--learning-starts", "100"])
     assert agent.action_space.shape == (1,) and agent.env_action_shape == ()
     assert agent.predict(np.zeros(1, np.float32))[0].shape == ()
+    exported = torch.jit.trace(greedy_policy(agent)[0], torch.zeros(2, 1))
+    assert exported(torch.zeros(3, 1)).shape == (3,)  # a number per observation, as the env takes it
     played_return(agent, gym.make("envs_for_tests:ReachTheTarget-v0", shape=()))
 
 
