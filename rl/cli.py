@@ -44,7 +44,14 @@ from rl.elastic import (
     under_torchelastic,
 )
 from rl.envs import EnvSpaces, env_family, inspect_env, is_atari
-from rl.errors import RunStopped, UsageError, exit_after_peers_report, exit_on_usage_error, print_error
+from rl.errors import (
+    RunStopped,
+    UsageError,
+    exit_after_peers_report,
+    exit_on_usage_error,
+    print_error,
+    unrecognized_options,
+)
 from rl.loop import InterruptFlag
 from rl.optim import TrainingDiverged
 from rl.peer_flags import PeerFlag, peer_flag
@@ -81,8 +88,7 @@ def parse_config(argv: list[str], mode: Mode | None = None) -> RunConfig:
 
 def misplaced_algorithm(error: UsageError) -> UsageError | None:
     """An algorithm's name after some flags (`--num-envs 4 sac`), which the parser found no place for."""
-    _, listed, unrecognized = str(error).partition("Unrecognized options: ")
-    misplaced = next((word for word in unrecognized.split(", ") if listed and word in ALGORITHMS), None)
+    misplaced = next((word for word in unrecognized_options(error) if word in ALGORITHMS), None)
     if misplaced is None:
         return None
     script = os.path.basename(sys.argv[0])
@@ -152,10 +158,7 @@ def all_keys_of(path: str, algorithm: str) -> bool:
 def other_programs_flag(error: UsageError, name: str) -> UsageError | None:
     """An unknown flag that CleanRL, rl-zoo or LeanRL takes (or a Hydra override, as sheeprl's), answered with the
     flag that does it here."""
-    _, listed, unrecognized = str(error).partition("Unrecognized options: ")
-    if not listed:
-        return None
-    found = peer_flag(unrecognized.split(", "), name, flags_of(ALGORITHMS[name].config_type))
+    found = peer_flag(unrecognized_options(error), name, flags_of(ALGORITHMS[name].config_type))
     if found is None:
         return None
     word, peer = found

@@ -297,9 +297,7 @@ def flat_action_space(space: gym.Space) -> gym.Space | None:
         return gym.spaces.Box(space.low.reshape(-1), space.high.reshape(-1), dtype=space.dtype)
     if isinstance(space, gym.spaces.MultiBinary):
         return gym.spaces.MultiBinary(int(np.prod(space.shape)))
-    if isinstance(space, gym.spaces.MultiDiscrete):
-        return gym.spaces.MultiDiscrete(space.nvec.reshape(-1), dtype=space.dtype, start=space.start.reshape(-1))
-    return None
+    return gym.spaces.MultiDiscrete(space.nvec.reshape(-1), dtype=space.dtype, start=space.start.reshape(-1))
 
 
 def _with_flat_actions(env: gym.Env, flat: gym.Space) -> gym.Env:

@@ -30,6 +30,12 @@ class UsageError(Exception):
         self.flag = flag
 
 
+def unrecognized_options(error: UsageError) -> list[str]:
+    """The words of the command line that the parser refused in `error` as unrecognized; [] for any other error."""
+    _, listed, unrecognized = str(error).partition("Unrecognized options: ")
+    return unrecognized.split(", ") if listed else []
+
+
 class RunStopped(Exception):
     """The run stopped part way: one of its processes ended or failed (the others were stopped), or a file of the
     run could not be written. The message says what happened, and what of the run is kept. The command line

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rl.errors import UsageError
+from rl.errors import UsageError, unrecognized_options
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ PEER_FLAGS: dict[str, PeerFlag | tuple[PeerFlag, ...]] = {  # a tuple: the advic
 AGENT_FILE = "give the agent's file first: python -m rl.evaluate RUN/agent.ckpt (or RUN/checkpoints/FILE)"
 
 # rl-zoo's enjoy.py finds the agent from its algorithm, env and experiment, and counts env steps.
-EVALUATION_PEER_FLAGS: dict[str, PeerFlag] = {
+EVALUATION_PEER_FLAGS: dict[str, PeerFlag | tuple[PeerFlag, ...]] = {
     "--algo": PeerFlag("rl-zoo", AGENT_FILE),
     "-f": PeerFlag("rl-zoo", AGENT_FILE),
     "--folder": PeerFlag("rl-zoo", AGENT_FILE),
@@ -223,10 +223,9 @@ def alternatives(entry: PeerFlag | tuple[PeerFlag, ...] | None) -> tuple[PeerFla
 def tools_peer_flag(
     error: UsageError, peers: dict[str, PeerFlag | tuple[PeerFlag, ...]], flags_here: set[str]
 ) -> UsageError | None:
-    """A tool's parse `error` (rl.evaluate's, rl.tune's) for a flag of the program it stands in for, answered with
-    the tool's own; None for any other error."""
-    _, listed, unrecognized = str(error).partition("Unrecognized options: ")
-    found = peer_flag(unrecognized.split(", "), None, flags_here, peers, hydra=None) if listed else None
+    """A tool's parse `error` (rl.evaluate's, rl.tune's, rl.slurm's) for a flag of the program it stands in for,
+    answered with the tool's own; None for any other error."""
+    found = peer_flag(unrecognized_options(error), None, flags_here, peers, hydra=None)
     if found is None:
         return None
     word, peer = found

@@ -29,7 +29,7 @@ from typing import Any, Literal
 import yaml
 
 from rl.config import CONFIG_FILENAME, check_seed, flag, parse_dataclass
-from rl.errors import UsageError, exit_on_usage_error
+from rl.errors import UsageError, exit_on_usage_error, unrecognized_options
 from rl.logger import CSV_METRICS_FILE
 from rl.peer_flags import TUNING_PEER_FLAGS, tools_peer_flag
 
@@ -322,8 +322,7 @@ def training_flag_before_dashes(error: UsageError) -> UsageError | None:
     """An unknown flag that training takes (`--env-id`), given among the tuner's own."""
     from rl.registry import ALGORITHMS
 
-    _, listed, unrecognized = str(error).partition("Unrecognized options: ")
-    word = unrecognized.split(", ")[0].partition("=")[0] if listed else ""
+    word = next(iter(unrecognized_options(error)), "").partition("=")[0]
     if not any(word in {flag(field.name) for field in fields(kind.config_type)} for kind in ALGORITHMS.values()):
         return None
     return UsageError(
