@@ -148,19 +148,8 @@ class Runtime(ABC):
     def broadcast_object(self, obj: Any) -> Any: ...
 
     def write_on_main(self, write: Callable[[], None]) -> None:
-        """Run `write` (a file the job writes once) on rank 0. Every rank returns once the file is written, or
-        raises the `RunStopped` that `write` raised (a full disk, say), so that no rank waits for a file that
-        will not come and each stops with the same line."""
-        failure = None
-        if self.is_main:
-            try:
-                write()
-            except RunStopped as error:
-                failure = str(error)
-        if self.world_size > 1:
-            failure = self.broadcast_object(failure)
-        if failure is not None:
-            raise RunStopped(failure, every_rank=self.world_size > 1)
+        """`write_on_rank_0` among this runtime's ranks."""
+        write_on_rank_0(write, self.is_main, self.world_size, self.broadcast_object)
 
     def start_mean(self, tensor: Tensor) -> Callable[[], None]:
         """Average `tensor` in place over the ranks, in the background; call the result to wait for it.
@@ -352,6 +341,31 @@ class FabricRuntime(Runtime):
         close_process_group()
 
 
+def write_on_rank_0(
+    write: Callable[[], None], is_main: bool, world_size: int, broadcast_object: Callable[[Any], Any]
+) -> None:
+    """Run `write` (a file the job writes once) on rank 0. Every rank returns once the file is written, or
+    raises the `RunStopped` that `write` raised (a full disk, say), so that no rank waits for a file that
+    will not come and each stops with the same line."""
+    failure = None
+    if is_main:
+        try:
+            write()
+        except RunStopped as error:
+            failure = str(error)
+    if world_size > 1:
+        failure = broadcast_object(failure)
+    if failure is not None:
+        raise RunStopped(failure, every_rank=world_size > 1)
+
+
+def broadcast_from_rank_0(obj: Any, group: dist.ProcessGroup | None = None) -> Any:
+    """Rank 0's `obj` on every rank of `group` (the default group if None), pickled."""
+    holder = [obj]
+    dist.broadcast_object_list(holder, src=0, group=group)
+    return holder[0]
+
+
 def close_process_group() -> None:
     """Leave together: a rank that tears its group down while a peer still works on (rank 0's
     evaluation, say) can abort at exit with "terminate called without an active exception"."""
@@ -389,11 +403,7 @@ class TorchRuntime(Runtime):
         return torch.cat(gathered)
 
     def broadcast_object(self, obj: Any) -> Any:
-        if self.world_size == 1:
-            return obj
-        holder = [obj]
-        dist.broadcast_object_list(holder, src=0)
-        return holder[0]
+        return obj if self.world_size == 1 else broadcast_from_rank_0(obj)
 
     def make_sink(self, root_dir: str, run_name: str, purge_step: int | None = None) -> MetricsSink:
         return SummaryWriterSink(os.path.join(root_dir, run_name), self.is_main, purge_step)

@@ -349,13 +349,15 @@ gym.register("ImageAndText-v0", entry_point=ImageAndText)
 class Misbehaves(gym.Env):
     """From its `after`th step on (counted over the env's life), `fault`: "raise" (a RuntimeError from a helper),
     "nan_observation", "nan_last_observation" (NaN only in an episode's last observation), "inf_reward", or
-    "as_asked" (the fault that MISBEHAVE names in the environment, where it is set)."""
+    "as_asked" (the fault that MISBEHAVE names in the environment, where it is set); only in the process of rank
+    `on_rank`, where it is given."""
 
     observation_space = gym.spaces.Box(-1.0, 1.0, (3,), dtype=np.float32)
     action_space = gym.spaces.Discrete(2)
 
-    def __init__(self, after: int = 300, fault: str = "raise"):
+    def __init__(self, after: int = 300, fault: str = "raise", on_rank: int | None = None):
         self.after, self.fault, self.lifetime_steps = after, fault, 0
+        self.faulty = on_rank is None or os.environ.get("RANK", "0") == str(on_rank)
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
@@ -367,7 +369,7 @@ class Misbehaves(gym.Env):
         self.lifetime_steps += 1
         obs, reward = np.full(3, 0.5, dtype=np.float32), 1.0
         fault = os.environ.get("MISBEHAVE") if self.fault == "as_asked" else self.fault
-        if self.lifetime_steps >= self.after:
+        if self.faulty and self.lifetime_steps >= self.after:
             if fault == "raise":
                 self.lose_contact()
             if fault == "nan_observation" or (fault == "nan_last_observation" and self.steps >= 20):

@@ -308,6 +308,28 @@ def test_a_run_that_fails_in_the_same_place_stops_after_max_restarts_with_the_ca
     assert len(starts) == 3  # rounds 0-2 trained; the third restart refused before training
 
 
+def test_a_decoupled_round_is_journaled_as_started_before_a_players_env_fails_at_once(tmp_path):
+    # The lead player journals the round's start; player 1's env raises in its first rollout, and the launcher
+    # then stops the lead. Every rank waits for the start to be on record, so each round holds it, before the fault.
+    misbehaves_at_once_on_player_1 = ["--env-kwargs", '{"after": 30, "on_rank": 1}', "--num-players", "2"]
+    args = [*QUICK_PPO, "--env-id", "envs_for_tests:Misbehaves-v0", *misbehaves_at_once_on_player_1, "--num-envs", "1"]
+    done = subprocess.run(
+        torchrun(SCRIPTS["decoupled"], [*args, "--num-steps", "64"], nproc=3, max_restarts=1),
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode != 0 and "lost contact with the simulator" in done.stderr, done.stderr[-3000:]
+    rounds: list[list[str]] = []  # each launch's entries: its event, and the process that wrote a fault
+    for entry in Journal(str(run_dir(tmp_path, "decoupled"))).entries():
+        if entry["event"] == "launch":
+            rounds.append([])
+        rounds[-1].append(f"{entry['event']} {entry.get('role', '')}".strip())
+    assert len(rounds) == 2 and all(round_[:3] == ["launch", "start", "fault rank 1"] for round_ in rounds), rounds
+
+
 def test_a_run_folder_holding_another_configs_checkpoint_is_not_loaded(tmp_path):
     first = run_ranks(
         "python", SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "1024", "--run-name", "job"], tmp_path

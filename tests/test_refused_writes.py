@@ -121,6 +121,16 @@ def test_a_decoupled_player_that_cannot_write_its_checkpoint_says_so_and_its_tra
     assert not partial_files(tmp_path)
 
 
+def test_every_decoupled_rank_stops_with_the_line_of_the_config_file_the_lead_could_not_write(tmp_path):
+    run_folder = tmp_path / "logs" / "fabric_decoupled_logs" / "refused"
+    (run_folder / "config.yaml").mkdir(parents=True)  # refused as a full disk is, with an OSError
+    args = [*PPO_QUICK, "--run-name", "refused", "--total-timesteps", "1024", "--evaluator", "--eval-episodes", "1"]
+    refused = run_with_file_limit(launch_command("fabric run", SCRIPTS["decoupled"], args, 3), tmp_path, limit=None)
+    assert refused.returncode != 0
+    line = "error: could not write the run's files in logs/fabric_decoupled_logs/refused: Is a directory; training "
+    assert error_lines(refused.stderr) == [f"{line}stopped, and the checkpoints written before it are kept"] * 3
+
+
 def test_a_hogwild_checkpoint_the_system_refuses_stops_the_workers_in_one_line(tmp_path):
     refused = run_with_file_limit(
         launch_command(

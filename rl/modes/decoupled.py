@@ -15,6 +15,7 @@ import os
 import signal
 from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -74,11 +75,18 @@ from rl.modes.decoupled_links import (
     send_state,
     trainer_shard,
 )
-from rl.modes.evaluator import Evaluator, EvaluatorLink, send_run_dir
+from rl.modes.evaluator import Evaluator, EvaluatorLink
 from rl.normalization import AllReduceSum
 from rl.optim import load_flat_parameters, num_parameters
 from rl.run import ClosedIfItFails, Run, TrainingResult, fixed_run_dir, open_run, run_name, training_video_folder
-from rl.runtime import FabricRuntime, close_process_group, collective_timeout, naming_a_taken_port
+from rl.runtime import (
+    FabricRuntime,
+    broadcast_from_rank_0,
+    close_process_group,
+    collective_timeout,
+    naming_a_taken_port,
+    write_on_rank_0,
+)
 from rl.uploads import to_device
 
 LOG_SUBDIR = "fabric_decoupled_logs"
@@ -128,14 +136,19 @@ class Player:
     """
 
     def __init__(
-        self, algorithm: Algorithm, topology: Topology, players_sum: AllReduceSum, resume: TrainingCheckpoint | None
+        self,
+        algorithm: Algorithm,
+        topology: Topology,
+        players_sum: AllReduceSum,
+        resume: TrainingCheckpoint | None,
+        run: Run | None,
     ) -> None:
         cfg = self.cfg = algorithm.cfg
         self.algorithm, self.topology, self.players_sum = algorithm, topology, players_sum
         self.is_lead = topology.rank == LEAD_PLAYER
         lag = LagBound.of(cfg)
         self.policy = algorithm.build_policy(topology.device)
-        self.run = self._open_run(resume) if self.is_lead else None
+        self.run = run  # the lead's
         self.evaluator = self._link_evaluator() if self.is_lead and topology.has_evaluator else None
         self.codec = algorithm.batch_codec()
         tags = stat_tags(algorithm)
@@ -178,19 +191,10 @@ class Player:
         self.loop_clock = LoopClock()
 
     def close_if_it_fails(self, opened: ClosedIfItFails) -> None:
-        if self.run is not None:
-            opened.add(self.run.sink.close)
         opened.add(self.source.abandon)
         opened.add(self.progress.close)
 
-    def _open_run(self, resume: TrainingCheckpoint | None) -> Run:
-        cfg = self.cfg
-        run_dir = fixed_run_dir(cfg, LOG_SUBDIR) or os.path.join(cfg.log_dir, LOG_SUBDIR, run_name(cfg, cfg.env_id))
-        return open_run(cfg, run_dir, FabricSink, resume, self.topology.world_size)
-
     def _link_evaluator(self) -> EvaluatorLink:
-        assert self.run is not None
-        send_run_dir(self.run.dir, self.topology.evaluator_rank)
         return EvaluatorLink(self.policy, self.algorithm.spaces.obs_dim, self.topology.evaluator_rank)
 
     def _restore(self, resume: TrainingCheckpoint) -> None:
@@ -435,6 +439,24 @@ def sum_over(group: dist.ProcessGroup | None) -> AllReduceSum:
     return all_reduce_sum
 
 
+def open_run_on_lead(cfg: RunConfig, topology: Topology, resume: TrainingCheckpoint | None) -> tuple[Run | None, str]:
+    """The lead player opens the run folder and journals the round's start while every rank waits: a rank whose env
+    fails at once would otherwise end the round before its start is on record, and a config file the disk refuses
+    stops every rank with its line. The lead's run (None elsewhere), and its folder, which every rank learns."""
+    is_lead = topology.rank == LEAD_PLAYER
+    run_dir = None
+    if is_lead:
+        run_dir = fixed_run_dir(cfg, LOG_SUBDIR) or os.path.join(cfg.log_dir, LOG_SUBDIR, run_name(cfg, cfg.env_id))
+    run_dir = broadcast_from_rank_0(run_dir)
+    on_lead = partial(
+        write_on_rank_0, is_main=is_lead, world_size=topology.world_size, broadcast_object=broadcast_from_rank_0
+    )
+    if not is_lead:
+        on_lead(lambda: None)
+        return None, run_dir
+    return open_run(cfg, run_dir, FabricSink, resume, topology.world_size, on_main=on_lead), run_dir
+
+
 def train_decoupled(
     algorithm: Algorithm, world_size: int, resume: TrainingCheckpoint | None = None, callbacks: Sequence[Callback] = ()
 ) -> TrainingResult | None:
@@ -460,15 +482,19 @@ def train_decoupled(
         else None
     )
     player, evaluator = None, None
-    player_opened = ClosedIfItFails()
+    opened = ClosedIfItFails()
     with report_lost_peers(topology.rank, topology.role_name, gather_process_ids(comm_device)):
+        with opened:
+            run, run_dir = open_run_on_lead(cfg, topology, resume)
+            if run is not None:
+                opened.add(run.sink.close)
         if topology.is_player:
-            with player_opened:
-                player = Player(algorithm, topology, sum_over(players.group if players else None), resume)
-                player.close_if_it_fails(player_opened)
+            with opened:
+                player = Player(algorithm, topology, sum_over(players.group if players else None), resume, run)
+                player.close_if_it_fails(opened)
                 result = player.train(callbacks)
         elif topology.is_evaluator:
-            evaluator = Evaluator(algorithm, LEAD_PLAYER)
+            evaluator = Evaluator(algorithm, LEAD_PLAYER, run_dir)
             evaluator.serve()
         else:
             run_trainer(algorithm, topology, trainers.group, resume)
@@ -478,6 +504,6 @@ def train_decoupled(
     if evaluator is not None:
         evaluator.evaluate_final_weights()
     if player is not None and result is not None:
-        with player_opened:
+        with opened:
             result = player.evaluate_saved_agent(result)
     return result

@@ -105,16 +105,6 @@ class EvaluatorLink:
         self.served += 1
 
 
-def receive_run_dir(source_rank: int) -> str:
-    holder: list = [None]
-    dist.recv_object_list(holder, src=source_rank)  # once, at start-up
-    return holder[0]
-
-
-def send_run_dir(run_dir: str, evaluator_rank: int) -> None:
-    dist.send_object_list([run_dir], dst=evaluator_rank)
-
-
 def best_return_so_far(run_dir: str) -> float:
     """The best evaluation of a resumed run, so that its best.ckpt is only replaced by a better agent."""
     path = os.path.join(run_dir, BEST_FILENAME)
@@ -127,10 +117,10 @@ def best_return_so_far(run_dir: str) -> float:
 class Evaluator:
     """Evaluates whatever `weights_rank` sends until its final weights; keeps the best agent."""
 
-    def __init__(self, algorithm: Algorithm, weights_rank: int) -> None:
+    def __init__(self, algorithm: Algorithm, weights_rank: int, run_dir: str) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the player's: it sends the final weights
         self.algorithm, self.cfg, self.weights_rank = algorithm, algorithm.cfg, weights_rank
-        self.run_dir = receive_run_dir(weights_rank)
+        self.run_dir = run_dir  # the lead player's run
         self.policy = algorithm.build_policy(torch.device("cpu"))
         self.message = WeightsMessage(self.policy, algorithm.spaces.obs_dim)
         self.normalizer = algorithm.obs_normalizer(torch.device("cpu"))
