@@ -20,9 +20,9 @@ from torch import Tensor, nn
 from rl.algos.base import Algorithm
 from rl.checkpoint import SavedAgent, load_checkpoint, restored_agent
 from rl.envs import (
+    EnvActions,
     Preprocessing,
     env_own_spaces,
-    flat_action_space,
     inspect_env,
     needs_flattening,
     observations_tensor,
@@ -78,7 +78,7 @@ class Agent:
     device: torch.device
     cnn: bool  # the policy sees its observations through a CNN (else through an MLP)
     env_observation_space: gym.Space | None = None  # the env's own, where training flattened it
-    env_action_shape: tuple[int, ...] | None = None  # each action's own shape, where training flattened it
+    env_actions: EnvActions | None = None  # how the env takes each action, where the policy acts in another space
     generator: torch.Generator = field(init=False)
 
     def __post_init__(self) -> None:
@@ -174,8 +174,8 @@ class Agent:
             high = torch.as_tensor(self.action_space.high, dtype=action.dtype, device=action.device)
             action = torch.maximum(torch.minimum(action, high), low)
         actions = action.cpu().numpy()
-        if self.env_action_shape is not None:
-            actions = actions.reshape(len(actions), *self.env_action_shape)
+        if self.env_actions is not None:
+            actions = self.env_actions.batch(actions)
         return actions[0] if single else actions
 
 
@@ -217,5 +217,5 @@ def load_agent(path: str, device: str | torch.device = "cpu", env_id: str | None
         target,
         algorithm.cnn,
         structured,
-        own_actions.shape if flat_action_space(own_actions) is not None else None,
+        EnvActions.of(own_actions),
     )

@@ -288,22 +288,60 @@ def env_own_spaces(env_id: str, preprocessing: Preprocessing) -> tuple[gym.Space
 ARRAY_ACTION_SPACES = (gym.spaces.Box, gym.spaces.MultiBinary, gym.spaces.MultiDiscrete)
 
 
-def flat_action_space(space: gym.Space) -> gym.Space | None:
-    """The same actions as one vector, for a Box, MultiBinary or MultiDiscrete of another number of axes (a matrix,
-    or a single number); None for any other space."""
-    if not isinstance(space, ARRAY_ACTION_SPACES) or len(space.shape) == 1:
+@dataclass(frozen=True)
+class EnvActions:
+    """How the policy's actions become the env's where the env's own action space is not one the policy acts in
+    (`policy_action_space`): each flat action, counted from 0, is offset by the space's `start` and takes its
+    `shape`."""
+
+    shape: tuple[int, ...]
+    start: np.ndarray  # added to each flat action: the space's start (zeros but for choices that start elsewhere)
+    choice: bool  # a Discrete's: one number, as a vector env hands it, not an array
+
+    @staticmethod
+    def of(space: gym.Space) -> EnvActions | None:
+        """None where the policy acts in the env's own space."""
+        if policy_action_space(space) is None:
+            return None
+        start = getattr(space, "start", np.zeros(space.shape, space.dtype))  # a Box's or MultiBinary's: none
+        return EnvActions(tuple(space.shape), np.asarray(start).reshape(-1), isinstance(space, gym.spaces.Discrete))
+
+    @property
+    def offsets(self) -> bool:
+        """Whether the env counts its choices from another number than 0."""
+        return bool(np.any(self.start))
+
+    def one(self, action: np.ndarray) -> np.ndarray:
+        """One of the policy's actions as the env takes it."""
+        env_action = (np.asarray(action) + self.start).reshape(self.shape)
+        return env_action[()] if self.choice else env_action
+
+    def batch(self, actions: np.ndarray) -> np.ndarray:
+        """A batch of the policy's actions (one row each) as the env takes them."""
+        return (actions.reshape(len(actions), -1) + self.start).reshape(len(actions), *self.shape)
+
+
+def policy_action_space(space: gym.Space) -> gym.Space | None:
+    """The space the policy acts in where it is not the env's own: one vector, for a Box, MultiBinary or
+    MultiDiscrete of another number of axes (a matrix, or a single number), and choices counted from 0, for a
+    Discrete or MultiDiscrete whose `start` is not 0. None where the policy acts in the env's own space."""
+    starts_elsewhere = isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete) and bool(np.any(space.start))
+    if isinstance(space, gym.spaces.Discrete):
+        return gym.spaces.Discrete(int(space.n)) if starts_elsewhere else None
+    if not isinstance(space, ARRAY_ACTION_SPACES) or (len(space.shape) == 1 and not starts_elsewhere):
         return None
     if isinstance(space, gym.spaces.Box):
         return gym.spaces.Box(space.low.reshape(-1), space.high.reshape(-1), dtype=space.dtype)
     if isinstance(space, gym.spaces.MultiBinary):
         return gym.spaces.MultiBinary(int(np.prod(space.shape)))
-    return gym.spaces.MultiDiscrete(space.nvec.reshape(-1), dtype=space.dtype, start=space.start.reshape(-1))
+    return gym.spaces.MultiDiscrete(space.nvec.reshape(-1), dtype=space.dtype)
 
 
-def _with_flat_actions(env: gym.Env, flat: gym.Space) -> gym.Env:
-    """The policy acts in `flat`, one vector per action; the env takes each action in its own shape."""
-    shape = env.action_space.shape
-    return gym.wrappers.TransformAction(env, lambda action: np.reshape(action, shape), flat)
+def _with_policy_actions(env: gym.Env, policy_space: gym.Space) -> gym.Env:
+    """The policy acts in `policy_space`; the env takes each action in its own space."""
+    env_actions = EnvActions.of(env.action_space)
+    assert env_actions is not None
+    return gym.wrappers.TransformAction(env, env_actions.one, policy_space)
 
 
 def _obs_dim(space: gym.Space) -> int:
@@ -321,8 +359,6 @@ def _checked_action_space(space: gym.Space) -> gym.Space:
         raise UsageError(
             "--env-id", f"action space {space} is not supported; use Discrete, MultiDiscrete, MultiBinary or Box"
         )
-    if isinstance(space, gym.spaces.Discrete | gym.spaces.MultiDiscrete) and np.any(space.start != 0):
-        raise UsageError("--env-id", f"action space {space} is not supported; its actions must start at 0")
     return space
 
 
@@ -371,9 +407,9 @@ def make_env(
     if clip_actions and isinstance(env.action_space, gym.spaces.Box):
         # The policy's log-prob is that of the unclipped sample; only the env sees the clip.
         env = gym.wrappers.ClipAction(env)
-    flat_actions = flat_action_space(env.action_space)
-    if flat_actions is not None:
-        env = _with_flat_actions(env, flat_actions)
+    policy_actions = policy_action_space(env.action_space)
+    if policy_actions is not None:
+        env = _with_policy_actions(env, policy_actions)
     return env
 
 

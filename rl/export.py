@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from rl.agent import Agent, load_agent
 from rl.config import parse_dataclass
-from rl.envs import is_image_space
+from rl.envs import EnvActions, is_image_space
 from rl.errors import UsageError, exit_on_usage_error, refused_writes
 from rl.multi_input import KeyInput, MultiInputLayout, packed_layout
 from rl.normalization import CLIP, ObservationNormalizer
@@ -66,12 +66,13 @@ class GreedyPolicy(nn.Module):
         normalizer: ObservationNormalizer,
         pixels: bool,
         space: gym.Space,
-        action_shape: tuple[int, ...] | None = None,
+        env_actions: EnvActions | None = None,
     ) -> None:
         super().__init__()
         self.policy, self.pixels, self.normalizes = policy, pixels, normalizer.enabled
-        own_shape = space.shape if action_shape is None else action_shape
-        self.action_shape = list(own_shape or ())  # each action as the env takes it
+        self.action_shape = list((env_actions.shape if env_actions else space.shape) or ())  # as the env takes it
+        self.offsets = env_actions is not None and env_actions.offsets
+        self.register_buffer("start", torch.as_tensor(env_actions.start if env_actions and self.offsets else 0))
         mean, scale = normalizer.mean_and_scale()
         self.register_buffer("mean", mean)
         self.register_buffer("scale", scale)
@@ -93,9 +94,11 @@ class GreedyPolicy(nn.Module):
         return self.env_actions(self.policy.greedy_action(obs))
 
     def env_actions(self, action: Tensor) -> Tensor:
-        """The policy's actions within the bounds, each in the env's own shape."""
+        """The policy's actions within the bounds, each in the env's own shape, counted from the env's start."""
         if self.clips:
             action = torch.maximum(torch.minimum(action, self.high), self.low)
+        if self.offsets:
+            action = action + self.start
         return action.reshape([action.shape[0], *self.action_shape])
 
 
@@ -109,9 +112,9 @@ class GreedyMultiInputPolicy(GreedyPolicy):
         normalizer: ObservationNormalizer,
         layout: MultiInputLayout,
         space: gym.Space,
-        action_shape: tuple[int, ...] | None = None,
+        env_actions: EnvActions | None = None,
     ) -> None:
-        super().__init__(policy, normalizer, True, space, action_shape)  # its observations are not normalized
+        super().__init__(policy, normalizer, True, space, env_actions)  # its observations are not normalized
         self.layout = layout
 
     def forward(self, *keys: Tensor) -> Tensor:  # type: ignore[override]
@@ -132,12 +135,10 @@ def greedy_policy(agent: Agent) -> tuple[GreedyPolicy, tuple[Tensor, ...]]:
     layout = packed_layout(space)
     module: GreedyPolicy
     if layout is not None:
-        module = GreedyMultiInputPolicy(
-            agent.policy, agent.normalizer, layout, agent.action_space, agent.env_action_shape
-        )
+        module = GreedyMultiInputPolicy(agent.policy, agent.normalizer, layout, agent.action_space, agent.env_actions)
         return module.eval().requires_grad_(False), tuple(layout.example_inputs(2))
     pixels = is_image_space(space)
-    module = GreedyPolicy(agent.policy, agent.normalizer, pixels, agent.action_space, agent.env_action_shape)
+    module = GreedyPolicy(agent.policy, agent.normalizer, pixels, agent.action_space, agent.env_actions)
     module = module.eval().requires_grad_(False)
     example = torch.as_tensor(space.sample()).unsqueeze(0).repeat(2, *[1] * len(space.shape or ()))
     return module, (example if pixels else example.float(),)

@@ -182,6 +182,41 @@ class ReachTheTarget(gym.Env):
 gym.register("ReachTheTarget-v0", entry_point=ReachTheTarget)
 
 
+class FollowTheCue(gym.Env):
+    """Choices counted from -1 (left, stay, right): each step shows a cue, one of the three as a one-hot vector, and
+    pays 1 for the choice that matches it, over 10-step episodes (guessing scores about 3.3, following 10). With
+    `cues=k`, k cues at once and a MultiDiscrete of k choices from -1 that pays the share matched. An action outside
+    the env's own space raises."""
+
+    def __init__(self, cues: int | None = None) -> None:
+        self.cues = cues
+        shown = cues or 1
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (3 * shown,), dtype=np.float32)
+        if cues is None:
+            self.action_space = gym.spaces.Discrete(3, start=-1)
+        else:
+            self.action_space = gym.spaces.MultiDiscrete([3] * cues, start=[-1] * cues)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.steps = 0
+        return self._show(), {}
+
+    def step(self, action):
+        if not self.action_space.contains(action):
+            raise ValueError(f"{action!r} is not an action of {self.action_space}")
+        reward = float(np.mean(np.asarray(action) == self.cue))
+        self.steps += 1
+        return self._show(), reward, self.steps >= 10, False, {}
+
+    def _show(self) -> np.ndarray:
+        self.cue = self.np_random.integers(-1, 2, size=self.cues or ())
+        return np.eye(3, dtype=np.float32)[np.reshape(self.cue, -1) + 1].reshape(-1)
+
+
+gym.register("FollowTheCue-v0", entry_point=FollowTheCue)
+
+
 class BoxOfShape(gym.Env):
     """Observations in a float Box of any `shape` (a matrix, or a scalar with `shape=[]`), which training flattens;
     pays 1 for action 1 over 5-step episodes."""

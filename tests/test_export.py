@@ -21,6 +21,14 @@ AGENTS = {
     "ppo-discrete-mlp": ["--env-id", "CartPole-v1", "--total-timesteps", "512"],
     "ppo-multibinary-mlp": ["--env-id", "envs_for_tests:CopyBits-v0", "--total-timesteps", "512"],
     "ppo-box-matrix": ["--env-id", "envs_for_tests:ReachTheTarget-v0", "--total-timesteps", "512"],
+    "ppo-multidiscrete-from-minus-1": [
+        "--env-id",
+        "envs_for_tests:FollowTheCue-v0",
+        "--env-kwargs",
+        '{"cues": 2}',
+        "--total-timesteps",
+        "512",
+    ],
     "ppo-box-mlp-normalized": ["--env-id", "Pendulum-v1", "--normalize-observations", "--total-timesteps", "512"],
     "ppo-discrete-cnn": [
         "--env-id",
@@ -91,7 +99,8 @@ def checkpoint_actions(checkpoint: Path, obs: np.ndarray) -> np.ndarray:
     actions = agent.greedy_action(normalizer(observations_tensor(obs, pixels, torch.device("cpu")))).numpy()
     actions = np.clip(actions, space.low, space.high) if isinstance(space, gym.spaces.Box) else actions
     own_actions = env_own_spaces(state.env_id, algorithm.spaces.preprocessing)[1]
-    return actions.reshape(len(actions), *own_actions.shape)  # trained flat, the env's own shape out
+    start = np.reshape(getattr(own_actions, "start", 0), -1)  # trained from 0, the env's own choices out
+    return (actions.reshape(len(actions), -1) + start).reshape(len(actions), *own_actions.shape)
 
 
 @pytest.fixture(scope="module")

@@ -177,7 +177,7 @@ def test_a_matrix_of_continuous_actions_is_learned_as_one_vector_and_predicted_i
     """Training flattens the actions and each env takes its own back; so do `predict` and the exported policy.
     Acting 0 scores -3.84, the target 0."""
     agent = trained_agent(tmp_path, ["--env-id", "envs_for_tests:ReachTheTarget-v0", "--total-timesteps", "8192"])
-    assert agent.env_action_shape == (2, 3)
+    assert agent.env_actions.shape == (2, 3)
     assert played_return(agent, gym.make("envs_for_tests:ReachTheTarget-v0")) > -2.0
     batch, _ = agent.predict(np.zeros((5, 1), np.float32))
     assert batch.shape == (5, 2, 3)
@@ -188,7 +188,7 @@ def test_a_matrix_of_continuous_actions_is_learned_as_one_vector_and_predicted_i
 def test_a_single_number_as_the_action_is_learned_as_a_vector_of_one_and_predicted_as_a_number(tmp_path):
     args = ["sac", "--env-id", "envs_for_tests:ReachTheTarget-v0", "--env-kwargs", '{"shape": []}']
     agent = trained_agent(tmp_path, [*args, "--total-timesteps", "300", "--learning-starts", "100"])
-    assert agent.action_space.shape == (1,) and agent.env_action_shape == ()
+    assert agent.action_space.shape == (1,) and agent.env_actions.shape == ()
     assert agent.predict(np.zeros(1, np.float32))[0].shape == ()
     exported = torch.jit.trace(greedy_policy(agent)[0], torch.zeros(2, 1))
     assert exported(torch.zeros(3, 1)).shape == (3,)  # a number per observation, as the env takes it
@@ -198,10 +198,21 @@ def test_a_single_number_as_the_action_is_learned_as_a_vector_of_one_and_predict
 def test_multibinary_actions_of_more_than_one_dimension_are_learned_as_one_vector_of_bits(tmp_path):
     env_args = ["--env-id", "envs_for_tests:CopyBits-v0", "--env-kwargs", '{"shape": [2, 2]}']
     agent = trained_agent(tmp_path, [*env_args, "--total-timesteps", "512"])
-    assert agent.action_space.shape == (4,) and agent.env_action_shape == (2, 2)
+    assert agent.action_space.shape == (4,) and agent.env_actions.shape == (2, 2)
     bits, _ = agent.predict(np.ones((3, 2, 2), np.float32))
     assert bits.shape == (3, 2, 2) and set(np.unique(bits)) <= {0, 1}
     played_return(agent, gym.make("envs_for_tests:CopyBits-v0", shape=(2, 2)))
+
+
+def test_choices_counted_from_minus_1_are_learned_from_0_and_predicted_as_the_env_counts_them(tmp_path):
+    """The env raises on a choice outside its own space: training, evaluation and `predict` all step it."""
+    agent = trained_agent(tmp_path, ["--env-id", "envs_for_tests:FollowTheCue-v0", "--total-timesteps", "8192"])
+    assert agent.action_space == gym.spaces.Discrete(3) and agent.env_actions.start.tolist() == [-1]
+    assert played_return(agent, gym.make("envs_for_tests:FollowTheCue-v0")) > 8.0  # guessing scores about 3.3
+    choices, _ = agent.predict(np.eye(3, dtype=np.float32))  # the cues left, stay and right
+    assert choices.tolist() == [-1, 0, 1]
+    exported = torch.jit.trace(greedy_policy(agent)[0], torch.zeros(2, 3))
+    assert exported(torch.eye(3)).tolist() == [-1, 0, 1]
 
 
 def test_evaluation_shows_the_first_env_in_a_window_where_a_display_and_the_env_allow_it(tmp_path):
