@@ -95,11 +95,26 @@ def open_run(
     return Run(sink.log_dir, sink)
 
 
+def new_run_dir(cfg: RunConfig, log_subdir: str) -> str:
+    """The folder of a run named at its start, made here so that no other run takes it: a run of the same config
+    started within the same second (from a loop in Python, or beside it from a shell) gets `..._2`, `..._3`."""
+    base = path = os.path.join(cfg.log_dir, log_subdir, run_name(cfg, cfg.env_id))
+    number = 1
+    with refused_logs(base):
+        while True:
+            try:
+                os.makedirs(path)
+                return path
+            except FileExistsError:
+                number += 1
+                path = f"{base}_{number}"
+
+
 def start_run(cfg: RunConfig, runtime: Runtime, resume: TrainingCheckpoint | None) -> Run:
     """Open the run folder; a run named at its start is named on rank 0, so that all ranks agree."""
     run_dir = fixed_run_dir(cfg, runtime.log_subdir)
     if run_dir is None:
-        run_dir = os.path.join(cfg.log_dir, runtime.log_subdir, runtime.broadcast_object(run_name(cfg, cfg.env_id)))
+        run_dir = runtime.write_on_main(lambda: new_run_dir(cfg, runtime.log_subdir))
     # Through write_on_main: an env that failed in another rank's first rollout would otherwise end the round (the
     # launcher stops rank 0) before the journal knew it began, and a config file the disk refuses stops every rank.
     return open_run(cfg, run_dir, runtime.make_sink, resume, runtime.world_size, runtime.is_main, runtime.write_on_main)

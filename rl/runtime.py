@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -25,6 +25,8 @@ from rl.elastic import init_default_process_group, under_torchelastic
 from rl.errors import RunStopped, UsageError, print_error
 from rl.logger import FabricSink, MetricsSink, SummaryWriterSink
 from rl.precision import grad_scaler
+
+T = TypeVar("T")
 
 
 @contextmanager
@@ -147,9 +149,9 @@ class Runtime(ABC):
     @abstractmethod
     def broadcast_object(self, obj: Any) -> Any: ...
 
-    def write_on_main(self, write: Callable[[], None]) -> None:
+    def write_on_main(self, write: Callable[[], T]) -> T:
         """`write_on_rank_0` among this runtime's ranks."""
-        write_on_rank_0(write, self.is_main, self.world_size, self.broadcast_object)
+        return write_on_rank_0(write, self.is_main, self.world_size, self.broadcast_object)
 
     def start_mean(self, tensor: Tensor) -> Callable[[], None]:
         """Average `tensor` in place over the ranks, in the background; call the result to wait for it.
@@ -342,21 +344,22 @@ class FabricRuntime(Runtime):
 
 
 def write_on_rank_0(
-    write: Callable[[], None], is_main: bool, world_size: int, broadcast_object: Callable[[Any], Any]
-) -> None:
-    """Run `write` (a file the job writes once) on rank 0. Every rank returns once the file is written, or
-    raises the `RunStopped` that `write` raised (a full disk, say), so that no rank waits for a file that
-    will not come and each stops with the same line."""
-    failure = None
+    write: Callable[[], T], is_main: bool, world_size: int, broadcast_object: Callable[[Any], Any]
+) -> T:
+    """Run `write` (a file or folder the job writes once) on rank 0; what it returns, on every rank. Every rank
+    returns once it is written, or raises the `RunStopped` that `write` raised (a full disk, say), so that no rank
+    waits for a file that will not come and each stops with the same line."""
+    written, failure = None, None
     if is_main:
         try:
-            write()
+            written = write()
         except RunStopped as error:
             failure = str(error)
     if world_size > 1:
-        failure = broadcast_object(failure)
+        written, failure = broadcast_object((written, failure))
     if failure is not None:
         raise RunStopped(failure, every_rank=world_size > 1)
+    return cast(T, written)
 
 
 def broadcast_from_rank_0(obj: Any, group: dist.ProcessGroup | None = None) -> Any:

@@ -5,6 +5,7 @@ import json
 import re
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import envs_for_tests  # noqa: F401  (registers the tests' envs)
@@ -121,6 +122,17 @@ def test_a_named_run_launched_again_after_it_finished_says_it_trains_nothing(tmp
         "(a larger --total-timesteps trains on)"
     )
     assert printed[-1].startswith("evaluation over 1 greedy episode")
+
+
+def test_runs_of_one_config_started_within_the_same_second_keep_folders_and_agents_of_their_own(tmp_path, monkeypatch):
+    same_second = datetime(2026, 1, 1, 12, 0, 0)  # a run named at its start is named by the second
+    monkeypatch.setattr("rl.run.datetime", type("FrozenClock", (), {"now": staticmethod(lambda: same_second)}))
+    config = rl.PPOConfig(num_envs=2, num_steps=64, total_timesteps=256, eval_episodes=0, progress_bar=False)
+    config.log_dir = str(tmp_path / "logs")
+    first, second = rl.train(config), rl.train(dataclasses.replace(config, learning_rate=0.1))
+    assert Path(second.run_dir).name == f"{Path(first.run_dir).name}_2"
+    assert load_agent(Path(first.run_dir))["config"]["learning_rate"] != 0.1  # not overwritten by the second
+    assert load_agent(Path(second.run_dir))["config"]["learning_rate"] == 0.1
 
 
 def test_presets_and_bad_configs_as_the_command_line_has_them():

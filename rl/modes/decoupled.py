@@ -78,7 +78,7 @@ from rl.modes.decoupled_links import (
 from rl.modes.evaluator import Evaluator, EvaluatorLink
 from rl.normalization import AllReduceSum
 from rl.optim import load_flat_parameters, num_parameters
-from rl.run import ClosedIfItFails, Run, TrainingResult, fixed_run_dir, open_run, run_name, training_video_folder
+from rl.run import ClosedIfItFails, Run, TrainingResult, fixed_run_dir, new_run_dir, open_run, training_video_folder
 from rl.runtime import (
     FabricRuntime,
     broadcast_from_rank_0,
@@ -444,15 +444,12 @@ def open_run_on_lead(cfg: RunConfig, topology: Topology, resume: TrainingCheckpo
     fails at once would otherwise end the round before its start is on record, and a config file the disk refuses
     stops every rank with its line. The lead's run (None elsewhere), and its folder, which every rank learns."""
     is_lead = topology.rank == LEAD_PLAYER
-    run_dir = None
-    if is_lead:
-        run_dir = fixed_run_dir(cfg, LOG_SUBDIR) or os.path.join(cfg.log_dir, LOG_SUBDIR, run_name(cfg, cfg.env_id))
-    run_dir = broadcast_from_rank_0(run_dir)
     on_lead = partial(
         write_on_rank_0, is_main=is_lead, world_size=topology.world_size, broadcast_object=broadcast_from_rank_0
     )
+    run_dir = on_lead(lambda: fixed_run_dir(cfg, LOG_SUBDIR) or new_run_dir(cfg, LOG_SUBDIR))
     if not is_lead:
-        on_lead(lambda: None)
+        on_lead(lambda: None)  # while the lead writes the run's start
         return None, run_dir
     return open_run(cfg, run_dir, FabricSink, resume, topology.world_size, on_main=on_lead), run_dir
 
