@@ -16,12 +16,14 @@ trial's flags are written as a file that `--config` takes back. Needs `pip insta
 from __future__ import annotations
 
 import csv
+import math
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -66,7 +68,7 @@ class TuneConfig:
     """Search hyperparameters with Optuna; the training flags follow `--`."""
 
     trials: int = 20
-    """trials the study ends with, counting those of earlier tuners of the same study"""
+    """trials the study ends with (finished, pruned or failed), counting those of earlier tuners of the same study"""
     workers: int = 1
     """tuning processes on this machine, each running one trial at a time (one torch thread each)"""
     storage: str = "sqlite:///tuning.db"
@@ -226,7 +228,9 @@ def run_trial(trial: Any, cfg: TuneConfig, training: list[str], space: dict[str,
         raise UsageError("rl.tune", f"the training flags of {name} were refused: {refusal}")
     closing = EVALUATION.search(printed)
     if process.returncode != 0 or closing is None:
-        raise TrialFailed(f"{name} failed (exit {process.returncode}); its output is in {log}")
+        failure = f"exit {process.returncode}, its output in {log}"
+        trial.set_user_attr("failure", failure)
+        raise TrialFailed(f"{name} failed ({failure})")
     return float(closing.group(1))
 
 
@@ -288,14 +292,50 @@ def tune(cfg: TuneConfig, training: list[str], space: dict[str, dict[str, Any]])
         pruner=make_pruner(cfg),
         load_if_exists=True,
     )
-    states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-    if len(study.get_trials(states=states)) < cfg.trials:
+    if trials_counted(study) < cfg.trials:
         study.optimize(
             lambda trial: run_trial(trial, cfg, training, space),
             catch=(TrialFailed,),
             timeout=cfg.timeout,
-            callbacks=[optuna.study.MaxTrialsCallback(cfg.trials, states=states)],
+            callbacks=[optuna.study.MaxTrialsCallback(cfg.trials, states=counted_states()), print_trial(cfg)],
         )
+
+
+def counted_states() -> tuple[Any, ...]:
+    """The trials that --trials counts: finished, pruned or failed (a study whose every trial fails, on an env that
+    raises, say, ends rather than trying forever)."""
+    import optuna
+
+    return optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL
+
+
+def trials_counted(study: Any) -> int:
+    return len(study.get_trials(states=counted_states()))
+
+
+def print_trial(cfg: TuneConfig) -> Callable[[Any, Any], None]:
+    """A line as each trial ends (Optuna's own are off: a failed trial's would print its traceback)."""
+
+    def print_line(study: Any, trial: Any) -> None:
+        if trial.state == counted_states()[0]:
+            outcome = f"greedy return {trial.value:.2f}"
+        elif trial.state == counted_states()[1]:
+            step, value = max(trial.intermediate_values.items(), default=(0, math.nan))
+            outcome = f"pruned at step {step:,}, where its return was {value:.2f}"
+        else:
+            outcome = f"failed ({trial.user_attrs.get('failure', 'an error in the tuner')})"
+        done = f"{trials_counted(study)} done, --trials {cfg.trials}"
+        sys.stdout.write(f"trial {trial.number}: {outcome}; {params_text(trial.params)} ({done})\n")  # one write
+        sys.stdout.flush()
+
+    return print_line
+
+
+def params_text(params: dict[str, Any]) -> str:
+    """A trial's values, three digits of each float."""
+    return ", ".join(
+        f"{name} {value:.3g}" if isinstance(value, float) else f"{name} {value}" for name, value in params.items()
+    )
 
 
 def write_best(cfg: TuneConfig) -> Path | None:
@@ -305,13 +345,15 @@ def write_best(cfg: TuneConfig) -> Path | None:
     study = optuna.load_study(storage=cfg.storage, study_name=cfg.study_name)
     completed = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     if not completed:
+        print(f"no trial of the study {cfg.study_name!r} finished (each was pruned or failed): no best.yaml")
         return None
     best = max(completed, key=lambda trial: trial.value)
     target = Path(cfg.out) / cfg.study_name / "best.yaml"
     flags = yaml.safe_load((Path(best.user_attrs["run_dir"]) / CONFIG_FILENAME).read_text())
     kept = {key: value for key, value in flags.items() if key not in TRIAL_BOOKKEEPING}
     target.write_text(yaml.safe_dump(kept, sort_keys=False))
-    print(f"best: trial {best.number}, greedy return {best.value:.2f}, {best.params}; its flags: --config {target}")
+    values = params_text(best.params)
+    print(f"best: trial {best.number}, greedy return {best.value:.2f}; {values}; its flags: --config {target}")
     return target
 
 
@@ -352,7 +394,7 @@ def main(argv: list[str]) -> None:
         raise UsageError("rl.tune", "tuning needs Optuna: pip install -e '.[tuning]'") from None
     cfg, training = parse(argv)
     space = search_space(cfg, training_algorithm(training))  # a bad space stops here, before any process or trial
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # each trial's line is print_trial's
     if cfg.worker > 0:  # a process another tuner started, after checking what follows: trials only
         tune(cfg, training, space)
         return
@@ -365,6 +407,19 @@ def main(argv: list[str]) -> None:
         storage=cfg.storage, study_name=cfg.study_name, direction="maximize", load_if_exists=True
     )
     check_same_space(study, cfg, space)
+    counted = trials_counted(study)
+    if counted >= cfg.trials:
+        print(
+            f"the study {cfg.study_name!r} in {cfg.storage} holds {counted} trials already: none is left to run "
+            f"(a larger --trials runs more)"
+        )
+    else:
+        tune_in_every_process(cfg, argv, training, space)
+    write_best(cfg)
+
+
+def tune_in_every_process(cfg: TuneConfig, argv: list[str], training: list[str], space: dict[str, Any]) -> None:
+    """This tuning process and --workers - 1 more, each running trials of the study."""
     own = argv[: argv.index("--")] if "--" in argv else argv
     helpers = [
         subprocess.Popen([sys.executable, "-m", "rl.tune", *own, "--worker", str(index), "--", *training])
@@ -373,7 +428,6 @@ def main(argv: list[str]) -> None:
     tune(cfg, training, space)
     for helper in helpers:
         helper.wait()
-    write_best(cfg)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """`python -m rl.tune`: tuning processes that share one Optuna study in SQLite, pruning, and a study that resumes."""
 
+import re
 import subprocess
 import sys
 
@@ -106,7 +107,11 @@ def test_rl_zoos_tuning_flags_and_training_flags_before_the_dashes_are_answered(
 def test_a_study_goes_on_only_over_the_space_it_searched(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text("learning_rate: {choices: [0.002]}\n")
-    assert tune(tmp_path, "--trials", "1", "--space", str(space)).returncode == 0
+    first = tune(tmp_path, "--trials", "1", "--space", str(space))
+    assert first.returncode == 0, first.stderr[-3000:]
+    trial_line, best_line = first.stdout.splitlines()[-2:]  # each trial's line as it ends, then the best
+    assert re.fullmatch(r"trial 0: greedy return [\d.]+; learning_rate 0.002 \(1 done, --trials 1\)", trial_line)
+    assert best_line.startswith("best: trial 0, greedy return ") and "; learning_rate 0.002; its flags: " in best_line
     space.write_text("learning_rate: {choices: [0.002, 0.003]}\n")  # Optuna refuses choices that change
     refused = tune(tmp_path, "--trials", "2", "--space", str(space))
     assert refused.returncode == 2
@@ -115,6 +120,24 @@ def test_a_study_goes_on_only_over_the_space_it_searched(tmp_path):
         "(over learning_rate; learning_rate differ): give this search a --study-name of its own"
     )
     assert len(trials(tmp_path)) == 1
+
+
+def test_failed_trials_count_so_a_study_whose_runs_all_fail_ends_and_says_where_their_output_is(tmp_path):
+    fails = ("--env-id", "envs_for_tests:Misbehaves-v0", "--env-kwargs", '{"after": 300}')  # a run's env raises
+    done = tune(tmp_path, "--trials", "2", training=fails)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    log = tmp_path / "runs" / "cartpole" / "trial-1.log"
+    assert lines[-2].startswith(f"trial 1: failed (exit 1, its output in {log}); ")
+    assert lines[-2].endswith("(2 done, --trials 2)")
+    assert "lost contact with the simulator" in log.read_text()
+    assert lines[-1] == "no trial of the study 'cartpole' finished (each was pruned or failed): no best.yaml"
+    again = tune(tmp_path, "--trials", "2", training=fails)
+    assert again.stdout.splitlines() == [
+        f"the study 'cartpole' in sqlite:///{tmp_path / 'study.db'} holds 2 trials already: none is left to run "
+        "(a larger --trials runs more)",
+        lines[-1],
+    ]
 
 
 def test_a_space_file_the_random_sampler_and_the_timeout_shape_the_study(tmp_path):
