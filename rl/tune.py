@@ -40,6 +40,7 @@ TRIALS_FOLDER = "fabric_logs"  # train_fabric.py's runs, under --out
 EVALUATION = re.compile(r"evaluation over \d+ greedy episodes?: return (-?[\d.]+)")
 POLL_SECONDS = 0.5
 USAGE_ERROR_EXIT = 2  # a training command's exit code for bad input
+INTERRUPTED_EXIT = 130  # the shell's status for a process ended by SIGINT
 # What the tuner adds to a trial's run, left out of the best config: a run from it is a new run of its own.
 TRIAL_BOOKKEEPING = ("run_name", "log_dir", "logger", "eval_every", "progress_bar", "torch_threads")
 
@@ -217,8 +218,12 @@ def run_trial(trial: Any, cfg: TuneConfig, training: list[str], space: dict[str,
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / f"{name}.log"  # a file, not a pipe: a run that prints much never blocks on an unread pipe
     with log.open("w") as output, subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT) as process:
-        pruned = follow_evaluations(trial, process, run_dir / "csv" / CSV_METRICS_FILE)
-        process.wait()
+        try:
+            pruned = follow_evaluations(trial, process, run_dir / "csv" / CSV_METRICS_FILE)
+            process.wait()
+        except KeyboardInterrupt:
+            stop_interrupted_trial(trial, process, run_dir)
+            raise
     if pruned:
         raise optuna.TrialPruned()
     printed = log.read_text()
@@ -232,6 +237,16 @@ def run_trial(trial: Any, cfg: TuneConfig, training: list[str], space: dict[str,
         trial.set_user_attr("failure", failure)
         raise TrialFailed(f"{name} failed ({failure})")
     return float(closing.group(1))
+
+
+def stop_interrupted_trial(trial: Any, process: subprocess.Popen, run_dir: Path) -> None:
+    """Ctrl-C: the trial's run checkpoints and stops (a terminal's Ctrl-C reached it too; a second changes nothing),
+    and the study keeps the trial as failed, marked so that --trials does not count it."""
+    trial.set_user_attr("interrupted", True)
+    if process.poll() is None:
+        process.send_signal(signal.SIGINT)
+    process.wait()
+    sys.stdout.write(f"trial {trial.number}: interrupted (Ctrl-C); its run's checkpoints are in {run_dir}\n")
 
 
 def follow_evaluations(trial: Any, process: subprocess.Popen, metrics: Path) -> bool:
@@ -297,20 +312,28 @@ def tune(cfg: TuneConfig, training: list[str], space: dict[str, dict[str, Any]])
             lambda trial: run_trial(trial, cfg, training, space),
             catch=(TrialFailed,),
             timeout=cfg.timeout,
-            callbacks=[optuna.study.MaxTrialsCallback(cfg.trials, states=counted_states()), print_trial(cfg)],
+            callbacks=[print_trial(cfg), stop_at_trials(cfg)],
         )
+
+
+def stop_at_trials(cfg: TuneConfig) -> Callable[[Any, Any], None]:
+    def stop(study: Any, trial: Any) -> None:
+        if trials_counted(study) >= cfg.trials:
+            study.stop()
+
+    return stop
 
 
 def counted_states() -> tuple[Any, ...]:
     """The trials that --trials counts: finished, pruned or failed (a study whose every trial fails, on an env that
-    raises, say, ends rather than trying forever)."""
+    raises, say, ends rather than trying forever), but not one stopped by Ctrl-C."""
     import optuna
 
     return optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL
 
 
 def trials_counted(study: Any) -> int:
-    return len(study.get_trials(states=counted_states()))
+    return sum(not trial.user_attrs.get("interrupted") for trial in study.get_trials(states=counted_states()))
 
 
 def print_trial(cfg: TuneConfig) -> Callable[[Any, Any], None]:
@@ -345,7 +368,7 @@ def write_best(cfg: TuneConfig) -> Path | None:
     study = optuna.load_study(storage=cfg.storage, study_name=cfg.study_name)
     completed = study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))
     if not completed:
-        print(f"no trial of the study {cfg.study_name!r} finished (each was pruned or failed): no best.yaml")
+        print(f"no trial of the study {cfg.study_name!r} has finished: no best.yaml")
         return None
     best = max(completed, key=lambda trial: trial.value)
     target = Path(cfg.out) / cfg.study_name / "best.yaml"
@@ -396,7 +419,10 @@ def main(argv: list[str]) -> None:
     space = search_space(cfg, training_algorithm(training))  # a bad space stops here, before any process or trial
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # each trial's line is print_trial's
     if cfg.worker > 0:  # a process another tuner started, after checking what follows: trials only
-        tune(cfg, training, space)
+        try:
+            tune(cfg, training, space)
+        except KeyboardInterrupt:
+            sys.exit(INTERRUPTED_EXIT)
         return
     from rl.cli import prepare
 
@@ -414,7 +440,12 @@ def main(argv: list[str]) -> None:
             f"(a larger --trials runs more)"
         )
     else:
-        tune_in_every_process(cfg, argv, training, space)
+        try:
+            tune_in_every_process(cfg, argv, training, space)
+        except KeyboardInterrupt:
+            write_best(cfg)
+            print("interrupted (Ctrl-C): the same command goes on with this study")
+            sys.exit(INTERRUPTED_EXIT)
     write_best(cfg)
 
 
@@ -425,9 +456,15 @@ def tune_in_every_process(cfg: TuneConfig, argv: list[str], training: list[str],
         subprocess.Popen([sys.executable, "-m", "rl.tune", *own, "--worker", str(index), "--", *training])
         for index in range(1, cfg.workers)
     ]
-    tune(cfg, training, space)
-    for helper in helpers:
-        helper.wait()
+    try:
+        tune(cfg, training, space)
+    except KeyboardInterrupt:
+        for helper in helpers:  # a terminal's Ctrl-C reached them too; a kill -INT of this process did not
+            helper.send_signal(signal.SIGINT)
+        raise
+    finally:
+        for helper in helpers:
+            helper.wait()
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """`python -m rl.tune`: tuning processes that share one Optuna study in SQLite, pruning, and a study that resumes."""
 
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import optuna
 import pytest
@@ -131,13 +134,44 @@ def test_failed_trials_count_so_a_study_whose_runs_all_fail_ends_and_says_where_
     assert lines[-2].startswith(f"trial 1: failed (exit 1, its output in {log}); ")
     assert lines[-2].endswith("(2 done, --trials 2)")
     assert "lost contact with the simulator" in log.read_text()
-    assert lines[-1] == "no trial of the study 'cartpole' finished (each was pruned or failed): no best.yaml"
+    assert lines[-1] == "no trial of the study 'cartpole' has finished: no best.yaml"
     again = tune(tmp_path, "--trials", "2", training=fails)
     assert again.stdout.splitlines() == [
         f"the study 'cartpole' in sqlite:///{tmp_path / 'study.db'} holds 2 trials already: none is left to run "
         "(a larger --trials runs more)",
         lines[-1],
     ]
+
+
+def test_ctrl_c_stops_the_tuner_and_its_trial_which_the_study_does_not_count(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    longer = ["--total-timesteps", "100000"]  # still training when Ctrl-C comes
+    command = [sys.executable, "-m", "rl.tune", "--storage", storage, "--study-name", "cartpole", "--out", "runs"]
+    tuner = subprocess.Popen(
+        [*command, "--eval-every", "512", "--trials", "1", *TRAINING, *longer],
+        cwd=tmp_path,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a shell's foreground job has it
+    )
+    metrics = tmp_path / "runs" / "cartpole" / "fabric_logs" / "trial-0" / "csv" / "metrics.csv"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and "Eval/" in metrics.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(tuner.pid, signal.SIGINT)  # the terminal's Ctrl-C: the tuner and its trial's run hear it
+    out, err = tuner.communicate(timeout=120)
+    assert tuner.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert out.splitlines() == [
+        "trial 0: interrupted (Ctrl-C); its run's checkpoints are in runs/cartpole/fabric_logs/trial-0",
+        "no trial of the study 'cartpole' has finished: no best.yaml",
+        "interrupted (Ctrl-C): the same command goes on with this study",
+    ]
+    assert list(metrics.parent.parent.glob("checkpoints/step_*.ckpt"))
+    again = tune(tmp_path, "--trials", "1")  # the interrupted trial is not counted: one more runs
+    assert again.returncode == 0 and again.stdout.startswith("trial 1: greedy return "), again.stdout
 
 
 def test_a_space_file_the_random_sampler_and_the_timeout_shape_the_study(tmp_path):
