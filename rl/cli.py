@@ -45,6 +45,7 @@ from rl.elastic import (
 )
 from rl.envs import EnvSpaces, env_family, inspect_env, is_atari
 from rl.errors import (
+    INTERRUPTED_EXIT_CODE,
     RunStopped,
     UsageError,
     exit_after_peers_report,
@@ -424,7 +425,7 @@ def run_main(main: Callable[[list[str]], None]) -> None:
                 after = InterruptFlag.heard_in_this_process
                 when = "after training: its final checkpoint is written" if after else "before training began"
                 print_error(f"interrupted (Ctrl-C) {when}")
-            os._exit(130)  # the shell's status for a process ended by SIGINT
+            os._exit(INTERRUPTED_EXIT_CODE)
         except Exception as error:
             usage = compile_failure(error)
             if usage is not None:

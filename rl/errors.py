@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 USAGE_EXIT_CODE = 2
+INTERRUPTED_EXIT_CODE = 130  # the shell's status for a process ended by SIGINT
 # torchrun's agent stops every rank as soon as one exits. A rank that finds bad input therefore
 # waits for its peers, checking the same input a moment later, to print their own line: it counts
 # their reports in the launcher's store and leaves once all are in, or after this long at most.
@@ -121,6 +122,17 @@ def exit_on_usage_error(prefix: str = "error") -> Iterator[None]:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:
             exit_after_peers_report()
         sys.exit(USAGE_EXIT_CODE)
+
+
+@contextmanager
+def exit_on_ctrl_c() -> Iterator[None]:
+    """Ctrl-C ends a tool (`rl.evaluate`, `rl.export`, `rl.tune`) in one line, with the shell's status for SIGINT,
+    rather than a traceback."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        print_error("interrupted (Ctrl-C)")
+        sys.exit(INTERRUPTED_EXIT_CODE)
 
 
 def exit_after_peers_report(exit_code: int = USAGE_EXIT_CODE) -> None:

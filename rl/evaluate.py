@@ -23,7 +23,7 @@ from rl.cli import check_video_support
 from rl.config import check_seed, flag, parse_dataclass
 from rl.env_faults import EnvFault
 from rl.envs import Preprocessing, has_display, make_env, video_folder
-from rl.errors import UsageError, exit_on_usage_error, print_error, refused_writes
+from rl.errors import UsageError, exit_on_ctrl_c, exit_on_usage_error, print_error, refused_writes
 from rl.evaluation import evaluate_greedy
 from rl.logger import LoggerName, open_sinks, quiet_tensorboard_writer_threads
 from rl.peer_flags import EVALUATION_PEER_FLAGS, tools_peer_flag
@@ -186,5 +186,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    with exit_on_usage_error():
+    with exit_on_ctrl_c(), exit_on_usage_error():
         main(sys.argv[1:])

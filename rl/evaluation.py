@@ -32,6 +32,9 @@ class EvaluationAbandoned(Exception):
     """`evaluate_greedy`'s `abandon` asked it to stop before its episodes ended."""
 
 
+MAX_EVALUATION_ENVS = 64  # episodes played side by side at most: more are played in groups of this many
+
+
 @torch.no_grad()
 def evaluate_greedy(
     agent: Policy,
@@ -46,7 +49,8 @@ def evaluate_greedy(
     abandon: Callable[[], bool] | None = None,
     window: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Returns and lengths of `episodes` episodes, one per env, all run side by side.
+    """Returns and lengths of `episodes` episodes, one per env, played side by side in groups of at most
+    `MAX_EVALUATION_ENVS` (so that many episodes never hold as many envs at once); episode i's env is seeded by i.
 
     Greedy (the distribution's mode) unless `deterministic` is False; then actions are sampled
     from a generator seeded by `seed`. With `video_dir`, the first env's episode is recorded (the
@@ -55,6 +59,41 @@ def evaluate_greedy(
     `EvaluationAbandoned` once it answers True.
     """
     generator = torch.Generator(device=device).manual_seed(derive_seed(seed, EVAL_STREAM, episodes))
+    groups = [
+        _play_episodes(
+            agent,
+            env_id,
+            range(first, min(first + MAX_EVALUATION_ENVS, episodes)),
+            seed,
+            obs_normalizer,
+            device,
+            (video_dir, window) if first == 0 else (None, False),
+            deterministic,
+            generator,
+            preprocessing,
+            abandon,
+        )
+        for first in range(0, episodes, MAX_EVALUATION_ENVS)
+    ]
+    return np.concatenate([returns for returns, _ in groups]), np.concatenate([lengths for _, lengths in groups])
+
+
+def _play_episodes(
+    agent: Policy,
+    env_id: str,
+    indices: range,
+    seed: int,
+    obs_normalizer: ObservationNormalizer,
+    device: torch.device,
+    shown: tuple[str | None, bool],
+    deterministic: bool,
+    generator: torch.Generator,
+    preprocessing: Preprocessing,
+    abandon: Callable[[], bool] | None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The episodes `indices`, one per env, side by side; `shown`: the first env's video folder and window."""
+    episodes = len(indices)
+    video_dir, window = shown
     envs = make_vector_env(env_id, episodes, video_dir, preprocessing=preprocessing, window=window)
     as_bytes = stored_as_bytes(envs.single_observation_space)
     layout = packed_layout(envs.single_observation_space)
@@ -63,7 +102,7 @@ def evaluate_greedy(
     act = _stepper(agent, episodes, device, deterministic, generator)
     try:
         with ENV_RESET:
-            obs, _ = envs.reset(seed=[derive_seed(seed, EVAL_STREAM, i) for i in range(episodes)])
+            obs, _ = envs.reset(seed=[derive_seed(seed, EVAL_STREAM, i) for i in indices])
         check_finite(obs, call="reset", layout=layout)
         starts = np.ones(episodes, dtype=bool)
         while not finished.all():

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from rl.agent import Agent, load_agent
 from rl.config import parse_dataclass
 from rl.envs import EnvActions, is_image_space
-from rl.errors import UsageError, exit_on_usage_error, refused_writes
+from rl.errors import UsageError, exit_on_ctrl_c, exit_on_usage_error, refused_writes
 from rl.multi_input import KeyInput, MultiInputLayout, packed_layout
 from rl.normalization import CLIP, ObservationNormalizer
 
@@ -214,5 +214,5 @@ def key_text(key: KeyInput) -> str:
 
 
 if __name__ == "__main__":
-    with exit_on_usage_error():
+    with exit_on_ctrl_c(), exit_on_usage_error():
         main(sys.argv[1:])

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import yaml
 
 from rl.config import CONFIG_FILENAME, check_seed, flag, parse_dataclass
-from rl.errors import UsageError, exit_on_usage_error, unrecognized_options
+from rl.errors import INTERRUPTED_EXIT_CODE, UsageError, exit_on_ctrl_c, exit_on_usage_error, unrecognized_options
 from rl.logger import CSV_METRICS_FILE
 from rl.peer_flags import TUNING_PEER_FLAGS, tools_peer_flag
 
@@ -40,7 +40,6 @@ TRIALS_FOLDER = "fabric_logs"  # train_fabric.py's runs, under --out
 EVALUATION = re.compile(r"evaluation over \d+ greedy episodes?: return (-?[\d.]+)")
 POLL_SECONDS = 0.5
 USAGE_ERROR_EXIT = 2  # a training command's exit code for bad input
-INTERRUPTED_EXIT = 130  # the shell's status for a process ended by SIGINT
 # What the tuner adds to a trial's run, left out of the best config: a run from it is a new run of its own.
 TRIAL_BOOKKEEPING = ("run_name", "log_dir", "logger", "eval_every", "progress_bar", "torch_threads")
 
@@ -422,7 +421,7 @@ def main(argv: list[str]) -> None:
         try:
             tune(cfg, training, space)
         except KeyboardInterrupt:
-            sys.exit(INTERRUPTED_EXIT)
+            sys.exit(INTERRUPTED_EXIT_CODE)
         return
     from rl.cli import prepare
 
@@ -445,7 +444,7 @@ def main(argv: list[str]) -> None:
         except KeyboardInterrupt:
             write_best(cfg)
             print("interrupted (Ctrl-C): the same command goes on with this study")
-            sys.exit(INTERRUPTED_EXIT)
+            sys.exit(INTERRUPTED_EXIT_CODE)
     write_best(cfg)
 
 
@@ -468,5 +467,5 @@ def tune_in_every_process(cfg: TuneConfig, argv: list[str], training: list[str],
 
 
 if __name__ == "__main__":
-    with exit_on_usage_error():
+    with exit_on_ctrl_c(), exit_on_usage_error():
         main(sys.argv[1:])

@@ -182,6 +182,26 @@ class ReachTheTarget(gym.Env):
 gym.register("ReachTheTarget-v0", entry_point=ReachTheTarget)
 
 
+class CountsItsCopies(CartPoleEnv):
+    """CartPole that counts its copies open at once in this process (the most of them in `most_at_once`)."""
+
+    open_now = most_at_once = 0
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        CountsItsCopies.open_now += 1
+        CountsItsCopies.most_at_once = max(CountsItsCopies.most_at_once, CountsItsCopies.open_now)
+
+    def close(self) -> None:  # gymnasium may close an env more than once
+        if not getattr(self, "closed", False):
+            CountsItsCopies.open_now -= 1
+            self.closed = True
+        super().close()
+
+
+gym.register("CountsItsCopies-v0", entry_point=CountsItsCopies, max_episode_steps=500)
+
+
 class FollowTheCue(gym.Env):
     """Choices counted from -1 (left, stay, right): each step shows a cue, one of the three as a one-hot vector, and
     pays 1 for the choice that matches it, over 10-step episodes (guessing scores about 3.3, following 10). With

@@ -1,8 +1,11 @@
 """Your own env: `--env-id module:Env-v0`, its keyword arguments (`--env-kwargs`, `--env-kwarg`), and the API check."""
 
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -213,6 +216,59 @@ def test_choices_counted_from_minus_1_are_learned_from_0_and_predicted_as_the_en
     assert choices.tolist() == [-1, 0, 1]
     exported = torch.jit.trace(greedy_policy(agent)[0], torch.zeros(2, 3))
     assert exported(torch.eye(3)).tolist() == [-1, 0, 1]
+
+
+def test_many_evaluation_episodes_are_played_in_groups_each_scored_as_if_all_were_played_at_once(monkeypatch):
+    from envs_for_tests import CountsItsCopies
+
+    from rl.algos.ppo.algorithm import PPO
+    from rl.envs import inspect_env
+    from rl.evaluation import MAX_EVALUATION_ENVS, evaluate_greedy
+    from rl.normalization import ObservationNormalizer
+
+    env_id = "envs_for_tests:CountsItsCopies-v0"
+    spaces = inspect_env(env_id, PPOConfig().preprocessing())
+    torch.manual_seed(0)
+    policy = PPO(PPOConfig(env_id=env_id), spaces).build_policy(torch.device("cpu"))  # untrained: short games
+    normalizer = ObservationNormalizer(spaces.obs_dim, False, torch.device("cpu"))
+    episodes = MAX_EVALUATION_ENVS + 6
+
+    def play() -> tuple[np.ndarray, int]:
+        CountsItsCopies.most_at_once = 0
+        returns, lengths = evaluate_greedy(policy, env_id, episodes, 3, normalizer, torch.device("cpu"))
+        assert len(returns) == len(lengths) == episodes
+        return returns, CountsItsCopies.most_at_once
+
+    in_groups, most_in_groups = play()
+    monkeypatch.setattr("rl.evaluation.MAX_EVALUATION_ENVS", episodes)
+    at_once, most_at_once = play()
+    assert (most_in_groups, most_at_once) == (MAX_EVALUATION_ENVS, episodes)
+    np.testing.assert_array_equal(in_groups, at_once)
+    assert len(set(in_groups)) > 1  # each episode its own game
+
+
+def test_ctrl_c_ends_an_evaluation_in_one_line(tmp_path):
+    frames = tmp_path / "frames.txt"  # the first env draws each step here: the evaluation is under way
+    env_flags = ["--env-id", "envs_for_tests:ShowsItself-v0", "--env-kwarg", f"frames={frames}"]
+    trained = run_ranks("python", SCRIPTS["fabric"], [*env_flags, *OWN_ENV[2:]], tmp_path)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    agent = str(run_dir(tmp_path, "fabric") / "agent.ckpt")
+    evaluation = subprocess.Popen(
+        [sys.executable, "-m", "rl.evaluate", agent, "--episodes", "1000000", "--render"],
+        cwd=tmp_path,
+        env=child_env() | {"DISPLAY": ":0"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a shell's foreground job has it
+    )
+    deadline = time.monotonic() + 120
+    while not frames.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    os.killpg(evaluation.pid, signal.SIGINT)
+    out, err = evaluation.communicate(timeout=60)
+    assert (evaluation.returncode, out, err) == (130, "", "interrupted (Ctrl-C)\n")
 
 
 def test_evaluation_shows_the_first_env_in_a_window_where_a_display_and_the_env_allow_it(tmp_path):
