@@ -41,6 +41,7 @@ from rl.elastic import (
     check_writable,
     record_fault,
     restart_count,
+    this_process,
     under_torchelastic,
 )
 from rl.envs import EnvSpaces, env_family, inspect_env, is_atari
@@ -402,12 +403,11 @@ def check_video_support() -> None:
 
 
 def run_main(main: Callable[[list[str]], None]) -> None:
-    role = f"rank {os.environ.get('RANK', '0')}"
     with exit_on_usage_error():
         try:
             main(sys.argv[1:])
         except (TrainingDiverged, FloatingPointError) as error:
-            record_fault(role, "failed", str(error))
+            record_fault(this_process(), "failed", str(error))
             print_error(f"error: training stopped: {error}; the checkpoints written so far hold finite weights")
             sys.stderr.flush()
             os._exit(1)  # every rank stops here at the same step; a process group teardown could block
@@ -415,13 +415,13 @@ def run_main(main: Callable[[list[str]], None]) -> None:
             print_error(f"error: {error}")
             os._exit(1)  # no process group yet: nothing to tear down
         except RunStopped as error:
-            record_fault(role, "failed", str(error))
+            record_fault(this_process(), "failed", str(error))
             print_error(error.lines())
             if error.every_rank and int(os.environ.get("WORLD_SIZE", "1")) > 1:
                 exit_after_peers_report(exit_code=1)
             os._exit(1)  # nothing to tear down: any peer still running learns of it as a lost process
         except KeyboardInterrupt:  # in training, Ctrl-C is the loop's to turn into a checkpoint and a stop
-            if role == "rank 0":
+            if os.environ.get("RANK", "0") == "0":
                 after = InterruptFlag.heard_in_this_process
                 when = "after training: its final checkpoint is written" if after else "before training began"
                 print_error(f"interrupted (Ctrl-C) {when}")
@@ -430,7 +430,8 @@ def run_main(main: Callable[[list[str]], None]) -> None:
             usage = compile_failure(error)
             if usage is not None:
                 raise usage from None
-            record_fault(role, "failed", f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+            first_line = str(error).splitlines()[0] if str(error) else ""
+            record_fault(this_process(), "failed", f"{type(error).__name__}: {first_line}")
             raise  # with its traceback
     exit_without_teardown()
 

@@ -379,6 +379,20 @@ def record_end(step: int, interrupted: bool) -> None:
         _this_round.journal.append({"event": "end", "how": "interrupted" if interrupted else "finished", "step": step})
 
 
+_role: str | None = None  # this process's name in the job's lines, where its mode gives it one
+
+
+def name_this_process(role: str) -> None:
+    """Name this process as its mode does ("player 1", "trainer 2"), in the faults it journals."""
+    global _role
+    _role = role
+
+
+def this_process() -> str:
+    """This process's name in the job's lines: its mode's, or its rank's."""
+    return _role or f"rank {os.environ.get('RANK', '0')}"
+
+
 def record_fault(role: str, kind: str, what: str) -> None:
     """Why this process ends: `kind` "failed" (its own error), "lost" (a peer is gone), "timeout" (a peer did not
     reach a collective in time) or "stopped" (by SIGTERM: torchrun, or from outside)."""

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rl.elastic import job_store_client, record_fault, under_torchelastic
+from rl.elastic import job_store_client, name_this_process, record_fault, under_torchelastic
 from rl.errors import RunStopped, print_error
 from rl.optim import TrainingDiverged
 
@@ -169,6 +169,7 @@ def on_main_thread() -> bool:
 def report_lost_peers(own_rank: int, name: Callable[[int], str], process_ids: Tensor) -> Iterator[None]:
     """End this process with a line naming what failed, instead of hanging or a traceback."""
     role = name(own_rank)
+    name_this_process(role)
     heartbeat = Heartbeat(own_rank, len(process_ids)) if spans_nodes(process_ids) else None
 
     def lost() -> str:

@@ -327,7 +327,7 @@ def test_a_decoupled_round_is_journaled_as_started_before_a_players_env_fails_at
         if entry["event"] == "launch":
             rounds.append([])
         rounds[-1].append(f"{entry['event']} {entry.get('role', '')}".strip())
-    assert len(rounds) == 2 and all(round_[:3] == ["launch", "start", "fault rank 1"] for round_ in rounds), rounds
+    assert len(rounds) == 2 and all(round_[:3] == ["launch", "start", "fault player 1"] for round_ in rounds), rounds
 
 
 def test_a_run_folder_holding_another_configs_checkpoint_is_not_loaded(tmp_path):
