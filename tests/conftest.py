@@ -145,6 +145,21 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
 
 
+def start_as_foreground_job(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`command` as a shell's foreground job: in a process group of its own (`os.killpg(pid, SIGINT)` is the
+    terminal's Ctrl-C), with Ctrl-C's default action whatever this process does with it."""
+    return subprocess.Popen(
+        command,
+        cwd=cwd,
+        env=env or child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+
 def start(launcher: str, script: Path, args: list[str], cwd: Path, nproc: int) -> subprocess.Popen:
     """Launch without waiting, in a session of its own."""
     return subprocess.Popen(

@@ -12,7 +12,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import SCRIPTS, child_env, load_agent, refusal_line, run_dir, run_ranks
+from conftest import SCRIPTS, child_env, load_agent, refusal_line, run_dir, run_ranks, start_as_foreground_job
 
 import rl
 from rl import PPOConfig
@@ -253,15 +253,10 @@ def test_ctrl_c_ends_an_evaluation_in_one_line(tmp_path):
     trained = run_ranks("python", SCRIPTS["fabric"], [*env_flags, *OWN_ENV[2:]], tmp_path)
     assert trained.returncode == 0, trained.stderr[-2000:]
     agent = str(run_dir(tmp_path, "fabric") / "agent.ckpt")
-    evaluation = subprocess.Popen(
+    evaluation = start_as_foreground_job(
         [sys.executable, "-m", "rl.evaluate", agent, "--episodes", "1000000", "--render"],
-        cwd=tmp_path,
+        tmp_path,
         env=child_env() | {"DISPLAY": ":0"},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a shell's foreground job has it
     )
     deadline = time.monotonic() + 120
     while not frames.exists() and time.monotonic() < deadline:

@@ -10,7 +10,7 @@ import time
 import optuna
 import pytest
 import yaml
-from conftest import child_env
+from conftest import child_env, start_as_foreground_job
 
 from rl.cli import parse_config
 
@@ -147,16 +147,7 @@ def test_ctrl_c_stops_the_tuner_and_its_trial_which_the_study_does_not_count(tmp
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     longer = ["--total-timesteps", "100000"]  # still training when Ctrl-C comes
     command = [sys.executable, "-m", "rl.tune", "--storage", storage, "--study-name", "cartpole", "--out", "runs"]
-    tuner = subprocess.Popen(
-        [*command, "--eval-every", "512", "--trials", "1", *TRAINING, *longer],
-        cwd=tmp_path,
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a shell's foreground job has it
-    )
+    tuner = start_as_foreground_job([*command, "--eval-every", "512", "--trials", "1", *TRAINING, *longer], tmp_path)
     metrics = tmp_path / "runs" / "cartpole" / "fabric_logs" / "trial-0" / "csv" / "metrics.csv"
     deadline = time.monotonic() + 120
     while not (metrics.exists() and "Eval/" in metrics.read_text()) and time.monotonic() < deadline:
