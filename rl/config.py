@@ -149,8 +149,9 @@ class RunFlags:
     """continue the run saved in this training checkpoint, with the run's own flags where none are given (same envs,
     network and process count)"""
     run_name: str | None = None
-    """the run folder's name under --log-dir (default: experiment, env, seed and start time; under torchrun,
-    the job's --rdzv-id instead of the time); a run whose folder holds a checkpoint resumes from its newest"""
+    """the run folder's name under --log-dir (default: experiment, env, seed and start time, then _2, _3 for runs
+    started in the same second; under torchrun, the job's --rdzv-id instead of the time); a run whose folder holds a
+    checkpoint resumes from its newest"""
     torch_threads: int = 0
     """torch threads per process; 0: one for an MLP, and for a CNN the machine's cores divided by the local
     processes"""
