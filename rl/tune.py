@@ -316,6 +316,8 @@ def tune(cfg: TuneConfig, training: list[str], space: dict[str, dict[str, Any]])
 
 
 def stop_at_trials(cfg: TuneConfig) -> Callable[[Any, Any], None]:
+    """Stop this tuner once the study holds --trials counted trials, whichever tuner ran them."""
+
     def stop(study: Any, trial: Any) -> None:
         if trials_counted(study) >= cfg.trials:
             study.stop()
@@ -338,10 +340,12 @@ def trials_counted(study: Any) -> int:
 def print_trial(cfg: TuneConfig) -> Callable[[Any, Any], None]:
     """A line as each trial ends (Optuna's own are off: a failed trial's would print its traceback)."""
 
+    from optuna.trial import TrialState
+
     def print_line(study: Any, trial: Any) -> None:
-        if trial.state == counted_states()[0]:
+        if trial.state == TrialState.COMPLETE:
             outcome = f"greedy return {trial.value:.2f}"
-        elif trial.state == counted_states()[1]:
+        elif trial.state == TrialState.PRUNED:
             step, value = max(trial.intermediate_values.items(), default=(0, math.nan))
             outcome = f"pruned at step {step:,}, where its return was {value:.2f}"
         else:
