@@ -295,7 +295,7 @@ class EnvActions:
     `shape`."""
 
     shape: tuple[int, ...]
-    start: np.ndarray  # added to each flat action: the space's start (zeros but for choices that start elsewhere)
+    start: np.ndarray | None  # added to each flat action: the start of choices that start elsewhere than 0
     choice: bool  # a Discrete's: one number, as a vector env hands it, not an array
 
     @staticmethod
@@ -303,22 +303,19 @@ class EnvActions:
         """None where the policy acts in the env's own space."""
         if policy_action_space(space) is None:
             return None
-        start = getattr(space, "start", np.zeros(space.shape, space.dtype))  # a Box's or MultiBinary's: none
-        return EnvActions(tuple(space.shape), np.asarray(start).reshape(-1), isinstance(space, gym.spaces.Discrete))
-
-    @property
-    def offsets(self) -> bool:
-        """Whether the env counts its choices from another number than 0."""
-        return bool(np.any(self.start))
+        start = np.asarray(getattr(space, "start", 0)).reshape(-1)  # a Box or MultiBinary has none
+        return EnvActions(tuple(space.shape), start if np.any(start) else None, isinstance(space, gym.spaces.Discrete))
 
     def one(self, action: np.ndarray) -> np.ndarray:
-        """One of the policy's actions as the env takes it."""
-        env_action = (np.asarray(action) + self.start).reshape(self.shape)
-        return env_action[()] if self.choice else env_action
+        """One of the policy's actions as the env takes it (per env step: a reshape, and the start where any)."""
+        env_action = np.asarray(action) if self.start is None else np.asarray(action) + self.start
+        return env_action.reshape(self.shape)[()] if self.choice else env_action.reshape(self.shape)
 
     def batch(self, actions: np.ndarray) -> np.ndarray:
         """A batch of the policy's actions (one row each) as the env takes them."""
-        return (actions.reshape(len(actions), -1) + self.start).reshape(len(actions), *self.shape)
+        if self.start is not None:
+            actions = actions.reshape(len(actions), -1) + self.start
+        return actions.reshape(len(actions), *self.shape)
 
 
 def policy_action_space(space: gym.Space) -> gym.Space | None:

@@ -71,8 +71,9 @@ class GreedyPolicy(nn.Module):
         super().__init__()
         self.policy, self.pixels, self.normalizes = policy, pixels, normalizer.enabled
         self.action_shape = list((env_actions.shape if env_actions else space.shape) or ())  # as the env takes it
-        self.offsets = env_actions is not None and env_actions.offsets
-        self.register_buffer("start", torch.as_tensor(env_actions.start if env_actions and self.offsets else 0))
+        start = env_actions.start if env_actions else None
+        self.offsets = start is not None
+        self.register_buffer("start", torch.as_tensor(0 if start is None else start))
         mean, scale = normalizer.mean_and_scale()
         self.register_buffer("mean", mean)
         self.register_buffer("scale", scale)

@@ -66,6 +66,7 @@ def test_a_pruned_trial_is_stopped_at_its_first_evaluation(tmp_path):
     longer = ("--total-timesteps", "100000")  # so the run is still going when the tuner reads its first evaluation
     pruned = tune(tmp_path, "--trials", "1", "--prune-below", "1e9", training=longer)
     assert pruned.returncode == 0, pruned.stderr[-3000:]
+    assert re.match(r"trial 0: pruned at step 512, where its return was [\d.]+; learning_rate ", pruned.stdout)
     (trial,) = trials(tmp_path)
     assert trial.state == optuna.trial.TrialState.PRUNED and sorted(trial.intermediate_values) == [512]
     run = tmp_path / "runs" / "cartpole" / "fabric_logs" / "trial-0"
