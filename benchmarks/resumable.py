@@ -9,7 +9,8 @@ is never launched again. A session that ends mid-run loses at most one checkpoin
 
 What a study keeps in the repository is that layout (`benchmarks/results/STUDY/`); the run
 folders (TensorBoard event files, launch logs) are not committed, but for the newest checkpoint of
-a run in progress, which lets the run go on from another machine.
+a run in progress, which lets the run go on from another machine (a SAC run's, which holds its replay
+buffer, is left untracked in the working tree instead).
 
 A launch stopped by Ctrl-C prints its figures and checkpoints. A launch killed outright (the
 session ended) leaves OUT/segments/NAME.open behind; the next launch of the run closes it as a

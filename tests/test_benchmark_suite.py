@@ -6,6 +6,7 @@ import json
 import math
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -338,6 +339,26 @@ def test_a_run_whose_checkpoints_are_gone_starts_again_and_forgets_its_earlier_l
     resumable.append_segment(tmp_path, "run", {"steps": 128, "wall_time_s": 1.0})
     resumable.forget_launches_without_a_checkpoint(tmp_path, "run")  # a checkpoint: the launches stand
     assert len(resumable.segments(tmp_path, "run")) == 1
+
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+IS_A_GIT_CHECKOUT = (REPOSITORY / ".git").exists() and shutil.which("git") is not None
+
+
+def git(*arguments: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *arguments], cwd=REPOSITORY, capture_output=True, text=True)
+
+
+@pytest.mark.skipif(not IS_A_GIT_CHECKOUT, reason="reads the repository's .gitignore and index with git")
+def test_a_runs_newest_checkpoint_is_left_in_the_working_tree_and_no_committed_file_is_buffer_sized():
+    """A run in progress goes on from another copy of the working tree only if git does not ignore its checkpoint;
+    a SAC checkpoint holds its replay buffer (up to 170 MB), which must never be committed."""
+    run = "benchmarks/results/suite/runs/fabric_logs/sac-hopper-seed3"
+    assert git("check-ignore", "-q", f"{run}/checkpoints/step_000000001000.ckpt").returncode == 1  # not ignored
+    assert git("check-ignore", "-q", f"{run}/events.out.tfevents.0").returncode == 0  # the run's logs are
+    tracked = git("ls-files", "-z").stdout.split("\0")
+    sizes = {path: (REPOSITORY / path).stat().st_size for path in tracked if (REPOSITORY / path).is_file()}
+    assert sizes and max(sizes.values()) < 20 * 2**20, max(sizes, key=sizes.get)
 
 
 def test_an_interrupted_launch_stops_the_study_with_one_line_and_no_row(tmp_path):
