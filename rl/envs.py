@@ -138,6 +138,15 @@ def is_atari(env_id: str) -> bool:
     return spec is not None and str(spec.entry_point).startswith("ale_py")
 
 
+def ends_its_episodes_in_time(envs: gym.vector.VectorEnv) -> bool:
+    """Whether the envs cut an episode after a set number of steps: gymnasium's time limit (the id's, or
+    `max_episode_steps` given to gym.make), or ALE's frame limit."""
+    spec = envs.unwrapped.get_attr("spec")[0]
+    return spec is not None and (
+        spec.max_episode_steps is not None or bool(spec.kwargs.get("max_num_frames_per_episode"))
+    )
+
+
 EnvFamily = Literal["mujoco", "atari", "images"]
 
 

@@ -15,11 +15,13 @@ from rl.env_faults import ENV_RESET, ENV_STEP, check_finite
 from rl.envs import (
     ATARI_PREPROCESSING,
     Preprocessing,
+    ends_its_episodes_in_time,
     make_vector_env,
     observations_tensor,
     stored_as_bytes,
     video_folder,
 )
+from rl.errors import print_error
 from rl.experience import Policy
 from rl.loop import checkpoint_due
 from rl.multi_input import packed_layout
@@ -33,6 +35,9 @@ class EvaluationAbandoned(Exception):
 
 
 MAX_EVALUATION_ENVS = 64  # episodes played side by side at most: more are played in groups of this many
+# Where the env sets no time limit, an evaluation episode ends after this many steps: else a greedy policy that
+# never reaches an end (CliffWalking's, walking into a wall) would keep the evaluation going for ever.
+UNLIMITED_EPISODE_STEPS = 10_000
 
 
 @torch.no_grad()
@@ -55,7 +60,8 @@ def evaluate_greedy(
     Greedy (the distribution's mode) unless `deterministic` is False; then actions are sampled
     from a generator seeded by `seed`. With `video_dir`, the first env's episode is recorded (the
     env's own frames); with `window`, the first env shows itself in a window. The envs are the game as
-    it is: no episodic life, no clipped rewards. `abandon`, asked before each step, raises
+    it is: no episodic life, no clipped rewards. Where the env sets no time limit, an episode still going after
+    `UNLIMITED_EPISODE_STEPS` steps ends there, and a warning says so. `abandon`, asked before each step, raises
     `EvaluationAbandoned` once it answers True.
     """
     generator = torch.Generator(device=device).manual_seed(derive_seed(seed, EVAL_STREAM, episodes))
@@ -75,7 +81,10 @@ def evaluate_greedy(
         )
         for first in range(0, episodes, MAX_EVALUATION_ENVS)
     ]
-    return np.concatenate([returns for returns, _ in groups]), np.concatenate([lengths for _, lengths in groups])
+    cut = sum(cut for _, _, cut in groups)
+    if cut:
+        warn_of_cut_episodes(env_id, cut, episodes)
+    return np.concatenate([returns for returns, _, _ in groups]), np.concatenate([lengths for _, lengths, _ in groups])
 
 
 def _play_episodes(
@@ -90,8 +99,9 @@ def _play_episodes(
     generator: torch.Generator,
     preprocessing: Preprocessing,
     abandon: Callable[[], bool] | None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The episodes `indices`, one per env, side by side; `shown`: the first env's video folder and window."""
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """The episodes `indices`, one per env, side by side, their returns and lengths, and how many of them were cut
+    at `UNLIMITED_EPISODE_STEPS`; `shown`: the first env's video folder and window."""
     episodes = len(indices)
     video_dir, window = shown
     envs = make_vector_env(env_id, episodes, video_dir, preprocessing=preprocessing, window=window)
@@ -100,12 +110,14 @@ def _play_episodes(
     returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)
     finished = np.zeros(episodes, dtype=bool)
     act = _stepper(agent, episodes, device, deterministic, generator)
+    step_limit = None if ends_its_episodes_in_time(envs) else UNLIMITED_EPISODE_STEPS
     try:
         with ENV_RESET:
             obs, _ = envs.reset(seed=[derive_seed(seed, EVAL_STREAM, i) for i in indices])
         check_finite(obs, call="reset", layout=layout)
         starts = np.ones(episodes, dtype=bool)
-        while not finished.all():
+        steps = 0
+        while not finished.all() and steps != step_limit:
             if abandon is not None and abandon():
                 raise EvaluationAbandoned
             obs_t = observations_tensor(obs, as_bytes, device)
@@ -119,9 +131,21 @@ def _play_episodes(
                 returns[ended] = info["episode"]["r"][ended]
                 lengths[ended] = info["episode"]["l"][ended]
                 finished |= ended
+            steps += 1
+        cut = ~finished  # each env still in its first episode has played `steps` steps of it
+        returns[cut], lengths[cut] = envs.episode_returns[cut], steps
     finally:
         envs.close()
-    return returns, lengths
+    return returns, lengths, int(cut.sum())
+
+
+def warn_of_cut_episodes(env_id: str, cut: int, episodes: int) -> None:
+    print_error(
+        f"warning: {cut} of {episodes} evaluation episodes did not end within {UNLIMITED_EPISODE_STEPS:,} steps and "
+        "were cut there: "
+        f"{env_id} sets no time limit (register it with max_episode_steps, or train with --env-kwarg "
+        "max_episode_steps=N)"
+    )
 
 
 def _stepper(

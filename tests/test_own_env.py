@@ -247,6 +247,41 @@ def test_many_evaluation_episodes_are_played_in_groups_each_scored_as_if_all_wer
     assert len(set(in_groups)) > 1  # each episode its own game
 
 
+@pytest.mark.parametrize(
+    ("env_kwargs", "length", "cut"),
+    [
+        ({"length": 1000}, 50, True),  # no time limit: cut at the cap, with a warning
+        ({"length": 1000, "max_episode_steps": 80}, 80, False),  # a time limit given to gym.make holds
+        ({"length": 20}, 20, False),  # episodes that end by themselves
+    ],
+)
+def test_an_evaluation_episode_of_an_env_without_a_time_limit_is_cut_with_a_warning(
+    env_kwargs, length, cut, monkeypatch, capsys
+):
+    """Else a greedy policy that never reaches an end would keep the evaluation going for ever."""
+    import json
+
+    from rl.algos.ppo.algorithm import PPO
+    from rl.envs import inspect_env
+    from rl.evaluation import evaluate_greedy
+    from rl.normalization import ObservationNormalizer
+
+    monkeypatch.setattr("rl.evaluation.UNLIMITED_EPISODE_STEPS", 50)
+    cfg = PPOConfig(env_id="envs_for_tests:FixedLength-v0", env_kwargs=json.dumps(env_kwargs))
+    spaces = inspect_env(cfg.env_id, cfg.preprocessing())
+    policy = PPO(cfg, spaces).build_policy(torch.device("cpu"))
+    normalizer = ObservationNormalizer(spaces.obs_dim, False, torch.device("cpu"))
+    returns, lengths = evaluate_greedy(
+        policy, cfg.env_id, 3, 0, normalizer, torch.device("cpu"), preprocessing=cfg.preprocessing()
+    )
+    assert lengths.tolist() == [length] * 3 and returns.tolist() == [float(length)] * 3  # it pays 1 a step
+    warning = (
+        "warning: 3 of 3 evaluation episodes did not end within 50 steps and were cut there: "
+        "envs_for_tests:FixedLength-v0 sets no time limit"
+    )
+    assert (warning in capsys.readouterr().err) == cut
+
+
 def test_ctrl_c_ends_an_evaluation_in_one_line(tmp_path):
     frames = tmp_path / "frames.txt"  # the first env draws each step here: the evaluation is under way
     env_flags = ["--env-id", "envs_for_tests:ShowsItself-v0", "--env-kwarg", f"frames={frames}"]
