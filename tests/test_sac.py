@@ -1,5 +1,6 @@
 """SAC's pieces: the squashed Gaussian, the critic target, the ensemble, the replay buffer, the collector."""
 
+import copy
 import math
 
 import gymnasium as gym
@@ -20,6 +21,7 @@ from rl.config import validate_decoupled
 from rl.envs import inspect_env
 from rl.errors import UsageError
 from rl.runtime import TorchRuntime
+from rl.seeds import LEARNER_STREAM, derive_seed
 
 BOX = gym.spaces.Box(low=torch.tensor([-2.0, 0.0]).numpy(), high=torch.tensor([2.0, 1.0]).numpy())
 
@@ -224,6 +226,28 @@ def test_update_takes_gradient_steps_and_moves_targets_and_temperature():
     assert learner.alpha.item() != 1.0  # log_alpha took a step from 0
     # The targets move outside autograd: no history that would grow with every update.
     assert all(p.is_leaf and p.grad_fn is None and not p.requires_grad for p in learner.target_tensors())
+
+
+@pytest.mark.parametrize("after_critics", [False, True])
+def test_the_actor_loss_sees_the_critics_before_their_update_or_after_it_as_asked(after_critics):
+    _, learner = one_process_learner(actor_after_critics=after_critics)
+    batch = random_transitions(8)
+    actor, alpha = copy.deepcopy(learner.policy), learner.alpha.clone()
+    critics = {"before": copy.deepcopy(learner.critic)}
+    stats = learner.update(batch, iteration=1)
+    critics["after"] = learner.critic
+    learner.noise.manual_seed(derive_seed(learner.cfg.seed, LEARNER_STREAM, 0, 1))  # the update's own draws
+    _, actor_noise = learner.draw_noise(8, actor_steps=1)
+    with torch.no_grad():
+        features = actor.encode(batch.obs)
+        actions, logprob = actor.from_features(features, actor_noise)
+        losses = {
+            when: actor_loss(logprob, critic.q_values_of_actions(features, actions), alpha)
+            for when, critic in critics.items()
+        }
+    seen, other = ("after", "before") if after_critics else ("before", "after")
+    torch.testing.assert_close(stats["actor_loss"], losses[seen], rtol=0, atol=1e-6)
+    assert (losses[other] - losses[seen]).abs() > 1e-4  # the critics' step moved the loss: the test tells them apart
 
 
 def test_auto_with_a_start_tunes_the_temperature_from_that_start():

@@ -58,6 +58,10 @@ class SACConfig(RunConfig):
     """gradient steps between two target-network updates"""
     policy_frequency: int = 1
     """gradient steps between actor updates; each time the actor takes that many steps (delayed, as TD3)"""
+    actor_after_critics: bool = False
+    """step the critics first and take the actor's loss from the updated ones, as Stable-Baselines3 and CleanRL do
+    (a second backward pass and collective per step); by default one pass takes every loss from the same
+    parameters, as the original SAC does"""
     scale_lr: bool = False
     """multiply the learning rates by the number of learners (the DSAC rule for comparable runs)"""
     save_buffer: bool = False

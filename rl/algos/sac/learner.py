@@ -58,8 +58,8 @@ class SACLearner(Learner):
 
     A gradient step takes the critics', the actor's and the temperature's losses from the same
     parameters, as the original SAC implementation does (Stable-Baselines3 and CleanRL update
-    the critics first and show the actor the updated ones). The three gradients are separate by
-    construction: the critics' target carries no gradient, the actor sees the critics through
+    the critics first and show the actor the updated ones: `--actor-after-critics`). The three
+    gradients are separate by construction: the critics' target carries no gradient, the actor sees the critics through
     detached weights, the temperature a detached log-prob. So one backward pass writes them
     all into one flat buffer, and one collective per gradient step averages them across
     learners, where DDP would need one per module and a wait for the critics' update.
@@ -135,19 +135,22 @@ class SACLearner(Learner):
 
     def step_on_device(self, kind: tuple[int, bool], *tensors: Tensor) -> dict[str, Tensor]:
         """One gradient step: the critics (and every `actor_steps` the actor and temperature, in as many
-        steps), then the targets; its statistics. Nothing here waits for the GPU (`--cuda-graphs` captures it)."""
+        steps; with --actor-after-critics each after the critics' update), then the targets; its statistics.
+        Nothing here waits for the GPU (`--cuda-graphs` captures it)."""
         actor_steps, updates_targets = kind
         fields = len(Transitions.__dataclass_fields__)
-        batch, noise = Transitions(*tensors[:fields]), list(tensors[fields:])
-        next_noise = noise.pop(0)
-        actor_noise = (next_noise if self.policy.state_dependent else noise.pop(0)) if actor_steps else None
+        batch = Transitions(*tensors[:fields])
+        next_noise, *actor_noise = tensors[fields:]
+        if actor_steps and self.policy.state_dependent:  # gSDE: the first actor step shares the target's matrix
+            actor_noise.insert(0, next_noise)
+        joint = bool(actor_steps) and not self.cfg.actor_after_critics  # the first actor step in the critics' pass
         stats = StatMeans()
-        loss, features, step_stats = self.losses(batch, next_noise, actor_noise)
+        loss, features, step_stats = self.losses(batch, next_noise, actor_noise.pop(0) if joint else None)
         stats.add(**step_stats)
-        self.backward_and_step(loss, self.CRITIC, self.ACTOR if actor_steps else self.CRITIC)
-        if actor_steps:
+        self.backward_and_step(loss, self.CRITIC, self.ACTOR if joint else self.CRITIC)
+        if joint:
             stats.add(alpha=self.alpha)
-        for catch_up_noise in noise:
+        for catch_up_noise in actor_noise:  # after the critics' update: the actor's loss sees the updated critics
             loss = self.actor_and_temperature_loss(features.detach(), catch_up_noise, stats)
             self.backward_and_step(loss, self.ACTOR, self.ACTOR)
             stats.add(alpha=self.alpha)
