@@ -371,7 +371,10 @@ def test_an_interrupted_launch_stops_the_study_with_one_line_and_no_row(tmp_path
 def test_the_hyperparameters_page_is_generated_from_the_rows_as_they_are():
     written = suite.HYPERPARAMETERS_PAGE.read_text()
     assert written == suite.hyperparameters_page(), "regenerate: python benchmarks/suite.py --hyperparameters"
-    assert "| --use-sde | " in written and "| --net-arch | 256 256 | 256 256 | 256 256 | 400 300 | 400 300 |" in written
+    assert (
+        "| --use-sde | " in written
+        and "| --net-arch | 256 256 | 256 256 | 256 256 | 256 256 | 400 300 | 400 300 |" in written
+    )
 
 
 def test_a_comparison_against_a_revision_alternates_which_tree_runs_first(capsys):
