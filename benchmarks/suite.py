@@ -10,11 +10,12 @@ torch thread per process. Every run has a fixed `--run-name` under OUT/runs and 
 every 5 minutes, so a suite that is stopped picks each run up from its newest checkpoint when
 started again; finished runs are never launched again (`benchmarks/resumable.py`).
 
-Each finished run leaves its row, its curve (OUT/curves) and, for a row's first seed, its trained
-agent (OUT/agents, listed with its score on docs/agents.md by `benchmarks/agents.py`). After the
-runs it writes, from every finished run:
+Each finished run leaves its row, its curve (OUT/curves) and, for a row's first seed (every seed where
+a figure is played from it), its trained agent (OUT/agents, listed with its score on docs/agents.md by
+`benchmarks/agents.py`). After the runs it writes, from every finished run:
 - OUT/results.csv: one line per run (algorithm, env, config, topology, seed, steps, greedy return over
-  10 episodes, mean return of the last 100 training episodes, wall time, env steps/s);
+  10 episodes, the return over 10 episodes with sampled actions where a published figure is measured so,
+  mean return of the last 100 training episodes, wall time, env steps/s);
 - OUT/figures/ROW.png: the training return against env steps and against training wall
   time, mean and min-max over seeds, with the published figure as a line;
 - the Markdown table (docs/benchmarks/learning.md's), and rliable's IQM of the scores normalized by the published
@@ -22,7 +23,8 @@ runs it writes, from every finished run:
   (`pip install -e ".[bench]"`).
 
 Every run has two figures: its greedy return over 10 episodes (rl-zoo's metric), and the mean return
-of its last 100 training episodes (CleanRL's; on Atari an episode is a whole game). A row matches
+of its last 100 training episodes (CleanRL's; on Atari an episode is a whole game). rl-zoo samples
+the actions of its Atari agents, so an Atari run also plays 10 episodes so from its saved agent. A row matches
 when the mean over seeds of the figure that its first published source reports is at least that
 source's mean minus one published std, at the same or fewer env steps. Pong's row has a target of
 its own instead: its run ends at the first greedy return of 18 or more (evaluated every 250k
@@ -42,9 +44,21 @@ from pathlib import Path
 from typing import Any
 
 from launch import RESULTS, fabric_run
-from resumable import Run, curve, curve_file, resumable_flags, row_file, run_all, segments, training_return_of_last
+from resumable import (
+    Run,
+    agent_file,
+    curve,
+    curve_file,
+    resumable_flags,
+    row_file,
+    run_all,
+    segments,
+    training_return_of_last,
+)
 
+from rl.agent import load_agent
 from rl.config import flag
+from rl.evaluation import evaluate_greedy
 
 REPO = Path(__file__).resolve().parents[1]
 HYPERPARAMETERS_PAGE = REPO / "docs" / "benchmarks" / "hyperparameters.md"
@@ -52,7 +66,10 @@ HYPERPARAMETERS_PAGE = REPO / "docs" / "benchmarks" / "hyperparameters.md"
 
 GREEDY = "eval_return"  # rl-zoo's figures: the mean return of greedy evaluation episodes
 TRAINING = "training_return_last100"  # CleanRL's: the mean return of the last 100 training episodes of a seed
-METRIC_NAMES = {GREEDY: "greedy", TRAINING: "last 100 training episodes"}
+# rl-zoo's Atari figures: evaluation episodes with sampled actions (its benchmark is greedy but for Atari games)
+SAMPLED = "eval_return_sampled"
+METRIC_NAMES = {GREEDY: "greedy", TRAINING: "last 100 training episodes", SAMPLED: "sampled actions"}
+SAMPLED_EPISODES = 10  # as the greedy evaluation: episode i's env seeded by i, actions drawn from seed 0
 
 
 @dataclass(frozen=True)
@@ -92,6 +109,9 @@ class Row:
             return f"its own target: a greedy {self.target:g} within {self.steps:,} steps"
         judge = self.published[0]
         return f"{judge.source}'s mean − std, {METRIC_NAMES[judge.metric]}"
+
+    def metric_used(self, metric: str) -> bool:
+        return any(source.metric == metric for source in self.published)
 
     @property
     def topology(self) -> str:
@@ -171,7 +191,7 @@ ROWS: dict[str, Row] = {
         "atari-ppo",
         "PongNoFrameskip-v4",
         10_000_000,
-        (Published("rl-zoo", 20.99, 0.11), Published("CleanRL", 20.36, 0.20, TRAINING)),
+        (Published("rl-zoo", 20.99, 0.11, SAMPLED), Published("CleanRL", 20.36, 0.20, TRAINING)),
         "PPO Atari",
         (1,),
         (
@@ -203,7 +223,7 @@ ROWS: dict[str, Row] = {
         "atari-ppo",
         "BreakoutNoFrameskip-v4",
         10_000_000,
-        (Published("CleanRL", 414.66, 28.09, TRAINING), Published("rl-zoo", 398.0, 33.3)),
+        (Published("CleanRL", 414.66, 28.09, TRAINING), Published("rl-zoo", 398.0, 33.3, SAMPLED)),
         "PPO Atari",
         (1,),
         ("--env-id", "BreakoutNoFrameskip-v4", "--num-envs", "4", "--per-rank-batch-size", "128"),
@@ -325,8 +345,9 @@ def plan(rows: list[str], seeds: list[int] | None, out: Path) -> list[Run]:
             if seed in (seeds or ROWS[row].seeds):
                 name = run_name(row, seed)
                 command = functools.partial(ROWS[row].command, seed, name, out)
-                first_seed = seed == (seeds or ROWS[row].seeds)[0]
-                runs.append(Run(name, command, {"row": row, "seed": seed}, keep_agent=first_seed))
+                # A row compared by sampled actions keeps every seed's agent: the figure is played from it.
+                keep = seed == (seeds or ROWS[row].seeds)[0] or ROWS[row].metric_used(SAMPLED)
+                runs.append(Run(name, command, {"row": row, "seed": seed}, keep_agent=keep))
     return runs
 
 
@@ -351,6 +372,7 @@ def write_csv(results: list[dict], path: Path) -> None:
         "seed",
         "steps",
         "greedy_return",
+        "sampled_return",
         "training_return_last100",
         "wall_time_s",
         "env_steps_per_s",
@@ -369,6 +391,7 @@ def write_csv(results: list[dict], path: Path) -> None:
                     "seed": result["seed"],
                     "steps": result["steps"],
                     "greedy_return": result["eval_return"],
+                    "sampled_return": result.get(SAMPLED),
                     "training_return_last100": result.get(TRAINING),
                     "wall_time_s": result["wall_time_s"],
                     "env_steps_per_s": result["env_steps_per_s"],
@@ -385,6 +408,33 @@ def with_training_returns(out: Path, results: list[dict]) -> list[dict]:
             if result[TRAINING] is not None:
                 row_file(out, run_name(result["row"], result["seed"])).write_text(json.dumps(result))
     return results
+
+
+def with_sampled_returns(out: Path, results: list[dict]) -> list[dict]:
+    """Each finished run of a row that a published figure compares by sampled actions, with its return over
+    `SAMPLED_EPISODES` such episodes, played once from its saved agent and written into its row file."""
+    for result in results:
+        name = run_name(result["row"], result["seed"])
+        if ROWS[result["row"]].metric_used(SAMPLED) and result.get(SAMPLED) is None and agent_file(out, name).exists():
+            result[SAMPLED], result[f"{SAMPLED}_std"] = sampled_return(agent_file(out, name))
+            row_file(out, name).write_text(json.dumps(result))
+    return results
+
+
+def sampled_return(agent_path: Path) -> tuple[float, float]:
+    """The mean and std of the agent's return over `SAMPLED_EPISODES` episodes with sampled actions."""
+    agent = load_agent(str(agent_path))
+    returns, _ = evaluate_greedy(
+        agent.policy,
+        agent.env_id,
+        SAMPLED_EPISODES,
+        0,
+        agent.normalizer,
+        agent.device,
+        deterministic=False,
+        preprocessing=agent.preprocessing,
+    )
+    return round(float(returns.mean()), 2), round(float(returns.std()), 2)
 
 
 def judged_figures(row: Row, members: list[dict], source: Published | None = None) -> list[float]:
@@ -407,10 +457,13 @@ def matched(row: Row, members: list[dict], steps: int) -> bool:
 
 def verdicts(row: Row, members: list[dict]) -> str:
     """Whether the row meets each published figure by that figure's own metric and rule (mean − std)."""
-    return "; ".join(
-        f"{source.source}: {'yes' if meets(source, judged_figures(row, members, source)) else 'no'}"
-        for source in row.published
-    )
+    return "; ".join(verdict(source, judged_figures(row, members, source)) for source in row.published)
+
+
+def verdict(source: Published, figures: list[float]) -> str:
+    """Yes or no; with the figure where the table has no column for it (returns with sampled actions)."""
+    said = f"{source.source}: {'yes' if meets(source, figures) else 'no'}"
+    return f"{said} ({statistics.mean(figures):,.1f})" if source.metric == SAMPLED and figures else said
 
 
 def markdown(results: list[dict], rows: list[str], reached: dict[str, int] | None = None) -> str:
@@ -555,8 +608,8 @@ def steps_reached(runs: list[Run], out: Path) -> dict[str, int]:
 
 def report(runs: list[Run], rows: list[str], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    results = with_training_returns(out, finished_rows(runs, out))
-    write_csv(with_training_returns(out, every_finished_run(out)), out / "results.csv")
+    results = with_sampled_returns(out, with_training_returns(out, finished_rows(runs, out)))
+    write_csv(with_sampled_returns(out, with_training_returns(out, every_finished_run(out))), out / "results.csv")
     print(markdown(results, rows, steps_reached(runs, out)))
     print()
     print(aggregate(results, rows))

@@ -214,6 +214,30 @@ def test_the_table_reports_rows_without_runs_and_judges_by_the_first_published_f
     assert "| no |" in suite.markdown([{**pong, "eval_return": 17.9}], ["ppo/pong"])
 
 
+def test_rl_zoos_atari_figures_are_met_by_episodes_with_sampled_actions_played_from_every_seeds_agent(tmp_path):
+    """rl-zoo's benchmark samples the actions of its Atari agents: their greedy return is not that figure."""
+    assert all(run.keep_agent for run in suite.plan(["ppo/breakout"], [1, 2], tmp_path))
+    assert [run.keep_agent for run in suite.plan(["ppo/hopper"], [1, 2], tmp_path)] == [True, False]
+    breakout = {"row": "ppo/breakout", "seed": 1, "eval_return": 100.0, "training_return_last100": 420.0}
+    assert suite.verdicts(suite.ROWS["ppo/breakout"], [breakout]) == "CleanRL: yes; rl-zoo: no"  # no such figure
+    sampled = {**breakout, suite.SAMPLED: 370.0}  # 398 - 33.3 = 364.7
+    assert suite.verdicts(suite.ROWS["ppo/breakout"], [sampled]) == "CleanRL: yes; rl-zoo: yes (370.0)"
+    assert "rl-zoo: 398 ± 33.30 (sampled actions)" in suite.markdown(
+        [{**sampled, "steps": 1, "wall_time_s": 1.0, "env_steps_per_s": 1}], ["ppo/breakout"]
+    )
+    trained = run_ranks("python", SCRIPTS["fabric"], ["--total-timesteps", "512", "--eval-episodes", "1"], tmp_path)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    agent = resumable.agent_file(tmp_path, suite.run_name("ppo/breakout", 1))
+    agent.parent.mkdir()
+    shutil.copyfile(next(tmp_path.glob("logs/*/*/agent.ckpt")), agent)  # any saved agent plays its own env
+    resumable.row_file(tmp_path, agent.stem).parent.mkdir()
+    resumable.row_file(tmp_path, agent.stem).write_text(json.dumps(breakout))
+    (filled,) = suite.with_sampled_returns(tmp_path, [breakout])
+    assert json.loads(resumable.row_file(tmp_path, agent.stem).read_text()) == filled  # played once, then kept
+    assert (filled[suite.SAMPLED], filled[f"{suite.SAMPLED}_std"]) == suite.sampled_return(agent)  # the same draws
+    assert 8.0 <= filled[suite.SAMPLED] <= 500.0  # CartPole's returns
+
+
 def test_results_csv_holds_every_finished_run_of_every_row(tmp_path):
     (tmp_path / "rows").mkdir()
     for row, seed in (("ppo/pong", 1), ("sac/walker2d", 1), ("ppo/hopper", 2), ("ppo/hopper", 1)):
