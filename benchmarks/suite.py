@@ -503,7 +503,7 @@ def mean_and_std(values: list[float]) -> str:
 
 
 def normalized_scores(results: list[dict], rows: list[str]) -> dict[str, list[list[float]]]:
-    """Per group, a (seeds x rows) matrix of greedy returns over the published means, over the seeds
+    """Per group, a (seeds x rows) matrix of the judged figures over the first published means, over the seeds
     that every finished row of the group has (rliable needs a full matrix)."""
     groups: dict[str, list[list[float]]] = {}
     for group in dict.fromkeys(ROWS[name].group for name in rows if ROWS[name].group):
