@@ -328,6 +328,9 @@ def test_a_decoupled_round_is_journaled_as_started_before_a_players_env_fails_at
             rounds.append([])
         rounds[-1].append(f"{entry['event']} {entry.get('role', '')}".strip())
     assert len(rounds) == 2 and all(round_[:3] == ["launch", "start", "fault player 1"] for round_ in rounds), rounds
+    # Player 1 never finished its first rollout: the round got no further than step 0, and redid no step.
+    restart = next(line for line in done.stderr.splitlines() if line.startswith("restart 1 of the job"))
+    assert "the round before ended at step 0: player 1 failed" in restart and "; 0 steps are done twice" in restart
 
 
 def test_a_run_folder_holding_another_configs_checkpoint_is_not_loaded(tmp_path):

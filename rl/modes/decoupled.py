@@ -236,11 +236,13 @@ class Player:
     def iterate(self, iteration: int) -> None:
         self.collect_and_send(iteration)
         self.inbox.catch_up(self.batches_sent, self.on_update)  # the weights the next iteration may act with
+        # In lock step the update of this batch has come back, so every player's share of it reached the trainers:
+        # a player that fails in its rollout leaves the round at the iteration before, not at this one.
+        reached(iteration * self.steps_per_iteration, self.is_lead)
 
     def collect_and_send(self, iteration: int) -> None:
         acted_with = self.inbox.version
         episodes = self.source.collect(self.policy, (iteration - 1) * self.steps_per_iteration)
-        reached(iteration * self.steps_per_iteration, self.is_lead)
         self.episodes.update(EPISODE_RETURN, episodes.returns)
         self.episodes.update(EPISODE_LENGTH, episodes.lengths)
         batch = self.source.next_batch(iteration * self.steps_per_iteration, self.players_sum)
