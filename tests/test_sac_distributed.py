@@ -74,9 +74,16 @@ class CountingRuntime(TorchRuntime):
         return super().start_mean(tensor)
 
 
-def _sync_worker(rank: int, port: int, folder: str) -> None:
+def _sync_worker(rank: int, port: int, folder: str, actor_after_critics: bool = False) -> None:
     join_as_rank(rank, port)
-    cfg = SACConfig(batch_size=16, gradient_steps=3, policy_frequency=1, tau=0.1, scale_lr=True)
+    cfg = SACConfig(
+        batch_size=16,
+        gradient_steps=3,
+        policy_frequency=1,
+        tau=0.1,
+        scale_lr=True,
+        actor_after_critics=actor_after_critics,
+    )
     algorithm = SAC(cfg, inspect_env("Pendulum-v1"))
     runtime = CountingRuntime(cfg, 2)
     policy = algorithm.build_policy(runtime.device)
@@ -91,6 +98,7 @@ def _sync_worker(rank: int, port: int, folder: str) -> None:
         "log_alpha": learner.log_alpha.detach().clone(),
         "averaged_sizes": runtime.averaged_sizes,
         "gradient_size": learner.gradients.buffer.numel(),
+        "critic_gradient_size": learner.gradients.span(learner.CRITIC, learner.CRITIC).numel(),
         "learning_rates": [
             optimizer.param_groups[0]["lr"]
             for optimizer in (learner.actor_optimizer, learner.critic_optimizer, learner.alpha_optimizer)
@@ -124,6 +132,17 @@ def test_one_collective_per_gradient_step_averages_every_gradient_and_none_is_le
     # what is left must be the averaged gradient of the last step, the same on both.
     first, second = (state["critic_grad"] for state in synced_states)
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+
+
+def test_with_the_actor_after_the_critics_each_gradient_step_averages_the_critics_then_the_actor(tmp_path):
+    mp.spawn(_sync_worker, args=(free_port(), str(tmp_path), True), nprocs=2, join=True)
+    states = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
+    for state in states:
+        critics, everything = state["critic_gradient_size"], state["gradient_size"]
+        assert state["averaged_sizes"] == [critics, everything - critics] * 12  # 4 updates x 3 gradient steps
+    for part in ("actor", "critic", "target"):
+        assert all(torch.equal(a, b) for a, b in zip(states[0][part], states[1][part], strict=True)), part
+    assert torch.equal(states[0]["log_alpha"], states[1]["log_alpha"])
 
 
 def test_scale_lr_multiplies_every_learning_rate_by_the_number_of_learners(synced_states):
