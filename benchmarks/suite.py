@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import functools
 import json
 import statistics
@@ -170,19 +171,6 @@ ROWS: dict[str, Row] = {
         (1, 2, 3),
         SAVE_BUFFER,
     ),
-    # The Walker2d row's lead: the actor's loss from the critics after their update, as Stable-Baselines3 and CleanRL
-    # take it (the preset takes it from the same parameters as the critics', as the original SAC does).
-    "sac/walker2d-actor-after-critics": Row(
-        "sac",
-        "walker2d",
-        "Walker2d-v5",
-        1_000_000,
-        (_rl_zoo(3863, 254), Published("CleanRL v2", 3591, 911, TRAINING)),
-        "",
-        (1, 2, 3),
-        (*SAVE_BUFFER, "--actor-after-critics"),
-        variant="--actor-after-critics",
-    ),
     # The published Pong figures are PongNoFrameskip-v4's (no sticky actions), at 10M steps. The run stops at the
     # first greedy return of 18 or more (evaluated every 250k steps), which judges the row. CleanRL's rollout (8
     # envs x 128 steps, minibatches of 256) is split over 2 ranks: 4 envs and minibatches of 128 per rank.
@@ -256,6 +244,14 @@ ROWS: dict[str, Row] = {
         variant="--no-use-sde",
     ),
 }
+# The SAC Walker2d row's lead: the actor's loss from the critics after their update, as Stable-Baselines3 and CleanRL
+# take it (the preset takes it from the same parameters as the critics', as the original SAC does). Not aggregated.
+ROWS["sac/walker2d-actor-after-critics"] = dataclasses.replace(
+    ROWS["sac/walker2d"],
+    group="",
+    flags=(*SAVE_BUFFER, "--actor-after-critics"),
+    variant="--actor-after-critics",
+)
 
 
 # What a run's config holds that is bookkeeping rather than a hyperparameter.

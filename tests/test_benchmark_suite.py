@@ -397,7 +397,7 @@ def test_the_hyperparameters_page_is_generated_from_the_rows_as_they_are():
     assert written == suite.hyperparameters_page(), "regenerate: python benchmarks/suite.py --hyperparameters"
     assert (
         "| --use-sde | " in written
-        and "| --net-arch | 256 256 | 256 256 | 256 256 | 256 256 | 400 300 | 400 300 |" in written
+        and "| --net-arch | 256 256 | 256 256 | 256 256 | 400 300 | 400 300 | 256 256 |" in written
     )
 
 
