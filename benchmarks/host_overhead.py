@@ -94,6 +94,9 @@ CONFIGS = {
     "sac/pendulum-while-stepping": Config(
         "sac/pendulum", SAC_WARM_UP | {"update_while_stepping": True}, warm_up_steps=512, timed_iterations=3000
     ),
+    "sac/pendulum-actor-after-critics": Config(
+        "sac/pendulum", SAC_WARM_UP | {"actor_after_critics": True}, warm_up_steps=512, timed_iterations=3000
+    ),
     "ppo/atari": Config("atari-ppo", timed_iterations=4),
 }
 

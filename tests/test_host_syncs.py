@@ -41,7 +41,16 @@ def rank_ops(tmp_path: Path, mode: str, config: str, amount: int) -> list[dict[s
 
 
 @pytest.mark.parametrize(
-    "config", ["ppo/cartpole", "ppo/cartpole-native", "ppo/cnn", "ppo/normalized", "ppo/recurrent", "sac/pendulum"]
+    "config",
+    [
+        "ppo/cartpole",
+        "ppo/cartpole-native",
+        "ppo/cnn",
+        "ppo/normalized",
+        "ppo/recurrent",
+        "sac/pendulum",
+        "sac/pendulum-actor-after-critics",
+    ],
 )
 def test_the_steady_state_loop_never_makes_the_host_wait(tmp_path, monkeypatch, config):
     monkeypatch.chdir(tmp_path)  # the runs write their folders under ./logs
