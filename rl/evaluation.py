@@ -142,9 +142,8 @@ def _play_episodes(
 def warn_of_cut_episodes(env_id: str, cut: int, episodes: int) -> None:
     print_error(
         f"warning: {cut} of {episodes} evaluation episodes did not end within {UNLIMITED_EPISODE_STEPS:,} steps and "
-        "were cut there: "
-        f"{env_id} sets no time limit (register it with max_episode_steps, or train with --env-kwarg "
-        "max_episode_steps=N)"
+        f"were cut there: {env_id} sets no time limit (register it with max_episode_steps, or train with "
+        "--env-kwarg max_episode_steps=N)"
     )
 
 

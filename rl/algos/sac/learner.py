@@ -59,10 +59,11 @@ class SACLearner(Learner):
     A gradient step takes the critics', the actor's and the temperature's losses from the same
     parameters, as the original SAC implementation does (Stable-Baselines3 and CleanRL update
     the critics first and show the actor the updated ones: `--actor-after-critics`). The three
-    gradients are separate by construction: the critics' target carries no gradient, the actor sees the critics through
-    detached weights, the temperature a detached log-prob. So one backward pass writes them
-    all into one flat buffer, and one collective per gradient step averages them across
-    learners, where DDP would need one per module and a wait for the critics' update.
+    gradients are separate by construction: the critics' target carries no gradient, the actor
+    sees the critics through detached weights, the temperature a detached log-prob. So one
+    backward pass writes them all into one flat buffer, and one collective per gradient step
+    averages them across learners, where DDP would need one per module and a wait for the
+    critics' update.
     """
 
     CRITIC, ACTOR = 0, 1  # the gradient buffer's groups: the critics, then the actor and the temperature
