@@ -366,11 +366,16 @@ def test_a_run_whose_checkpoints_are_gone_starts_again_and_forgets_its_earlier_l
 
 
 REPOSITORY = Path(__file__).resolve().parents[1]
-IS_A_GIT_CHECKOUT = (REPOSITORY / ".git").exists() and shutil.which("git") is not None
 
 
 def git(*arguments: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *arguments], cwd=REPOSITORY, capture_output=True, text=True)
+
+
+# A source archive has no .git, and git refuses a checkout owned by another user: nothing to read then.
+IS_A_GIT_CHECKOUT = shutil.which("git") is not None and (
+    git("rev-parse", "--show-toplevel").stdout.strip() == str(REPOSITORY)
+)
 
 
 @pytest.mark.skipif(not IS_A_GIT_CHECKOUT, reason="reads the repository's .gitignore and index with git")
