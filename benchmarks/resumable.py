@@ -101,10 +101,12 @@ CHECKPOINT_WATCH_S = 10.0
 
 @contextlib.contextmanager
 def checkpoints_watched(out: Path, name: str, opened: dict) -> Iterator[None]:
-    """While in the block, note in the launch's marker, by this machine's clock, when each new checkpoint appears.
+    """While in the block, note in the launch's marker, by this machine's clock, when each new checkpoint appears,
+    and write the run's curve so far.
 
     A killed launch counts up to its newest checkpoint, and a checkpoint file's own time cannot say when that
-    was once its folder has been copied or restored: the file then carries the time of the copy."""
+    was once its folder has been copied or restored: the file then carries the time of the copy. Its event files
+    are not copied: the curve keeps what it logged up to there."""
     stop = threading.Event()
 
     def watch() -> None:
@@ -115,6 +117,7 @@ def checkpoints_watched(out: Path, name: str, opened: dict) -> Iterator[None]:
                 seen = step
                 noted = {**opened, "checkpoint_step": step, "checkpoint_seen": round(time.time(), 1)}
                 write_json(open_launch_file(out, name), noted)
+                write_curve(out, name)
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -289,18 +292,21 @@ def curve_file(out: Path, name: str) -> Path:
 def write_curve(out: Path, name: str) -> Path:
     """OUT/curves/NAME.csv: the run's logged training figures at each report, kept where its event files are not.
 
-    Written after every launch, so a run that goes on from another machine keeps the curve of its earlier ones."""
+    Written at each new checkpoint and after every launch, so a run that goes on from another machine keeps the
+    curve of its earlier launches; written whole or not at all, as a killed harness may stop it mid-write."""
     scalars = logged_scalars(out, name, list(CURVE_COLUMNS))
     steps = sorted({step for points in scalars.values() for step in points})
     path = curve_file(out, name)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as file:
+    partial = path.with_name(f"{path.name}.tmp")
+    with partial.open("w", newline="") as file:
         writer = csv.writer(file)
         writer.writerow(["env_steps", "wall_time", *CURVE_COLUMNS.values()])
         for step in steps:
             logged = [scalars.get(tag, {}).get(step) for tag in CURVE_COLUMNS]
             wall_time = next(point[1] for point in logged if point is not None)
             writer.writerow([step, round(wall_time, 3), *("" if point is None else point[0] for point in logged)])
+    os.replace(partial, path)
     return path
 
 

@@ -350,6 +350,30 @@ def test_a_killed_launch_in_a_restored_folder_counts_to_when_its_checkpoint_appe
     assert segment["steps"] == 128 and 30.0 <= segment["wall_time_s"] < 35.0
 
 
+def test_a_runs_curve_is_written_at_each_checkpoint_so_a_new_checkout_keeps_what_was_logged(tmp_path, monkeypatch):
+    """A session's end kills the launch, and a new checkout has no event files: the curve must already hold them."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from rl.logger import EPISODE_RETURN
+
+    monkeypatch.setattr(resumable, "CHECKPOINT_WATCH_S", 0.01)
+    folder = resumable.run_folder(tmp_path, "run")
+    (folder / "checkpoints").mkdir(parents=True)
+    with SummaryWriter(str(folder)) as writer:
+        writer.add_scalar(EPISODE_RETURN, 12.5, 64)
+    opened = {"started": time.time(), "from_step": 0}
+    resumable.open_launch_file(tmp_path, "run").parent.mkdir()  # where the launch notes its checkpoints
+    with resumable.checkpoints_watched(tmp_path, "run", opened):
+        (folder / "checkpoints" / "step_000000000064.ckpt").write_bytes(b"")
+        deadline = time.monotonic() + 10
+        while not resumable.curve_file(tmp_path, "run").exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    shutil.rmtree(folder)  # the launch was killed; the next checkout has none of its logs
+    steps, _, returns = resumable.curve(tmp_path, "run")
+    assert (steps, returns) == ([64], [12.5])
+    assert not list(resumable.curve_file(tmp_path, "run").parent.glob("*.tmp"))  # written whole, then renamed
+
+
 def test_a_run_whose_checkpoints_are_gone_starts_again_and_forgets_its_earlier_launches(tmp_path, capsys):
     """A fresh clone holds a run's logs and launches but not its large checkpoints: the run starts over, clean."""
     folder = resumable.run_folder(tmp_path, "run")
