@@ -99,6 +99,16 @@ CONFIGS = {
     ),
     "ppo/atari": Config("atari-ppo", timed_iterations=4),
 }
+# The configs whose steady state the tests check for waits, on the CPU and on a GPU.
+STEADY_STATE_CONFIGS = [
+    "ppo/cartpole",
+    "ppo/cartpole-native",
+    "ppo/cnn",
+    "ppo/normalized",
+    "ppo/recurrent",
+    "sac/pendulum",
+    "sac/pendulum-actor-after-critics",
+]
 
 
 class OpCounter(TorchDispatchMode):

@@ -194,21 +194,15 @@ def test_cuda_graphs_train_as_the_eager_step_does_and_resume(tmp_path, algorithm
     assert resumed.returncode == 0, resumed.stderr[-5000:]
 
 
-STEADY_STATE_CONFIGS = [
-    "ppo/cartpole",
-    "ppo/cartpole-native",
-    "ppo/cnn",
-    "ppo/normalized",
-    "ppo/recurrent",
-    "sac/pendulum",
-]
 GPU_CONFIGS = host_overhead.CONFIGS | {
     # a recurrent policy's CUDA graphs are a choice (off by default): its acting and step-by-step replay
     "ppo/recurrent-captured": host_overhead.Config("masked-cartpole", {"cuda_graphs": True}, timed_iterations=40),
 }
 
 
-@pytest.mark.parametrize("config", [*STEADY_STATE_CONFIGS, "sac/pendulum-while-stepping", "ppo/recurrent-captured"])
+@pytest.mark.parametrize(
+    "config", [*host_overhead.STEADY_STATE_CONFIGS, "sac/pendulum-while-stepping", "ppo/recurrent-captured"]
+)
 def test_the_steady_state_loop_makes_no_synchronizing_call(tmp_path, monkeypatch, config):
     """The one wait a step needs, for its actions' copy to the envs, waits on an event recorded after that copy
     (`HostCopy`), which torch's sync debug mode does not count: nothing else may wait."""

@@ -40,18 +40,7 @@ def rank_ops(tmp_path: Path, mode: str, config: str, amount: int) -> list[dict[s
     return [json.loads((folder / f"ops-{rank}.json").read_text()) for rank in (0, 1)]
 
 
-@pytest.mark.parametrize(
-    "config",
-    [
-        "ppo/cartpole",
-        "ppo/cartpole-native",
-        "ppo/cnn",
-        "ppo/normalized",
-        "ppo/recurrent",
-        "sac/pendulum",
-        "sac/pendulum-actor-after-critics",
-    ],
-)
+@pytest.mark.parametrize("config", host_overhead.STEADY_STATE_CONFIGS)
 def test_the_steady_state_loop_never_makes_the_host_wait(tmp_path, monkeypatch, config):
     monkeypatch.chdir(tmp_path)  # the runs write their folders under ./logs
     per_step = host_overhead.ops_per_step(host_overhead.CONFIGS[config], iterations=2)
