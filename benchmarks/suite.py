@@ -24,9 +24,10 @@ a figure is played from it), its trained agent (OUT/agents, listed with its scor
 
 Every run has two figures: its greedy return over 10 episodes (rl-zoo's metric), and the mean return
 of its last 100 training episodes (CleanRL's; on Atari an episode is a whole game). rl-zoo samples
-the actions of its Atari agents, so an Atari run also plays 10 episodes so from its saved agent. A row matches
-when the mean over seeds of the figure that its first published source reports is at least that
-source's mean minus one published std, at the same or fewer env steps. Pong's row has a target of
+the actions of its Atari agents, so an Atari run also plays 10 episodes with sampled actions from its
+saved agent. A row matches when the mean over seeds of the figure that its first published source
+reports is at least that source's mean minus one published std, at the same or fewer env steps.
+Pong's row has a target of
 its own instead: its run ends at the first greedy return of 18 or more (evaluated every 250k
 steps), and it matches when the closing evaluation holds 18 within the published 10M steps.
 """
