@@ -157,8 +157,9 @@ def close_killed_launch(out: Path, name: str) -> None:
 
 def forget_launches_without_a_checkpoint(out: Path, name: str) -> None:
     """A run whose earlier launches left no checkpoint here (killed before its first, or a fresh clone: large
-    checkpoints are not committed) starts again from step 0, in a clean folder, and those launches no longer count."""
-    earlier = [out / "segments" / f"{name}.jsonl", open_launch_file(out, name)]
+    checkpoints are not committed) starts again from step 0, in a clean folder, and those launches no longer count,
+    nor does their curve."""
+    earlier = [out / "segments" / f"{name}.jsonl", open_launch_file(out, name), curve_file(out, name)]
     if saved_step(out, name)[0] > 0 or not any(path.exists() for path in earlier):
         return
     print(f"{name}: no checkpoint of its earlier launches is left; it starts again from step 0", flush=True)
