@@ -71,7 +71,7 @@ TRAINING = "training_return_last100"  # CleanRL's: the mean return of the last 1
 # rl-zoo's Atari figures: evaluation episodes with sampled actions (its benchmark is greedy but for Atari games)
 SAMPLED = "eval_return_sampled"
 METRIC_NAMES = {GREEDY: "greedy", TRAINING: "last 100 training episodes", SAMPLED: "sampled actions"}
-SAMPLED_EPISODES = 10  # as the greedy evaluation: episode i's env seeded by i, actions drawn from seed 0
+SAMPLED_EPISODES = 10  # played as `python -m rl.evaluate AGENT --stochastic --episodes 10 --seed 0` plays them
 
 
 @dataclass(frozen=True)
@@ -419,7 +419,8 @@ def with_sampled_returns(out: Path, results: list[dict]) -> list[dict]:
 
 
 def sampled_return(agent_path: Path) -> tuple[float, float]:
-    """The mean and std of the agent's return over `SAMPLED_EPISODES` episodes with sampled actions."""
+    """The mean and std of the agent's return over `SAMPLED_EPISODES` episodes with sampled actions, on evaluation
+    seed 0 (the training run's own evaluation uses its training seed)."""
     agent = load_agent(str(agent_path))
     returns, _ = evaluate_greedy(
         agent.policy,
