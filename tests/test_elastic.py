@@ -308,10 +308,14 @@ def test_a_run_that_fails_in_the_same_place_stops_after_max_restarts_with_the_ca
     assert len(starts) == 3  # rounds 0-2 trained; the third restart refused before training
 
 
-def test_a_decoupled_round_is_journaled_as_started_before_a_players_env_fails_at_once(tmp_path):
+@pytest.mark.parametrize(
+    "lag", [[], ["--pipeline"], ["--async", "--max-policy-lag", "2"]], ids=["lock-step", "pipelined", "async"]
+)
+def test_a_decoupled_round_is_journaled_as_started_before_a_players_env_fails_at_once(tmp_path, lag):
     # The lead player journals the round's start; player 1's env raises in its first rollout, and the launcher
     # then stops the lead. Every rank waits for the start to be on record, so each round holds it, before the fault.
-    misbehaves_at_once_on_player_1 = ["--env-kwargs", '{"after": 30, "on_rank": 1}', "--num-players", "2"]
+    # Pipelined or async, the lead finishes an iteration or two without waiting for their updates, which never come.
+    misbehaves_at_once_on_player_1 = ["--env-kwargs", '{"after": 30, "on_rank": 1}', "--num-players", "2", *lag]
     args = [*QUICK_PPO, "--env-id", "envs_for_tests:Misbehaves-v0", *misbehaves_at_once_on_player_1, "--num-envs", "1"]
     done = subprocess.run(
         torchrun(SCRIPTS["decoupled"], [*args, "--num-steps", "64"], nproc=3, max_restarts=1),

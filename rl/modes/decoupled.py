@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import partial
@@ -183,6 +184,8 @@ class Player:
             drawn_by_job=cfg.progress_bar,
         )
         self.batches_sent = 0
+        # The iterations of the batches whose updates may not have come back yet (at most the lag bound's).
+        self.sent_at: deque[int] = deque(maxlen=lag.updates + 1)
         # The updates' statistics stay where their messages arrive until a report reads them: the largest policy
         # lag since the last report, and the trainers' compile time so far.
         self.lag_max: Tensor | None = None
@@ -236,9 +239,14 @@ class Player:
     def iterate(self, iteration: int) -> None:
         self.collect_and_send(iteration)
         self.inbox.catch_up(self.batches_sent, self.on_update)  # the weights the next iteration may act with
-        # In lock step the update of this batch has come back, so every player's share of it reached the trainers:
-        # a player that fails in its rollout leaves the round at the iteration before, not at this one.
-        reached(iteration * self.steps_per_iteration, self.is_lead)
+        reached(self.delivered_iteration(iteration) * self.steps_per_iteration, self.is_lead)
+
+    def delivered_iteration(self, iteration: int) -> int:
+        """The last iteration every player has finished: an update needs every player's share of its batch, so all
+        iterations before the oldest batch whose update has not come back (this one, in lock step) were delivered.
+        A player that fails in its rollout then leaves the round at the iteration before, not at this one."""
+        unanswered = self.batches_sent - self.inbox.version
+        return self.sent_at[-unanswered] - 1 if unanswered else iteration
 
     def collect_and_send(self, iteration: int) -> None:
         acted_with = self.inbox.version
@@ -251,6 +259,7 @@ class Player:
         self.codec.pack(batch, self.rows)
         self.outbox.send_batch(iteration, acted_with, self.rows)
         self.batches_sent += 1
+        self.sent_at.append(iteration)
         if self.is_lead:  # off the trainers' critical path: they are training meanwhile
             self.metrics.record(self.source.batch_stats(batch))
 
