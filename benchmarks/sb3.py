@@ -7,7 +7,8 @@ SB3 is never a dependency of this project; it lives in a virtual environment of 
 
 `sb3_spec` reads SB3's arguments off the preset itself (rl-zoo's hyperparameters), so both sides
 always train the same configuration. `run_sb3` trains it on one torch thread and returns the
-training loop's steps and seconds and the greedy (deterministic) return over 10 episodes. Given
+training loop's steps and seconds, and its return over 10 episodes both greedy (deterministic, rl-zoo's
+metric) and with sampled actions (SB3's `deterministic=False`). Given
 a checkpoint folder, the run saves its model (and its normalization statistics and replay buffer)
 there every few minutes and on Ctrl-C, and a later launch goes on from that save, so a run may
 span sessions; a resumed run starts fresh episodes, so it is not the one an uninterrupted run
@@ -110,10 +111,17 @@ except KeyboardInterrupt:
 loop_s += time.perf_counter() - started
 if isinstance(env, VecNormalize):
     env.training, env.norm_reward = False, False
-returns, _ = evaluate_policy(model, env, n_eval_episodes=10, deterministic=True, return_episode_rewards=True)
-mean = sum(returns) / len(returns)
-std = (sum((r - mean) ** 2 for r in returns) / len(returns)) ** 0.5
-print(json.dumps({"steps": model.num_timesteps, "loop_s": loop_s, "eval_return": mean, "eval_std": std}))
+
+def mean_and_std(deterministic):
+    returns, _ = evaluate_policy(model, env, n_eval_episodes=10, deterministic=deterministic,
+                                 return_episode_rewards=True)
+    mean = sum(returns) / len(returns)
+    return mean, (sum((r - mean) ** 2 for r in returns) / len(returns)) ** 0.5
+
+figures = {"steps": model.num_timesteps, "loop_s": loop_s}
+figures["eval_return"], figures["eval_std"] = mean_and_std(deterministic=True)
+figures["sampled_return"], figures["sampled_std"] = mean_and_std(deterministic=False)
+print(json.dumps(figures))
 """
 
 

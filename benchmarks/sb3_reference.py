@@ -64,17 +64,33 @@ def ours(out: Path, name: str) -> dict | None:
 
 
 def markdown(results: dict, out: Path) -> str:
-    header = ["row", "seed", "steps", "SB3: greedy return", "ours: greedy return", "published", "SB3: env steps/s"]
+    header = [
+        "row",
+        "seed",
+        "steps",
+        "SB3: greedy return",
+        "SB3: sampled actions",
+        "ours: greedy return",
+        "published",
+        "SB3: env steps/s",
+    ]
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
     for name, result in sorted(results.items()):
         row, mine = ROWS[result["row"]], ours(out, name)
         ours_return = "not yet run" if mine is None else f"{mine['eval_return']:,.1f}"
         lines.append(
             f"| {row.algorithm.upper()} {row.env_id} | {result['seed']} | {result['steps']:,} | "
-            f"{result['eval_return']:,.1f} ± {result['eval_std']:,.1f} | {ours_return} | {row.published[0]} | "
-            f"{result['steps'] / result['loop_s']:,.0f} |"
+            f"{mean_and_std(result, 'eval')} | {mean_and_std(result, 'sampled')} | {ours_return} | "
+            f"{row.published[0]} | {result['steps'] / result['loop_s']:,.0f} |"
         )
     return "\n".join(lines)
+
+
+def mean_and_std(result: dict, figure: str) -> str:
+    """`eval` (greedy) or `sampled`: runs recorded before SB3 was also evaluated with sampled actions lack it."""
+    if f"{figure}_return" not in result:
+        return "not measured"
+    return f"{result[f'{figure}_return']:,.1f} ± {result[f'{figure}_std']:,.1f}"
 
 
 def main() -> None:

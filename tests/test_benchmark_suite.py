@@ -21,6 +21,7 @@ from rl.config import validate
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import resumable
 import sb3
+import sb3_reference
 import suite
 
 
@@ -406,15 +407,33 @@ IS_A_GIT_CHECKOUT = shutil.which("git") is not None and (
 
 
 @pytest.mark.skipif(not IS_A_GIT_CHECKOUT, reason="reads the repository's .gitignore and index with git")
+def test_the_sb3_reference_table_gives_the_sampled_actions_figure_where_it_was_measured(tmp_path):
+    measured = {"steps": 1_000_000, "loop_s": 20_000.0, "eval_return": 3_000.0, "eval_std": 900.0}
+    results = {
+        "sac-walker2d-seed1": {"row": "sac/walker2d", "seed": 1, **measured, "sampled_return": 3_900.5},
+        "ppo-hopper-seed1": {"row": "ppo/hopper", "seed": 1, **measured},  # recorded before SB3 sampled too
+    }
+    results["sac-walker2d-seed1"]["sampled_std"] = 12.25
+    table = sb3_reference.markdown(results, tmp_path).splitlines()
+    assert "| SB3: greedy return | SB3: sampled actions |" in table[0]
+    assert "| 3,000.0 ± 900.0 | 3,900.5 ± 12.2 | not yet run |" in table[3]  # sorted: sac-walker2d second
+    assert "| 3,000.0 ± 900.0 | not measured | not yet run |" in table[2]
+
+
 def test_a_runs_newest_checkpoint_is_left_in_the_working_tree_and_a_sac_one_is_never_committed():
     """A run in progress goes on from another copy of the working tree only if git does not ignore its checkpoint;
-    a SAC checkpoint holds its replay buffer (up to 170 MB), which must never be committed."""
+    a SAC checkpoint holds its replay buffer (up to 170 MB), as does an SB3 reference run's save, which must never
+    be committed."""
     run = "benchmarks/results/suite/runs/fabric_logs/sac-hopper-seed3"
     checkpoint, sac_checkpoint = f"{run}/checkpoints/step_000000001000.ckpt", r"/fabric_logs/sac-[^/]+/checkpoints/"
     assert git("check-ignore", "-q", checkpoint).returncode == 1 and re.search(sac_checkpoint, checkpoint)
     assert git("check-ignore", "-q", f"{run}/events.out.tfevents.0").returncode == 0  # the run's logs are ignored
+    sb3_save, sb3_saves = "benchmarks/results/sb3/checkpoints/sac-walker2d-seed1", "benchmarks/results/sb3/checkpoints/"
+    for name in ("model.zip", "replay.pkl", "vecnormalize.pkl", "progress.json"):
+        assert git("check-ignore", "-q", f"{sb3_save}/{name}").returncode == 1, name
+    assert git("check-ignore", "-q", f"{sb3_save}/replay.tmp.pkl").returncode == 0  # a save being written
     tracked = [path for path in git("ls-files", "-z").stdout.split("\0") if (REPOSITORY / path).is_file()]
-    assert not [path for path in tracked if re.search(sac_checkpoint, path)]
+    assert not [path for path in tracked if re.search(sac_checkpoint, path) or path.startswith(sb3_saves)]
     sizes = {path: (REPOSITORY / path).stat().st_size for path in tracked}
     assert sizes and max(sizes.values()) < 50 * 2**20, max(sizes, key=sizes.get)  # a PPO Atari checkpoint: ~20 MB
 
