@@ -149,7 +149,7 @@ ROWS: dict[str, Row] = {
         1_000_000,
         (_rl_zoo(9535, 100), Published("CleanRL v2", 9635, 1424, TRAINING)),
         "SAC MuJoCo",
-        (1,),
+        (1, 2, 3),
         SAVE_BUFFER,
     ),
     "sac/hopper": Row(
@@ -159,7 +159,7 @@ ROWS: dict[str, Row] = {
         1_000_000,
         (_rl_zoo(2326, 1130), Published("CleanRL v2", 2310, 343, TRAINING)),
         "SAC MuJoCo",
-        (1,),
+        (1, 2, 3),
         SAVE_BUFFER,
     ),
     "sac/walker2d": Row(
@@ -518,17 +518,31 @@ def normalized_scores(results: list[dict], rows: list[str]) -> dict[str, list[li
     return groups
 
 
+def iqm_estimates(scores: dict) -> tuple[dict, dict]:
+    """rliable's IQM per group and its stratified-bootstrap 95% CI, drawn from a fixed seed: the same runs give
+    the same table. rliable resamples with NumPy's global generator whatever `random_state` it is given, so that
+    generator is seeded here, and given back its state after."""
+    import numpy as np
+    from rliable import library, metrics
+
+    state = np.random.get_state()
+    np.random.seed(0)
+    try:
+        return library.get_interval_estimates(
+            scores, lambda matrix: np.array([metrics.aggregate_iqm(matrix)]), reps=50_000
+        )
+    finally:
+        np.random.set_state(state)
+
+
 def aggregate(results: list[dict], rows: list[str]) -> str:
     """rliable's IQM with stratified-bootstrap 95% CIs, per group."""
     import numpy as np
-    from rliable import library, metrics
 
     scores = {group: np.array(matrix) for group, matrix in normalized_scores(results, rows).items()}
     if not scores:
         return "no finished runs to aggregate"
-    points, intervals = library.get_interval_estimates(
-        scores, lambda matrix: np.array([metrics.aggregate_iqm(matrix)]), reps=50_000
-    )
+    points, intervals = iqm_estimates(scores)
     lines = ["| group | runs x rows | IQM of score / published mean | 95% CI |", "| --- | --- | --- | --- |"]
     for group, matrix in scores.items():
         low, high = intervals[group][:, 0]

@@ -262,6 +262,21 @@ def test_scores_are_normalized_by_the_published_mean_over_the_seeds_every_row_ha
     assert scores == {"PPO MuJoCo": [[1.0, 0.5]]}
 
 
+def test_the_aggregate_is_the_same_each_time_the_table_is_written():
+    import numpy as np
+
+    matrix = np.random.default_rng(1).uniform(0.5, 1.5, (3, 7))  # 3 seeds x 7 rows: the bootstrap's IQMs vary
+    point, interval = suite.iqm_estimates({"g": matrix})
+    np.random.uniform(size=5)  # whatever else drew from NumPy's global generator meanwhile
+    state = np.random.get_state()[1]
+    again_point, again_interval = suite.iqm_estimates({"g": matrix})
+    assert (np.random.get_state()[1] == state).all()  # and that generator is left as it was
+    assert point["g"][0] == again_point["g"][0]
+    assert interval["g"].tolist() == again_interval["g"].tolist()  # the bootstrap's draws too
+    low, high = interval["g"][:, 0]
+    assert matrix.min() < low < point["g"][0] < high < matrix.max()
+
+
 def test_training_time_leaves_out_the_time_between_launches(tmp_path):
     (tmp_path / "segments").mkdir()
     launches = [{"started": 100.0, "ended": 200.0}, {"started": 1000.0, "ended": 1050.0}]
