@@ -7,7 +7,9 @@
 # .leanrl/wheels/  the dependencies of LeanRL's scripts (see benchmarks/gpu.py for why these versions).
 # LeanRL's two scripts are not fetched: copy ppo_continuous_action_torchcompile.py and
 # sac_continuous_action_torchcompile.py from pytorch-labs/LeanRL (folder leanrl/) into .leanrl/ to run them beside.
-# Both folders are kept out of git (.git/info/exclude) and travel with a device call as carried paths.
+# Both folders are kept out of git (.git/info/exclude) and travel with a device call as carried paths. Long runs'
+# saves in progress are kept from device calls last (benchmarks/device_tree.sh exclude, which prints what a call
+# takes): after the device calls, `bash benchmarks/device_tree.sh restore` lets them go with the working tree again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PIP=${PIP:-python3 -m pip}
@@ -47,4 +49,5 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
     echo "LeanRL's scripts are not in .leanrl/ yet (${missing[*]}): copy them from pytorch-labs/LeanRL to run them beside"
 fi
-echo 'carry: [".whl", ".leanrl"]; the checked-in tree and both folders must stay under the 64 MiB a call carries'
+echo 'carry: [".whl", ".leanrl"]; after the device calls: bash benchmarks/device_tree.sh restore'
+bash benchmarks/device_tree.sh exclude

@@ -408,6 +408,19 @@ def test_a_run_whose_checkpoints_are_gone_starts_again_and_forgets_its_earlier_l
     assert len(resumable.segments(tmp_path, "run")) == 1
 
 
+def test_the_sb3_reference_table_gives_the_sampled_actions_figure_where_it_was_measured(tmp_path):
+    measured = {"steps": 1_000_000, "loop_s": 20_000.0, "eval_return": 3_000.0, "eval_std": 900.0}
+    results = {
+        "sac-walker2d-seed1": {"row": "sac/walker2d", "seed": 1, **measured, "sampled_return": 3_900.5},
+        "ppo-hopper-seed1": {"row": "ppo/hopper", "seed": 1, **measured},  # recorded before SB3 sampled too
+    }
+    results["sac-walker2d-seed1"]["sampled_std"] = 12.25
+    table = sb3_reference.markdown(results, tmp_path).splitlines()
+    assert "| SB3: greedy return | SB3: sampled actions |" in table[0]
+    assert "| 3,000.0 ± 900.0 | 3,900.5 ± 12.2 | not yet run |" in table[3]  # sorted: sac-walker2d second
+    assert "| 3,000.0 ± 900.0 | not measured | not yet run |" in table[2]
+
+
 REPOSITORY = Path(__file__).resolve().parents[1]
 
 
@@ -422,19 +435,6 @@ IS_A_GIT_CHECKOUT = shutil.which("git") is not None and (
 
 
 @pytest.mark.skipif(not IS_A_GIT_CHECKOUT, reason="reads the repository's .gitignore and index with git")
-def test_the_sb3_reference_table_gives_the_sampled_actions_figure_where_it_was_measured(tmp_path):
-    measured = {"steps": 1_000_000, "loop_s": 20_000.0, "eval_return": 3_000.0, "eval_std": 900.0}
-    results = {
-        "sac-walker2d-seed1": {"row": "sac/walker2d", "seed": 1, **measured, "sampled_return": 3_900.5},
-        "ppo-hopper-seed1": {"row": "ppo/hopper", "seed": 1, **measured},  # recorded before SB3 sampled too
-    }
-    results["sac-walker2d-seed1"]["sampled_std"] = 12.25
-    table = sb3_reference.markdown(results, tmp_path).splitlines()
-    assert "| SB3: greedy return | SB3: sampled actions |" in table[0]
-    assert "| 3,000.0 ± 900.0 | 3,900.5 ± 12.2 | not yet run |" in table[3]  # sorted: sac-walker2d second
-    assert "| 3,000.0 ± 900.0 | not measured | not yet run |" in table[2]
-
-
 def test_a_runs_newest_checkpoint_is_left_in_the_working_tree_and_a_sac_one_is_never_committed():
     """A run in progress goes on from another copy of the working tree only if git does not ignore its checkpoint;
     a SAC checkpoint holds its replay buffer (up to 170 MB), as does an SB3 reference run's save, which must never
@@ -451,6 +451,42 @@ def test_a_runs_newest_checkpoint_is_left_in_the_working_tree_and_a_sac_one_is_n
     assert not [path for path in tracked if re.search(sac_checkpoint, path) or path.startswith(sb3_saves)]
     sizes = {path: (REPOSITORY / path).stat().st_size for path in tracked}
     assert sizes and max(sizes.values()) < 50 * 2**20, max(sizes, key=sizes.get)  # a PPO Atari checkpoint: ~20 MB
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="builds a git repository")
+def test_long_runs_saves_are_kept_from_a_device_call_and_given_back_after(tmp_path):
+    """A device call takes the working tree that git does not ignore, at most 64 MiB: a run's save in progress
+    (untracked, not ignored) stays behind while device calls run, and goes with the working tree again after."""
+    (tmp_path / "benchmarks").mkdir()
+    shutil.copy(REPOSITORY / "benchmarks" / "device_tree.sh", tmp_path / "benchmarks")
+    shutil.copy(REPOSITORY / ".gitignore", tmp_path)
+    saves = {
+        "benchmarks/results/suite/runs/fabric_logs/sac-hopper-seed3/checkpoints/step_000000367000.ckpt": 40,
+        "benchmarks/results/sb3/checkpoints/sac-walker2d-seed1/replay.pkl": 300,
+    }
+    for path, mib in saves.items():
+        (tmp_path / path).parent.mkdir(parents=True)
+        with (tmp_path / path).open("wb") as file:
+            file.truncate(mib * 2**20)  # sparse: the size counts, not the disk it takes
+
+    def run(*arguments: str) -> subprocess.CompletedProcess:
+        return subprocess.run(arguments, cwd=tmp_path, capture_output=True, text=True)
+
+    def ignored(path: str) -> bool:
+        return run("git", "check-ignore", "-q", path).returncode == 0
+
+    run("git", "init", "-q")
+    assert not any(ignored(path) for path in saves)
+    excluded = run("bash", "benchmarks/device_tree.sh", "exclude")
+    assert excluded.returncode == 0 and "a device call takes 0 MiB of its 64" in excluded.stdout, excluded.stderr
+    assert all(ignored(path) for path in saves)
+    assert run("bash", "benchmarks/device_tree.sh", "restore").returncode == 0
+    assert not any(ignored(path) for path in saves)
+    assert not list((tmp_path / "benchmarks" / "results").rglob(".gitignore"))
+    with (tmp_path / "big.bin").open("wb") as file:  # anything else that would travel still counts
+        file.truncate(65 * 2**20)
+    over = run("bash", "benchmarks/device_tree.sh", "exclude")
+    assert over.returncode == 1 and "over the limit" in over.stderr and "takes 65 MiB" in over.stdout
 
 
 def test_an_interrupted_launch_stops_the_study_with_one_line_and_no_row(tmp_path):
