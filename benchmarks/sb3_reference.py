@@ -80,13 +80,13 @@ def markdown(results: dict, out: Path) -> str:
         ours_return = "not yet run" if mine is None else f"{mine['eval_return']:,.1f}"
         lines.append(
             f"| {row.algorithm.upper()} {row.env_id} | {result['seed']} | {result['steps']:,} | "
-            f"{mean_and_std(result, 'eval')} | {mean_and_std(result, 'sampled')} | {ours_return} | "
+            f"{figure_cell(result, 'eval')} | {figure_cell(result, 'sampled')} | {ours_return} | "
             f"{row.published[0]} | {result['steps'] / result['loop_s']:,.0f} |"
         )
     return "\n".join(lines)
 
 
-def mean_and_std(result: dict, figure: str) -> str:
+def figure_cell(result: dict, figure: str) -> str:
     """`eval` (greedy) or `sampled`: runs recorded before SB3 was also evaluated with sampled actions lack it."""
     if f"{figure}_return" not in result:
         return "not measured"
