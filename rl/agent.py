@@ -135,10 +135,13 @@ class Agent:
     def _as_batch(self, obs: Any) -> tuple[Tensor, bool]:
         """`obs` as a batch of float32 vectors or uint8 images on the agent's device, and whether it was one.
 
-        A Dict or Tuple env's observations come as the env gives them (one, or a list of them), and are
-        flattened as training flattened them; a Dict with images is packed into rows of bytes, as
-        training carried it."""
+        A Dict or Tuple env's observations come as the env gives them (one, a list of them, or a vector
+        env's batch: each key's values stacked), and are flattened as training flattened them; a Dict
+        with images is packed into rows of bytes, as training carried it."""
         layout = packed_layout(self.observation_space)
+        own_space = layout.space if layout is not None else self.env_observation_space
+        if own_space is not None:
+            obs = each_observation(own_space, obs)
         if layout is not None and not isinstance(obs, np.ndarray | Tensor):
             obs = pack_each(layout, obs)  # a Dict with images: each observation as its row of bytes
         elif self.env_observation_space is not None:
@@ -188,6 +191,29 @@ def flat_box_observations(obs: Any, space: gym.spaces.Box) -> Any:
     if array.shape[1:] == space.shape:
         return array.reshape(len(array), -1)
     return obs
+
+
+def each_observation(space: gym.Space, obs: Any) -> Any:
+    """A vector env's batch of Dict or Tuple observations (each key's values stacked, the batch first) as the
+    list of its observations; anything else as it is."""
+    if not isinstance(space, gym.spaces.Dict | gym.spaces.Tuple) or not isinstance(obs, dict | tuple):
+        return obs
+    rows = stacked_rows(space, obs)
+    if rows is None:
+        return obs
+    return list(gym.vector.utils.iterate(gym.vector.utils.batch_space(space, rows), obs))
+
+
+def stacked_rows(space: gym.Space, obs: Any) -> int | None:
+    """How many observations `obs` stacks, read off its first leaf's extra leading axis; None for one observation."""
+    while isinstance(space, gym.spaces.Dict | gym.spaces.Tuple) and len(space.spaces):
+        first = next(iter(space.spaces)) if isinstance(space, gym.spaces.Dict) else 0
+        try:
+            space, obs = space[first], obs[first]
+        except (KeyError, IndexError, TypeError):
+            return None  # not of this space: flattening it says so
+    shape = np.shape(obs)
+    return shape[0] if len(shape) == len(space.shape or ()) + 1 else None
 
 
 def load_agent(path: str, device: str | torch.device = "cpu", env_id: str | None = None, flag: str = "path") -> Agent:

@@ -12,6 +12,11 @@ shape, Box actions clipped to the env's bounds, as training sent them. It runs w
 A Dict observation with images is given key by key, as named inputs in the Dict's order: images as
 uint8, vector keys as float32 rows (choices one-hot, as gymnasium flattens them).
 
+A recurrent policy takes one step per call and carries its LSTM's state from call to call: it takes
+the observations, `state` (float32 [2, layers, batch, hidden], h and c; zeros to begin) and
+`episode_start` (bool [batch], true where an observation is the first of its episode, which zeroes
+that row's state first), and returns the actions and `next_state`, to give to the next call.
+
 Only weights are read from the checkpoint (`torch.load(weights_only=True)`): nothing in it is
 unpickled, whatever the file holds.
 """
@@ -87,12 +92,20 @@ class GreedyPolicy(nn.Module):
         """The exported file's inputs."""
         return ["obs"]
 
+    @property
+    def output_names(self) -> list[str]:
+        """The exported file's outputs."""
+        return ["action"]
+
     def forward(self, obs: Tensor) -> Tensor:
-        if not self.pixels:  # vectors train as float32 rows; images stay uint8 into the CNN
-            obs = obs.reshape(obs.shape[0], -1).float()
-            if self.normalizes:
-                obs = ((obs - self.mean) * self.scale).clamp(-CLIP, CLIP)
-        return self.env_actions(self.policy.greedy_action(obs))
+        return self.env_actions(self.policy.greedy_action(self.policy_inputs(obs)))
+
+    def policy_inputs(self, obs: Tensor) -> Tensor:
+        """The observations as the policy trained on them."""
+        if self.pixels:  # images stay uint8 into the CNN
+            return obs
+        obs = obs.reshape(obs.shape[0], -1).float()  # vectors train as float32 rows
+        return ((obs - self.mean) * self.scale).clamp(-CLIP, CLIP) if self.normalizes else obs
 
     def env_actions(self, action: Tensor) -> Tensor:
         """The policy's actions within the bounds, each in the env's own shape, counted from the env's start."""
@@ -119,19 +132,57 @@ class GreedyMultiInputPolicy(GreedyPolicy):
         self.layout = layout
 
     def forward(self, *keys: Tensor) -> Tensor:  # type: ignore[override]
-        return self.env_actions(self.policy.greedy_action(list(keys)))
+        return self.env_actions(self.policy.greedy_action(self.policy_inputs(*keys)))
+
+    def policy_inputs(self, *keys: Tensor) -> list[Tensor]:  # type: ignore[override]
+        return list(keys)  # the encoder takes the keys themselves as well as packed rows
 
     @property
     def input_names(self) -> list[str]:
         return [key.name for key in self.layout.keys]  # one per key
 
 
-def greedy_policy(agent: Agent) -> tuple[GreedyPolicy, tuple[Tensor, ...]]:
-    """The agent's policy as a `GreedyPolicy` in float32, and an example batch of its inputs."""
-    if agent.recurrent:
-        raise UsageError(
-            "CHECKPOINT", "a recurrent policy carries state between steps; export takes feed-forward policies only"
-        )
+class GreedyRecurrentPolicy(nn.Module):
+    """One step of a recurrent policy: the observations (as `observations` takes them), the LSTM's `state` and
+    `episode_start` in; the greedy actions and the next state out."""
+
+    def __init__(self, observations: GreedyPolicy) -> None:
+        super().__init__()
+        self.observations = observations
+
+    @property
+    def input_names(self) -> list[str]:
+        return [*self.observations.input_names, "state", "episode_start"]
+
+    @property
+    def output_names(self) -> list[str]:
+        return ["action", "next_state"]
+
+    def forward(self, *inputs: Tensor) -> tuple[Tensor, Tensor]:
+        *obs, state, episode_start = inputs
+        policy_inputs = self.observations.policy_inputs(*obs)
+        action, next_state = self.observations.policy.greedy_action(policy_inputs, state, episode_start)
+        return self.observations.env_actions(action), next_state
+
+
+Exported = GreedyPolicy | GreedyRecurrentPolicy
+STATES = ("state", "next_state")  # [2 (h, c), layers, batch, hidden]: their batch is axis 2
+
+
+def greedy_policy(agent: Agent) -> tuple[Exported, tuple[Tensor, ...]]:
+    """The agent's policy as a module in float32 (a recurrent one as one step of it), and an example batch of
+    its inputs."""
+    module, example = feed_forward_policy(agent)
+    if not agent.recurrent:
+        return module, example
+    rows = example[0].shape[0]
+    state = torch.rand_like(agent.policy.initial_memory(rows, torch.device("cpu")))  # any state traces the same
+    episode_start = torch.arange(rows) == 0  # a row that zeroes its state and one that keeps it
+    return GreedyRecurrentPolicy(module).eval(), (*example, state, episode_start)
+
+
+def feed_forward_policy(agent: Agent) -> tuple[GreedyPolicy, tuple[Tensor, ...]]:
+    """The agent's observations in and actions out, as a `GreedyPolicy` in float32, and an example batch."""
     space = agent.observation_space
     layout = packed_layout(space)
     module: GreedyPolicy
@@ -160,7 +211,7 @@ def check_output_file(out: str) -> None:
         raise UsageError("--out", f"cannot write {out}: {error.strerror or error}") from None
 
 
-def export(module: GreedyPolicy, example: tuple[Tensor, ...], out: str, format: ExportFormat) -> None:
+def export(module: Exported, example: tuple[Tensor, ...], out: str, format: ExportFormat) -> None:
     check_output_file(out)
     with refused_writes(lambda reason: UsageError("--out", f"cannot write {out}: {reason}")):
         try:
@@ -170,7 +221,7 @@ def export(module: GreedyPolicy, example: tuple[Tensor, ...], out: str, format: 
             raise
 
 
-def write(module: GreedyPolicy, example: tuple[Tensor, ...], out: str, format: ExportFormat) -> None:
+def write(module: Exported, example: tuple[Tensor, ...], out: str, format: ExportFormat) -> None:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's deprecation notes on TorchScript and on tracing
         if format == "torchscript":
@@ -182,14 +233,14 @@ def write(module: GreedyPolicy, example: tuple[Tensor, ...], out: str, format: E
             import onnx  # noqa: F401
         except ImportError:
             raise UsageError("--format", "onnx needs the export extra: pip install -e '.[export]'") from None
-        names = module.input_names
+        names = [*module.input_names, *module.output_names]
         torch.onnx.export(
             module,
             example,
             out,
-            input_names=names,
-            output_names=["action"],
-            dynamic_axes={name: {0: "batch"} for name in [*names, "action"]},
+            input_names=module.input_names,
+            output_names=module.output_names,
+            dynamic_axes={name: {2 if name in STATES else 0: "batch"} for name in names},
             dynamo=False,
         )
 
@@ -202,7 +253,12 @@ def main(argv: list[str]) -> None:
     print(f"{cfg.out}: the greedy policy of {agent.env_id} ({cfg.chosen_format}); it takes {inputs_text(module)}")
 
 
-def inputs_text(module: GreedyPolicy) -> str:
+def inputs_text(module: Exported) -> str:
+    if isinstance(module, GreedyRecurrentPolicy):
+        lstm = module.observations.policy.lstm
+        state = f"state (float32 [2, {lstm.num_layers}, batch, {lstm.hidden_size}], zeros to begin)"
+        starts = "episode_start (bool [batch])"
+        return f"{inputs_text(module.observations)}, {state} and {starts}; it returns next_state too"
     if isinstance(module, GreedyMultiInputPolicy):
         keys = ", ".join(key_text(key) for key in module.layout.keys)
         return f"one batch per key: {keys}"

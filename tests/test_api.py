@@ -210,6 +210,10 @@ def test_dict_observations_of_vectors_train_flattened_and_the_agent_takes_them_a
     batch, _ = agent.predict([obs, obs])
     flat, _ = agent.predict(gym.spaces.flatten(env.observation_space, obs))
     assert batch.tolist() == [one, one] and flat == one
+    envs = gym.make_vec(agent.env_id, num_envs=3)
+    stacked, _ = envs.reset(seed=0)  # each key's values stacked, the batch first
+    each = list(gym.vector.utils.iterate(envs.observation_space, stacked))
+    assert agent.predict(stacked)[0].tolist() == agent.predict(each)[0].tolist()
     for not_its_observation in ({"cart": obs["cart"]}, np.zeros(5), "cart"):
         with pytest.raises(ValueError, match=r"is not an observation of Dict\('cart'"):
             agent.predict(not_its_observation)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import SCRIPTS, child_env, launch_together, run_dir, run_ranks
+from torch import Tensor
 
 from rl.agent import load_agent, restore_agent
 from rl.checkpoint import load_checkpoint
@@ -232,24 +233,103 @@ def test_bad_output_paths_end_with_one_line_and_a_onnx_file_is_onnx(agents, tmp_
     assert (tmp_path / "new" / "folder" / "policy.onnx").read_bytes()[:2] != b"PK"  # ONNX, not a TorchScript zip
 
 
-def test_a_recurrent_policy_evaluates_with_its_state_and_is_refused_by_export_with_one_line(tmp_path):
-    args = [
-        *TINY,
-        "--env-id",
-        "rl/MaskedCartPole-v1",
-        "--recurrent",
-        "--per-rank-batch-size",
-        "128",
-        "--total-timesteps",
-        "256",
-    ]
-    finished = run_ranks("python", SCRIPTS["fabric"], args, tmp_path, 1)
-    assert finished.returncode == 0, finished.stderr[-2000:]
-    agent = str(run_dir(tmp_path, "fabric") / "agent.ckpt")
+# Steps an exported recurrent policy through recorded episodes, in a process where any import of this project
+# fails: its inputs per step from `steps.npz` (the observation's keys, then episode_start), its state carried from
+# zeros; the actions per step and the last state go to `acted.npz`.
+STEP_WITHOUT_THE_PROJECT = """
+import sys
+sys.modules["rl"] = None
+import numpy as np
+policy, steps_file, shape, acted_file = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+steps = np.load(steps_file)
+keys = [key for key in steps.files if key != "episode_start"]
+state = np.zeros([int(side) for side in shape.split(",")], np.float32)
+actions = []
+if policy.endswith(".onnx"):
+    import onnxruntime
+    session = onnxruntime.InferenceSession(policy)
+    names = [node.name for node in session.get_inputs()]
+    assert names == [*keys, "state", "episode_start"], names
+    for step in range(len(steps["episode_start"])):
+        inputs = [steps[key][step] for key in keys] + [state, steps["episode_start"][step]]
+        action, state = session.run(None, dict(zip(names, inputs)))
+        actions.append(action)
+else:
+    import torch
+    module = torch.jit.load(policy)
+    state = torch.from_numpy(state)
+    for step in range(len(steps["episode_start"])):
+        inputs = [torch.from_numpy(steps[key][step]) for key in keys]
+        action, state = module(*inputs, state, torch.from_numpy(steps["episode_start"][step]))
+        actions.append(action.numpy())
+    state = state.numpy()
+np.savez(acted_file, actions=np.stack(actions), state=state)
+"""
+RECURRENT_AGENTS = {
+    "vectors": ["--env-id", "rl/MaskedCartPole-v1", "--per-rank-batch-size", "128", "--total-timesteps", "256"],
+    "dict-with-images": ["--env-id", "rl/TwoCues-v0", "--per-rank-batch-size", "128", "--total-timesteps", "256"],
+}
+
+
+@pytest.fixture(scope="module")
+def recurrent_agents(tmp_path_factory) -> dict[str, Path]:
+    folders = {name: tmp_path_factory.mktemp(f"recurrent-{name}") for name in RECURRENT_AGENTS}
+    args = {name: [*TINY, "--recurrent", *flags] for name, flags in RECURRENT_AGENTS.items()}
+    jobs = [("python", SCRIPTS["fabric"], args[name], folders[name], 1) for name in RECURRENT_AGENTS]
+    for finished in launch_together(*jobs, via=run_ranks):
+        assert finished.returncode == 0, finished.stderr[-3000:]
+    return {name: run_dir(folder, "fabric") / "agent.ckpt" for name, folder in folders.items()}
+
+
+def recorded_episodes(agent, envs: int = 3, steps: int = 40) -> tuple[dict[str, np.ndarray], np.ndarray, Tensor]:
+    """`agent.predict` stepping a vector env through episodes that end at different steps: every step's inputs
+    (the observation's keys as an exported policy takes them, and episode_start), its actions, and the last state."""
+    vector_env = gym.make_vec(agent.env_id, num_envs=envs)
+    obs, _ = vector_env.reset(seed=0)
+    starts, state = np.ones(envs, dtype=bool), None
+    inputs: dict[str, list[np.ndarray]] = {"episode_start": []}
+    actions = []
+    for _ in range(steps):
+        for key, value in obs.items() if isinstance(obs, dict) else [("obs", obs.astype(np.float32))]:
+            inputs.setdefault(key, []).append(value)
+        inputs["episode_start"].append(starts)
+        action, state = agent.predict(obs, state, episode_start=starts)
+        actions.append(action)
+        obs, _, terminated, truncated, _ = vector_env.step(action)
+        starts = terminated | truncated
+    vector_env.close()
+    assert np.stack(inputs["episode_start"])[1:].any(), "no episode ended: the state was never zeroed mid-run"
+    return {key: np.stack(values) for key, values in inputs.items()}, np.stack(actions), state
+
+
+@pytest.mark.parametrize("name", list(RECURRENT_AGENTS))
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_a_recurrent_policy_exports_as_one_step_that_carries_its_state_as_predict_does(
+    recurrent_agents, name, fmt, tmp_path
+):
+    agent = load_agent(recurrent_agents[name])
+    inputs, expected_actions, expected_state = recorded_episodes(agent)
+    np.savez(tmp_path / "steps.npz", **inputs)
+    policy = tmp_path / f"policy.{FORMATS[fmt]}"
+    done = export_to(recurrent_agents[name], str(policy), tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "state (float32 [2, 1, batch, 128], zeros to begin) and episode_start (bool [batch])" in done.stdout
+    shape = ",".join(str(side) for side in expected_state.shape)
+    command = [sys.executable, "-c", STEP_WITHOUT_THE_PROJECT, str(policy), "steps.npz", shape, "acted.npz"]
+    ran = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    acted = np.load(tmp_path / "acted.npz")
+    assert np.array_equal(acted["actions"], expected_actions)
+    np.testing.assert_allclose(acted["state"], expected_state.numpy(), rtol=0, atol=1e-4)
+
+
+def test_a_recurrent_policy_evaluates_with_its_state_and_predict_refuses_another_batchs_state(recurrent_agents):
+    agent = str(recurrent_agents["vectors"])
+    folder = recurrent_agents["vectors"].parent
     evaluate = [sys.executable, "-m", "rl.evaluate", agent, "--episodes", "2"]
-    evaluated = subprocess.run(evaluate, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120)
+    evaluated = subprocess.run(evaluate, cwd=folder, env=child_env(), capture_output=True, text=True, timeout=120)
     assert evaluated.returncode == 0 and "rl/MaskedCartPole-v1, 2 deterministic episodes" in evaluated.stdout
-    loaded = load_agent(tmp_path / agent)
+    loaded = load_agent(agent)
     obs = observations(loaded.env_id, loaded.preprocessing, count=3)
     first, state = loaded.predict(obs)
     assert state is not None and loaded.recurrent
@@ -262,7 +342,3 @@ def test_a_recurrent_policy_evaluates_with_its_state_and_is_refused_by_export_wi
         loaded.predict(obs, state=one_rows_state)  # it broadcast over the 3 rows in silence
     with pytest.raises(ValueError, match=r"episode_start of shape \(2,\) for 3 observation\(s\)"):
         loaded.predict(obs, state=state, episode_start=[True, False])
-    command = [sys.executable, "-m", "rl.export", agent, "--out", "x.pt"]
-    done = subprocess.run(command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines()[-1].startswith("error: CHECKPOINT: a recurrent policy")
