@@ -314,10 +314,10 @@ PICKLE_MAGIC = b"\x80"  # a pickle (protocol 2 or later): torch's legacy format,
 def unreadable(path: str, error: Exception) -> str:
     """Why a weights-only read of `path` failed, told apart: a file that holds Python objects, one cut short, or
     one that is not a checkpoint at all."""
-    if isinstance(error, OSError):  # no permission, a disk error: the file itself may be sound
-        return f"cannot read {path}: {error.strerror or error}"
-    with open(path, "rb") as file:
-        start = file.read(4)
+    try:
+        start = read_through(path)
+    except OSError as own_error:  # no permission, a disk error: the file itself may be sound
+        return f"cannot read {path}: {own_error.strerror or own_error}"
     if not (start == ZIP_MAGIC or start.startswith(PICKLE_MAGIC)):
         return f"{path} is not a checkpoint: torch.save did not write it"
     if isinstance(error, pickle.UnpicklingError) and str(error).startswith("Weights only load failed"):
@@ -327,6 +327,16 @@ def unreadable(path: str, error: Exception) -> str:
             "load only files you trust"
         )
     return f"cannot read {path}: it is cut short or corrupt"
+
+
+def read_through(path: str) -> bytes:
+    """Read all of `path` (its first 4 bytes back), so that an `OSError` is the file system's. torch.load raises
+    `OSError` (EINVAL) for some files cut short, whose every byte reads."""
+    with open(path, "rb") as file:
+        start = file.read(4)
+        while file.read(1 << 24):
+            pass
+    return start
 
 
 def resumed_step(resume: TrainingCheckpoint | None) -> int:

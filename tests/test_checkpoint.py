@@ -130,12 +130,14 @@ def bad_files(runs, folder: Path) -> dict[str, Path]:
     good = runs["fabric_half_checkpoint"].read_bytes()
     (folder / "garbage.ckpt").write_bytes(b"not a checkpoint at all" * 100)
     (folder / "truncated.ckpt").write_bytes(good[: len(good) // 2])
+    (folder / "truncated-early.ckpt").write_bytes(good[:5000])  # torch.load raises OSError (EINVAL) on it
     torch.save({"weights": torch.zeros(3)}, folder / "foreign.ckpt")
     torch.save({"format": "fabric-rl/1", "code": collections.OrderedDict, "callback": print}, folder / "code.ckpt")
     torch.save({"format": "fabric-rl", "version": 99, "policy": {}}, folder / "newer.ckpt")
     return {
         "garbage": folder / "garbage.ckpt",
         "truncated": folder / "truncated.ckpt",
+        "truncated early": folder / "truncated-early.ckpt",
         "foreign": folder / "foreign.ckpt",
         "holds code": folder / "code.ckpt",
         "newer": folder / "newer.ckpt",
@@ -148,6 +150,7 @@ def bad_files(runs, folder: Path) -> dict[str, Path]:
 BAD_FILE_LINES = {
     "garbage": "is not a checkpoint: torch.save did not write it",
     "truncated": "it is cut short or corrupt",
+    "truncated early": "it is cut short or corrupt",  # not "Invalid argument", which reads as a disk's fault
     "foreign": "is not a checkpoint of this program",
     "holds code": "holds Python objects (classes or code) that a weights-only read refuses to run",
     "newer": "was written by a newer version of this program (checkpoint version 99; this one reads up to 2)",
