@@ -24,8 +24,11 @@ from rl.checkpoint import (
 )
 from rl.compiling import compile_failure
 from rl.config import (
+    ALGORITHM_KEY,
     RunConfig,
     UnknownConfigKey,
+    config_file_algorithm,
+    config_file_of,
     flag,
     local_world_size_from_env,
     parse_config_flags,
@@ -66,13 +69,15 @@ Mode = Literal["coupled", "decoupled", "hogwild"]
 
 
 def parse_config(argv: list[str], mode: Mode | None = None) -> RunConfig:
-    """`[ALGORITHM] [FLAGS]`: a leading algorithm name (`ppo`, `sac`) picks its config; PPO by default.
+    """`[ALGORITHM] [FLAGS]`: a leading algorithm name (`ppo`, `sac`) picks its config; else the `--config`
+    file's `algorithm`; else PPO.
 
     Without a name the whole command line is PPO's, so the Lightning example's commands run
     unchanged, and `--help` shows PPO's flags (its description names the other algorithms).
     `mode`: the entry script's mode, whose flags it takes, and not the other modes' (None: every flag).
     """
-    name, flags = (argv[0], argv[1:]) if argv and argv[0] in ALGORITHMS else (DEFAULT_ALGORITHM, argv)
+    named, flags = (argv[0], argv[1:]) if argv and argv[0] in ALGORITHMS else (None, argv)
+    name = chosen_algorithm(named, flags)
     program = f"{os.path.basename(sys.argv[0])} {name}"
     try:
         return parse_config_flags(ALGORITHMS[name].config_type, flags, prog=program, mode=mode)
@@ -86,6 +91,25 @@ def parse_config(argv: list[str], mode: Mode | None = None) -> RunConfig:
             or other_programs_key(error, name)
             or error
         ) from None
+
+
+def chosen_algorithm(named: str | None, flags: list[str]) -> str:
+    """The algorithm `named` first on the command line, else the one its `--config` file names, else PPO. A file
+    of another algorithm than the one named, or of one this program lacks, raises `UsageError`."""
+    in_file = config_file_algorithm(flags)
+    if in_file is None:
+        return named or DEFAULT_ALGORITHM
+    path = config_file_of(flags)
+    if in_file not in ALGORITHMS:
+        known = " or ".join(ALGORITHMS)
+        raise UsageError("--config", f"{path} sets {ALGORITHM_KEY}: {in_file}, which is not {known}")
+    if named is not None and named != in_file:
+        raise UsageError(
+            "--config",
+            f"{path} holds {in_file.upper()}'s flags ({ALGORITHM_KEY}: {in_file}), not {named.upper()}'s: "
+            f"drop {named} from the command line",
+        )
+    return in_file
 
 
 def misplaced_algorithm(error: UsageError) -> UsageError | None:
@@ -153,7 +177,7 @@ def is_peer_key(key_flag: str, name: str) -> bool:
 
 def all_keys_of(path: str, algorithm: str) -> bool:
     """Whether every key of the `--config` file at `path` is a flag of `algorithm`."""
-    keys = {flag(str(key).replace("-", "_")) for key in read_config_file(path)}
+    keys = {flag(str(key).replace("-", "_")) for key in read_config_file(path) if key != ALGORITHM_KEY}
     return keys <= flags_of(ALGORITHMS[algorithm].config_type)
 
 

@@ -47,7 +47,8 @@ class RunFlags:
 
     config: str | None = None
     """a YAML or JSON file of flags (by their names, such as num_envs: 4); flags on the command line override it,
-    and every run folder keeps its resolved flags as config.yaml, which this flag takes back"""
+    and its algorithm: key (ppo or sac) picks the algorithm where the command line names none; every run folder
+    keeps its resolved flags as config.yaml, which this flag takes back"""
     write_config: str | None = None
     """write the resolved flags (defaults, preset, --config, the command line) to this YAML or JSON file and
     exit without training"""
@@ -218,6 +219,7 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
     MODE_FIELDS: ClassVar[dict[str, tuple[str, ...]]] = {
         mode: tuple(member.name for member in fields(group)) for mode, group in MODE_GROUPS.items()
     }
+    ALGORITHM: ClassVar[str]  # the algorithm's name on the command line, and in config files
     # Tuned starting points by name (`--preset`), each a mapping of field names to values.
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
     REPORT_FLAG: ClassVar[str | None] = None  # the flag that sets the steps between reports, where there is one
@@ -607,6 +609,7 @@ def parse_config_flags(
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 CONFIG_FILENAME = "config.yaml"  # in every run folder: the run's resolved flags
 NOT_IN_CONFIG_FILES = ("config", "write_config")  # what a config file neither sets nor keeps
+ALGORITHM_KEY = "algorithm"  # a config file's key that names the algorithm whose flags it holds
 
 
 class UnknownConfigKey(UsageError):
@@ -621,6 +624,7 @@ def config_file_values(config_type: type[RunConfig], path: str, others: bool = F
     """The fields a `--config` file sets, checked against `config_type`. `others`: leave out the keys that are no
     field of it, or whose value is not of its type (another algorithm's), rather than refuse them."""
     values = read_config_file(path)
+    values.pop(ALGORITHM_KEY, None)  # it chose `config_type` (`config_file_algorithm`)
     known = {member.name: member for member in fields(config_type)}
     hints = typing.get_type_hints(config_type, include_extras=True)
     result = {}
@@ -791,11 +795,35 @@ def read_config_file(path: str) -> dict[str, Any]:
     return values
 
 
+def config_file_algorithm(argv: list[str]) -> str | None:
+    """The algorithm that the file a command line gives to `--config` names (its `algorithm` key, which files
+    this program writes hold); None where there is no such file or key, or the file cannot be read (reading it
+    for its flags says why)."""
+    path = config_file_of(argv)
+    if path is None:
+        return None
+    try:
+        named = read_config_file(path).get(ALGORITHM_KEY)
+    except UsageError:
+        return None
+    return None if named is None else str(named)
+
+
+def config_file_of(argv: list[str]) -> str | None:
+    """The file a command line gives to `--config` (`--config FILE` or `--config=FILE`), if any."""
+    for index, word in enumerate(argv):
+        if word == "--config":
+            return argv[index + 1] if index + 1 < len(argv) else None
+        if word.startswith("--config="):
+            return word.partition("=")[2]
+    return None
+
+
 def write_config_file(cfg: RunConfig, path: str) -> None:
     """The resolved flags of `cfg` as a file that `--config` takes back (YAML, or JSON by its suffix)."""
     import yaml
 
-    values = {
+    values = {ALGORITHM_KEY: cfg.ALGORITHM} | {
         key: list(value) if isinstance(value, tuple) else value
         for key, value in cfg.to_dict().items()
         if key not in NOT_IN_CONFIG_FILES

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import yaml
 
-from rl.config import CONFIG_FILENAME, check_seed, flag, parse_dataclass
+from rl.config import CONFIG_FILENAME, check_seed, config_file_algorithm, flag, parse_dataclass
 from rl.errors import INTERRUPTED_EXIT_CODE, UsageError, exit_on_ctrl_c, exit_on_usage_error, unrecognized_options
 from rl.logger import CSV_METRICS_FILE
 from rl.peer_flags import TUNING_PEER_FLAGS, tools_peer_flag
@@ -288,8 +288,12 @@ def make_pruner(cfg: TuneConfig) -> Any:
 
 
 def training_algorithm(training: list[str]) -> str:
-    """The algorithm the training flags name first, as the entry scripts read it: PPO without one."""
-    return training[0] if training and training[0] in DEFAULT_SPACES else "ppo"
+    """The algorithm of the training flags, as the entry scripts read it: the one named first, else the one their
+    --config file names, else PPO."""
+    if training and training[0] in DEFAULT_SPACES:
+        return training[0]
+    in_file = config_file_algorithm(training)
+    return in_file if in_file in DEFAULT_SPACES else "ppo"
 
 
 def tune(cfg: TuneConfig, training: list[str], space: dict[str, dict[str, Any]]) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from rl.algos.ppo.config import PPOConfig
+from rl.algos.sac.config import SACConfig
 from rl.cli import flags_of, parse_config
 from rl.config import RunConfig, flag, local_gpu_index, uses_gpu, validate, validate_decoupled
 from rl.envs import inspect_env
@@ -671,8 +672,7 @@ def test_the_resolved_config_written_out_is_taken_back_whole(tmp_path, argv):
     original = parse_config(argv)
     for name in ("resolved.yaml", "resolved.json"):
         write_config_file(original, str(tmp_path / name))
-        algorithm = argv[:1] if argv[0] == "sac" else []
-        again = parse_config([*algorithm, "--config", str(tmp_path / name)])
+        again = parse_config(["--config", str(tmp_path / name)])  # the file names its algorithm
         assert again.to_dict() | {"config": None} == original.to_dict()
 
 
@@ -728,14 +728,39 @@ def test_a_bad_config_file_is_named_in_one_line(tmp_path, text, told):
     ],
     ids=["sac-file-as-ppo", "ppo-file-as-sac"],
 )
-def test_a_config_file_of_another_algorithm_is_named_as_that_algorithms(tmp_path, argv, algorithm, told):
+def test_a_config_file_of_another_algorithm_without_its_name_is_named_as_that_algorithms(
+    tmp_path, argv, algorithm, told
+):
+    """A file written by hand, or by an earlier version, that leaves out `algorithm:`."""
+    from rl.config import ALGORITHM_KEY, write_config_file
+
+    path = tmp_path / "config.yaml"
+    write_config_file(parse_config(argv), str(path))
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(line for line in lines if not line.startswith(f"{ALGORITHM_KEY}:")))
+    with pytest.raises(UsageError, match=re.escape(told)) as raised:
+        parse_config([*algorithm, "--config", str(path)])
+    assert raised.value.flag == "--config" and str(raised.value).endswith(f"--config {path}")
+
+
+@pytest.mark.parametrize("spelling", ["--config {}", "--config={}"])
+def test_a_config_file_names_its_algorithm_which_the_command_line_need_not(tmp_path, spelling):
     from rl.config import write_config_file
 
-    path = str(tmp_path / "config.yaml")
-    write_config_file(parse_config(argv), path)
-    with pytest.raises(UsageError, match=re.escape(told)) as raised:
-        parse_config([*algorithm, "--config", path])
-    assert raised.value.flag == "--config" and str(raised.value).endswith(f"--config {path}")
+    sac_file, ppo_file = tmp_path / "sac.yaml", tmp_path / "ppo.json"
+    write_config_file(parse_config(["sac", "--buffer-size", "5000"]), str(sac_file))
+    write_config_file(parse_config(["--update-epochs", "3"]), str(ppo_file))
+    assert sac_file.read_text().startswith("algorithm: sac\n")
+    for path, config_type, value in ((sac_file, SACConfig, ("buffer_size", 5000)), (ppo_file, PPOConfig, None)):
+        for named in ([], [config_type.ALGORITHM]):
+            cfg = parse_config([*named, *spelling.format(path).split()])
+            assert type(cfg) is config_type and (value is None or getattr(cfg, value[0]) == value[1])
+    with pytest.raises(UsageError, match=re.escape("holds SAC's flags (algorithm: sac), not PPO's: drop ppo")):
+        parse_config(["ppo", "--config", str(sac_file)])
+    sac_file.write_text(sac_file.read_text().replace("algorithm: sac", "algorithm: td3"))
+    with pytest.raises(UsageError, match=re.escape("sets algorithm: td3, which is not ppo or sac")) as raised:
+        parse_config(["--config", str(sac_file)])
+    assert raised.value.flag == "--config"
 
 
 MODE_FLAG_EXAMPLES = {

@@ -211,3 +211,15 @@ def test_tuner_flags_out_of_range_name_their_flag(flags, told):
     with pytest.raises(UsageError) as refused:
         parse([*flags, *TRAINING])
     assert str(refused.value).startswith(told)
+
+
+def test_the_training_flags_algorithm_is_the_one_their_config_file_names(tmp_path):
+    from rl.config import write_config_file
+    from rl.tune import training_algorithm
+
+    path = tmp_path / "best.yaml"
+    write_config_file(parse_config(["sac", "--env-id", "Pendulum-v1"]), str(path))
+    assert training_algorithm(["--config", str(path), "--seed", "2"]) == "sac"  # SAC's space, not PPO's
+    assert training_algorithm(["sac", "--seed", "2"]) == "sac" and training_algorithm(["--seed", "2"]) == "ppo"
+    path.write_text(path.read_text().replace("algorithm: sac\n", ""))
+    assert training_algorithm(["--config", str(path)]) == "ppo"  # a file without its algorithm: as before

@@ -169,8 +169,8 @@ class PPOLearner(Learner):
 
 
 class PPO(Algorithm):
-    name = "ppo"
     config_type = PPOConfig
+    name = PPOConfig.ALGORITHM
     stat_tags: ClassVar[dict[str, str]] = {
         "policy_loss": "Loss/policy_loss",
         "value_loss": "Loss/value_loss",

@@ -87,6 +87,7 @@ class PPOConfig(RunConfig):
     lstm_layers: int = 1
     """with --recurrent: the LSTM's layers"""
 
+    ALGORITHM = "ppo"
     PRESETS = PPO_PRESETS
     IMMUTABLE = (
         *RunConfig.IMMUTABLE,

@@ -26,8 +26,8 @@ from rl.seeds import (
 
 
 class SAC(Algorithm):
-    name = "sac"
     config_type = SACConfig
+    name = SACConfig.ALGORITHM
     stat_tags: ClassVar[dict[str, str]] = {
         "critic_loss": "Loss/critic_loss",
         "actor_loss": "Loss/actor_loss",

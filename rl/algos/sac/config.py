@@ -74,6 +74,7 @@ class SACConfig(RunConfig):
     log_std_init: float = -3.0
     """with --use-sde: the initial log of every entry of gSDE's noise std matrix (Stable-Baselines3's default)"""
 
+    ALGORITHM = "sac"
     PRESETS = SAC_PRESETS
     REPORT_FLAG = "--log-every"
     IMMUTABLE = (*RunConfig.IMMUTABLE, "net_arch")
