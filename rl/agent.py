@@ -29,6 +29,7 @@ from rl.envs import (
     stored_as_bytes,
 )
 from rl.errors import UsageError
+from rl.evaluation import evaluate_greedy
 from rl.multi_input import pack_each, packed_layout
 from rl.normalization import ObservationNormalizer
 from rl.registry import ALGORITHMS
@@ -92,6 +93,34 @@ class Agent:
     def seed(self, seed: int) -> None:
         """Seed the actions that `predict(..., deterministic=False)` samples."""
         self.generator.manual_seed(seed)
+
+    def evaluate(
+        self,
+        episodes: int = 10,
+        seed: int = 0,
+        deterministic: bool = True,
+        video_dir: str | None = None,
+        render: bool = False,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The returns and lengths of `episodes` whole episodes of the agent's env, made with the run's image
+        wrappers, as `python -m rl.evaluate` plays them (the benchmarks' protocol): episode i's env seeded from
+        `seed` and i, no episodic life or clipped rewards. `deterministic`: greedy actions, else sampled ones
+        (seeded by `seed`). `video_dir`: record the first episode there (the video extra); `render`: show it
+        in a window."""
+        if episodes <= 0:
+            raise ValueError(f"episodes must be positive, got {episodes}")
+        return evaluate_greedy(
+            self.policy,
+            self.env_id,
+            episodes,
+            seed,
+            self.normalizer,
+            self.device,
+            video_dir,
+            deterministic,
+            self.preprocessing,
+            window=render,
+        )
 
     @torch.no_grad()
     def predict(

@@ -24,7 +24,6 @@ from rl.config import check_seed, flag, parse_dataclass
 from rl.env_faults import EnvFault
 from rl.envs import Preprocessing, has_display, make_env, video_folder
 from rl.errors import UsageError, exit_on_ctrl_c, exit_on_usage_error, print_error, refused_writes
-from rl.evaluation import evaluate_greedy
 from rl.logger import LoggerName, open_sinks, quiet_tensorboard_writer_threads
 from rl.peer_flags import EVALUATION_PEER_FLAGS, tools_peer_flag
 from rl.runtime import configure_torch_threads
@@ -155,18 +154,7 @@ def main(argv: list[str]) -> None:
     video_dir = video_folder(str(folder), "eval", Path(cfg.checkpoint).stem) if cfg.capture_video else None
     env_id = agent.env_id
     try:
-        returns, lengths = evaluate_greedy(
-            agent.policy,
-            env_id,
-            cfg.episodes,
-            cfg.seed,
-            agent.normalizer,
-            agent.device,
-            video_dir,
-            cfg.deterministic,
-            agent.preprocessing,
-            window=cfg.render,
-        )
+        returns, lengths = agent.evaluate(cfg.episodes, cfg.seed, cfg.deterministic, video_dir, cfg.render)
     except EnvFault as fault:  # a bad env, named as the flag that chose it
         if fault.context:
             print_error(fault.context)

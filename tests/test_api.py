@@ -89,8 +89,13 @@ def test_train_in_one_process_returns_its_runs_and_the_agents_they_saved(tmp_pat
     sac, recurrent = results["sac"], results["recurrent"]
     assert sac["global_step"] == 300 and sac["agent_path"].startswith(sac["run_dir"])
     assert set(sac["evaluation"]) == {"Test/return_mean", "Test/return_std", "Test/length_mean"}
-    action, state = rl.load_agent(sac["agent_path"]).predict(np.zeros(3, dtype=np.float32))
+    agent = rl.load_agent(sac["agent_path"])
+    action, state = agent.predict(np.zeros(3, dtype=np.float32))
     assert action.shape == (1,) and state is None
+    returns, lengths = agent.evaluate(episodes=2, seed=42)  # the run's own final evaluation (its seed: 42)
+    assert returns.mean() == sac["evaluation"]["Test/return_mean"] and lengths.tolist() == [200, 200]
+    with pytest.raises(ValueError, match="episodes must be positive, got 0"):
+        agent.evaluate(episodes=0)
     assert rl.load_agent(recurrent["agent_path"]).recurrent  # its minibatch defaulted to one sequence, as on the CLI
     assert results["ctrl_c_kept"]  # training listens for Ctrl-C only while it runs
     assert results["in_a_thread"] == [256]
