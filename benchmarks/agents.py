@@ -47,7 +47,8 @@ def page(out: Path) -> str:
         "`benchmarks/results/suite/agents/`. Each line's command replays it: 10 greedy episodes on "
         "evaluation seed 0, which gives the return shown. The run's own closing evaluation, on the "
         "training run's evaluation envs, is beside it; the [learning benchmark](benchmarks/learning.md) "
-        "has the rows over all their seeds. `rl.load_agent(path).predict(obs)` loads any of them in Python.",
+        "has the rows over all their seeds. `rl.load_agent(path)` loads any of them in Python: "
+        "`agent.make_env()` makes its env as the run did, and `agent.predict(obs)` acts.",
         "",
         "| row | env | config | env steps | return (10 greedy episodes) | run's closing evaluation | replay |",
         "| --- | --- | --- | --- | --- | --- | --- |",

@@ -24,6 +24,7 @@ from rl.envs import (
     Preprocessing,
     env_own_spaces,
     inspect_env,
+    make_env,
     needs_flattening,
     observations_tensor,
     stored_as_bytes,
@@ -93,6 +94,14 @@ class Agent:
     def seed(self, seed: int) -> None:
         """Seed the actions that `predict(..., deterministic=False)` samples."""
         self.generator.manual_seed(seed)
+
+    def make_env(self, render_mode: str | None = None) -> gym.Env:
+        """An env of the agent's env id as its run made them: its env keywords (`--env-kwargs`), and the
+        observations prepared as training prepared them (the image wrappers: grayscale, resize, frame stack,
+        Atari's preprocessing; the time feature), with the env's own actions: what `predict` takes and gives.
+        The game as it is otherwise (no episodic life, no clipped rewards). `render_mode`: gymnasium's ("human"
+        for a window, "rgb_array" for frames)."""
+        return make_env(self.env_id, None, self.preprocessing, own_spaces=True, render_mode=render_mode)
 
     def evaluate(
         self,

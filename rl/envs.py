@@ -387,29 +387,40 @@ def quiet_mujoco_model_advice() -> None:
 
 
 def make_env(
-    env_id: str, video_dir: str | None, preprocessing: Preprocessing, clip_actions: bool = True, window: bool = False
+    env_id: str,
+    video_dir: str | None,
+    preprocessing: Preprocessing,
+    clip_actions: bool = True,
+    window: bool = False,
+    own_spaces: bool = False,
+    render_mode: str | None = None,
 ) -> gym.Env:
     """One env as training steps it: observations preprocessed, Box actions clipped to the bounds. `window`: the
-    env shows itself in a window as it steps (`render_mode="human"`)."""
+    env shows itself in a window as it steps (`render_mode="human"`); else `render_mode`, where no video sets it.
+    `own_spaces`: the env's own Dict or Tuple observations and its own actions, as `Agent.predict` takes and
+    gives them (images and the time feature prepared as in training, which the policy needs)."""
     register_optional_envs(env_id)  # also in a process of its own (async envs)
     if env_family(env_id) == "mujoco":
         quiet_mujoco_model_advice()
     options: dict[str, Any] = dict(preprocessing.env_kwargs)
-    if video_dir or window:
-        options["render_mode"] = "human" if window else "rgb_array"
+    if video_dir or window or render_mode:
+        options["render_mode"] = "human" if window else "rgb_array" if video_dir else render_mode
     if is_atari(env_id) and options.get("obs_type") != "ram":
         options["frameskip"] = 1  # AtariPreprocessing skips frames, max-pooling the last two of each skip
     env = gym.make(env_id, **options)
     if video_dir:  # innermost: the video shows the env's own frames, every one, not the agent's input
         env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)
+    flatten = not own_spaces or preprocessing.time_feature  # the time feature extends a flat vector
     if is_image_space(env.observation_space):
         env = _preprocess_images(env, preprocessing, is_atari(env_id))
-    elif is_multi_input_space(env.observation_space):  # a CNN per image key: carried as rows of bytes
+    elif is_multi_input_space(env.observation_space) and not own_spaces:  # a CNN per image key: rows of bytes
         env = PackObservations(env)
-    elif needs_flattening(env.observation_space):  # a Dict or Tuple in the order gymnasium flattens it
+    elif needs_flattening(env.observation_space) and flatten:  # a Dict or Tuple in the order gymnasium flattens it
         env = gym.wrappers.FlattenObservation(env)
     if preprocessing.time_feature:
         env = _with_time_feature(env, env_id)
+    if own_spaces:
+        return env
     if clip_actions and isinstance(env.action_space, gym.spaces.Box):
         # The policy's log-prob is that of the unclipped sample; only the env sees the clip.
         env = gym.wrappers.ClipAction(env)

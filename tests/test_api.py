@@ -219,9 +219,26 @@ def test_dict_observations_of_vectors_train_flattened_and_the_agent_takes_them_a
     stacked, _ = envs.reset(seed=0)  # each key's values stacked, the batch first
     each = list(gym.vector.utils.iterate(envs.observation_space, stacked))
     assert agent.predict(stacked)[0].tolist() == agent.predict(each)[0].tolist()
+    made, _ = agent.make_env().reset(seed=0)
+    assert set(made) == set(obs) and agent.predict(made)[0] == one  # the env's own Dicts, as predict takes them
     for not_its_observation in ({"cart": obs["cart"]}, np.zeros(5), "cart"):
         with pytest.raises(ValueError, match=r"is not an observation of Dict\('cart'"):
             agent.predict(not_its_observation)
+
+
+def test_the_agents_env_gives_the_observations_its_run_trained_on_with_the_time_feature_and_env_keywords(tmp_path):
+    args = ["--env-id", "Pendulum-v1", "--time-feature", "--env-kwarg", "g=4.0", "--total-timesteps", "512"]
+    finished = run_ranks("python", SCRIPTS["fabric"], [*args, "--eval-episodes", "2", "--no-progress-bar"], tmp_path)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    agent = rl.load_agent(run_dir(tmp_path, "fabric") / "agent.ckpt")
+    env = agent.make_env()
+    obs, _ = env.reset(seed=0)
+    assert obs.shape == (4,) and obs[-1] == 0.0 and env.unwrapped.g == 4.0  # the time elapsed, appended
+    for _ in range(3):
+        obs, *_ = env.step(agent.predict(obs)[0])
+    assert obs[-1] == 3 / 200
+    with pytest.raises(ValueError, match=r"observations of shape \(3,\): this agent takes \(4,\)"):
+        agent.predict(gym.make("Pendulum-v1").reset(seed=0)[0])  # without the time feature
 
 
 def test_an_observation_space_it_cannot_take_is_named_in_one_line(tmp_path):

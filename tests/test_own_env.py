@@ -195,7 +195,7 @@ def test_a_single_number_as_the_action_is_learned_as_a_vector_of_one_and_predict
     assert agent.predict(np.zeros(1, np.float32))[0].shape == ()
     exported = torch.jit.trace(greedy_policy(agent)[0], torch.zeros(2, 1))
     assert exported(torch.zeros(3, 1)).shape == (3,)  # a number per observation, as the env takes it
-    played_return(agent, gym.make("envs_for_tests:ReachTheTarget-v0", shape=()))
+    played_return(agent, agent.make_env())  # made with the run's --env-kwargs
 
 
 def test_multibinary_actions_of_more_than_one_dimension_are_learned_as_one_vector_of_bits(tmp_path):
@@ -212,6 +212,7 @@ def test_choices_counted_from_minus_1_are_learned_from_0_and_predicted_as_the_en
     agent = trained_agent(tmp_path, ["--env-id", "envs_for_tests:FollowTheCue-v0", "--total-timesteps", "8192"])
     assert agent.action_space == gym.spaces.Discrete(3) and agent.env_actions.start.tolist() == [-1]
     assert played_return(agent, gym.make("envs_for_tests:FollowTheCue-v0")) > 8.0  # guessing scores about 3.3
+    assert played_return(agent, agent.make_env()) > 8.0  # the agent's env takes the env's own choices
     choices, _ = agent.predict(np.eye(3, dtype=np.float32))  # the cues left, stay and right
     assert choices.tolist() == [-1, 0, 1]
     exported = torch.jit.trace(greedy_policy(agent)[0], torch.zeros(2, 3))
