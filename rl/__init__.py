@@ -24,6 +24,7 @@ LIBRARY = {  # the library's names, and the modules that hold them
     "Agent": "rl.agent",
     "train": "rl.api",
     "preset": "rl.api",
+    "load_config": "rl.api",
     "TrainingResult": "rl.run",
     "PPOConfig": "rl.algos.ppo.config",
     "SACConfig": "rl.algos.sac.config",

@@ -1,4 +1,4 @@
-"""Training from Python: `rl.train(config)` and `rl.preset(name, **overrides)`.
+"""Training from Python: `rl.train(config)`, `rl.preset(name, **overrides)` and `rl.load_config(path, **overrides)`.
 
 `train` runs a mode in this process: coupled (alone, or in each rank of a script that `fabric
 run` or torchrun launched, every rank calling it with the same config), decoupled (in each rank
@@ -11,11 +11,12 @@ on the training loop's events.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Iterable, Sequence
 from dataclasses import fields
 from typing import Any, get_args
 
-from rl.cli import Mode, prepare_config
+from rl.cli import Mode, parse_config, prepare_config
 from rl.config import RunConfig, check_field_types, flag, preset_values, resumed_run_values
 from rl.errors import UsageError
 from rl.loop import Callback
@@ -35,15 +36,31 @@ def preset(name: str, **overrides: Any) -> RunConfig:
     if algorithm not in ALGORITHMS:
         raise UsageError("--preset", f"there is no algorithm {algorithm!r}; name one of {', '.join(ALGORITHMS)}")
     config_type = ALGORITHMS[algorithm].config_type
-    known = {member.name for member in fields(config_type)}
-    for field_name in overrides:
-        if field_name not in known:
-            raise UsageError(flag(field_name), f"{config_type.__name__} has no field {field_name!r}")
+    check_fields(config_type, overrides)
     values = preset_values(config_type, preset_name) | overrides
     config = config_type(**values)
     check_field_types(config)
     config.fill_defaults(set(values))
     return config
+
+
+def load_config(path: str, **overrides: Any) -> RunConfig:
+    """The config of a YAML or JSON file of flags, as `--config PATH` gives it (a run folder's `config.yaml`, a
+    `--write-config` file, tuning's `best.yaml`), with `overrides` (field names) on top. The file's `algorithm:`
+    picks PPO or SAC; PPO where it names none."""
+    config = parse_config(["--config", path])
+    check_fields(type(config), overrides)
+    config = dataclasses.replace(config, **overrides)
+    check_field_types(config)
+    return config
+
+
+def check_fields(config_type: type[RunConfig], names: Iterable[str]) -> None:
+    """Raise `UsageError` for the first of `names` that is no field of `config_type`."""
+    known = {member.name for member in fields(config_type)}
+    for field_name in names:
+        if field_name not in known:
+            raise UsageError(flag(field_name), f"{config_type.__name__} has no field {field_name!r}")
 
 
 def train(config: RunConfig, callbacks: Sequence[Callback] = (), mode: Mode = "coupled") -> TrainingResult | None:

@@ -1,4 +1,5 @@
-"""The library: `rl.train` in this process or in each rank of a launched script, `rl.preset`, `rl.load_agent`."""
+"""The library: `rl.train` in this process or in each rank of a launched script, `rl.preset`, `rl.load_config`,
+`rl.load_agent`."""
 
 import dataclasses
 import json
@@ -16,6 +17,7 @@ import torch
 from conftest import SCRIPTS, child_env, launch_together, load_agent, refusal_line, run_dir, run_ranks
 
 import rl
+from rl.cli import parse_config
 
 SCRIPT = """
 import sys
@@ -162,6 +164,22 @@ def test_presets_and_bad_configs_as_the_command_line_has_them():
 def test_a_preset_with_a_value_of_another_type_or_no_such_field_is_refused_naming_it(name, changes, told):
     with pytest.raises(rl.UsageError, match=re.escape(told)):
         rl.preset(name, **changes)
+
+
+def test_a_config_file_loads_as_its_algorithms_config_with_overrides_as_the_command_line_reads_it(tmp_path):
+    from rl.config import write_config_file
+
+    path = str(tmp_path / "best.yaml")
+    write_config_file(rl.preset("sac/hopper"), path)
+    loaded = rl.load_config(path, seed=7, learning_starts=500)
+    assert loaded == dataclasses.replace(parse_config(["--config", path]), seed=7, learning_starts=500)
+    assert type(loaded) is rl.SACConfig and loaded.env_id == "Hopper-v5" and loaded.seed == 7
+    with pytest.raises(rl.UsageError, match="SACConfig has no field 'update_epochs'"):
+        rl.load_config(path, update_epochs=3)
+    with pytest.raises(rl.UsageError, match="--seed: 'seven' is not a whole number"):
+        rl.load_config(path, seed="seven")
+    with pytest.raises(rl.UsageError, match="cannot read"):
+        rl.load_config(str(tmp_path / "missing.yaml"))
 
 
 def test_a_config_built_by_hand_takes_its_fields_types_as_a_config_file_does():
