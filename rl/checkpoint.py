@@ -317,7 +317,8 @@ def unreadable(path: str, error: Exception) -> str:
     try:
         start = read_through(path)
     except OSError as own_error:  # no permission, a disk error: the file itself may be sound
-        return f"cannot read {path}: {own_error.strerror or own_error}"
+        reason = error if isinstance(error, OSError) else own_error  # torch's, where it was the file system's too
+        return f"cannot read {path}: {reason.strerror or reason}"
     if not (start == ZIP_MAGIC or start.startswith(PICKLE_MAGIC)):
         return f"{path} is not a checkpoint: torch.save did not write it"
     if isinstance(error, pickle.UnpicklingError) and str(error).startswith("Weights only load failed"):
