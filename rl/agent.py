@@ -188,7 +188,10 @@ class Agent:
         shape = tuple(self.observation_space.shape or ())
         single = array.shape == shape
         if not single and array.shape[1:] != shape:
-            raise ValueError(f"observations of shape {array.shape}: this agent takes {shape}, or a batch of them")
+            raise ValueError(
+                f"observations of shape {array.shape}: this agent takes {shape}, or a batch of them, as the env "
+                "that agent.make_env() makes gives them (with the run's image wrappers and time feature)"
+            )
         batch = array[None] if single else array
         return observations_tensor(batch, stored_as_bytes(self.observation_space), self.device), single
 
