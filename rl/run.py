@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from rl.checkpoint import TrainingCheckpoint, resumed_step
+from rl.checkpoint import TrainingCheckpoint, newest_checkpoint, resumed_step
 from rl.config import CONFIG_FILENAME, RunConfig, run_dir_of, write_config_file
 from rl.elastic import job_id, start_logged, under_torchelastic
 from rl.envs import video_folder
@@ -134,3 +134,9 @@ class TrainingResult:
     agent_path: str | None  # None: interrupted before it saved the agent (its checkpoint resumes it)
     evaluation: dict[str, float] | None  # the Test/ scalars, on the main process (None elsewhere, or without one)
     global_step: int
+
+    @property
+    def checkpoint_path(self) -> str | None:
+        """The run's newest training checkpoint (every run writes one as it ends), which `resume_from` continues
+        for more steps; None where the run wrote none."""
+        return newest_checkpoint(self.run_dir)

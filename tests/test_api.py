@@ -108,9 +108,11 @@ def test_a_resumed_config_takes_the_runs_own_values_where_it_leaves_the_defaults
     quick = {"eval_episodes": 0, "progress_bar": False, "log_dir": logs}
     first = rl.train(rl.PPOConfig(num_envs=2, num_steps=64, hidden_size=32, total_timesteps=256, **quick))
     (checkpoint,) = sorted(Path(first.run_dir, "checkpoints").glob("step_*.ckpt"))
+    assert first.checkpoint_path == str(checkpoint)  # the checkpoint it wrote as it ended
     # Its envs and network, which cannot change, come from the run; the steps given here stand.
-    resumed = rl.train(rl.PPOConfig(resume_from=str(checkpoint), total_timesteps=512, **quick))
+    resumed = rl.train(rl.PPOConfig(resume_from=first.checkpoint_path, total_timesteps=512, **quick))
     assert resumed.global_step == 512 and resumed.run_dir == first.run_dir
+    assert resumed.checkpoint_path.endswith("step_000000000512.ckpt")
 
 
 def test_a_named_run_launched_again_after_it_finished_says_it_trains_nothing(tmp_path, capsys):
