@@ -22,6 +22,7 @@ from rl import PROCESS_STARTED
 from rl.compiling import compile_seconds
 from rl.config import RunConfig
 from rl.faults import on_main_thread
+from rl.logger import MetricsSink
 from rl.run import Run
 from rl.runtime import Runtime
 
@@ -177,8 +178,15 @@ class LoopState:
     rank: int  # this process's rank among those that run the loop
     is_main: bool  # the process that logs
     run_dir: str | None  # where this process knows it (every rank in coupled mode, the lead player, worker 0)
+    sink: MetricsSink | None = field(default=None, repr=False)  # the run's loggers, which only the main one writes
     stop_requested: bool = False
     interrupted: bool = False
+
+    def log(self, scalars: dict[str, float]) -> None:
+        """Log scalars of your own (`{"Custom/x": 1.0}`) with the run's loggers (--logger: TensorBoard, CSV,
+        W&B) at `global_step`; on a process that does not log (`is_main` False), nothing."""
+        if self.sink is not None:
+            self.sink.log_scalars(scalars, self.global_step)
 
     def request_stop(self) -> None:
         """End the run at this report (or the next), on every process, as a finished run: its agent saved and

@@ -7,8 +7,9 @@ import rl
 
 
 class StopAtReport(rl.Callback):
-    """Record every event of this process to events-RANK.json in the working folder at the end, and ask the run
-    to stop at the `report`-th report of the process of rank `rank` (None: never)."""
+    """Record every event of this process to events-RANK.json in the working folder at the end, log its rank and
+    its count of reports with the run's loggers at each report, and ask the run to stop at the `report`-th report
+    of the process of rank `rank` (None: never)."""
 
     def __init__(self, rank: int | None, report: int) -> None:
         self.rank, self.report, self.reports, self.events = rank, report, 0, []
@@ -19,6 +20,7 @@ class StopAtReport(rl.Callback):
     def on_report(self, state: rl.LoopState, scalars: dict[str, float]) -> None:
         self.reports += 1
         self.record("report", state)
+        state.log({"Custom/rank": float(state.rank), "Custom/reports": float(self.reports)})
         if state.rank == self.rank and self.reports == self.report:
             state.request_stop()
 

@@ -5,7 +5,7 @@ import json
 import re
 from pathlib import Path
 
-from conftest import launch, run_dir, run_ranks
+from conftest import launch, read_scalars, run_dir, run_ranks
 
 SCRIPT = """
 import sys
@@ -43,6 +43,15 @@ def finished_early_and_saved(stdout: str) -> int:
     return int(step)
 
 
+def logged_once_per_report_by_the_main_process(folder: Path, mode: str, main: dict) -> None:
+    """The callbacks' own scalars (`state.log`) are in the run's TensorBoard logs, from the process that logs alone,
+    at its reports' steps."""
+    scalars = read_scalars(run_dir(folder, mode))
+    reports = [event["step"] for event in main["events"] if event["event"] == "report"]
+    assert scalars["Custom/reports"] == [(step, float(count)) for count, step in enumerate(reports, 1)]
+    assert {value for _, value in scalars["Custom/rank"]} == {0.0}
+
+
 def test_coupled_ranks_all_stop_at_the_report_where_one_asked_and_save_their_agent(tmp_path):
     finished = run_ranks("fabric run", script(tmp_path, "coupled", ""), [], tmp_path)
     assert finished.returncode == 0, finished.stderr[-3000:]
@@ -55,6 +64,7 @@ def test_coupled_ranks_all_stop_at_the_report_where_one_asked_and_save_their_age
         assert rank["events"][-2] == {"event": "checkpoint", "iteration": reports[-1]["iteration"], "step": step}
         assert rank["iterations"] == reports[-1]["iteration"]
     assert (run_dir(tmp_path, "fabric") / "checkpoints" / f"step_{step:012d}.ckpt").is_file()
+    logged_once_per_report_by_the_main_process(tmp_path, "fabric", ranks[0])
 
 
 def test_decoupled_players_all_stop_where_one_asked(tmp_path):
@@ -64,6 +74,7 @@ def test_decoupled_players_all_stop_where_one_asked(tmp_path):
     players = [events(tmp_path, rank) for rank in (0, 1)]
     assert [player["events"][-1]["step"] for player in players] == [step, step]
     assert not any(player["interrupted"] for player in players)
+    logged_once_per_report_by_the_main_process(tmp_path, "decoupled", players[0])
 
 
 def test_hogwild_workers_all_stop_where_one_asked(tmp_path):
@@ -74,3 +85,4 @@ def test_hogwild_workers_all_stop_where_one_asked(tmp_path):
     assert not any(worker["interrupted"] for worker in workers)
     assert all(worker["events"][-1]["event"] == "finish" for worker in workers)
     assert [event["event"] for event in workers[1]["events"]].count("report") >= 2
+    logged_once_per_report_by_the_main_process(tmp_path, "hogwild", workers[0])

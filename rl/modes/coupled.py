@@ -166,7 +166,13 @@ def _train_coupled(
     opened.add(rank.source.abandon)
     opened.add(rank.progress.close)
     state = LoopState(
-        rank.first_iteration - 1, rank.global_step, rank.num_iterations, runtime.rank, runtime.is_main, run.dir
+        rank.first_iteration - 1,
+        rank.global_step,
+        rank.num_iterations,
+        runtime.rank,
+        runtime.is_main,
+        run.dir,
+        run.sink,
     )
     # Rank 0 evaluates (but not at the last step: the closing evaluation does) and keeps the checkpoint clock;
     # the others learn both in the agreement.

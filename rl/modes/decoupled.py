@@ -217,6 +217,7 @@ class Player:
             topology.rank,
             self.is_lead,
             self.run.dir if self.run else None,
+            self.run.sink if self.run else None,
         )
         # With more than one player --checkpoint-every is in steps (checked at start), which every player counts.
         loop = TrainingLoop(

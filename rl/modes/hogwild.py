@@ -304,7 +304,13 @@ class WorkerLoop:
         self.step = (self.first_iteration - 1) * self.steps_per_iteration
         self.loop_clock = LoopClock()
         state = LoopState(
-            self.first_iteration - 1, self.step, self.num_iterations, self.index, self.index == 0, self.run_dir
+            self.first_iteration - 1,
+            self.step,
+            self.num_iterations,
+            self.index,
+            self.index == 0,
+            self.run_dir,
+            self.sink,
         )
         report_every = self.algorithm.iterations_per_report(cfg.workers)
         loop = TrainingLoop(
