@@ -397,8 +397,9 @@ def make_env(
 ) -> gym.Env:
     """One env as training steps it: observations preprocessed, Box actions clipped to the bounds. `window`: the
     env shows itself in a window as it steps (`render_mode="human"`); else `render_mode`, where no video sets it.
-    `own_spaces`: the env's own Dict or Tuple observations and its own actions, as `Agent.predict` takes and
-    gives them (images and the time feature prepared as in training, which the policy needs)."""
+    `own_spaces`: the env's own observations where training flattened them (a Dict, a Tuple, a choice, a matrix)
+    and its own actions, as `Agent.predict` takes and gives them; images and the time feature are prepared as in
+    training, since the policy needs them."""
     register_optional_envs(env_id)  # also in a process of its own (async envs)
     if env_family(env_id) == "mujoco":
         quiet_mujoco_model_advice()
@@ -410,12 +411,12 @@ def make_env(
     env = gym.make(env_id, **options)
     if video_dir:  # innermost: the video shows the env's own frames, every one, not the agent's input
         env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)
-    flatten = not own_spaces or preprocessing.time_feature  # the time feature extends a flat vector
+    flattens = not own_spaces or preprocessing.time_feature  # the time feature extends a flat vector
     if is_image_space(env.observation_space):
         env = _preprocess_images(env, preprocessing, is_atari(env_id))
     elif is_multi_input_space(env.observation_space) and not own_spaces:  # a CNN per image key: rows of bytes
         env = PackObservations(env)
-    elif needs_flattening(env.observation_space) and flatten:  # a Dict or Tuple in the order gymnasium flattens it
+    elif needs_flattening(env.observation_space) and flattens:  # a Dict or Tuple in the order gymnasium flattens it
         env = gym.wrappers.FlattenObservation(env)
     if preprocessing.time_feature:
         env = _with_time_feature(env, env_id)
