@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from rl.algos.base import Algorithm, Learner
-from rl.config import RunConfig, flag
+from rl.config import RunConfig, flag, iteration_name
 from rl.errors import RunStopped, UsageError, print_error, refused_writes
 from rl.experience import ExperienceSource
 from rl.normalization import ObservationNormalizer
@@ -352,6 +352,7 @@ def check_resumable(
     env_id: str,
     mode: str,
     algorithm: str,
+    env_ranks: int,
     processes_flag: str = "--devices",
     finished_ok: bool = False,
 ) -> TrainingCheckpoint:
@@ -360,6 +361,8 @@ def check_resumable(
 
     `finished_ok`: a checkpoint at the last step may be resumed (a restart after it was written
     only has the saved agent and the evaluation left to do).
+
+    `env_ranks`: the processes that step envs, whose global iteration --total-timesteps is rounded down to.
 
     `world_size` None: any number of processes may resume it (torchrun's changing membership),
     each with its share of the per-rank fields, which are then checked as the shares they are.
@@ -383,10 +386,20 @@ def check_resumable(
     if world_size is not None and state.world_size != world_size:
         written_by = processes(state.world_size)
         raise UsageError(processes_flag, f"the checkpoint was written by {written_by}, not {world_size}")
-    if state.counters.global_step >= cfg.total_timesteps and not finished_ok:
-        at = state.counters.global_step
-        raise UsageError("--total-timesteps", f"the checkpoint is already at step {at}; ask for more to resume")
+    if state.counters.global_step >= cfg.trained_timesteps(env_ranks) and not finished_ok:
+        raise UsageError("--total-timesteps", nothing_left_message(state.counters.global_step, cfg, env_ranks))
     return state
+
+
+def nothing_left_message(step: int, cfg: RunConfig, env_ranks: int) -> str:
+    """Why a checkpoint at `step` leaves nothing to train, where --total-timesteps may lie past it."""
+    if cfg.trained_timesteps(env_ranks) == cfg.total_timesteps:
+        return f"the checkpoint is already at step {step}; ask for more to resume"
+    iteration = cfg.steps_per_iteration * env_ranks
+    return (
+        f"the checkpoint is already at step {step}, the last whole global {iteration_name(cfg)} ({iteration} steps) "
+        f"within {cfg.total_timesteps}; ask for {step + iteration} or more to resume"
+    )
 
 
 def processes(count: int) -> str:

@@ -30,6 +30,7 @@ from rl.config import (
     config_file_algorithm,
     config_file_of,
     flag,
+    iteration_name,
     local_world_size_from_env,
     parse_config_flags,
     read_config_file,
@@ -285,11 +286,13 @@ def prepare_config(
             spaces.env_id,
             mode,
             algorithm.name,
+            env_ranks,
             processes_flag,
             finished_ok=automatic,
         )
         say_precision_change(resume, cfg)
-        say_nothing_left_to_train(resume, cfg)
+        say_nothing_left_to_train(resume, cfg, env_ranks)
+    say_total_rounded_down(cfg, env_ranks)
     run_dir = fixed_run_dir(cfg, log_subdir)
     # the run's own checkpoint folder where it is known now; else the folder its run folder will go into
     check_writable(
@@ -375,14 +378,25 @@ def say_precision_change(resume: SavedAgent, cfg: RunConfig) -> None:
         )
 
 
-def say_nothing_left_to_train(resume: TrainingCheckpoint, cfg: RunConfig) -> None:
+def say_nothing_left_to_train(resume: TrainingCheckpoint, cfg: RunConfig, env_ranks: int) -> None:
     """A named run (or a restarted job) found its final checkpoint: only its closing evaluation is left, which a run
     stopped during it wants; say so, or a relaunch with other flags would seem to have trained with them."""
     step = resume.counters.global_step
-    if step >= cfg.total_timesteps and int(os.environ.get("RANK", "0")) == 0:
+    if step >= cfg.trained_timesteps(env_ranks) and int(os.environ.get("RANK", "0")) == 0:
         print(
             f"this run already trained to step {step:,}: nothing is left to train but its closing evaluation "
             "(a larger --total-timesteps trains on)",
+            flush=True,
+        )
+
+
+def say_total_rounded_down(cfg: RunConfig, env_ranks: int) -> None:
+    """A run trains whole global iterations: say where that stops short of --total-timesteps."""
+    trained, iteration = cfg.trained_timesteps(env_ranks), cfg.steps_per_iteration * env_ranks
+    if trained != cfg.total_timesteps and int(os.environ.get("RANK", "0")) == 0:
+        print(
+            f"--total-timesteps {cfg.total_timesteps:,} is not a whole number of global {iteration_name(cfg)}s "
+            f"({iteration:,} env steps each): the run trains {trained:,} steps",
             flush=True,
         )
 

@@ -120,7 +120,7 @@ class RunFlags:
     capture_video: bool = False
     """record videos of rank 0's first environment into the run folder"""
     total_timesteps: int = 2**16
-    """total environment steps, counted across all ranks"""
+    """total environment steps, counted across all ranks; a run trains the whole global iterations that fit"""
     gamma: float = 0.99
     """the discount factor"""
     use_sde: bool = False
@@ -306,6 +306,10 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
 
     def num_iterations(self, env_ranks: int) -> int:
         return self.total_timesteps // (self.steps_per_iteration * env_ranks)
+
+    def trained_timesteps(self, env_ranks: int) -> int:
+        """The env steps a run trains to: --total-timesteps rounded down to whole global iterations."""
+        return self.num_iterations(env_ranks) * self.steps_per_iteration * env_ranks
 
     def iterations_per_report(self, env_ranks: int) -> int:
         """Iterations between two logged points (and interrupt and checkpoint checks)."""

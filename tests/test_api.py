@@ -133,6 +133,34 @@ def test_a_named_run_launched_again_after_it_finished_says_it_trains_nothing(tmp
     assert printed[-1].startswith("evaluation over 1 greedy episode")
 
 
+def test_total_timesteps_between_two_rollouts_trains_the_whole_ones_says_so_and_resumes_only_past_them(
+    tmp_path, capsys
+):
+    config = rl.PPOConfig(
+        num_envs=2, num_steps=64, total_timesteps=300, eval_episodes=0, progress_bar=False, run_name="between"
+    )
+    config.log_dir = str(tmp_path / "logs")
+    first = rl.train(config)  # rollouts of 128 steps: two fit in 300
+    assert first.global_step == 256
+    rounded = (
+        "--total-timesteps 300 is not a whole number of global rollouts (128 env steps each): the run trains 256 steps"
+    )
+    assert rounded in capsys.readouterr().out.splitlines()
+    # Launched again: the third rollout would pass 300, so nothing is left to train, and it says so.
+    again = rl.train(config)
+    assert again.global_step == 256
+    assert capsys.readouterr().out.splitlines()[0].startswith("this run already trained to step 256: nothing is left")
+    # Resumed by hand with a total that still ends inside the third rollout: refused, naming the total that trains on.
+    by_hand = dataclasses.replace(config, run_name=None, resume_from=first.checkpoint_path, total_timesteps=380)
+    with pytest.raises(rl.UsageError) as refused:
+        rl.train(by_hand)
+    assert str(refused.value) == (
+        "--total-timesteps: the checkpoint is already at step 256, the last whole global rollout (128 steps) "
+        "within 380; ask for 384 or more to resume"
+    )
+    assert rl.train(dataclasses.replace(by_hand, total_timesteps=384)).global_step == 384
+
+
 def test_runs_of_one_config_started_within_the_same_second_keep_folders_and_agents_of_their_own(tmp_path, monkeypatch):
     same_second = datetime(2026, 1, 1, 12, 0, 0)  # a run named at its start is named by the second
     monkeypatch.setattr("rl.run.datetime", type("FrozenClock", (), {"now": staticmethod(lambda: same_second)}))

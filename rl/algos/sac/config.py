@@ -27,7 +27,7 @@ class SACConfig(RunConfig):
     num_envs: int = 1
     """the number of parallel environments per rank"""
     total_timesteps: int = 20_000
-    """total environment steps, counted across all ranks"""
+    """total environment steps, counted across all ranks; a run trains the whole global iterations that fit"""
 
     buffer_size: int = 1_000_000
     """replay buffer capacity in transitions, over all ranks (coupled: each rank holds its share)"""
