@@ -15,7 +15,9 @@ trial's flags are written as a file that `--config` takes back. Needs `pip insta
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import math
 import os
 import re
@@ -433,7 +435,10 @@ def main(argv: list[str]) -> None:
         return
     from rl.cli import prepare
 
-    prepare(training, TRIALS_FOLDER)  # bad training flags (or env) stop here, in one line, before any trial
+    # Bad training flags (or env) stop here, in one line, before any trial. What else a run would say of these
+    # flags (how --total-timesteps rounds, say) is not said: each trial suggests flags of its own.
+    with contextlib.redirect_stdout(io.StringIO()):
+        prepare(training, TRIALS_FOLDER)
     Path(cfg.out, cfg.study_name).mkdir(parents=True, exist_ok=True)
     # the study exists before the other processes open it, so that they never race to create it
     study = optuna.create_study(
