@@ -18,8 +18,10 @@ version; files of an older version are migrated when read (`migrate`).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import pickle
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from rl.precision import float32_state
 from rl.seeds import env_seeds
 
 AGENT_FILENAME = "agent.ckpt"
+BEST_FILENAME = "best.ckpt"
 CHECKPOINT_DIR = "checkpoints"
 FORMAT = "fabric-rl"
 VERSION = 2
@@ -52,7 +55,7 @@ class SavedAgent:
     config: dict[str, Any]  # the run's config, as `RunConfig.to_dict()` gives it
     env_id: str
     reward_scaler: dict[str, Any] | None = None  # training's reward scaling, which a resumed run continues
-    eval_return: float | None = None  # an evaluator's best agent: the mean greedy return that made it the best
+    eval_return: float | None = None  # a best agent's (best.ckpt): the mean greedy return that made it the best
     eval_step: int | None = None  # and the env step it was evaluated at
 
     def to_file(self) -> dict[str, Any]:
@@ -299,6 +302,25 @@ def instead_of_folder(path: str, takes_agent: bool) -> str:
 def write_file(path: str, saved: SavedAgent) -> None:
     """Write a saved agent or checkpoint atomically, for a single writer such as the player."""
     save_file_atomically(path, saved.to_file())
+
+
+class BestAgent:
+    """A run's `best.ckpt`: the agent of its best evaluation during training, with that mean greedy return. A
+    resumed run reads the score to beat from the file, so that only a better agent replaces it."""
+
+    def __init__(self, run_dir: str, flag: str) -> None:
+        self.path = os.path.join(run_dir, BEST_FILENAME)
+        kept = load_checkpoint(self.path, flag).eval_return if os.path.isfile(self.path) else None
+        self.score = -math.inf if kept is None else kept
+
+    def offer(self, score: float, step: int, agent: Callable[[], SavedAgent]) -> None:
+        """Keep `agent()`, evaluated at `step` to `score`, if it beats the best so far."""
+        if score <= self.score:
+            return
+        best = agent()
+        best.eval_return, best.eval_step = score, step
+        write_file(self.path, best)
+        self.score = score
 
 
 def newest_checkpoint(run_dir: str) -> str | None:

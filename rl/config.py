@@ -166,8 +166,8 @@ class CoupledFlags:
 
     eval_every: int = 0
     """coupled mode: also evaluate --eval-episodes greedy episodes every this many env steps during training,
-    on rank 0 while the others wait (within --collective-timeout), logged as Eval/return_mean (0: only at the
-    end)"""
+    on rank 0 while the others wait (within --collective-timeout), logged as Eval/return_mean, keeping the best
+    agent as best.ckpt (0: only at the end)"""
     stop_at_return: float | None = None
     """coupled mode: end training, as at its last step, once an --eval-every evaluation's mean return reaches
     this"""

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from rl.checkpoint import BestAgent, SavedAgent
 from rl.config import RunConfig
 from rl.env_faults import ENV_RESET, ENV_STEP, check_finite
 from rl.envs import (
@@ -214,8 +215,8 @@ def report_evaluation(
 
 
 class PeriodicEvaluation:
-    """`--eval-every`: greedy episodes during training, on the main process, logged as Eval/ scalars (the
-    training loop stops at --stop-at-return).
+    """`--eval-every`: greedy episodes during training, on the main process, logged as Eval/ scalars, with the
+    best agent so far kept as the run's `best.ckpt` (the training loop stops at --stop-at-return).
 
     The time it takes is kept apart (`seconds`), so that the loop's env steps/s measure training.
     """
@@ -223,21 +224,32 @@ class PeriodicEvaluation:
     def __init__(self, cfg: RunConfig, env_id: str, run: Run, is_main: bool, start_step: int) -> None:
         self.cfg, self.env_id, self.run, self.is_main = cfg, env_id, run, is_main
         self.last_step, self.seconds = start_step, 0.0
+        # Read on every rank, so that a bad file stops each with its line (only the main process keeps it).
+        self.best = BestAgent(run.dir, "--eval-every") if cfg.eval_every else None
 
-    def evaluate(self, policy: nn.Module, obs_normalizer: ObservationNormalizer, global_step: int) -> dict | None:
+    def evaluate(
+        self,
+        policy: nn.Module,
+        obs_normalizer: ObservationNormalizer,
+        global_step: int,
+        agent: Callable[[], SavedAgent],
+    ) -> dict | None:
         """Evaluate if an --eval-every boundary has passed since the last call (main process only): the `Eval/`
-        scalars logged, else None."""
+        scalars logged, else None. `agent()` is the policy as a saved agent, kept if it scores best so far."""
         due = checkpoint_due(self.cfg.eval_every, global_step, global_step - self.last_step)
         self.last_step = global_step
-        if not (due and self.is_main):
+        if not (due and self.is_main and self.best is not None):
             return None
         started = time.perf_counter()
         returns, lengths = greedy_returns(self.cfg, self.env_id, policy, obs_normalizer)
         self.seconds += time.perf_counter() - started
+        mean = float(np.mean(returns))
+        self.best.offer(mean, global_step, agent)
         scalars = {
-            "Eval/return_mean": float(np.mean(returns)),
+            "Eval/return_mean": mean,
             "Eval/return_std": float(np.std(returns)),
             "Eval/length_mean": float(np.mean(lengths)),
+            "Eval/best_return": self.best.score,
         }
         self.run.sink.log_scalars(scalars, global_step)
         print(

@@ -139,7 +139,7 @@ EVALUATION_PEER_FLAGS: dict[str, PeerFlag | tuple[PeerFlag, ...]] = {
     "--exp-id": PeerFlag("rl-zoo", AGENT_FILE),
     "--load-checkpoint": PeerFlag("rl-zoo", AGENT_FILE),
     "--load-last-checkpoint": PeerFlag("rl-zoo", AGENT_FILE),
-    "--load-best": PeerFlag("rl-zoo", "give the best agent's file: RUN/best.ckpt, kept by --evaluator"),
+    "--load-best": PeerFlag("rl-zoo", "give the best agent's file: RUN/best.ckpt, kept by --eval-every or --evaluator"),
     "--env": PeerFlag("rl-zoo", "the agent's own env by default; --env-id evaluates on another", "--env-id"),
     "-n": PeerFlag("rl-zoo", "--episodes N counts episodes, not env steps", "--episodes"),
     "--n-timesteps": PeerFlag("rl-zoo", "--episodes N counts episodes, not env steps", "--episodes"),

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
-from rl.checkpoint import TrainingCheckpoint, newest_checkpoint, resumed_step
+from rl.checkpoint import BEST_FILENAME, TrainingCheckpoint, newest_checkpoint, resumed_step
 from rl.config import CONFIG_FILENAME, RunConfig, run_dir_of, write_config_file
 from rl.elastic import job_id, start_logged, under_torchelastic
 from rl.envs import video_folder
@@ -140,3 +140,10 @@ class TrainingResult:
         """The run's newest training checkpoint (every run writes one as it ends), which `resume_from` continues
         for more steps; None where the run wrote none."""
         return newest_checkpoint(self.run_dir)
+
+    @property
+    def best_agent_path(self) -> str | None:
+        """The run's `best.ckpt`, the agent of its best evaluation during training (`eval_every`; decoupled mode's
+        evaluator writes it from its own process), which `rl.load_agent` loads; None where there is none."""
+        path = os.path.join(self.run_dir, BEST_FILENAME)
+        return path if os.path.isfile(path) else None

@@ -14,7 +14,16 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import SCRIPTS, child_env, launch_together, load_agent, refusal_line, run_dir, run_ranks
+from conftest import (
+    SCRIPTS,
+    all_scalars,
+    child_env,
+    launch_together,
+    load_agent,
+    refusal_line,
+    run_dir,
+    run_ranks,
+)
 
 import rl
 from rl.cli import parse_config
@@ -159,6 +168,32 @@ def test_total_timesteps_between_two_rollouts_trains_the_whole_ones_says_so_and_
         "within 380; ask for 384 or more to resume"
     )
     assert rl.train(dataclasses.replace(by_hand, total_timesteps=384)).global_step == 384
+
+
+def test_periodic_evaluations_keep_the_best_agent_which_a_resumed_run_replaces_only_with_a_better_one(tmp_path):
+    quick = {"num_envs": 2, "num_steps": 64, "eval_every": 128, "eval_episodes": 2, "progress_bar": False}
+    config = rl.PPOConfig(total_timesteps=512, run_name="best", log_dir=str(tmp_path / "logs"), **quick)
+    first = rl.train(config)
+    kept = torch.load(first.best_agent_path, weights_only=True)
+    means = all_scalars(Path(first.run_dir), "Eval/return_mean")
+    assert kept["eval_return"] == pytest.approx(max(means.values()), rel=1e-6) and means[kept["eval_step"]] == max(
+        means.values()
+    )
+    # The kept agent replays to its score: it is the policy as it was at that evaluation.
+    returns, _ = rl.load_agent(first.best_agent_path).evaluate(episodes=2, seed=config.seed)
+    assert returns.mean() == kept["eval_return"]
+
+    def resumed_with_kept_score(score: float, total_timesteps: int) -> None:
+        kept["eval_return"] = score
+        torch.save(kept, first.best_agent_path)
+        rl.train(dataclasses.replace(config, total_timesteps=total_timesteps))  # evaluates at total - 128
+
+    resumed_with_kept_score(1e9, 768)  # out of reach: the file stays as it is
+    assert torch.load(first.best_agent_path, weights_only=True)["eval_return"] == 1e9
+    assert all_scalars(Path(first.run_dir), "Eval/best_return")[640] == 1e9
+    resumed_with_kept_score(-1e9, 1024)  # beaten by the resumed run's first evaluation
+    replaced = torch.load(first.best_agent_path, weights_only=True)
+    assert replaced["eval_step"] == 896 and replaced["eval_return"] > -1e9
 
 
 def test_runs_of_one_config_started_within_the_same_second_keep_folders_and_agents_of_their_own(tmp_path, monkeypatch):

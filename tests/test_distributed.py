@@ -1,5 +1,7 @@
 """Real 2-process runs over gloo: Fabric and the torchrun baseline agree, and log what they should."""
 
+import itertools
+
 import pytest
 import torch
 from conftest import (
@@ -178,8 +180,27 @@ def test_periodic_evaluations_leave_the_training_unchanged(tmp_path):
         scalars = read_scalars(run_dir(cwd, "fabric"))
         losses.append(scalars["Loss/policy_loss"])
         if eval_every != "0":
-            assert [step for step, _ in scalars["Eval/return_mean"]] == [512, 1024, 1536]  # 2048: the closing one
+            means = scalars["Eval/return_mean"]
+            assert [step for step, _ in means] == [512, 1024, 1536]  # 2048: the closing one
+            # The best agent so far is kept: the first evaluation of the highest mean, and its score.
+            running_best = list(itertools.accumulate((mean for _, mean in means), max))
+            assert [best for _, best in scalars["Eval/best_return"]] == running_best
+            best = torch.load(run_dir(cwd, "fabric") / "best.ckpt", weights_only=True)
+            best_step, best_mean = max(means, key=lambda evaluation: evaluation[1])
+            assert best["eval_step"] == best_step and best["eval_return"] == pytest.approx(best_mean, rel=1e-6)
     assert losses[0] == losses[1]
+
+
+def test_a_run_folders_broken_best_agent_stops_every_rank_with_its_line_before_training(tmp_path):
+    best = tmp_path / "logs" / "fabric_logs" / "kept" / "best.ckpt"
+    best.parent.mkdir(parents=True)
+    best.write_bytes(b"not a checkpoint")
+    args = [*SHORT_RUN, "--eval-every", "512", "--run-name", "kept"]
+    finished = run_ranks("fabric run", SCRIPTS["fabric"], args, tmp_path)
+    assert finished.returncode != 0
+    refused = "error: --eval-every: logs/fabric_logs/kept/best.ckpt is not a checkpoint: torch.save did not write it"
+    assert [line for line in finished.stderr.splitlines() if line.startswith("error:")] == [refused, refused]
+    assert best.read_bytes() == b"not a checkpoint" and not list(best.parent.glob("checkpoints/*.ckpt"))
 
 
 def test_a_target_kl_stops_every_rank_at_the_same_minibatch_and_fabric_and_torchrun_agree(tmp_path):

@@ -128,7 +128,8 @@ class CoupledRank:
 
     def evaluate(self, step: int) -> dict[str, float] | None:
         """Rank 0's periodic evaluation, where one is due; the others learn its outcome in the agreement."""
-        return self.evaluation.evaluate(self.policy, self.source.obs_normalizer, step)
+        agent = functools.partial(agent_of, self.algorithm, self.policy, self.source)
+        return self.evaluation.evaluate(self.policy, self.source.obs_normalizer, step, agent)
 
     def agree(self, iteration: int, wanted: Requests) -> Requests:
         return agreed(self.runtime, wanted)

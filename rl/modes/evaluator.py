@@ -13,8 +13,6 @@ closed: no process waits for an evaluation, however long its episodes.
 from __future__ import annotations
 
 import contextlib
-import math
-import os
 import signal
 import time
 from collections.abc import Callable
@@ -26,7 +24,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from rl.algos.base import Algorithm
-from rl.checkpoint import load_checkpoint, saved_agent, write_file
+from rl.checkpoint import BestAgent, saved_agent
 from rl.elastic import job_store_client
 from rl.evaluation import EvaluationAbandoned, evaluate_greedy
 from rl.faults import peer
@@ -34,7 +32,6 @@ from rl.logger import open_sinks
 from rl.normalization import ObservationNormalizer
 from rl.optim import flat_parameters, load_flat_parameters, num_parameters
 
-BEST_FILENAME = "best.ckpt"
 REQUESTS_KEY = "rl/evaluator/requests"
 RUN_ENDED_KEY = "rl/evaluator/run-ended"  # set by the weight holder: an evaluation of earlier weights stops
 POLLS_PER_STORE_CHECK = 16  # evaluation steps between two looks at RUN_ENDED_KEY (a store round trip each)
@@ -105,15 +102,6 @@ class EvaluatorLink:
         self.served += 1
 
 
-def best_return_so_far(run_dir: str) -> float:
-    """The best evaluation of a resumed run, so that its best.ckpt is only replaced by a better agent."""
-    path = os.path.join(run_dir, BEST_FILENAME)
-    if not os.path.isfile(path):
-        return -math.inf
-    best = load_checkpoint(path, "--evaluator").eval_return
-    return -math.inf if best is None else best
-
-
 class Evaluator:
     """Evaluates whatever `weights_rank` sends until its final weights; keeps the best agent."""
 
@@ -126,7 +114,7 @@ class Evaluator:
         self.normalizer = algorithm.obs_normalizer(torch.device("cpu"))
         # beside the player's logs
         self.sink = open_sinks(self.cfg.logger, self.run_dir, True, csv_folder="csv-evaluator", wandb=False)
-        self.best = best_return_so_far(self.run_dir)
+        self.best = BestAgent(run_dir, "--evaluator")
         self.final_step: int | None = None
         self.final_seconds = 0.0
         self.store = job_store_client(STORE_TIMEOUT_SECONDS)
@@ -170,16 +158,12 @@ class Evaluator:
             abandon=abandon,
         )
         mean = float(np.mean(returns))
-        if mean > self.best:
-            self.best = mean
-            agent = saved_agent(self.algorithm, self.policy, self.normalizer.state_dict())
-            agent.eval_return, agent.eval_step = mean, step
-            write_file(os.path.join(self.run_dir, BEST_FILENAME), agent)
+        self.best.offer(mean, step, lambda: saved_agent(self.algorithm, self.policy, self.normalizer.state_dict()))
         self.sink.log_scalars(
             {
                 "Eval/return_mean": mean,
                 "Eval/return_std": float(np.std(returns)),
-                "Eval/best_return": self.best,
+                "Eval/best_return": self.best.score,
                 "Eval/seconds": seconds,
             },
             step,
