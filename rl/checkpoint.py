@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from rl.algos.base import Algorithm, Learner
 from rl.config import RunConfig, flag, iteration_name
-from rl.errors import RunStopped, UsageError, print_error, refused_writes
+from rl.errors import RunStopped, UsageError, counted, print_error, refused_writes
 from rl.experience import ExperienceSource
 from rl.normalization import ObservationNormalizer
 from rl.precision import float32_state
@@ -406,7 +406,7 @@ def check_resumable(
                 flag(field), f"the checkpoint was trained with {saved[field]!r}; it cannot change on resume"
             )
     if world_size is not None and state.world_size != world_size:
-        written_by = processes(state.world_size)
+        written_by = counted(state.world_size, "process", "processes")
         raise UsageError(processes_flag, f"the checkpoint was written by {written_by}, not {world_size}")
     if state.counters.global_step >= cfg.trained_timesteps(env_ranks) and not finished_ok:
         raise UsageError("--total-timesteps", nothing_left_message(state.counters.global_step, cfg, env_ranks))
@@ -422,10 +422,6 @@ def nothing_left_message(step: int, cfg: RunConfig, env_ranks: int) -> str:
         f"the checkpoint is already at step {step}, the last whole global {iteration_name(cfg)} ({iteration} steps) "
         f"within {cfg.total_timesteps}; ask for {step + iteration} or more to resume"
     )
-
-
-def processes(count: int) -> str:
-    return f"{count} process" if count == 1 else f"{count} processes"
 
 
 def prune_checkpoints(run_dir: str, keep_last: int) -> None:

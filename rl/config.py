@@ -33,7 +33,7 @@ import tyro
 from rl.compiling import CompileMode, check_compiler
 from rl.encoders import EncoderKind
 from rl.envs import Preprocessing, VectorMode
-from rl.errors import UsageError
+from rl.errors import UsageError, counted
 from rl.logger import LoggerName
 from rl.precision import DEFAULT_PRECISION, PrecisionName, check_precision
 
@@ -444,8 +444,8 @@ def validate(
         raise UsageError(
             "--total-timesteps",
             f"{cfg.total_timesteps} is smaller than one global {iteration_name(cfg)} "
-            f"({env_ranks} ranks x {cfg.num_envs} envs x {cfg.steps_per_iteration // cfg.num_envs} steps "
-            f"= {global_iteration})",
+            f"({counted(env_ranks, 'rank')} x {counted(cfg.num_envs, 'env')} x "
+            f"{counted(cfg.steps_per_iteration // cfg.num_envs, 'step')} = {global_iteration})",
         )
     if cfg.cuda and gpu_count == 0:
         raise UsageError("--cuda", "no CUDA GPU is available on this machine")

@@ -31,6 +31,11 @@ class UsageError(Exception):
         self.flag = flag
 
 
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """`count` and `noun` as a message says them: "1 rank", "2 ranks", "3 processes" (with `plural`)."""
+    return f"{count} {noun if count == 1 else plural or noun + 's'}"
+
+
 def unrecognized_options(error: UsageError) -> list[str]:
     """The words of the command line that the parser refused in `error` as unrecognized; [] for any other error."""
     _, listed, unrecognized = str(error).partition("Unrecognized options: ")

@@ -80,6 +80,8 @@ def test_defaults_are_valid_and_the_global_rollout_counts_every_rank():
     check(PPOConfig())
     with pytest.raises(UsageError, match="4 ranks x 2 envs x 128 steps = 1024"):
         check(PPOConfig(total_timesteps=1000), world_size=4)
+    with pytest.raises(UsageError, match=r"\(1 rank x 1 env x 128 steps = 128\)"):
+        check(PPOConfig(total_timesteps=100, num_envs=1), world_size=1)
     check(PPOConfig(cuda=True), gpu_count=1)
 
 
