@@ -48,7 +48,8 @@ def page(out: Path) -> str:
         "evaluation seed 0, which gives the return shown. The run's own closing evaluation, on the "
         "training run's evaluation envs, is beside it; the [learning benchmark](benchmarks/learning.md) "
         "has the rows over all their seeds. `rl.load_agent(path)` loads any of them in Python: "
-        "`agent.make_env()` makes its env as the run did, and `agent.predict(obs)` acts.",
+        "`agent.make_env()` makes its env as the run did, and `agent.predict(obs)` acts. The replays ran on a "
+        "2-core AMD EPYC with AVX-512; another CPU's kernels round differently, which can move a replay a little.",
         "",
         "| row | env | config | env steps | return (10 greedy episodes) | run's closing evaluation | replay |",
         "| --- | --- | --- | --- | --- | --- | --- |",

@@ -136,11 +136,14 @@ def test_workers_resumed_at_different_iterations_finish_together(tmp_path, ahead
 
 
 def worker_pids(job: subprocess.Popen) -> list[int]:
-    """The workers' process ids, from the supervisor's first line."""
-    line = job.stdout.readline()
-    match = re.search(r"process ids ([\d, ]+);", line)
-    assert match, line
-    return [int(pid) for pid in match.group(1).split(",")]
+    """The workers' process ids, from the supervisor's line that starts them (after any lines on its flags)."""
+    printed = []
+    for line in job.stdout:
+        printed.append(line)
+        match = re.search(r"process ids ([\d, ]+);", line)
+        if match:
+            return [int(pid) for pid in match.group(1).split(",")]
+    raise AssertionError(f"the supervisor ended without naming its workers: {printed}")
 
 
 def running(pid: int) -> bool:
