@@ -55,7 +55,11 @@ PEER_FLAGS: dict[str, PeerFlag | tuple[PeerFlag, ...]] = {  # a tuple: the advic
     "--env": PeerFlag("rl-zoo", "--env-id", "--env-id"),
     "-n": PeerFlag("rl-zoo", "--total-timesteps", "--total-timesteps"),
     "--n-timesteps": PeerFlag("rl-zoo", "--total-timesteps", "--total-timesteps"),
-    "--eval-freq": PeerFlag("rl-zoo", "--eval-every, in env steps across all processes", "--eval-every"),
+    "--eval-freq": PeerFlag(
+        "rl-zoo",
+        "--eval-every, in env steps across all processes (keeping the best agent as best.ckpt)",
+        "--eval-every",
+    ),
     "--save-freq": PeerFlag("rl-zoo", "--checkpoint-every, in env steps (8192) or time (10m)", "--checkpoint-every"),
     "-f": PeerFlag("rl-zoo", "--log-dir", "--log-dir"),
     "--log-folder": PeerFlag("rl-zoo", "--log-dir", "--log-dir"),
@@ -71,6 +75,7 @@ PEER_FLAGS: dict[str, PeerFlag | tuple[PeerFlag, ...]] = {  # a tuple: the advic
     "--conf-file": PeerFlag("rl-zoo", "--config FILE, a YAML or JSON file of this program's flags", "--config"),
     "--vec-env": PeerFlag("rl-zoo", "--vector-mode async (subproc) or sync (dummy)", "--vector-mode"),
     "--device": PeerFlag("rl-zoo", "--cuda trains on the GPU", "--cuda"),
+    "--num-threads": PeerFlag("rl-zoo", "--torch-threads, each process's", "--torch-threads"),
     "--progress": PeerFlag(
         "rl-zoo", "the progress bar shows by default (--no-progress-bar hides it)", "--progress-bar"
     ),

@@ -439,6 +439,8 @@ def test_an_algorithm_named_after_flags_is_told_to_go_first(argv):
         (["sac", "--autotune"], "--autotune", "CleanRL's flag, not this program's: --ent-coef auto"),
         (["--cudagraphs"], "--cudagraphs", "LeanRL's flag, not this program's: --cuda-graphs"),
         (["-n", "1000"], "-n", "rl-zoo's flag, not this program's: --total-timesteps"),
+        (["--num-threads", "1"], "--num-threads", "rl-zoo's flag, not this program's: --torch-threads"),
+        (["--eval-freq", "1000"], "--eval-freq", "--eval-every, in env steps across all processes (keeping the best"),
         (["--n-trials", "10"], "--n-trials", "rl-zoo's flag, not this program's: python -m rl.tune --trials N -- TRAI"),
         (["--n-epochs", "4"], "--n-epochs", "Stable-Baselines3's flag, not this program's: --update-epochs"),
         (["--num-envs", "2", "--env", "Hopper-v5"], "--env", "rl-zoo's flag, not this program's: --env-id"),
