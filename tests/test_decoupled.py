@@ -293,6 +293,20 @@ def test_the_evaluator_keeps_the_best_agent_and_never_changes_training(tmp_path)
     assert scored.returncode == 0, scored.stderr[-2000:]
 
 
+def test_a_run_folders_broken_best_agent_stops_every_role_with_its_line_before_training(tmp_path):
+    best = tmp_path / "logs" / "fabric_decoupled_logs" / "kept" / "best.ckpt"
+    best.parent.mkdir(parents=True)
+    best.write_bytes(b"not a checkpoint")
+    args = [*SHORT, "--evaluator", "--run-name", "kept"]
+    finished = run_ranks("fabric run", SCRIPTS["decoupled"], args, tmp_path, nproc=3)
+    assert finished.returncode != 0
+    refused = (
+        "error: --evaluator: logs/fabric_decoupled_logs/kept/best.ckpt is not a checkpoint: torch.save did not write it"
+    )
+    assert [line for line in finished.stderr.splitlines() if line.startswith("error:")] == [refused] * 3
+    assert best.read_bytes() == b"not a checkpoint" and not list(best.parent.glob("checkpoints/*.ckpt"))
+
+
 @pytest.mark.parametrize(
     ("mode", "nproc", "says"),
     [

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from rl.algos.base import Algorithm
 from rl.checkpoint import (
+    BestAgent,
     Counters,
     TrainingCheckpoint,
     agent_of,
@@ -497,13 +498,15 @@ def train_decoupled(
             run, run_dir = open_run_on_lead(cfg, topology, resume)
             if run is not None:
                 opened.add(run.sink.close)
+            # Read on every rank, so that a broken file stops each with its line (the evaluator keeps it).
+            best = BestAgent(run_dir, "--evaluator") if cfg.evaluator else None
         if topology.is_player:
             with opened:
                 player = Player(algorithm, topology, sum_over(players.group if players else None), resume, run)
                 player.close_if_it_fails(opened)
                 result = player.train(callbacks)
         elif topology.is_evaluator:
-            evaluator = Evaluator(algorithm, LEAD_PLAYER, run_dir)
+            evaluator = Evaluator(algorithm, LEAD_PLAYER, run_dir, best)
             evaluator.serve()
         else:
             run_trainer(algorithm, topology, trainers.group, resume)

@@ -105,7 +105,7 @@ class EvaluatorLink:
 class Evaluator:
     """Evaluates whatever `weights_rank` sends until its final weights; keeps the best agent."""
 
-    def __init__(self, algorithm: Algorithm, weights_rank: int, run_dir: str) -> None:
+    def __init__(self, algorithm: Algorithm, weights_rank: int, run_dir: str, best: BestAgent) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the player's: it sends the final weights
         self.algorithm, self.cfg, self.weights_rank = algorithm, algorithm.cfg, weights_rank
         self.run_dir = run_dir  # the lead player's run
@@ -114,7 +114,7 @@ class Evaluator:
         self.normalizer = algorithm.obs_normalizer(torch.device("cpu"))
         # beside the player's logs
         self.sink = open_sinks(self.cfg.logger, self.run_dir, True, csv_folder="csv-evaluator", wandb=False)
-        self.best = BestAgent(run_dir, "--evaluator")
+        self.best = best  # the run's best.ckpt, replaced by a better agent
         self.final_step: int | None = None
         self.final_seconds = 0.0
         self.store = job_store_client(STORE_TIMEOUT_SECONDS)
