@@ -350,6 +350,9 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
     def validate_algorithm(self) -> None:
         """The algorithm's own checks; raise `UsageError` naming the flag."""
 
+    def validate_steps(self, env_ranks: int) -> None:
+        """The algorithm's checks of the env steps a run trains (`trained_timesteps`); raise `UsageError`."""
+
     def validate_decoupled(self, num_trainers: int) -> None:
         """What the algorithm needs to feed `num_trainers` trainers from one player."""
 
@@ -447,6 +450,7 @@ def validate(
             f"({counted(env_ranks, 'rank')} x {counted(cfg.num_envs, 'env')} x "
             f"{counted(cfg.steps_per_iteration // cfg.num_envs, 'step')} = {global_iteration})",
         )
+    cfg.validate_steps(env_ranks)
     if cfg.cuda and gpu_count == 0:
         raise UsageError("--cuda", "no CUDA GPU is available on this machine")
     gpu_ranks_here = sum(uses_gpu(cfg, rank, world_size, decoupled) for rank in ranks_on_this_node())

@@ -297,6 +297,16 @@ def test_bad_sac_values_name_their_flag(changes, flag):
     assert error.value.flag == flag
 
 
+def test_learning_starts_is_checked_against_the_steps_the_run_trains_not_the_total_asked_for():
+    from rl.config import validate
+
+    # Two ranks step 2 envs each: whole global iterations of 4 steps, so 10,003 trains 10,000, all before learning.
+    cfg = SACConfig(num_envs=2, learning_starts=10_000, total_timesteps=10_003)
+    with pytest.raises(UsageError, match="10000 is not below the 10000 steps that --total-timesteps 10003 trains"):
+        validate(cfg, world_size=2, gpu_count=0)
+    validate(SACConfig(num_envs=2, learning_starts=10_000, total_timesteps=10_004), world_size=2, gpu_count=0)
+
+
 def test_envs_sac_cannot_train_on_are_refused_with_what_to_do():
     with pytest.raises(UsageError, match=r"SAC needs continuous \(Box\) actions") as error:
         SAC.check_spaces(inspect_env("CartPole-v1"))

@@ -128,11 +128,14 @@ class SACConfig(RunConfig):
             raise UsageError("--net-arch", f"each layer needs a positive number of units, got {self.net_arch}")
         if self.buffer_size < self.batch_size:
             raise UsageError("--buffer-size", f"{self.buffer_size} cannot hold one batch of {self.batch_size}")
-        if self.learning_starts >= self.total_timesteps:
+
+    def validate_steps(self, env_ranks: int) -> None:
+        trained = self.trained_timesteps(env_ranks)
+        if self.learning_starts >= trained:
             raise UsageError(
                 "--learning-starts",
-                f"{self.learning_starts} is not below --total-timesteps {self.total_timesteps}: the run would end "
-                "before its first gradient step",
+                f"{self.learning_starts} is not below the {trained} steps that --total-timesteps "
+                f"{self.total_timesteps} trains: the run would end before its first gradient step",
             )
 
     def validate_decoupled(self, num_trainers: int) -> None:
