@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import re
 import subprocess
 import sys
@@ -39,6 +41,15 @@ def replay(agent: Path) -> tuple[float, float]:
     return float(found.group(1)), float(found.group(2))
 
 
+def this_cpu() -> str:
+    """This machine's CPU as the page names it, "a 2-core AMD EPYC with AVX-512": the kernels a replay ran on."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    model = re.search(r"^model name\s*:\s*(.+)$", info, re.MULTILINE)
+    vectors = "AVX-512" if " avx512f" in info else "AVX2" if " avx2" in info else "neither AVX2 nor AVX-512"
+    name = model.group(1).strip() if model else platform.processor() or "an unnamed CPU"
+    return f"a {os.cpu_count()}-core {name} with {vectors}"
+
+
 def page(out: Path) -> str:
     lines = [
         "# Trained agents",
@@ -48,8 +59,8 @@ def page(out: Path) -> str:
         "evaluation seed 0, which gives the return shown. The run's own closing evaluation, on the "
         "training run's evaluation envs, is beside it; the [learning benchmark](benchmarks/learning.md) "
         "has the rows over all their seeds. `rl.load_agent(path)` loads any of them in Python: "
-        "`agent.make_env()` makes its env as the run did, and `agent.predict(obs)` acts. The replays ran on a "
-        "2-core AMD EPYC with AVX-512; another CPU's kernels round differently, which can move a replay a little.",
+        "`agent.make_env()` makes its env as the run did, and `agent.predict(obs)` acts. The replays ran on "
+        f"{this_cpu()}; another CPU's kernels round differently, which can move a replay a little.",
         "",
         "| row | env | config | env steps | return (10 greedy episodes) | run's closing evaluation | replay |",
         "| --- | --- | --- | --- | --- | --- | --- |",

@@ -417,7 +417,7 @@ def nothing_left_message(step: int, cfg: RunConfig, env_ranks: int) -> str:
     """Why a checkpoint at `step` leaves nothing to train, where --total-timesteps may lie past it."""
     if cfg.trained_timesteps(env_ranks) == cfg.total_timesteps:
         return f"the checkpoint is already at step {step}; ask for more to resume"
-    iteration = cfg.steps_per_iteration * env_ranks
+    iteration = cfg.global_iteration_steps(env_ranks)
     return (
         f"the checkpoint is already at step {step}, the last whole global {iteration_name(cfg)} ({iteration} steps) "
         f"within {cfg.total_timesteps}; ask for {step + iteration} or more to resume"

@@ -392,7 +392,7 @@ def say_nothing_left_to_train(resume: TrainingCheckpoint, cfg: RunConfig, env_ra
 
 def say_total_rounded_down(cfg: RunConfig, env_ranks: int) -> None:
     """A run trains whole global iterations: say where that stops short of --total-timesteps."""
-    trained, iteration = cfg.trained_timesteps(env_ranks), cfg.steps_per_iteration * env_ranks
+    trained, iteration = cfg.trained_timesteps(env_ranks), cfg.global_iteration_steps(env_ranks)
     if trained != cfg.total_timesteps and int(os.environ.get("RANK", "0")) == 0:
         print(
             f"--total-timesteps {cfg.total_timesteps:,} is not a whole number of global {iteration_name(cfg)}s "

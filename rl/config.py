@@ -304,12 +304,16 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
         """--checkpoint-every as seconds (0: env steps, or only at the end)."""
         return checkpoint_interval(self.checkpoint_every)[1]
 
+    def global_iteration_steps(self, env_ranks: int) -> int:
+        """Env steps of one global iteration: every env rank's steps between two learning phases."""
+        return self.steps_per_iteration * env_ranks
+
     def num_iterations(self, env_ranks: int) -> int:
-        return self.total_timesteps // (self.steps_per_iteration * env_ranks)
+        return self.total_timesteps // self.global_iteration_steps(env_ranks)
 
     def trained_timesteps(self, env_ranks: int) -> int:
         """The env steps a run trains to: --total-timesteps rounded down to whole global iterations."""
-        return self.num_iterations(env_ranks) * self.steps_per_iteration * env_ranks
+        return self.num_iterations(env_ranks) * self.global_iteration_steps(env_ranks)
 
     def iterations_per_report(self, env_ranks: int) -> int:
         """Iterations between two logged points (and interrupt and checkpoint checks)."""
@@ -442,7 +446,7 @@ def validate(
     cfg.make_kwargs()
     cfg.validate_algorithm()
     check_checkpoint_steps(cfg, env_ranks)
-    global_iteration = cfg.steps_per_iteration * env_ranks
+    global_iteration = cfg.global_iteration_steps(env_ranks)
     if cfg.total_timesteps < global_iteration:
         raise UsageError(
             "--total-timesteps",
@@ -514,7 +518,7 @@ def check_cuda_graphs(cfg: RunConfig) -> None:
 
 def check_checkpoint_steps(cfg: RunConfig, env_ranks: int) -> None:
     """A checkpoint interval in steps no finer than the reports, where every mode checks whether one is due."""
-    report = cfg.iterations_per_report(env_ranks) * cfg.steps_per_iteration * env_ranks
+    report = cfg.iterations_per_report(env_ranks) * cfg.global_iteration_steps(env_ranks)
     if 0 < cfg.checkpoint_steps < report:
         shorter = f"; or report more often with {cfg.REPORT_FLAG}" if cfg.REPORT_FLAG else ""
         raise UsageError(

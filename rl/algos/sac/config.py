@@ -86,7 +86,7 @@ class SACConfig(RunConfig):
         return self.num_envs * self.train_freq
 
     def iterations_per_report(self, env_ranks: int) -> int:
-        return max(1, self.log_every // (self.steps_per_iteration * env_ranks))
+        return max(1, self.log_every // self.global_iteration_steps(env_ranks))
 
     @property
     def autotune(self) -> bool:
