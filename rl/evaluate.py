@@ -48,8 +48,8 @@ class EvalConfig:
     seed: int = 0
     """seed of the evaluation envs and of sampled actions"""
     logger: tuple[LoggerName, ...] = ("tensorboard",)
-    """where the scores go, in the run folder: tensorboard (evaluation/), csv (evaluation-csv/metrics.csv), wandb
-    (the run's own W&B run)"""
+    """where the scores go, in the run folder: tensorboard (evaluation/), csv (evaluation-csv/metrics.csv, a row per
+    evaluation), wandb (the run's own W&B run)"""
 
 
 def parse(argv: list[str]) -> EvalConfig:
@@ -75,7 +75,8 @@ def log_scores(
         log_to_tensorboard(folder, returns, lengths, video_dir)
     others = [name for name in loggers if name != "tensorboard"]
     if others:
-        sinks = open_sinks(others, str(folder), True, csv_folder="evaluation-csv")
+        # every evaluation adds its row to those of the evaluations before it, as TensorBoard's event files do
+        sinks = open_sinks(others, str(folder), True, purge_step=sys.maxsize, csv_folder="evaluation-csv")
         sinks.log_scalars(
             {
                 "Eval/return_mean": float(returns.mean()),

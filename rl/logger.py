@@ -8,6 +8,7 @@ import math
 import os
 import threading
 import uuid
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -103,6 +104,10 @@ class CSVSink:
             return
         earlier = _rows_before(os.path.join(run_dir, folder, CSV_METRICS_FILE), purge_step)
         self._logger = CSVLogger(root_dir=run_dir, name=folder, version="", flush_logs_every_n_steps=1)
+        with warnings.catch_warnings():
+            # Lightning warns that it deletes the folder's metrics.csv: the rows kept are written back just below
+            warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
+            self._logger.experiment  # noqa: B018 - opens the file now, under the filter
         for step, metrics in earlier:
             self._logger.log_metrics(metrics, step=step)
 

@@ -69,6 +69,7 @@ def test_csv_and_tensorboard_log_the_same_points_and_a_resume_keeps_the_rows_bef
         tmp_path,
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "will be deleted" not in resumed.stderr  # Lightning's warning: the rows before the checkpoint are kept
     after = {int(row["step"]): row["Loss/policy_loss"] for row in csv_rows(directory) if row["Loss/policy_loss"]}
     assert sorted(after) == [512 * k for k in range(1, 7)]  # each step once: 512 and 1024 kept, the rest logged anew
     assert all(after[step] == before[step] for step in (512, 1024))
@@ -96,15 +97,20 @@ def test_wandb_offline_keeps_the_metrics_the_config_and_the_videos_and_a_resume_
     assert len(list((directory / "wandb").glob(f"offline-run-*-{run_id}"))) == 2  # the same W&B run, continued
 
 
-def test_the_evaluation_command_logs_its_scores_to_the_loggers_it_is_given(tmp_path):
+def test_the_evaluation_command_logs_its_scores_to_the_loggers_it_is_given_and_keeps_earlier_ones(tmp_path):
     trained = run_ranks("python", SCRIPTS["fabric"], [*SHORT, "--total-timesteps", "512"], tmp_path)
     assert trained.returncode == 0, trained.stderr[-3000:]
     directory = run_dir(tmp_path, "fabric")
-    command = [sys.executable, "-m", "rl.evaluate", str(directory / "agent.ckpt"), "--episodes", "2", "--logger", "csv"]
-    done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    (row,) = csv_rows(directory, "evaluation-csv")
-    assert float(row["Eval/return_mean"]) > 0 and not (directory / "evaluation").exists()  # no TensorBoard asked
+    command = [sys.executable, "-m", "rl.evaluate", str(directory / "agent.ckpt"), "--logger", "csv"]
+    for episodes in ("2", "3"):
+        done = subprocess.run(
+            [*command, "--episodes", episodes], env=child_env(), capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "will be deleted" not in done.stderr
+    first, second = csv_rows(directory, "evaluation-csv")  # the second evaluation's row after the first's
+    assert float(first["Eval/return_mean"]) > 0 and float(second["Eval/return_mean"]) > 0
+    assert not (directory / "evaluation").exists()  # no TensorBoard asked
 
 
 def test_training_metrics_pool_host_values_and_tensors_into_the_same_means():
