@@ -621,6 +621,9 @@ def parse_config_flags(
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 CONFIG_FILENAME = "config.yaml"  # in every run folder: the run's resolved flags
 NOT_IN_CONFIG_FILES = ("config", "write_config")  # what a config file neither sets nor keeps
+# What a run folder's config file leaves out, so that --config given it repeats the run: a resumed run's
+# checkpoint would make it resume that run, in its folder, again.
+NOT_IN_RUN_FOLDER_CONFIG = ("resume_from",)
 ALGORITHM_KEY = "algorithm"  # a config file's key that names the algorithm whose flags it holds
 
 
@@ -831,14 +834,15 @@ def config_file_of(argv: list[str]) -> str | None:
     return None
 
 
-def write_config_file(cfg: RunConfig, path: str) -> None:
-    """The resolved flags of `cfg` as a file that `--config` takes back (YAML, or JSON by its suffix)."""
+def write_config_file(cfg: RunConfig, path: str, leave_out: tuple[str, ...] = ()) -> None:
+    """The resolved flags of `cfg` as a file that `--config` takes back (YAML, or JSON by its suffix), but those
+    named in `leave_out`."""
     import yaml
 
     values = {ALGORITHM_KEY: cfg.ALGORITHM} | {
         key: list(value) if isinstance(value, tuple) else value
         for key, value in cfg.to_dict().items()
-        if key not in NOT_IN_CONFIG_FILES
+        if key not in NOT_IN_CONFIG_FILES + leave_out
     }
     text = json.dumps(values, indent=2) + "\n" if path.endswith(".json") else yaml.safe_dump(values, sort_keys=False)
     folder = os.path.dirname(path)

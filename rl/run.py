@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from rl.checkpoint import BEST_FILENAME, TrainingCheckpoint, newest_checkpoint, resumed_step
-from rl.config import CONFIG_FILENAME, RunConfig, run_dir_of, write_config_file
+from rl.config import CONFIG_FILENAME, NOT_IN_RUN_FOLDER_CONFIG, RunConfig, run_dir_of, write_config_file
 from rl.elastic import job_id, start_logged, under_torchelastic
 from rl.envs import video_folder
 from rl.logger import MetricsSink, hparams_table, open_sinks, refused_logs
@@ -85,7 +85,8 @@ def open_run(
 
     def record_start() -> None:
         with refused_logs(run_dir):
-            write_config_file(cfg, os.path.join(run_dir, CONFIG_FILENAME))  # what --config takes back
+            # what --config takes back to repeat the run
+            write_config_file(cfg, os.path.join(run_dir, CONFIG_FILENAME), leave_out=NOT_IN_RUN_FOLDER_CONFIG)
         sink.log_scalars(start_logged(world_size), resume_step or 0)
 
     if on_main is not None:

@@ -27,6 +27,7 @@ from conftest import (
 )
 
 from rl.checkpoint import newest_checkpoint
+from rl.cli import parse_config
 
 QUICK = ["--update-epochs", "2", "--eval-episodes", "0", "--no-progress-bar"]
 
@@ -84,6 +85,11 @@ def test_resuming_equals_an_uninterrupted_run(runs, resumed):
     full_losses = all_scalars(runs["full"], "Loss/policy_loss")
     assert sorted(full_losses) == [512 * k for k in range(1, 9)]
     assert all_scalars(runs[resumed], "Loss/policy_loss") == full_losses  # 512..2048 before the stop, the rest after
+
+
+def test_a_resumed_runs_config_file_repeats_the_run_rather_than_resuming_it_again(runs):
+    again = parse_config(["--config", str(runs["fabric-resumed"] / "config.yaml")])
+    assert again.resume_from is None and again.total_timesteps == 4096 and again.update_epochs == 2
 
 
 def test_checkpoints_are_written_every_n_steps_and_the_last_ones_kept(runs):
