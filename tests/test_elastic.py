@@ -252,7 +252,10 @@ MODES_ONCE_MORE = {
 }
 
 
-@pytest.mark.parametrize("mode", list(MODES_ONCE_MORE))
+# Hogwild's three launches take over a minute: with the slow tests.
+@pytest.mark.parametrize(
+    "mode", [pytest.param(mode, marks=[pytest.mark.slow] if mode == "hogwild" else []) for mode in MODES_ONCE_MORE]
+)
 def test_a_named_run_launched_again_after_it_finished_resumes_without_a_restart_line(tmp_path, mode):
     """Only a round that did not end cleanly makes the next launch a restart: a finished (or interrupted) run
     trained further is not reported as recovering from a fault, and its restarts count from there."""
@@ -309,7 +312,9 @@ def test_a_run_that_fails_in_the_same_place_stops_after_max_restarts_with_the_ca
 
 
 @pytest.mark.parametrize(
-    "lag", [[], ["--pipeline"], ["--async", "--max-policy-lag", "2"]], ids=["lock-step", "pipelined", "async"]
+    "lag",
+    [[], pytest.param(["--pipeline"], marks=pytest.mark.slow), ["--async", "--max-policy-lag", "2"]],
+    ids=["lock-step", "pipelined", "async"],
 )
 def test_a_decoupled_round_is_journaled_as_started_before_a_players_env_fails_at_once(tmp_path, lag):
     # The lead player journals the round's start; player 1's env raises in its first rollout, and the launcher

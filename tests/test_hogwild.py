@@ -35,7 +35,7 @@ def agent_weights(folder) -> dict[str, torch.Tensor]:
     return load_agent(folder)["policy"]
 
 
-@pytest.mark.parametrize("args", [PPO_SHORT, SAC_SHORT], ids=["ppo", "sac"])
+@pytest.mark.parametrize("args", [PPO_SHORT, pytest.param(SAC_SHORT, marks=pytest.mark.slow)], ids=["ppo", "sac"])
 def test_synced_with_one_worker_equals_a_one_process_run(tmp_path, args):
     (tmp_path / "hogwild").mkdir(), (tmp_path / "coupled").mkdir()
     synced = [*args, "--workers", "1", "--sync", "synced", "--sync-every", "3"]
@@ -114,7 +114,7 @@ def test_resume_continues_exactly_with_one_synced_worker_and_keeps_the_worker_co
     assert "error: --workers: the checkpoint was written by 1 process, not 2" in refused.stderr
 
 
-@pytest.mark.parametrize("ahead", [7, 8], ids=["one-iteration-left", "none-left"])
+@pytest.mark.parametrize("ahead", [7, pytest.param(8, marks=pytest.mark.slow)], ids=["one-iteration-left", "none-left"])
 def test_workers_resumed_at_different_iterations_finish_together(tmp_path, ahead):
     """After Ctrl-C the workers may have stopped at different iterations; a resumed worker that
     finishes first (or has no iteration left to run) keeps taking part in the others' checkpoints

@@ -21,11 +21,12 @@ def csv_rows(directory: Path, folder: str = "csv") -> list[dict[str, str]]:
     ("launcher", "script", "args", "nproc"),
     [
         ("fabric run", "fabric", [], 2),
-        (
+        pytest.param(
             "torchrun",
             "torch",
             ["sac", "--total-timesteps", "1024", "--log-every", "256", "--learning-starts", "128"],
             2,
+            marks=pytest.mark.slow,
         ),
         ("fabric run", "decoupled", [], 2),
         ("python", "hogwild", ["--workers", "2"], 1),
