@@ -238,7 +238,7 @@ def test_one_process_is_refused(tmp_path):
     [
         (2, ["error: the player: ", "trainer 2"], []),
         (0, ["error: trainer 1: ", "the player"], []),
-        (2, ["error: the player: ", "the evaluator"], ["--evaluator"]),
+        pytest.param(2, ["error: the player: ", "the evaluator"], ["--evaluator"], marks=pytest.mark.slow),
         pytest.param(1, ["error: trainer 2: ", "player 1"], ["--num-players", "2"], marks=pytest.mark.slow),
     ],
     ids=["trainer-killed", "player-killed", "evaluator-killed", "second-player-killed"],
