@@ -9,8 +9,8 @@ import os
 import threading
 import uuid
 import warnings
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
@@ -104,16 +104,17 @@ class CSVSink:
             return
         earlier = _rows_before(os.path.join(run_dir, folder, CSV_METRICS_FILE), purge_step)
         self._logger = CSVLogger(root_dir=run_dir, name=folder, version="", flush_logs_every_n_steps=1)
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), as_rank_zero():
             # Lightning warns that it deletes the folder's metrics.csv: the rows kept are written back just below
             warnings.filterwarnings("ignore", message="Experiment logs directory .* exists and is not empty")
             self._logger.experiment  # noqa: B018 - opens the file now, under the filter
-        for step, metrics in earlier:
-            self._logger.log_metrics(metrics, step=step)
+            for step, metrics in earlier:
+                self._logger.log_metrics(metrics, step=step)
 
     def log_scalars(self, metrics: dict[str, float], step: int) -> None:
         if self._logger is not None:
-            self._logger.log_metrics(metrics, step=step)
+            with as_rank_zero():
+                self._logger.log_metrics(metrics, step=step)
 
     def log_hparams(self, params: dict[str, Any]) -> None:
         return  # Lightning's CSV logger takes none; the run folder's config.yaml holds them
@@ -123,7 +124,22 @@ class CSVSink:
 
     def close(self) -> None:
         if self._logger is not None:
-            self._logger.finalize("success")
+            with as_rank_zero():
+                self._logger.finalize("success")
+
+
+@contextmanager
+def as_rank_zero() -> Iterator[None]:
+    """Lightning's CSV logger writes on global rank 0 alone (and does nothing elsewhere, silently); the process
+    that logs a sink's scalars may be another rank: decoupled mode's evaluator, which logs its own."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    rank = getattr(rank_zero_only, "rank", None)
+    rank_zero_only.rank = 0
+    try:
+        yield
+    finally:
+        rank_zero_only.rank = rank
 
 
 def _rows_before(path: str, purge_step: int | None) -> list[tuple[int, dict[str, float]]]:

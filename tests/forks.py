@@ -26,6 +26,7 @@ import uuid
 from pathlib import Path
 
 import torch.distributed as dist
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 # Imported once, by the fork server: what every rank of a test run imports.
 PRELOAD = [
@@ -82,6 +83,8 @@ def run_rank(script: str, args: list[str], cwd: str, env: dict[str, str], stdout
     """In the forked rank: run `script` as `python script args` would, with its output appended to the job's files."""
     os.environ.clear()  # exactly the test's environment now, not the server's when it started
     os.environ.update(env)
+    # Lightning reads the rank once, as it is imported: the server imported it with no RANK, hence rank 0.
+    rank_zero_only.rank = int(env.get("RANK") or env.get("LOCAL_RANK") or 0)
     os.chdir(cwd)
     for fd, path in ((1, stdout), (2, stderr)):
         file = os.open(path, os.O_WRONLY | os.O_APPEND)

@@ -1,5 +1,6 @@
 """Decoupled mode: the player/trainer split, its data paths, its equivalence and its failures."""
 
+import csv
 import os
 import signal
 import subprocess
@@ -271,7 +272,8 @@ def test_the_evaluator_keeps_the_best_agent_and_never_changes_training(tmp_path)
     args = [*SHORT, "--total-timesteps", "4096", "--eval-episodes", "2", "--torch-threads", "1"]
     (tmp_path / "alone").mkdir(), (tmp_path / "evaluated").mkdir()
     alone = run_ranks("fabric run", SCRIPTS["decoupled"], args, tmp_path / "alone", nproc=2)
-    evaluated = run_ranks("fabric run", SCRIPTS["decoupled"], [*args, "--evaluator"], tmp_path / "evaluated", nproc=3)
+    logged = ["--evaluator", "--logger", "tensorboard", "csv"]
+    evaluated = run_ranks("fabric run", SCRIPTS["decoupled"], [*args, *logged], tmp_path / "evaluated", nproc=3)
     assert alone.returncode == 0 and evaluated.returncode == 0, evaluated.stderr[-3000:]
     alone_dir, evaluated_dir = run_dir(tmp_path / "alone", "decoupled"), run_dir(tmp_path / "evaluated", "decoupled")
     trained, with_evaluator = load_agent(alone_dir)["policy"], load_agent(evaluated_dir)["policy"]
@@ -284,6 +286,9 @@ def test_the_evaluator_keeps_the_best_agent_and_never_changes_training(tmp_path)
     assert all_scalars(evaluated_dir, "Eval/return_std").keys() == evaluations.keys()
     seconds = [value for _, value in sorted(all_scalars(evaluated_dir, "Eval/seconds").items())]
     assert seconds == sorted(seconds) and seconds[0] > 0
+    with (evaluated_dir / "csv-evaluator" / "metrics.csv").open(newline="") as file:  # the evaluator's rank logs it
+        rows = {int(row["step"]): float(row["Eval/return_mean"]) for row in csv.DictReader(file)}
+    assert rows == pytest.approx(evaluations)
     scored = subprocess.run(
         [sys.executable, "-m", "rl.evaluate", str(evaluated_dir / "best.ckpt"), "--episodes", "2"],
         capture_output=True,
