@@ -5,6 +5,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from conftest import launch, read_scalars, run_dir, run_ranks
 
 SCRIPT = """
@@ -77,6 +78,7 @@ def test_decoupled_players_all_stop_where_one_asked(tmp_path):
     logged_once_per_report_by_the_main_process(tmp_path, "decoupled", players[0])
 
 
+@pytest.mark.slow  # 30 s; the coupled and decoupled tests above take the fast suite's place
 def test_hogwild_workers_all_stop_where_one_asked(tmp_path):
     finished = launch("python", script(tmp_path, "hogwild", "workers=2"), [], tmp_path, nproc=1)
     assert finished.returncode == 0, finished.stderr[-3000:]

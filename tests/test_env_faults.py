@@ -81,7 +81,7 @@ def test_a_non_finite_value_from_the_env_is_named_before_it_reaches_the_learner(
 TRAINER_LOST_THE_PLAYER = re.compile(r"(error: trainer \d): (?:stopped by the launcher because it )?lost the player")
 
 
-@pytest.mark.parametrize("mode", ["fabric run", "decoupled", "hogwild"])
+@pytest.mark.parametrize("mode", ["fabric run", "decoupled", pytest.param("hogwild", marks=pytest.mark.slow)])
 def test_every_process_ends_and_names_what_happened(tmp_path, mode):
     if mode == "hogwild":
         command = launch_command("python", SCRIPTS["hogwild"], [*MISBEHAVES, *QUICK, "--workers", "2"], 1)

@@ -303,7 +303,7 @@ SAC_ON_PIXELS = [
     ("args", "tags"),
     [
         (PPO_ON_PIXELS, ["Loss/policy_loss", "Loss/value_loss", "Rewards/rew_avg"]),
-        (SAC_ON_PIXELS, ["Loss/critic_loss"]),
+        pytest.param(SAC_ON_PIXELS, ["Loss/critic_loss"], marks=pytest.mark.slow),
     ],
     ids=["ppo", "sac"],
 )
