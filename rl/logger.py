@@ -130,8 +130,8 @@ class CSVSink:
 
 @contextmanager
 def as_rank_zero() -> Iterator[None]:
-    """Lightning's CSV logger writes on global rank 0 alone (and does nothing elsewhere, silently); the process
-    that logs a sink's scalars may be another rank: decoupled mode's evaluator, which logs its own."""
+    """Lightning's CSV and W&B loggers write on global rank 0 alone (and do nothing elsewhere, silently); the
+    process that logs a sink's scalars may be another rank: decoupled mode's evaluator, which logs its own."""
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
     rank = getattr(rank_zero_only, "rank", None)
@@ -166,10 +166,14 @@ class WandbSink:
 
     Without a network it runs offline (`WANDB_MODE=offline`), and `wandb sync` uploads the run
     later. The run's W&B id is kept in the run folder, so an elastic restart or `--resume-from`
-    continues the same W&B run; the videos of the run folder are logged when it closes."""
+    continues the same W&B run; the videos of the run folder are logged when it closes.
 
-    def __init__(self, run_dir: str, is_main: bool) -> None:
-        self.log_dir, self._logger = run_dir, None
+    A process with a `role` of its own (decoupled mode's evaluator) logs to a W&B run of its own,
+    `<run>-<role>`, beside the trainers' one: both are in the W&B group named after the run, as W&B
+    groups the processes of one distributed job."""
+
+    def __init__(self, run_dir: str, is_main: bool, role: str | None = None) -> None:
+        self.log_dir, self.role, self._logger = run_dir, role, None
         if not is_main:
             return
         try:
@@ -177,27 +181,32 @@ class WandbSink:
         except ImportError:
             raise UsageError("--logger", "wandb needs the tracking extra: pip install -e '.[tracking]'") from None
         offline = not wandb_credentials()
-        if offline and os.environ.get("WANDB_MODE") is None:
+        if offline and os.environ.get("WANDB_MODE") is None and role is None:
             print(
                 f"wandb: no API key on this machine: logging offline to {run_dir}/wandb (`wandb sync` uploads "
                 "it later)",
                 flush=True,
             )
+        run_name = os.path.basename(run_dir)
         self._logger = WandbLogger(
-            name=os.path.basename(run_dir),
+            name=run_name if role is None else f"{run_name}-{role}",
             save_dir=run_dir,
-            id=wandb_run_id(run_dir),
+            id=wandb_run_id(run_dir, role),
             project=os.environ.get("WANDB_PROJECT", "fabric-rl"),
             offline=offline,
+            group=run_name,
+            job_type=role or "train",
         )
 
     def log_scalars(self, metrics: dict[str, float], step: int) -> None:
         if self._logger is not None:
-            self._logger.log_metrics(metrics, step=step)
+            with as_rank_zero():
+                self._logger.log_metrics(metrics, step=step)
 
     def log_hparams(self, params: dict[str, Any]) -> None:
         if self._logger is not None:
-            self._logger.log_hyperparams(params)
+            with as_rank_zero():
+                self._logger.log_hyperparams(params)
 
     def log_text(self, tag: str, text: str) -> None:
         return  # the config is the run's W&B config already
@@ -205,12 +214,17 @@ class WandbSink:
     def close(self) -> None:
         if self._logger is None:
             return
+        with as_rank_zero():
+            if self.role is None:  # the run's videos go to the run's own W&B run
+                self._log_videos()
+            self._logger.finalize("success")
+            self._logger.experiment.finish()
+
+    def _log_videos(self) -> None:
         for folder in VIDEO_FOLDERS:
             videos = sorted(glob.glob(os.path.join(self.log_dir, folder, "**", "*.mp4"), recursive=True))
             if videos:
                 self._logger.log_video(f"video/{folder}", videos)
-        self._logger.finalize("success")
-        self._logger.experiment.finish()
 
 
 def wandb_credentials() -> bool:
@@ -223,9 +237,10 @@ def wandb_credentials() -> bool:
     return bool(os.environ.get("WANDB_API_KEY")) or in_netrc
 
 
-def wandb_run_id(run_dir: str) -> str:
-    """The W&B id of the run in `run_dir`: the one kept there, or a new one, kept there from now on."""
-    path = os.path.join(run_dir, WANDB_ID_FILE)
+def wandb_run_id(run_dir: str, role: str | None = None) -> str:
+    """The W&B id of the run in `run_dir` (or of its process with that `role`): the one kept there, or a new one,
+    kept there from now on."""
+    path = os.path.join(run_dir, WANDB_ID_FILE if role is None else f"{WANDB_ID_FILE}-{role}")
     if os.path.isfile(path):
         return Path(path).read_text().strip()
     run_id = uuid.uuid4().hex[:12]
@@ -299,10 +314,10 @@ def open_sinks(
     purge_step: int | None = None,
     tensorboard: Callable[[], MetricsSink] | None = None,
     csv_folder: str = "csv",
-    wandb: bool = True,
+    role: str | None = None,
 ) -> Sinks:
     """The run's sinks for `--logger`: `tensorboard` makes the TensorBoard one (a `SummaryWriter` by default);
-    `wandb` False leaves W&B to another process of the run, which writes the run's one W&B run."""
+    a process with a `role` of its own logs to a W&B run of its own, grouped with the run's (`WandbSink`)."""
     make_tensorboard = tensorboard or (lambda: SummaryWriterSink(run_dir, is_main, purge_step))
     sinks: list[MetricsSink] = []
     with refused_logs(run_dir):
@@ -313,7 +328,7 @@ def open_sinks(
             elif name == "csv":
                 sinks.append(CSVSink(run_dir, is_main, purge_step, csv_folder))
             else:
-                sinks.append(WandbSink(run_dir, is_main and wandb))
+                sinks.append(WandbSink(run_dir, is_main, role))
     return Sinks(sinks, run_dir)
 
 

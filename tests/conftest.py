@@ -237,6 +237,13 @@ def all_scalars(directory: Path, tag: str) -> dict[int, float]:
     return values
 
 
+def wandb_record(directory: Path, role: str | None = None) -> bytes:
+    """W&B's own offline log (history and config) of the run in `directory`, or of its process with that role."""
+    run_id = (directory / ("wandb_id" if role is None else f"wandb_id-{role}")).read_text().strip()
+    (offline,) = (directory / "wandb").glob(f"offline-run-*-{run_id}")
+    return (offline / f"run-{run_id}.wandb").read_bytes()
+
+
 MODES = {"fabric": "coupled", "torch": "coupled", "decoupled": "decoupled", "hogwild": "hogwild"}
 
 

@@ -27,6 +27,7 @@ from conftest import (
     run_dir,
     run_ranks,
     start,
+    wandb_record,
 )
 
 from rl.algos.ppo.algorithm import PPO
@@ -272,7 +273,7 @@ def test_the_evaluator_keeps_the_best_agent_and_never_changes_training(tmp_path)
     args = [*SHORT, "--total-timesteps", "4096", "--eval-episodes", "2", "--torch-threads", "1"]
     (tmp_path / "alone").mkdir(), (tmp_path / "evaluated").mkdir()
     alone = run_ranks("fabric run", SCRIPTS["decoupled"], args, tmp_path / "alone", nproc=2)
-    logged = ["--evaluator", "--logger", "tensorboard", "csv"]
+    logged = ["--evaluator", "--logger", "tensorboard", "csv", "wandb"]
     evaluated = run_ranks("fabric run", SCRIPTS["decoupled"], [*args, *logged], tmp_path / "evaluated", nproc=3)
     assert alone.returncode == 0 and evaluated.returncode == 0, evaluated.stderr[-3000:]
     alone_dir, evaluated_dir = run_dir(tmp_path / "alone", "decoupled"), run_dir(tmp_path / "evaluated", "decoupled")
@@ -289,6 +290,9 @@ def test_the_evaluator_keeps_the_best_agent_and_never_changes_training(tmp_path)
     with (evaluated_dir / "csv-evaluator" / "metrics.csv").open(newline="") as file:  # the evaluator's rank logs it
         rows = {int(row["step"]): float(row["Eval/return_mean"]) for row in csv.DictReader(file)}
     assert rows == pytest.approx(evaluations)
+    trainers, evaluator = wandb_record(evaluated_dir), wandb_record(evaluated_dir, "evaluator")
+    assert b"Eval/return_mean" in evaluator and b"Eval/return_mean" not in trainers  # a W&B run of its own
+    assert b"Rewards/rew_avg" in trainers and evaluated_dir.name.encode() in evaluator  # in the run's group
     scored = subprocess.run(
         [sys.executable, "-m", "rl.evaluate", str(evaluated_dir / "best.ckpt"), "--episodes", "2"],
         capture_output=True,
