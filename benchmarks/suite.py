@@ -518,7 +518,10 @@ def normalized_scores(results: list[dict], rows: list[str]) -> dict[str, list[li
     return groups
 
 
-def iqm_estimates(scores: dict) -> tuple[dict, dict]:
+BOOTSTRAP_REPS = 50_000  # rliable's recommended count for the CIs of a published table
+
+
+def iqm_estimates(scores: dict, reps: int = BOOTSTRAP_REPS) -> tuple[dict, dict]:
     """rliable's IQM per group and its stratified-bootstrap 95% CI, drawn from a fixed seed: the same runs give
     the same table. rliable resamples with NumPy's global generator whatever `random_state` it is given, so that
     generator is seeded here, and given back its state after."""
@@ -529,7 +532,7 @@ def iqm_estimates(scores: dict) -> tuple[dict, dict]:
     np.random.seed(0)
     try:
         return library.get_interval_estimates(
-            scores, lambda matrix: np.array([metrics.aggregate_iqm(matrix)]), reps=50_000
+            scores, lambda matrix: np.array([metrics.aggregate_iqm(matrix)]), reps=reps
         )
     finally:
         np.random.set_state(state)

@@ -1,8 +1,8 @@
 """`python -m rl.export`: standalone greedy policies that act as the checkpoint does, and read no pickles."""
 
+import json
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import gymnasium as gym
@@ -54,6 +54,13 @@ AGENTS = {
     ],
 }
 FORMATS = {"torchscript": "pt", "onnx": "onnx"}
+# `python -m rl.export` with each of the argument lists given as JSON, in one process.
+EXPORT_EACH = """
+import json, sys
+from rl.export import main
+for argv in json.loads(sys.argv[1]):
+    main(argv)
+"""
 # Acts with every exported policy given as (policy, observations, actions out) triples, in a process where any
 # import of this project fails.
 RUN_WITHOUT_THE_PROJECT = """
@@ -107,27 +114,20 @@ def checkpoint_actions(checkpoint: Path, obs: np.ndarray) -> np.ndarray:
 @pytest.fixture(scope="module")
 def acted(agents, tmp_path_factory) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
     """For every agent and format: the exported policy's actions, run without this project, and the
-    checkpoint's actions on the same observations. `python -m rl.export` runs once per policy, two at a time."""
+    checkpoint's actions on the same observations. Every policy is exported by `rl.export`'s command line in one
+    process (an interpreter's start-up costs more than an export)."""
     folder = tmp_path_factory.mktemp("exported")
     cases = [(name, fmt) for name in AGENTS for fmt in FORMATS]
     policies = {case: folder / f"{case[0]}.{FORMATS[case[1]]}" for case in cases}
-
-    def export(case: tuple[str, str]) -> subprocess.CompletedProcess:
-        command = [
-            sys.executable,
-            "-m",
-            "rl.export",
-            str(agents[case[0]]),
-            "--format",
-            case[1],
-            "--out",
-            str(policies[case]),
-        ]
-        return subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=120)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        for done in pool.map(export, cases):
-            assert done.returncode == 0, done.stderr[-2000:]
+    commands = [[str(agents[name]), "--format", fmt, "--out", str(policies[name, fmt])] for name, fmt in cases]
+    exported = subprocess.run(
+        [sys.executable, "-c", EXPORT_EACH, json.dumps(commands)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert exported.returncode == 0, exported.stderr[-2000:]
     expected, triples = {}, []
     for name in AGENTS:
         state = load_checkpoint(str(agents[name]))

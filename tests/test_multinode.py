@@ -182,14 +182,22 @@ def test_the_slurm_script_starts_one_launcher_per_node_with_the_first_node_as_re
         (["--time", "four hours"], "--time: takes sbatch's forms (04:00:00, 90, 2-12:00), got 'four hours'"),
     ],
 )
-def test_a_slurm_job_it_cannot_run_names_its_flag(flags, told):
-    rendered = render_slurm(*flags, "--", "train_fabric.py")
-    assert rendered.returncode == 2 and rendered.stderr.strip() == f"error: {told}"
+def test_a_slurm_job_it_cannot_run_names_its_flag(flags, told, capsys):
+    """In this process: the command line's exit and its one line are `test_a_slurm_script_needs_an_entry_script`'s."""
+    from rl.errors import UsageError
+    from rl.slurm import main
+
+    with pytest.raises(UsageError) as refused:
+        main([*flags, "--", "train_fabric.py"])
+    assert str(refused.value) == told and capsys.readouterr().out == ""
 
 
-def test_sbatch_time_forms_are_taken():
+def test_sbatch_time_forms_are_taken(capsys):
+    from rl.slurm import main
+
     for limit in ("90", "30:00", "04:00:00", "2-12", "2-12:30", "2-12:30:00"):
-        assert render_slurm("--time", limit, "--", "train_fabric.py").returncode == 0, limit
+        main(["--time", limit, "--", "train_fabric.py"])
+        assert f"#SBATCH --time={limit}\n" in capsys.readouterr().out, limit
 
 
 def test_a_slurm_script_needs_an_entry_script():
