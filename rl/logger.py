@@ -197,6 +197,9 @@ class WandbSink:
             group=run_name,
             job_type=role or "train",
         )
+        # The Fabric logger hands wandb.init `anonymous=None`, a setting W&B has deprecated, which then warns on
+        # every run that the setting has no effect: leave it out, as W&B's default.
+        getattr(self._logger, "_wandb_init", {}).pop("anonymous", None)
 
     def log_scalars(self, metrics: dict[str, float], step: int) -> None:
         if self._logger is not None:

@@ -80,6 +80,7 @@ def test_wandb_offline_keeps_the_metrics_the_config_and_the_videos_and_a_resume_
     args = [*SHORT, "--logger", "wandb", "--checkpoint-every", "1024", "--capture-video", "--eval-episodes", "1"]
     first = run_ranks("python", SCRIPTS["fabric"], [*args, "--run-name", "tracked"], tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
+    assert "anonymous setting" not in first.stdout + first.stderr  # a W&B setting the user never gave
     directory = run_dir(tmp_path, "fabric")
     run_id = (directory / "wandb_id").read_text().strip()
     (offline,) = (directory / "wandb").glob(f"offline-run-*-{run_id}")
