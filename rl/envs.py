@@ -394,9 +394,11 @@ def make_env(
     window: bool = False,
     own_spaces: bool = False,
     render_mode: str | None = None,
+    video_episodes: Callable[[int], bool] | None = None,
 ) -> gym.Env:
     """One env as training steps it: observations preprocessed, Box actions clipped to the bounds. `window`: the
     env shows itself in a window as it steps (`render_mode="human"`); else `render_mode`, where no video sets it.
+    `video_episodes`: which episodes `video_dir` records (gymnasium's schedule by default: 0, 1, 8, 27, ...).
     `own_spaces`: the env's own observations where training flattened them (a Dict, a Tuple, a choice, a matrix)
     and its own actions, as `Agent.predict` takes and gives them; images and the time feature are prepared as in
     training, since the policy needs them."""
@@ -410,7 +412,7 @@ def make_env(
         options["frameskip"] = 1  # AtariPreprocessing skips frames, max-pooling the last two of each skip
     env = gym.make(env_id, **options)
     if video_dir:  # innermost: the video shows the env's own frames, every one, not the agent's input
-        env = gym.wrappers.RecordVideo(env, video_dir, disable_logger=True)
+        env = gym.wrappers.RecordVideo(env, video_dir, episode_trigger=video_episodes, disable_logger=True)
     flattens = not own_spaces or preprocessing.time_feature  # the time feature extends a flat vector
     if is_image_space(env.observation_space):
         env = _preprocess_images(env, preprocessing, is_atari(env_id))
@@ -461,6 +463,12 @@ def _preprocess_images(env: gym.Env, steps: Preprocessing, atari: bool) -> gym.E
     return env
 
 
+def first_episode(episode: int) -> bool:
+    """An evaluation's video: its env's first episode alone. The vector env resets an env in the step that ends its
+    episode, which would begin a second recording, of one frame."""
+    return episode == 0
+
+
 def make_vector_env(
     env_id: str,
     num_envs: int,
@@ -469,9 +477,10 @@ def make_vector_env(
     preprocessing: Preprocessing = ATARI_PREPROCESSING,
     seed: int = 0,
     window: bool = False,
+    video_episodes: Callable[[int], bool] | None = None,
 ) -> gym.vector.VectorEnv:
-    """`num_envs` envs stepped as one, with episode statistics; with `video_dir` the first env is recorded, with
-    `window` shown in a window (sync and async modes).
+    """`num_envs` envs stepped as one, with episode statistics; with `video_dir` the first env is recorded (its
+    `video_episodes`, as `make_env` takes them), with `window` shown in a window (sync and async modes).
 
     - `sync` / `async`: gymnasium's vector wrappers around single envs, in this process or one
       process per env. They reset an env in the same step as it ends (SAME_STEP autoreset):
@@ -493,7 +502,9 @@ def make_vector_env(
     else:
         videos = [video_dir] + [None] * (num_envs - 1)
         thunks = [
-            functools.partial(make_env, env_id, video, preprocessing, window=window and index == 0)
+            functools.partial(
+                make_env, env_id, video, preprocessing, window=window and index == 0, video_episodes=video_episodes
+            )
             for index, video in enumerate(videos)
         ]
         if mode == "async":

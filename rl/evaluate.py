@@ -40,7 +40,7 @@ class EvalConfig:
     deterministic: bool = True
     """act with the distribution's mode; --stochastic (or --no-deterministic) samples actions"""
     capture_video: bool = False
-    """write an mp4 of the first episode under the run folder and log it to TensorBoard"""
+    """write an mp4 of the first episode under the run folder and log it to TensorBoard and W&B"""
     render: bool = False
     """show the first env in a window as the agent plays (needs a display and an env that renders to one)"""
     env_id: str | None = None
@@ -70,13 +70,16 @@ def run_folder(checkpoint: str) -> Path:
 def log_scores(
     loggers: tuple[str, ...], folder: Path, returns: np.ndarray, lengths: np.ndarray, video_dir: str | None
 ) -> None:
-    """The scores to each logger: TensorBoard with the video, the others through the run's sinks."""
+    """The scores to each logger, with the video: TensorBoard here, the others through the run's sinks."""
     if "tensorboard" in loggers:
         log_to_tensorboard(folder, returns, lengths, video_dir)
     others = [name for name in loggers if name != "tensorboard"]
     if others:
         # every evaluation adds its row to those of the evaluations before it, as TensorBoard's event files do
-        sinks = open_sinks(others, str(folder), True, purge_step=sys.maxsize, csv_folder="evaluation-csv")
+        videos = {"Eval/video": video_dir} if video_dir else {}  # the training's videos are the run's already
+        sinks = open_sinks(
+            others, str(folder), True, purge_step=sys.maxsize, csv_folder="evaluation-csv", videos=videos
+        )
         sinks.log_scalars(
             {
                 "Eval/return_mean": float(returns.mean()),

@@ -17,6 +17,7 @@ from rl.envs import (
     ATARI_PREPROCESSING,
     Preprocessing,
     ends_its_episodes_in_time,
+    first_episode,
     make_vector_env,
     observations_tensor,
     stored_as_bytes,
@@ -105,7 +106,9 @@ def _play_episodes(
     at `UNLIMITED_EPISODE_STEPS`; `shown`: the first env's video folder and window."""
     episodes = len(indices)
     video_dir, window = shown
-    envs = make_vector_env(env_id, episodes, video_dir, preprocessing=preprocessing, window=window)
+    envs = make_vector_env(
+        env_id, episodes, video_dir, preprocessing=preprocessing, window=window, video_episodes=first_episode
+    )
     as_bytes = stored_as_bytes(envs.single_observation_space)
     layout = packed_layout(envs.single_observation_space)
     returns, lengths = np.zeros(episodes), np.zeros(episodes, dtype=np.int64)

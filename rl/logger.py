@@ -166,16 +166,23 @@ class WandbSink:
 
     Without a network it runs offline (`WANDB_MODE=offline`), and `wandb sync` uploads the run
     later. The run's W&B id is kept in the run folder, so an elastic restart or `--resume-from`
-    continues the same W&B run; the videos of the run folder are logged when it closes.
+    continues the same W&B run; the videos a launch recorded are logged when it closes.
 
     A process with a `role` of its own (decoupled mode's evaluator) logs to a W&B run of its own,
     `<run>-<role>`, beside the trainers' one: both are in the W&B group named after the run, as W&B
     groups the processes of one distributed job."""
 
-    def __init__(self, run_dir: str, is_main: bool, role: str | None = None) -> None:
-        self.log_dir, self.role, self._logger = run_dir, role, None
+    def __init__(
+        self, run_dir: str, is_main: bool, role: str | None = None, videos: dict[str, str] | None = None
+    ) -> None:
+        """`videos`: the folders whose mp4s are logged when the sink closes, by W&B key (by default a training
+        run's own videos, and none for a process with a role)."""
+        self.log_dir, self._logger = run_dir, None
         if not is_main:
             return
+        self.videos = videos if videos is not None else ({} if role else training_videos(run_dir))
+        # what an earlier launch of the run recorded, that launch logged
+        self.logged_before = {video for folder in training_videos(run_dir).values() for video in mp4_files(folder)}
         try:
             from wandb.integration.lightning.fabric import WandbLogger
         except ImportError:
@@ -218,16 +225,21 @@ class WandbSink:
         if self._logger is None:
             return
         with as_rank_zero():
-            if self.role is None:  # the run's videos go to the run's own W&B run
-                self._log_videos()
+            for key, folder in self.videos.items():
+                videos = [video for video in mp4_files(folder) if video not in self.logged_before]
+                if videos:
+                    self._logger.log_video(key, videos)
             self._logger.finalize("success")
             self._logger.experiment.finish()
 
-    def _log_videos(self) -> None:
-        for folder in VIDEO_FOLDERS:
-            videos = sorted(glob.glob(os.path.join(self.log_dir, folder, "**", "*.mp4"), recursive=True))
-            if videos:
-                self._logger.log_video(f"video/{folder}", videos)
+
+def mp4_files(folder: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(folder, "**", "*.mp4"), recursive=True))
+
+
+def training_videos(run_dir: str) -> dict[str, str]:
+    """The folders of a training run's videos (`--capture-video`), by W&B key."""
+    return {f"video/{folder}": os.path.join(run_dir, folder) for folder in VIDEO_FOLDERS}
 
 
 def wandb_credentials() -> bool:
@@ -318,9 +330,11 @@ def open_sinks(
     tensorboard: Callable[[], MetricsSink] | None = None,
     csv_folder: str = "csv",
     role: str | None = None,
+    videos: dict[str, str] | None = None,
 ) -> Sinks:
     """The run's sinks for `--logger`: `tensorboard` makes the TensorBoard one (a `SummaryWriter` by default);
-    a process with a `role` of its own logs to a W&B run of its own, grouped with the run's (`WandbSink`)."""
+    a process with a `role` of its own logs to a W&B run of its own, grouped with the run's, and `videos` are the
+    folders of the videos logged to W&B (`WandbSink`)."""
     make_tensorboard = tensorboard or (lambda: SummaryWriterSink(run_dir, is_main, purge_step))
     sinks: list[MetricsSink] = []
     with refused_logs(run_dir):
@@ -331,7 +345,7 @@ def open_sinks(
             elif name == "csv":
                 sinks.append(CSVSink(run_dir, is_main, purge_step, csv_folder))
             else:
-                sinks.append(WandbSink(run_dir, is_main, role))
+                sinks.append(WandbSink(run_dir, is_main, role, videos))
     return Sinks(sinks, run_dir)
 
 

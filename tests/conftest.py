@@ -238,10 +238,12 @@ def all_scalars(directory: Path, tag: str) -> dict[int, float]:
 
 
 def wandb_record(directory: Path, role: str | None = None) -> bytes:
-    """W&B's own offline log (history and config) of the run in `directory`, or of its process with that role."""
+    """W&B's own offline logs (history and config) of the run in `directory`, or of its process with that role:
+    those of every launch that continued it, one after the other."""
     run_id = (directory / ("wandb_id" if role is None else f"wandb_id-{role}")).read_text().strip()
-    (offline,) = (directory / "wandb").glob(f"offline-run-*-{run_id}")
-    return (offline / f"run-{run_id}.wandb").read_bytes()
+    launches = sorted((directory / "wandb").glob(f"offline-run-*-{run_id}"))
+    assert launches, f"no offline W&B run {run_id} in {directory}"
+    return b"".join((launch / f"run-{run_id}.wandb").read_bytes() for launch in launches)
 
 
 MODES = {"fabric": "coupled", "torch": "coupled", "decoupled": "decoupled", "hogwild": "hogwild"}

@@ -95,7 +95,25 @@ def test_wandb_offline_keeps_the_metrics_the_config_and_the_videos_and_a_resume_
         tmp_path,
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert len(list((directory / "wandb").glob(f"offline-run-*-{run_id}"))) == 2  # the same W&B run, continued
+    launches = sorted((directory / "wandb").glob(f"offline-run-*-{run_id}"))
+    assert len(launches) == 2  # the same W&B run, continued
+    recorded = [len(list((launch / "files" / "media" / "videos").rglob("*.mp4"))) for launch in launches]
+    # each launch logs the videos it recorded, not the earlier launch's again: training's episodes 0, 1, 8 and 27,
+    # and its evaluation's one episode
+    assert recorded == [4 + 1, 4 + 1]
+    evaluate = [sys.executable, "-m", "rl.evaluate", str(directory / "agent.ckpt"), "--episodes", "2"]
+    evaluated = subprocess.run(
+        [*evaluate, "--logger", "wandb", "--capture-video"],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    *_, evaluation = sorted((directory / "wandb").glob(f"offline-run-*-{run_id}"))  # the run's W&B run again
+    assert b"Eval/return_mean" in (evaluation / f"run-{run_id}.wandb").read_bytes()
+    (video,) = (evaluation / "files" / "media" / "videos").rglob("*.mp4")  # its own, not the training's again
+    assert video.parent.name == "Eval", video
 
 
 def test_the_evaluation_command_logs_its_scores_to_the_loggers_it_is_given_and_keeps_earlier_ones(tmp_path):
