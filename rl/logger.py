@@ -169,8 +169,8 @@ class WandbSink:
     continues the same W&B run; the videos a launch recorded are logged when it closes.
 
     A process with a `role` of its own (decoupled mode's evaluator) logs to a W&B run of its own,
-    `<run>-<role>`, beside the trainers' one: both are in the W&B group named after the run, as W&B
-    groups the processes of one distributed job."""
+    `<run>-<role>`, beside the trainers' one: both are in the W&B group named after the run (or
+    `WANDB_RUN_GROUP`), as W&B groups the processes of one distributed job."""
 
     def __init__(
         self, run_dir: str, is_main: bool, role: str | None = None, videos: dict[str, str] | None = None
@@ -201,8 +201,8 @@ class WandbSink:
             id=wandb_run_id(run_dir, role),
             project=os.environ.get("WANDB_PROJECT", "fabric-rl"),
             offline=offline,
-            group=run_name,
-            job_type=role or "train",
+            group=os.environ.get("WANDB_RUN_GROUP", run_name),  # W&B's own variables, where set, still decide
+            job_type=role or os.environ.get("WANDB_JOB_TYPE", "train"),
         )
         # The Fabric logger hands wandb.init `anonymous=None`, a setting W&B has deprecated, which then warns on
         # every run that the setting has no effect: leave it out, as W&B's default.

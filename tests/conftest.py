@@ -246,6 +246,15 @@ def wandb_record(directory: Path, role: str | None = None) -> bytes:
     return b"".join((launch / f"run-{run_id}.wandb").read_bytes() for launch in launches)
 
 
+def in_wandb_run(record: bytes, **fields: str) -> bool:
+    """Whether W&B's offline log holds a run record with these `RunRecord` fields, each as protobuf encodes it."""
+    from wandb.proto import wandb_internal_pb2
+
+    return all(
+        wandb_internal_pb2.RunRecord(**{name: value}).SerializeToString() in record for name, value in fields.items()
+    )
+
+
 MODES = {"fabric": "coupled", "torch": "coupled", "decoupled": "decoupled", "hogwild": "hogwild"}
 
 

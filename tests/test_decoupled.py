@@ -19,6 +19,7 @@ from conftest import (
     all_scalars,
     child_pids,
     free_port,
+    in_wandb_run,
     launch,
     launch_together,
     load_agent,
@@ -292,7 +293,9 @@ def test_the_evaluator_keeps_the_best_agent_and_never_changes_training(tmp_path)
     assert rows == pytest.approx(evaluations)
     trainers, evaluator = wandb_record(evaluated_dir), wandb_record(evaluated_dir, "evaluator")
     assert b"Eval/return_mean" in evaluator and b"Eval/return_mean" not in trainers  # a W&B run of its own
-    assert b"Rewards/rew_avg" in trainers and evaluated_dir.name.encode() in evaluator  # in the run's group
+    assert b"Rewards/rew_avg" in trainers
+    assert in_wandb_run(trainers, run_group=evaluated_dir.name, job_type="train")  # both in the run's W&B group
+    assert in_wandb_run(evaluator, run_group=evaluated_dir.name, job_type="evaluator")
     scored = subprocess.run(
         [sys.executable, "-m", "rl.evaluate", str(evaluated_dir / "best.ckpt"), "--episodes", "2"],
         capture_output=True,

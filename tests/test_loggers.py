@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import SCRIPTS, child_env, read_scalars, run_dir, run_ranks, wandb_record
+from conftest import SCRIPTS, child_env, in_wandb_run, read_scalars, run_dir, run_ranks, wandb_record
 
 RUN = ["--total-timesteps", "2048", "--eval-episodes", "0", "--no-progress-bar"]
 SHORT = [*RUN, "--update-epochs", "2"]
@@ -76,7 +76,10 @@ def test_csv_and_tensorboard_log_the_same_points_and_a_resume_keeps_the_rows_bef
     assert all(after[step] == before[step] for step in (512, 1024))
 
 
-def test_wandb_offline_keeps_the_metrics_the_config_and_the_videos_and_a_resume_continues_its_run(tmp_path):
+def test_wandb_offline_keeps_the_metrics_the_config_and_the_videos_and_a_resume_continues_its_run(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("WANDB_RUN_GROUP", "sweep-7")  # W&B's own variable, which the run's name does not override
     args = [*SHORT, "--logger", "wandb", "--checkpoint-every", "1024", "--capture-video", "--eval-episodes", "1"]
     first = run_ranks("python", SCRIPTS["fabric"], [*args, "--run-name", "tracked"], tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -86,6 +89,7 @@ def test_wandb_offline_keeps_the_metrics_the_config_and_the_videos_and_a_resume_
     (offline,) = (directory / "wandb").glob(f"offline-run-*-{run_id}")
     logged = wandb_record(directory)
     assert b"Rewards/rew_avg" in logged and b"Loss/policy_loss" in logged and b"num_envs" in logged
+    assert in_wandb_run(logged, display_name="tracked", run_group="sweep-7", job_type="train")
     assert list((offline / "files" / "media" / "videos").rglob("*.mp4"))
     checkpoint = directory / "checkpoints" / "step_000000001024.ckpt"
     resumed = run_ranks(
