@@ -41,10 +41,12 @@ SCRIPTS = {
     "decoupled": REPO / "train_fabric_decoupled.py",
     "hogwild": REPO / "train_hogwild.py",
 }
-# The loop's summary line with the time its envs took to step (every mode prints it).
+# The loop's summary line with the time its envs took to step (every mode prints it), then other figures, each
+# after a semicolon.
 ENVS_STEPPED = re.compile(
-    r"training loop: \d+ steps in [\d.]+ s \([\d,]+ steps/s\); "
-    r"stepping the envs: [\d.]+ s \(\d+%\)"
+    r"^training loop: \d+ steps in [\d.]+ s \([\d,]+ steps/s\); "
+    r"stepping the envs: [\d.]+ s \(\d+%\)(; [^;]*[^;\s])*$",
+    re.MULTILINE,
 )
 LOG_SUBDIRS = {
     "fabric": "fabric_logs",

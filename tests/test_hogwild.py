@@ -54,6 +54,7 @@ def test_synced_with_one_worker_equals_a_one_process_run(tmp_path, args):
 def test_shared_workers_step_one_optimizer_and_count_their_frames(tmp_path):
     finished = run_ranks("python", SCRIPTS["hogwild"], [*PPO_SHORT, "--workers", "2", "--sync", "shared"], tmp_path)
     assert finished.returncode == 0, finished.stderr[-3000:]
+    assert ENVS_STEPPED.search(finished.stdout), finished.stdout[-2000:]
     folder = run_dir(tmp_path, "hogwild")
     (checkpoint,) = (folder / "checkpoints").glob("step_*.ckpt")
     state = torch.load(checkpoint, weights_only=True)

@@ -634,10 +634,10 @@ class CheckpointWriter:
         steps = sum(part["frames_this_run"] for part in parts)
         env_seconds = sum(part["env_seconds"] for part in parts) / len(parts)  # each worker's, on average
         peak_rss_mb = [part["peak_rss_mb"] for part in parts]
-        self.loop_report = summary_line(steps, loop_seconds, peak_rss_mb, env_seconds=env_seconds) + ";"
+        self.loop_report = summary_line(steps, loop_seconds, peak_rss_mb, env_seconds=env_seconds)
         if self.algorithm.cfg.compile:
             compiling = ", ".join(f"{part['compile_seconds']:.1f}" for part in parts)
-            self.loop_report += f" torch.compile: {compiling} s compiling per worker (left out of the env steps/s);"
+            self.loop_report += f"; torch.compile: {compiling} s compiling per worker (left out of the env steps/s)"
 
 
 def finish(algorithm: Algorithm, final: TrainingCheckpoint, loop_report: str, run: Run) -> dict[str, float] | None:
