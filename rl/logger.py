@@ -36,13 +36,21 @@ class MetricsSink(Protocol):
     def close(self) -> None: ...
 
 
+def after_checkpoint(resumed_step: int | None) -> int | None:
+    """TensorBoard's `purge_step` for a run resumed from a checkpoint at `resumed_step`: TensorBoard hides the points
+    from its purge step on, and those logged up to the checkpoint, its own step's included, stay."""
+    return None if resumed_step is None else resumed_step + 1
+
+
 class FabricSink:
     """Lightning's own TensorBoard logger; it writes on global rank 0 only."""
 
     def __init__(self, root_dir: str, run_name: str, purge_step: int | None = None) -> None:
         from lightning.fabric.loggers import TensorBoardLogger
 
-        self._logger = TensorBoardLogger(root_dir=root_dir, name=run_name, version="", purge_step=purge_step)
+        self._logger = TensorBoardLogger(
+            root_dir=root_dir, name=run_name, version="", purge_step=after_checkpoint(purge_step)
+        )
         self.log_dir = self._logger.log_dir
 
     def log_scalars(self, metrics: dict[str, float], step: int) -> None:
@@ -65,7 +73,7 @@ class SummaryWriterSink:
         from torch.utils.tensorboard import SummaryWriter
 
         self.log_dir = log_dir
-        self._writer = SummaryWriter(log_dir, purge_step=purge_step) if is_main else None
+        self._writer = SummaryWriter(log_dir, purge_step=after_checkpoint(purge_step)) if is_main else None
 
     def log_scalars(self, metrics: dict[str, float], step: int) -> None:
         if self._writer:
@@ -173,10 +181,16 @@ class WandbSink:
     `WANDB_RUN_GROUP`), as W&B groups the processes of one distributed job."""
 
     def __init__(
-        self, run_dir: str, is_main: bool, role: str | None = None, videos: dict[str, str] | None = None
+        self,
+        run_dir: str,
+        is_main: bool,
+        role: str | None = None,
+        videos: dict[str, str] | None = None,
+        config: dict[str, Any] | None = None,
     ) -> None:
         """`videos`: the folders whose mp4s are logged when the sink closes, by W&B key (by default a training
-        run's own videos, and none for a process with a role)."""
+        run's own videos, and none for a process with a role); `config`: the run's config, recorded as W&B opens
+        the run (as `log_hparams` records it later)."""
         self.log_dir, self._logger = run_dir, None
         if not is_main:
             return
@@ -203,6 +217,7 @@ class WandbSink:
             offline=offline,
             group=os.environ.get("WANDB_RUN_GROUP", run_name),  # W&B's own variables, where set, still decide
             job_type=role or os.environ.get("WANDB_JOB_TYPE", "train"),
+            config=None if config is None else {key: _hparam_value(value) for key, value in config.items()},
         )
         # The Fabric logger hands wandb.init `anonymous=None`, a setting W&B has deprecated, which then warns on
         # every run that the setting has no effect: leave it out, as W&B's default.
@@ -272,6 +287,10 @@ class Sinks:
     def __init__(self, sinks: list[MetricsSink], log_dir: str) -> None:
         self.sinks, self.log_dir = sinks, log_dir
 
+    def add(self, other: Sinks) -> None:
+        """`other`'s sinks too, from now on (and closed with these)."""
+        self.sinks += other.sinks
+
     def log_scalars(self, metrics: dict[str, float], step: int) -> None:
         if not metrics:
             return  # a CSV row of nothing but its step
@@ -331,10 +350,12 @@ def open_sinks(
     csv_folder: str = "csv",
     role: str | None = None,
     videos: dict[str, str] | None = None,
+    config: dict[str, Any] | None = None,
 ) -> Sinks:
     """The run's sinks for `--logger`: `tensorboard` makes the TensorBoard one (a `SummaryWriter` by default);
-    a process with a `role` of its own logs to a W&B run of its own, grouped with the run's, and `videos` are the
-    folders of the videos logged to W&B (`WandbSink`)."""
+    a process with a `role` of its own logs to a W&B run of its own, grouped with the run's, `videos` are the
+    folders of the videos logged to W&B and `config` the run's config, which W&B records as it opens the run
+    (`WandbSink`)."""
     make_tensorboard = tensorboard or (lambda: SummaryWriterSink(run_dir, is_main, purge_step))
     sinks: list[MetricsSink] = []
     with refused_logs(run_dir):
@@ -345,7 +366,7 @@ def open_sinks(
             elif name == "csv":
                 sinks.append(CSVSink(run_dir, is_main, purge_step, csv_folder))
             else:
-                sinks.append(WandbSink(run_dir, is_main, role, videos))
+                sinks.append(WandbSink(run_dir, is_main, role, videos, config))
     return Sinks(sinks, run_dir)
 
 

@@ -14,14 +14,14 @@ from rl.checkpoint import BEST_FILENAME, TrainingCheckpoint, newest_checkpoint, 
 from rl.config import CONFIG_FILENAME, NOT_IN_RUN_FOLDER_CONFIG, RunConfig, run_dir_of, write_config_file
 from rl.elastic import job_id, start_logged, under_torchelastic
 from rl.envs import video_folder
-from rl.logger import MetricsSink, hparams_table, open_sinks, refused_logs
+from rl.logger import MetricsSink, Sinks, hparams_table, open_sinks, refused_logs
 from rl.runtime import Runtime
 
 
 @dataclass
 class Run:
     dir: str
-    sink: MetricsSink
+    sink: Sinks
 
 
 class ClosedIfItFails:

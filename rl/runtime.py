@@ -204,7 +204,8 @@ class Runtime(ABC):
 
     @abstractmethod
     def make_sink(self, root_dir: str, run_name: str, purge_step: int | None = None) -> MetricsSink:
-        """The run's TensorBoard writer; `purge_step` hides what an earlier writer logged from that step on."""
+        """The run's TensorBoard writer; `purge_step`, a resumed checkpoint's step, hides what an earlier writer
+        logged after it."""
 
     @abstractmethod
     def shutdown(self) -> None:

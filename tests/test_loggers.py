@@ -74,6 +74,46 @@ def test_csv_and_tensorboard_log_the_same_points_and_a_resume_keeps_the_rows_bef
     after = {int(row["step"]): row["Loss/policy_loss"] for row in csv_rows(directory) if row["Loss/policy_loss"]}
     assert sorted(after) == [512 * k for k in range(1, 7)]  # each step once: 512 and 1024 kept, the rest logged anew
     assert all(after[step] == before[step] for step in (512, 1024))
+    assert [step for step, _ in read_scalars(directory)["Loss/policy_loss"]] == sorted(after)  # TensorBoard's too
+
+
+def test_a_resumed_hogwild_run_keeps_what_it_logged_before_its_checkpoint_and_logs_to_every_logger(tmp_path):
+    """Worker 0 writes the training's scalars, the supervisor the closing evaluation's, each to every logger."""
+    loggers = ["--logger", "tensorboard", "csv", "wandb"]
+    args = [
+        *RUN[:2],
+        "--update-epochs",
+        "2",
+        "--no-progress-bar",
+        "--workers",
+        "2",
+        *loggers,
+        "--checkpoint-every",
+        "1024",
+    ]
+    first = run_ranks("python", SCRIPTS["hogwild"], args, tmp_path, nproc=1)
+    assert first.returncode == 0, first.stderr[-3000:]
+    directory = run_dir(tmp_path, "hogwild")
+    before = {(int(row["step"]), row["Loss/policy_loss"]) for row in csv_rows(directory) if row["Loss/policy_loss"]}
+    checkpoint = sorted((directory / "checkpoints").glob("step_*.ckpt"))[0]
+    resumed_at = int(checkpoint.stem.removeprefix("step_"))
+    assert any(step > resumed_at for step, _ in before)  # rows the resumed run must not keep
+    resumed = run_ranks(
+        "python",
+        SCRIPTS["hogwild"],
+        [*args, "--total-timesteps", "4096", "--resume-from", str(checkpoint)],
+        tmp_path,
+        1,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    rows = csv_rows(directory)
+    after = {(int(row["step"]), row["Loss/policy_loss"]) for row in rows if row["Loss/policy_loss"]}
+    assert {row for row in after if row[0] <= resumed_at} == {row for row in before if row[0] <= resumed_at}
+    steps = sorted(step for step, _ in after)
+    assert steps[-1] > 3072 and [step for step, _ in read_scalars(directory)["Loss/policy_loss"]] == steps
+    assert rows[-1]["Test/return_mean"] and int(rows[-1]["step"]) == 4096  # the supervisor's, after the workers'
+    logged = wandb_record(directory)
+    assert b"Rewards/rew_avg" in logged and b"Test/return_mean" in logged and b"num_envs" in logged
 
 
 def test_wandb_offline_keeps_the_metrics_the_config_and_the_videos_and_a_resume_continues_its_run(

@@ -23,6 +23,7 @@ import os
 import queue
 import resource
 import signal
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -277,9 +278,11 @@ class WorkerLoop:
             index, runtime.device, video_dir, env_ranks=cfg.workers, batch_rows=batch_rows
         )
         self.first_iteration = 1
+        self.resumed_step: int | None = None
         if resume is not None:
             restore_run_state(resume, index, self.policy, self.learner, self.source)
             self.first_iteration = resume.counters.iteration + 1
+            self.resumed_step = resume.counters.global_step
         if cfg.sync == "shared":
             self.weights: Weights = SharedWeights(self.learner, shared)
         else:
@@ -295,7 +298,10 @@ class WorkerLoop:
         # As in coupled mode, the step an iteration is at counts every worker's envs: SAC's
         # warm-up and a checkpoint's timing fall at the same iteration on every worker.
         self.steps_per_iteration = cfg.steps_per_iteration * cfg.workers
-        self.sink = open_sinks(cfg.logger, self.run_dir, self.index == 0)
+        # worker 0 writes the training's scalars, after those an earlier launch logged up to the checkpoint
+        self.sink = open_sinks(
+            cfg.logger, self.run_dir, self.index == 0, purge_step=self.resumed_step, config=cfg.to_dict()
+        )
         self.metrics = TrainingMetrics(self.runtime.device, self.runtime.all_reduce_sum, self.algorithm.stat_tags)
         self.reported_frames = self.start_frames = int(self.shared.frames.sum())
         drawn = self.index == 0 and cfg.progress_bar
@@ -465,8 +471,9 @@ def train_hogwild(
     configure_torch_threads(1)  # the supervisor waits; the cores are the workers'
     runtime = LocalRuntime(0)
     # Worker 0 writes the training's scalars; the supervisor's own (its hyperparameters) go to TensorBoard alone,
-    # so that one process writes the run's CSV.
-    run = start_run(replace(cfg, logger=tuple(name for name in cfg.logger if name != "csv")), runtime, resume)
+    # since one process at a time writes a CSV file or a W&B run: the closing evaluation goes to them after the
+    # workers have ended (`log_to_every_logger`).
+    run = start_run(replace(cfg, logger=supervisor_loggers(cfg.logger)), runtime, resume)
     with ClosedIfItFails() as opened:
         opened.add(run.sink.close)
         return supervise_run(algorithm, run, runtime, resume, callbacks)
@@ -526,10 +533,22 @@ def supervise_run(
         record_end(step, interrupted=True)
         run.sink.close()
         return TrainingResult(os.path.abspath(run.dir), None, None, step)
+    log_to_every_logger(run, cfg.logger)
     evaluation = finish(algorithm, final, writer.loop_report, run)
     run.sink.close()
     record_end(step, interrupted=False)
     return TrainingResult(os.path.abspath(run.dir), os.path.abspath(agent_path(run.dir)), evaluation, step)
+
+
+def supervisor_loggers(loggers: Sequence[str]) -> tuple[str, ...]:
+    """The loggers the supervisor writes while its workers train: those that several processes can write at once."""
+    return tuple(name for name in loggers if name == "tensorboard")
+
+
+def log_to_every_logger(run: Run, loggers: Sequence[str]) -> None:
+    """Once the workers have ended, the supervisor's sink continues worker 0's CSV file and W&B run too."""
+    others = [name for name in loggers if name not in supervisor_loggers(loggers)]
+    run.sink.add(open_sinks(others, run.dir, True, purge_step=sys.maxsize))
 
 
 def start_workers(processes: list[SpawnProcess]) -> None:
