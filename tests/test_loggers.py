@@ -77,20 +77,15 @@ def test_csv_and_tensorboard_log_the_same_points_and_a_resume_keeps_the_rows_bef
     assert [step for step, _ in read_scalars(directory)["Loss/policy_loss"]] == sorted(after)  # TensorBoard's too
 
 
-def test_a_resumed_hogwild_run_keeps_what_it_logged_before_its_checkpoint_and_logs_to_every_logger(tmp_path):
+@pytest.mark.parametrize(
+    "loggers",
+    [["tensorboard", "csv"], pytest.param(["tensorboard", "csv", "wandb"], marks=pytest.mark.slow)],
+    ids=["tensorboard-csv", "and-wandb"],
+)
+def test_a_resumed_hogwild_run_keeps_what_it_logged_before_its_checkpoint_and_logs_to_every_logger(tmp_path, loggers):
     """Worker 0 writes the training's scalars, the supervisor the closing evaluation's, each to every logger."""
-    loggers = ["--logger", "tensorboard", "csv", "wandb"]
-    args = [
-        *RUN[:2],
-        "--update-epochs",
-        "2",
-        "--no-progress-bar",
-        "--workers",
-        "2",
-        *loggers,
-        "--checkpoint-every",
-        "1024",
-    ]
+    args = [*RUN[:2], "--update-epochs", "2", "--no-progress-bar", "--workers", "2", "--logger", *loggers]
+    args += ["--checkpoint-every", "1024"]
     first = run_ranks("python", SCRIPTS["hogwild"], args, tmp_path, nproc=1)
     assert first.returncode == 0, first.stderr[-3000:]
     directory = run_dir(tmp_path, "hogwild")
@@ -112,8 +107,9 @@ def test_a_resumed_hogwild_run_keeps_what_it_logged_before_its_checkpoint_and_lo
     steps = sorted(step for step, _ in after)
     assert steps[-1] > 3072 and [step for step, _ in read_scalars(directory)["Loss/policy_loss"]] == steps
     assert rows[-1]["Test/return_mean"] and int(rows[-1]["step"]) == 4096  # the supervisor's, after the workers'
-    logged = wandb_record(directory)
-    assert b"Rewards/rew_avg" in logged and b"Test/return_mean" in logged and b"num_envs" in logged
+    if "wandb" in loggers:
+        logged = wandb_record(directory)
+        assert b"Rewards/rew_avg" in logged and b"Test/return_mean" in logged and b"num_envs" in logged
 
 
 def test_wandb_offline_keeps_the_metrics_the_config_and_the_videos_and_a_resume_continues_its_run(
