@@ -85,7 +85,7 @@ def test_csv_and_tensorboard_log_the_same_points_and_a_resume_keeps_the_rows_bef
 def test_a_resumed_hogwild_run_keeps_what_it_logged_before_its_checkpoint_and_logs_to_every_logger(tmp_path, loggers):
     """Worker 0 writes the training's scalars, the supervisor the closing evaluation's, each to every logger."""
     args = [*RUN[:2], "--update-epochs", "2", "--no-progress-bar", "--workers", "2", "--logger", *loggers]
-    args += ["--checkpoint-every", "1024"]
+    args += ["--checkpoint-every", "1024", "--eval-episodes", "2"]
     first = run_ranks("python", SCRIPTS["hogwild"], args, tmp_path, nproc=1)
     assert first.returncode == 0, first.stderr[-3000:]
     directory = run_dir(tmp_path, "hogwild")
