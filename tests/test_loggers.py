@@ -17,6 +17,16 @@ def csv_rows(directory: Path, folder: str = "csv") -> list[dict[str, str]]:
         return list(csv.DictReader(file))
 
 
+def policy_losses(directory: Path) -> dict[int, str]:
+    """The CSV's `Loss/policy_loss` by step."""
+    return {int(row["step"]): row["Loss/policy_loss"] for row in csv_rows(directory) if row["Loss/policy_loss"]}
+
+
+def resume_to(launcher: str, script: str, args: list[str], checkpoint: Path, total: int, cwd: Path, nproc: int):
+    resume = ["--total-timesteps", str(total), "--resume-from", str(checkpoint)]
+    return run_ranks(launcher, SCRIPTS[script], [*args, *resume], cwd, nproc=nproc)
+
+
 @pytest.mark.parametrize(
     ("launcher", "script", "args", "nproc"),
     [
@@ -60,18 +70,13 @@ def test_csv_and_tensorboard_log_the_same_points_and_a_resume_keeps_the_rows_bef
     first = run_ranks("fabric run", SCRIPTS["fabric"], args, tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     directory = run_dir(tmp_path, "fabric")
-    before = {int(row["step"]): row["Loss/policy_loss"] for row in csv_rows(directory) if row["Loss/policy_loss"]}
+    before = policy_losses(directory)
     assert sorted(before) == [step for step, _ in read_scalars(directory)["Loss/policy_loss"]]
     checkpoint = directory / "checkpoints" / "step_000000001024.ckpt"
-    resumed = run_ranks(
-        "fabric run",
-        SCRIPTS["fabric"],
-        [*args, "--total-timesteps", "3072", "--resume-from", str(checkpoint)],
-        tmp_path,
-    )
+    resumed = resume_to("fabric run", "fabric", args, checkpoint, 3072, tmp_path, 2)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "will be deleted" not in resumed.stderr  # Lightning's warning: the rows before the checkpoint are kept
-    after = {int(row["step"]): row["Loss/policy_loss"] for row in csv_rows(directory) if row["Loss/policy_loss"]}
+    after = policy_losses(directory)
     assert sorted(after) == [512 * k for k in range(1, 7)]  # each step once: 512 and 1024 kept, the rest logged anew
     assert all(after[step] == before[step] for step in (512, 1024))
     assert [step for step, _ in read_scalars(directory)["Loss/policy_loss"]] == sorted(after)  # TensorBoard's too
@@ -89,22 +94,17 @@ def test_a_resumed_hogwild_run_keeps_what_it_logged_before_its_checkpoint_and_lo
     first = run_ranks("python", SCRIPTS["hogwild"], args, tmp_path, nproc=1)
     assert first.returncode == 0, first.stderr[-3000:]
     directory = run_dir(tmp_path, "hogwild")
-    before = {(int(row["step"]), row["Loss/policy_loss"]) for row in csv_rows(directory) if row["Loss/policy_loss"]}
+    before = policy_losses(directory)
     checkpoint = sorted((directory / "checkpoints").glob("step_*.ckpt"))[0]
     resumed_at = int(checkpoint.stem.removeprefix("step_"))
-    assert any(step > resumed_at for step, _ in before)  # rows the resumed run must not keep
-    resumed = run_ranks(
-        "python",
-        SCRIPTS["hogwild"],
-        [*args, "--total-timesteps", "4096", "--resume-from", str(checkpoint)],
-        tmp_path,
-        1,
-    )
+    assert max(before) > resumed_at  # rows the resumed run must not keep
+    resumed = resume_to("python", "hogwild", args, checkpoint, 4096, tmp_path, 1)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    rows = csv_rows(directory)
-    after = {(int(row["step"]), row["Loss/policy_loss"]) for row in rows if row["Loss/policy_loss"]}
-    assert {row for row in after if row[0] <= resumed_at} == {row for row in before if row[0] <= resumed_at}
-    steps = sorted(step for step, _ in after)
+    rows, after = csv_rows(directory), policy_losses(directory)
+    assert {step: loss for step, loss in after.items() if step <= resumed_at} == {
+        step: loss for step, loss in before.items() if step <= resumed_at
+    }
+    steps = sorted(after)
     assert steps[-1] > 3072 and [step for step, _ in read_scalars(directory)["Loss/policy_loss"]] == steps
     assert rows[-1]["Test/return_mean"] and int(rows[-1]["step"]) == 4096  # the supervisor's, after the workers'
     if "wandb" in loggers:
