@@ -293,6 +293,7 @@ def test_the_evaluator_keeps_the_best_agent_and_never_changes_training(tmp_path)
     assert rows == pytest.approx(evaluations)
     trainers, evaluator = wandb_record(evaluated_dir), wandb_record(evaluated_dir, "evaluator")
     assert b"Eval/return_mean" in evaluator and b"Eval/return_mean" not in trainers  # a W&B run of its own
+    assert b"num_envs" in evaluator  # with the run's config
     assert b"Rewards/rew_avg" in trainers
     assert in_wandb_run(trainers, run_group=evaluated_dir.name, job_type="train")  # both in the run's W&B group
     assert in_wandb_run(evaluator, run_group=evaluated_dir.name, job_type="evaluator")

@@ -113,7 +113,9 @@ class Evaluator:
         self.message = WeightsMessage(self.policy, algorithm.spaces.obs_dim)
         self.normalizer = algorithm.obs_normalizer(torch.device("cpu"))
         # beside the player's logs
-        self.sink = open_sinks(self.cfg.logger, self.run_dir, True, csv_folder="csv-evaluator", role="evaluator")
+        self.sink = open_sinks(
+            self.cfg.logger, self.run_dir, True, csv_folder="csv-evaluator", role="evaluator", config=self.cfg.to_dict()
+        )
         self.best = best  # the run's best.ckpt, replaced by a better agent
         self.final_step: int | None = None
         self.final_seconds = 0.0
