@@ -114,8 +114,8 @@ def checkpoint_actions(checkpoint: Path, obs: np.ndarray) -> np.ndarray:
 @pytest.fixture(scope="module")
 def acted(agents, tmp_path_factory) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
     """For every agent and format: the exported policy's actions, run without this project, and the
-    checkpoint's actions on the same observations. Every policy is exported by `rl.export`'s command line in one
-    process (an interpreter's start-up costs more than an export)."""
+    checkpoint's actions on the same observations. Every policy is exported by `rl.export.main`, what its command
+    line runs, all in one process (an interpreter's start-up costs more than an export)."""
     folder = tmp_path_factory.mktemp("exported")
     cases = [(name, fmt) for name in AGENTS for fmt in FORMATS]
     policies = {case: folder / f"{case[0]}.{FORMATS[case[1]]}" for case in cases}
