@@ -9,8 +9,10 @@ shape, Box actions clipped to the env's bounds, as training sent them. It runs w
 - `--format torchscript`: `torch.jit.load(FILE)(obs)` with plain torch;
 - `--format onnx`: `onnxruntime.InferenceSession(FILE).run(None, {"obs": obs})` (`pip install -e ".[export]"`).
 
-A Dict observation with images is given key by key, as named inputs in the Dict's order: images as
-uint8, vector keys as float32 rows (choices one-hot, as gymnasium flattens them).
+A choice (`Discrete`, ...), or a Dict or Tuple of vectors, which training flattens, is given flattened:
+`gymnasium.spaces.flatten(space, obs)` of each observation. A Dict observation with images is given key by
+key, as named inputs in the Dict's order: images as uint8, vector keys as float32 rows (choices one-hot, as
+gymnasium flattens them).
 
 A recurrent policy takes one step per call and carries its LSTM's state from call to call: it takes
 the observations, `state` (float32 [2, layers, batch, hidden], h and c; zeros to begin) and
@@ -250,19 +252,27 @@ def main(argv: list[str]) -> None:
     agent = load_agent(cfg.checkpoint, flag="CHECKPOINT")
     module, example = greedy_policy(agent)
     export(module, example, cfg.out, cfg.chosen_format)
-    print(f"{cfg.out}: the greedy policy of {agent.env_id} ({cfg.chosen_format}); it takes {inputs_text(module)}")
+    takes = inputs_text(module, agent)
+    print(f"{cfg.out}: the greedy policy of {agent.env_id} ({cfg.chosen_format}); it takes {takes}")
 
 
-def inputs_text(module: Exported) -> str:
+def inputs_text(module: Exported, agent: Agent) -> str:
     if isinstance(module, GreedyRecurrentPolicy):
         lstm = module.observations.policy.lstm
         state = f"state (float32 [2, {lstm.num_layers}, batch, {lstm.hidden_size}], zeros to begin)"
         starts = "episode_start (bool [batch])"
-        return f"{inputs_text(module.observations)}, {state} and {starts}; it returns next_state too"
+        return f"{inputs_text(module.observations, agent)}, {state} and {starts}; it returns next_state too"
     if isinstance(module, GreedyMultiInputPolicy):
         keys = ", ".join(key_text(key) for key in module.layout.keys)
         return f"one batch per key: {keys}"
-    return f"a batch of {'uint8 images' if module.pixels else 'float32 vectors'}"
+    sides = ", ".join(str(side) for side in agent.observation_space.shape or ())
+    if module.pixels:
+        return f"a batch of uint8 images [batch, {sides}]"
+    text = f"a batch of float32 vectors [batch, {sides}]"
+    own_space = agent.env_observation_space
+    if own_space is not None and not isinstance(own_space, gym.spaces.Box):  # a Box of several axes is reshaped
+        text += f" (the env's {type(own_space).__name__} observations, each as gymnasium.spaces.flatten gives it)"
+    return text
 
 
 def key_text(key: KeyInput) -> str:

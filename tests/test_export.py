@@ -16,6 +16,7 @@ from rl.agent import load_agent, restore_agent
 from rl.checkpoint import load_checkpoint
 from rl.envs import env_own_spaces, make_vector_env, observations_tensor
 from rl.errors import UsageError
+from rl.export import main
 
 TINY = ["--eval-episodes", "0", "--no-progress-bar", "--torch-threads", "1"]
 AGENTS = {
@@ -30,6 +31,7 @@ AGENTS = {
         "--total-timesteps",
         "512",
     ],
+    "ppo-dict-of-vectors": ["--env-id", "envs_for_tests:DictCartPole-v0", "--total-timesteps", "512"],
     "ppo-box-mlp-normalized": ["--env-id", "Pendulum-v1", "--normalize-observations", "--total-timesteps", "512"],
     "ppo-discrete-cnn": [
         "--env-id",
@@ -187,6 +189,21 @@ def test_a_loaded_agent_predicts_the_checkpoints_greedy_actions_for_one_observat
         assert (flat >= agent.action_space.low).all() and (flat <= agent.action_space.high).all()
     else:
         assert np.array_equal(sampled, sampled.astype(np.int64))
+
+
+def test_a_flattened_dicts_policy_says_it_takes_what_gymnasium_flattens_and_acts_on_it_as_predict_does(
+    agents, tmp_path, capsys
+):
+    out = tmp_path / "policy.pt"
+    main([str(agents["ppo-dict-of-vectors"]), "--out", str(out)])
+    takes = "a batch of float32 vectors [batch, 6] (the env's Dict observations, each as gymnasium.spaces.flatten"
+    assert takes in capsys.readouterr().out
+    env = gym.make("envs_for_tests:DictCartPole-v0")
+    env.action_space.seed(0)
+    raw = [env.reset(seed=0)[0]] + [env.step(env.action_space.sample())[0] for _ in range(7)]
+    flat = np.stack([gym.spaces.flatten(env.observation_space, obs) for obs in raw]).astype(np.float32)
+    exported = torch.jit.load(out)(torch.from_numpy(flat)).numpy()
+    assert np.array_equal(exported, load_agent(agents["ppo-dict-of-vectors"]).predict(raw)[0])
 
 
 def test_a_loaded_agent_refuses_observations_of_another_shape_and_a_file_that_is_not_an_agent(agents, tmp_path):
