@@ -70,7 +70,8 @@ class TuneConfig:
     """Search hyperparameters with Optuna; the training flags follow `--`."""
 
     trials: int = 20
-    """trials the study ends with (finished, pruned or failed), counting those of earlier tuners of the same study"""
+    """finished, pruned or failed trials after which the study starts no more, counting those of earlier tuners of
+    the same study (tuners running at once each finish their trial, so a study may end a few past it)"""
     workers: int = 1
     """tuning processes on this machine, each running one trial at a time (one torch thread each)"""
     storage: str = "sqlite:///tuning.db"
