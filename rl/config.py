@@ -836,9 +836,12 @@ def config_file_of(argv: list[str]) -> str | None:
 
 def write_config_file(cfg: RunConfig, path: str, leave_out: tuple[str, ...] = ()) -> None:
     """The resolved flags of `cfg` as a file that `--config` takes back (YAML, or JSON by its suffix), but those
-    named in `leave_out`."""
+    named in `leave_out`, and `cuda_graphs` where it followed from `cuda` rather than a choice: a file written on
+    a CPU and trained with --cuda then captures as --cuda alone would."""
     import yaml
 
+    if not cfg.cuda_graphs_chosen:
+        leave_out += ("cuda_graphs",)
     values = {ALGORITHM_KEY: cfg.ALGORITHM} | {
         key: list(value) if isinstance(value, tuple) else value
         for key, value in cfg.to_dict().items()

@@ -825,6 +825,26 @@ def test_cuda_graphs_are_on_by_default_on_a_gpu_where_they_can_serve(argv, captu
     check_cuda_graphs(cfg)  # a default is never one the run refuses
 
 
+@pytest.mark.parametrize(
+    ("written", "then", "captured"),
+    [
+        ([], ["--cuda"], True),  # written on a CPU, trained on a GPU: captured, as --cuda alone would be
+        (["sac", "--cuda"], [], True),
+        (["--cuda"], ["--no-cuda"], False),  # the default followed --cuda; a choice would be refused without it
+        (["--cuda", "--no-cuda-graphs"], [], False),  # a choice stays
+        (["sac", "--cuda", "--compile", "--cuda-graphs"], [], True),
+    ],
+)
+def test_a_written_config_holds_cuda_graphs_only_where_they_were_chosen(tmp_path, written, then, captured):
+    from rl.config import check_cuda_graphs, write_config_file
+
+    path = str(tmp_path / "written.yaml")
+    write_config_file(parse_config(written), path)
+    cfg = parse_config(["--config", path, *then])
+    assert cfg.cuda_graphs is captured
+    check_cuda_graphs(cfg)
+
+
 @pytest.mark.parametrize(("argv", "describes"), [(["--help"], "Proximal Policy"), (["sac", "--help"], "Soft Actor")])
 def test_an_entry_scripts_help_describes_its_algorithm(argv, describes, capsys):
     with pytest.raises(SystemExit):
