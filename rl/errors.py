@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import signal
 import sys
@@ -98,6 +99,7 @@ def print_error(line: str) -> None:
     drawn. Signal-safe: no lock is taken.
     """
     global _progress_line_open
+    record_for_the_launcher(line)
     try:
         descriptor = sys.stderr.fileno()
     except (AttributeError, OSError, io.UnsupportedOperation):  # a stream without a file, e.g. captured
@@ -111,6 +113,24 @@ def print_error(line: str) -> None:
     _progress_line_open = False
     sys.stderr.flush()
     os.write(descriptor, f"{line}\n".encode())
+
+
+def record_for_the_launcher(text: str) -> None:
+    """Give torchrun (and `fabric run`) the error line of `text`, if it ends in one: its summary of a failed job
+    shows each failed process's error file, which says otherwise only where to read about enabling tracebacks."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    line = text.rpartition("\n")[2]
+    if path is None or not line.startswith("error: "):
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as file:
+            # torch's own layout, which its summary shows by `py_callstack`: here the line stands in for a traceback
+            json.dump(
+                {"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}}},
+                file,
+            )
+    except OSError:  # the launcher's summary is a courtesy: the line is printed above it either way
+        pass
 
 
 @contextmanager

@@ -72,6 +72,7 @@ def test_every_fabric_rank_exits_2_with_one_line(tmp_path, args, flag):
     lines = error_lines(finished.stderr)
     assert len(lines) == 2 and all(line.startswith(f"error: {flag}: ") for line in lines)
     assert finished.stderr.count("exitcode  : 2") == 2  # the launcher's report of each failed rank
+    assert finished.stderr.count(f"traceback : error: {flag}: ") == 2  # in it, each rank's line, not a link
     assert "[rank" not in finished.stderr  # no rank printed a traceback
     assert finished.seconds < 45
 
@@ -81,6 +82,7 @@ def test_every_torchrun_rank_exits_2_with_one_line(tmp_path):
     assert finished.returncode != 0
     lines = error_lines(finished.stderr)
     assert len(lines) == 2 and all(line.startswith("error: --env-id: ") for line in lines)
+    assert finished.stderr.count("traceback : error: --env-id: ") == 2
     assert "[rank" not in finished.stderr
 
 
