@@ -43,6 +43,7 @@ def test_synced_with_one_worker_equals_a_one_process_run(tmp_path, args):
     coupled = run_ranks("python", SCRIPTS["fabric"], args, tmp_path / "coupled")
     assert hogwild.returncode == 0, hogwild.stderr[-3000:]
     assert coupled.returncode == 0, coupled.stderr[-3000:]
+    assert "hogwild: 1 worker (synced), process ids " in hogwild.stdout
     merged, alone = (
         agent_weights(run_dir(tmp_path / "hogwild", "hogwild")),
         agent_weights(run_dir(tmp_path / "coupled", "fabric")),

@@ -54,7 +54,7 @@ from rl.checkpoint import (
 )
 from rl.config import RunConfig
 from rl.elastic import reached, record_end
-from rl.errors import RunStopped, print_error
+from rl.errors import RunStopped, counted, print_error
 from rl.evaluation import report_evaluation
 from rl.experience import ExperienceSource
 from rl.logger import EPISODE_RETURN, ProgressBar, TrainingMetrics, open_sinks
@@ -510,7 +510,8 @@ def supervise_run(
     with InterruptFlag(on_request=channel.stop_requested.set):  # the workers hear of Ctrl-C from the channel
         start_workers(processes)
         pids = ", ".join(str(process.pid) for process in processes)
-        print(f"hogwild: {cfg.workers} workers ({cfg.sync}), process ids {pids}; run folder {run.dir}", flush=True)
+        workers = counted(cfg.workers, "worker")
+        print(f"hogwild: {workers} ({cfg.sync}), process ids {pids}; run folder {run.dir}", flush=True)
         try:
             supervise(processes, channel, writer.add)
         except WorkerLost as lost:
