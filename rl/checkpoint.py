@@ -174,7 +174,7 @@ def restore_run_state(
         source.reset_envs(env_seeds(resume.config["seed"], rank, source.envs.num_envs, iteration, env_ranks))
         if rank == 0:
             print_error(
-                f"warning: the checkpoint's {saved_ranks} ranks now run as {env_ranks}: every rank's envs "
+                f"warning: the checkpoint of {counted(saved_ranks, 'rank')} resumes on {env_ranks}: every rank's envs "
                 f"restart from fresh resets ({source.envs.num_envs} per rank), and no rank's own state "
                 "(replay buffer, episode in progress) is restored"
             )

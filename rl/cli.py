@@ -53,6 +53,7 @@ from rl.errors import (
     INTERRUPTED_EXIT_CODE,
     RunStopped,
     UsageError,
+    counted,
     exit_after_peers_report,
     exit_on_usage_error,
     print_error,
@@ -410,7 +411,7 @@ def keep_global_batch(cfg: RunConfig, resume: TrainingCheckpoint, world_size: in
         if total % world_size:
             raise UsageError(
                 flag(name),
-                f"the checkpoint's {saved_world} ranks ran {total} in all, which "
+                f"the checkpoint's {counted(saved_world, 'rank')} ran {total} in all, which "
                 f"{world_size} ranks cannot share evenly",
             )
         setattr(cfg, name, total // world_size)

@@ -33,7 +33,14 @@ from typing import Any, Literal
 import yaml
 
 from rl.config import CONFIG_FILENAME, check_seed, config_file_algorithm, flag, parse_dataclass
-from rl.errors import INTERRUPTED_EXIT_CODE, UsageError, exit_on_ctrl_c, exit_on_usage_error, unrecognized_options
+from rl.errors import (
+    INTERRUPTED_EXIT_CODE,
+    UsageError,
+    counted,
+    exit_on_ctrl_c,
+    exit_on_usage_error,
+    unrecognized_options,
+)
 from rl.logger import CSV_METRICS_FILE
 from rl.peer_flags import TUNING_PEER_FLAGS, tools_peer_flag
 
@@ -446,11 +453,11 @@ def main(argv: list[str]) -> None:
         storage=cfg.storage, study_name=cfg.study_name, direction="maximize", load_if_exists=True
     )
     check_same_space(study, cfg, space)
-    counted = trials_counted(study)
-    if counted >= cfg.trials:
+    done = trials_counted(study)
+    if done >= cfg.trials:
         print(
-            f"the study {cfg.study_name!r} in {cfg.storage} holds {counted} trials already: none is left to run "
-            f"(a larger --trials runs more)"
+            f"the study {cfg.study_name!r} in {cfg.storage} holds {counted(done, 'trial')} already: none is left to "
+            "run (a larger --trials runs more)"
         )
     else:
         try:

@@ -202,6 +202,9 @@ def test_decoupled_needs_a_trainer_and_a_row_per_trainer():
     with pytest.raises(UsageError, match="a rollout of 4 rows cannot feed 5 trainers") as error:
         validate_decoupled(PPOConfig(num_envs=2, num_steps=2), world_size=6)
     assert error.value.flag == "--num-steps"
+    with pytest.raises(UsageError, match="sequences: 1 env cannot feed 2 trainers") as error:
+        validate_decoupled(PPOConfig(recurrent=True, num_envs=1), world_size=3)
+    assert error.value.flag == "--num-envs"
     validate_decoupled(PPOConfig(), world_size=3)
 
 

@@ -572,7 +572,7 @@ def test_a_run_that_resumes_on_fewer_ranks_from_fresh_resets_still_learns(tmp_pa
     )
     assert one_rank.returncode == 0, one_rank.stderr[-3000:]
     assert (
-        "warning: the checkpoint's 2 ranks now run as 1: every rank's envs restart from fresh resets (4 per rank)"
+        "warning: the checkpoint of 2 ranks resumes on 1: every rank's envs restart from fresh resets (4 per rank)"
         in one_rank.stderr
     ), one_rank.stderr[-3000:]
     assert "resumes from step 16384" in one_rank.stderr, one_rank.stderr[-3000:]

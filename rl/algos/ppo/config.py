@@ -7,7 +7,7 @@ from typing import Literal
 
 from rl.algos.ppo.presets import PPO_PRESETS
 from rl.config import RunConfig, check_signs
-from rl.errors import UsageError
+from rl.errors import UsageError, counted
 
 
 @dataclass
@@ -174,7 +174,7 @@ class PPOConfig(RunConfig):
             raise UsageError(
                 "--num-envs",
                 f"with --recurrent each trainer takes whole env sequences: "
-                f"{self.num_envs} envs cannot feed {num_trainers} trainers",
+                f"{counted(self.num_envs, 'env')} cannot feed {num_trainers} trainers",
             )
         if self.rollout_steps_per_rank < num_trainers:
             raise UsageError(
