@@ -546,8 +546,8 @@ def test_a_node_lost_leaves_the_job_on_fewer_nodes_and_a_node_that_joins_is_take
     assert "exitcode" not in joiner_err, joiner_err[-3000:]  # no worker failed
     starts = [entry for entry in journal() if entry["event"] == "start"]
     assert [entry["world_size"] for entry in starts] == [2, 1, 2]
-    assert "now run as 1: every rank's envs restart from fresh resets (4 per rank)" in host_err + joiner_err
-    assert "now run as 2: every rank's envs restart from fresh resets (2 per rank)" in host_err + joiner_err
+    assert "resumes on 1: every rank's envs restart from fresh resets (4 per rank)" in host_err + joiner_err
+    assert "resumes on 2: every rank's envs restart from fresh resets (2 per rank)" in host_err + joiner_err
     agent_file = torch.load(next(tmp_path.glob("logs/*/*/agent.ckpt")), weights_only=True)
     assert agent_file["config"]["num_envs"] == 2 and agent_file["config"]["per_rank_batch_size"] == 64
 
