@@ -82,6 +82,29 @@ def test_csv_and_tensorboard_log_the_same_points_and_a_resume_keeps_the_rows_bef
     assert [step for step, _ in read_scalars(directory)["Loss/policy_loss"]] == sorted(after)  # TensorBoard's too
 
 
+def test_a_resumed_decoupled_runs_evaluator_keeps_what_it_logged_before_the_checkpoint(tmp_path):
+    args = [*RUN[:2], "--no-progress-bar", "--evaluator", "--eval-episodes", "2", "--logger", "tensorboard", "csv"]
+    args = [*args, "--total-timesteps", "8192", "--checkpoint-every", "4096"]
+    first = run_ranks("fabric run", SCRIPTS["decoupled"], args, tmp_path, nproc=3)
+    assert first.returncode == 0, first.stderr[-3000:]
+    directory = run_dir(tmp_path, "decoupled")
+
+    def evaluations() -> dict[int, str]:
+        return {int(row["step"]): row["Eval/return_mean"] for row in csv_rows(directory, "csv-evaluator")}
+
+    before = evaluations()
+    kept = {step: score for step, score in before.items() if step <= 4096}
+    assert kept and max(before) == 8192  # evaluations before the checkpoint, and the final one after it
+    resumed = resume_to(
+        "fabric run", "decoupled", args, directory / "checkpoints" / "step_000000004096.ckpt", 8192, tmp_path, 3
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = evaluations()
+    assert {step: score for step, score in after.items() if step <= 4096} == kept
+    assert max(after) == 8192 and len(csv_rows(directory, "csv-evaluator")) == len(after)  # each step once
+    assert [step for step, _ in read_scalars(directory)["Eval/return_mean"]] == sorted(after)  # TensorBoard's too
+
+
 @pytest.mark.parametrize(
     "loggers",
     [["tensorboard", "csv"], pytest.param(["tensorboard", "csv", "wandb"], marks=pytest.mark.slow)],

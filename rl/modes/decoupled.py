@@ -506,7 +506,8 @@ def train_decoupled(
                 player.close_if_it_fails(opened)
                 result = player.train(callbacks)
         elif topology.is_evaluator:
-            evaluator = Evaluator(algorithm, LEAD_PLAYER, run_dir, best)
+            resumed_step = resume.counters.global_step if resume else None
+            evaluator = Evaluator(algorithm, LEAD_PLAYER, run_dir, best, resumed_step)
             evaluator.serve()
         else:
             run_trainer(algorithm, topology, trainers.group, resume)

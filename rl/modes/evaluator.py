@@ -105,16 +105,24 @@ class EvaluatorLink:
 class Evaluator:
     """Evaluates whatever `weights_rank` sends until its final weights; keeps the best agent."""
 
-    def __init__(self, algorithm: Algorithm, weights_rank: int, run_dir: str, best: BestAgent) -> None:
+    def __init__(
+        self, algorithm: Algorithm, weights_rank: int, run_dir: str, best: BestAgent, resumed_step: int | None = None
+    ) -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the player's: it sends the final weights
         self.algorithm, self.cfg, self.weights_rank = algorithm, algorithm.cfg, weights_rank
         self.run_dir = run_dir  # the lead player's run
         self.policy = algorithm.build_policy(torch.device("cpu"))
         self.message = WeightsMessage(self.policy, algorithm.spaces.obs_dim)
         self.normalizer = algorithm.obs_normalizer(torch.device("cpu"))
-        # beside the player's logs
+        # beside the player's logs; a resumed run's keep what was logged up to its checkpoint, as the player's do
         self.sink = open_sinks(
-            self.cfg.logger, self.run_dir, True, csv_folder="csv-evaluator", role="evaluator", config=self.cfg.to_dict()
+            self.cfg.logger,
+            self.run_dir,
+            True,
+            purge_step=resumed_step,
+            csv_folder="csv-evaluator",
+            role="evaluator",
+            config=self.cfg.to_dict(),
         )
         self.best = best  # the run's best.ckpt, replaced by a better agent
         self.final_step: int | None = None
