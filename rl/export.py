@@ -10,9 +10,10 @@ shape, Box actions clipped to the env's bounds, as training sent them. It runs w
 - `--format onnx`: `onnxruntime.InferenceSession(FILE).run(None, {"obs": obs})` (`pip install -e ".[export]"`).
 
 A choice (`Discrete`, ...), or a Dict or Tuple of vectors, which training flattens, is given flattened:
-`gymnasium.spaces.flatten(space, obs)` of each observation. A Dict observation with images is given key by
-key, as named inputs in the Dict's order: images as uint8, vector keys as float32 rows (choices one-hot, as
-gymnasium flattens them).
+`gymnasium.spaces.flatten(space, obs)` of each observation. With `--time-feature`, each observation ends in the
+elapsed fraction of the episode's time limit, as gymnasium's `TimeAwareObservation(normalize_time=True)` appends
+it. A Dict observation with images is given key by key, as named inputs in the Dict's order: images as uint8,
+vector keys as float32 rows (choices one-hot, as gymnasium flattens them).
 
 A recurrent policy takes one step per call and carries its LSTM's state from call to call: it takes
 the observations, `state` (float32 [2, layers, batch, hidden], h and c; zeros to begin) and
@@ -272,6 +273,8 @@ def inputs_text(module: Exported, agent: Agent) -> str:
     own_space = agent.env_observation_space
     if own_space is not None and not isinstance(own_space, gym.spaces.Box):  # a Box of several axes is reshaped
         text += f" (the env's {type(own_space).__name__} observations, each as gymnasium.spaces.flatten gives it)"
+    if agent.preprocessing.time_feature:
+        text += " (each with the elapsed fraction of the time limit last, as TimeAwareObservation(normalize_time=True))"
     return text
 
 

@@ -206,6 +206,26 @@ def test_a_flattened_dicts_policy_says_it_takes_what_gymnasium_flattens_and_acts
     assert np.array_equal(exported, load_agent(agents["ppo-dict-of-vectors"]).predict(raw)[0])
 
 
+def test_a_time_feature_policy_says_it_takes_the_elapsed_fraction_last_and_acts_on_it_as_predict_does(tmp_path, capsys):
+    args = ["--env-id", "Pendulum-v1", "--time-feature", "--total-timesteps", "512", *TINY]
+    trained = run_ranks("python", SCRIPTS["fabric"], args, tmp_path, nproc=1)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    checkpoint, out = run_dir(tmp_path, "fabric") / "agent.ckpt", tmp_path / "policy.pt"
+    main([str(checkpoint), "--out", str(out)])
+    assert "[batch, 4] (each with the elapsed fraction of the time limit last" in capsys.readouterr().out
+    env = gym.make("Pendulum-v1")  # its time limit: 200 steps
+    env.action_space.seed(0)
+    raw = [env.reset(seed=0)[0]] + [env.step(env.action_space.sample())[0] for _ in range(7)]
+    with_time = np.stack([np.append(obs, t / 200) for t, obs in enumerate(raw)]).astype(np.float32)
+    agent = load_agent(checkpoint)
+    wrapped = agent.make_env()
+    wrapped.action_space.seed(0)
+    made = [wrapped.reset(seed=0)[0]] + [wrapped.step(wrapped.action_space.sample())[0] for _ in range(7)]
+    np.testing.assert_allclose(np.stack(made), with_time, rtol=0, atol=1e-6)  # what the line tells a user to give
+    exported = torch.jit.load(out)(torch.from_numpy(with_time)).numpy()
+    np.testing.assert_allclose(exported, agent.predict(np.stack(made))[0], rtol=0, atol=1e-5)
+
+
 def test_a_loaded_agent_refuses_observations_of_another_shape_and_a_file_that_is_not_an_agent(agents, tmp_path):
     agent = load_agent(agents["ppo-discrete-mlp"])
     with pytest.raises(ValueError, match=r"this agent takes \(4,\), or a batch of them"):
