@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from rl.agent import Agent, load_agent
 from rl.config import parse_dataclass
-from rl.envs import EnvActions, is_image_space
+from rl.envs import EnvActions, Preprocessing, is_image_space
 from rl.errors import UsageError, exit_on_ctrl_c, exit_on_usage_error, refused_writes
 from rl.multi_input import KeyInput, MultiInputLayout, packed_layout
 from rl.normalization import CLIP, ObservationNormalizer
@@ -268,7 +268,7 @@ def inputs_text(module: Exported, agent: Agent) -> str:
         return f"one batch per key: {keys}"
     sides = ", ".join(str(side) for side in agent.observation_space.shape or ())
     if module.pixels:
-        return f"a batch of uint8 images [batch, {sides}]"
+        return f"a batch of uint8 images [batch, {sides}]{image_wrappers_text(agent.preprocessing)}"
     text = f"a batch of float32 vectors [batch, {sides}]"
     own_space = agent.env_observation_space
     if own_space is not None and not isinstance(own_space, gym.spaces.Box):  # a Box of several axes is reshaped
@@ -276,6 +276,18 @@ def inputs_text(module: Exported, agent: Agent) -> str:
     if agent.preprocessing.time_feature:
         text += " (each with the elapsed fraction of the time limit last, as TimeAwareObservation(normalize_time=True))"
     return text
+
+
+def image_wrappers_text(preprocessing: Preprocessing) -> str:
+    """How the run prepared the env's frames, where it changed them, as the export's line says it."""
+    steps = ["grayscale"] if preprocessing.grayscale else []
+    if preprocessing.resize:
+        steps.append(f"resized to {preprocessing.resize}x{preprocessing.resize}")
+    if preprocessing.frame_stack > 1:
+        steps.append(f"stacked by {preprocessing.frame_stack}")
+    if not steps:
+        return ""
+    return f" (the env's frames {', '.join(steps)}, as rl.load_agent(CHECKPOINT).make_env() gives them)"
 
 
 def key_text(key: KeyInput) -> str:

@@ -206,6 +206,12 @@ def test_a_flattened_dicts_policy_says_it_takes_what_gymnasium_flattens_and_acts
     assert np.array_equal(exported, load_agent(agents["ppo-dict-of-vectors"]).predict(raw)[0])
 
 
+def test_an_image_policy_says_how_the_run_prepared_its_frames(agents, tmp_path, capsys):
+    main([str(agents["ppo-discrete-cnn"]), "--out", str(tmp_path / "policy.pt")])
+    frames = "uint8 images [batch, 2, 40, 40] (the env's frames grayscale, stacked by 2, as rl.load_agent(CHECKPOINT)"
+    assert frames in capsys.readouterr().out
+
+
 def test_a_time_feature_policy_says_it_takes_the_elapsed_fraction_last_and_acts_on_it_as_predict_does(tmp_path, capsys):
     args = ["--env-id", "Pendulum-v1", "--time-feature", "--total-timesteps", "512", *TINY]
     trained = run_ranks("python", SCRIPTS["fabric"], args, tmp_path, nproc=1)
