@@ -48,7 +48,7 @@ from rl.elastic import (
     this_process,
     under_torchelastic,
 )
-from rl.envs import EnvSpaces, env_family, inspect_env, is_atari
+from rl.envs import EnvSpaces, env_family, has_display, inspect_env, is_atari
 from rl.errors import (
     INTERRUPTED_EXIT_CODE,
     RunStopped,
@@ -265,6 +265,7 @@ def prepare_config(
     check_mode_flags(cfg, mode)
     if cfg.capture_video:
         check_video_support()
+    check_windows_can_open(cfg)
     spaces = inspect_env(cfg.env_id, cfg.preprocessing())
     kind = algorithm_type(cfg)
     kind.check_spaces(spaces)
@@ -439,6 +440,19 @@ def check_video_support() -> None:
     """gymnasium's RecordVideo writes mp4 files through moviepy, an optional dependency."""
     if importlib.util.find_spec("moviepy") is None:
         raise UsageError("--capture-video", "needs moviepy: pip install -e '.[video]'")
+
+
+def check_windows_can_open(cfg: RunConfig) -> None:
+    """Envs made with render_mode 'human' each draw every step into a window; without a display they draw into
+    nothing, many times slower, so such a run is refused."""
+    if cfg.make_kwargs().get("render_mode") != "human" or has_display():
+        return
+    given_alone = any(item.partition("=")[0] == "render_mode" for item in cfg.env_kwarg)
+    raise UsageError(
+        "--env-kwarg" if given_alone else "--env-kwargs",
+        "render_mode 'human' opens a window per env, and there is no display here (no DISPLAY or "
+        "WAYLAND_DISPLAY); --capture-video records an mp4",
+    )
 
 
 def run_main(main: Callable[[list[str]], None]) -> None:

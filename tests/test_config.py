@@ -2,6 +2,7 @@
 
 import dataclasses
 import re
+import sys
 import typing
 import warnings
 
@@ -193,6 +194,27 @@ def test_capture_video_without_moviepy_names_the_flag(monkeypatch):
     with pytest.raises(UsageError, match="needs moviepy") as error:
         cli.check_video_support()
     assert error.value.flag == "--capture-video"
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--env-kwarg", "render_mode=human"], "--env-kwarg"),
+        (["--env-kwargs", '{"render_mode": "human"}'], "--env-kwargs"),
+    ],
+)
+def test_envs_that_open_windows_are_refused_without_a_display(monkeypatch, argv, flag):
+    from rl import cli
+
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    with pytest.raises(UsageError, match="'human' opens a window per env, and there is no display here") as error:
+        cli.check_windows_can_open(parse_config(argv))
+    assert error.value.flag == flag
+    cli.check_windows_can_open(parse_config(["--env-kwarg", "render_mode=rgb_array"]))
+    monkeypatch.setenv("DISPLAY", ":0")
+    cli.check_windows_can_open(parse_config(argv))  # a window opens there
 
 
 def test_decoupled_needs_a_trainer_and_a_row_per_trainer():
