@@ -83,7 +83,7 @@ def test_csv_and_tensorboard_log_the_same_points_and_a_resume_keeps_the_rows_bef
 
 
 def test_a_resumed_decoupled_runs_evaluator_keeps_what_it_logged_before_the_checkpoint(tmp_path):
-    args = [*RUN[:2], "--no-progress-bar", "--evaluator", "--eval-episodes", "2", "--logger", "tensorboard", "csv"]
+    args = ["--no-progress-bar", "--evaluator", "--eval-episodes", "2", "--logger", "tensorboard", "csv"]
     args = [*args, "--total-timesteps", "8192", "--checkpoint-every", "4096"]
     first = run_ranks("fabric run", SCRIPTS["decoupled"], args, tmp_path, nproc=3)
     assert first.returncode == 0, first.stderr[-3000:]
