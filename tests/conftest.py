@@ -189,6 +189,18 @@ def child_pids(parent: int) -> list[int]:
     return children
 
 
+def wait_until_the_run_opens(cwd: Path, jobs: list[subprocess.Popen], seconds: float = 240) -> None:
+    """Wait for a launched run's TensorBoard file under `cwd`. Every rank is past its start-up by then (the lead opens
+    the run in a collective every rank joins), so a process lost from here on is one its peers report. Start-up
+    alone can take a minute or more where CI runs three tests at once on two cores."""
+    deadline = time.monotonic() + seconds
+    while not list(cwd.glob("logs/*/*/events.*")):
+        ended = [job.returncode for job in jobs if job.poll() is not None]
+        assert not ended, f"the job ended (exit {ended}) before its run opened"
+        assert time.monotonic() < deadline, f"the run did not open within {seconds:.0f} s"
+        time.sleep(0.2)
+
+
 def rank_pid(launcher_pid: int, rank: int) -> int | None:
     """The pid of the launcher's child that runs as `rank`."""
     for pid in child_pids(launcher_pid):

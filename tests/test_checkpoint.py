@@ -24,6 +24,7 @@ from conftest import (
     run_dir,
     run_ranks,
     start,
+    wait_until_the_run_opens,
 )
 
 from rl.checkpoint import newest_checkpoint
@@ -201,7 +202,7 @@ def ctrl_c_once_training(job: subprocess.Popen, tmp_path: Path) -> tuple[str, st
     """Send SIGINT to the launcher a little after training started; its output, and the ranks it had."""
     ranks = []
     try:
-        wait_for(lambda: list((tmp_path / "logs").glob("*/*/events.*")), 60)
+        wait_until_the_run_opens(tmp_path, [job])
         time.sleep(2)
         ranks = child_pids(job.pid)
         job.send_signal(signal.SIGINT)

@@ -28,6 +28,7 @@ from conftest import (
     run_dir,
     run_ranks,
     start,
+    wait_until_the_run_opens,
     wandb_record,
 )
 
@@ -250,9 +251,7 @@ def test_a_killed_role_ends_the_job_within_60_s(tmp_path, victim, survivor_says,
     args = ["--total-timesteps", "10000000", "--no-progress-bar", *extra]
     job = start("fabric run", SCRIPTS["decoupled"], args, tmp_path, nproc=3)
     try:
-        deadline = time.monotonic() + 60
-        while not list((tmp_path / "logs").glob("*/*/events.*")) and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until_the_run_opens(tmp_path, [job])
         time.sleep(1.0)  # well into training
         pid = rank_pid(job.pid, victim)
         assert pid is not None

@@ -9,7 +9,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BIN, SCRIPTS, child_env, child_pids, free_port, load_agent, rank_pid, run_dir, run_ranks
+from conftest import (
+    BIN,
+    SCRIPTS,
+    child_env,
+    child_pids,
+    free_port,
+    load_agent,
+    rank_pid,
+    run_dir,
+    run_ranks,
+    wait_until_the_run_opens,
+)
 
 PPO_ARGS = ["--total-timesteps", "1024", "--update-epochs", "2", "--eval-episodes", "0", "--torch-threads", "1"]
 SAC_ARGS = [
@@ -103,10 +114,7 @@ def test_a_rank_killed_on_another_node_is_named_by_the_survivor(tmp_path):
         for rank in range(2)
     ]
     try:
-        deadline = time.monotonic() + 90
-        while not list(tmp_path.glob("logs/*/*/events.*")):
-            assert time.monotonic() < deadline, "training did not start"
-            time.sleep(0.2)
+        wait_until_the_run_opens(tmp_path, nodes)
         time.sleep(1.0)
         victim = rank_pid(nodes[1].pid, 1)
         assert victim is not None
