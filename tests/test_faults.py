@@ -155,8 +155,9 @@ def test_a_run_stopped_by_sigterm_without_a_launcher_names_the_signal_and_no_lau
     command = [sys.executable, str(SCRIPTS["fabric"]), "--total-timesteps", "10000000", "--log-dir", str(tmp_path)]
     command += ["--no-progress-bar", "--checkpoint-every", "5m"]
     run = subprocess.Popen(command, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not list(tmp_path.glob("fabric_logs/*/config.yaml")) and time.monotonic() < deadline:
+    deadline = time.monotonic() + 240
+    while not list(tmp_path.glob("fabric_logs/*/config.yaml")):
+        assert run.poll() is None and time.monotonic() < deadline, "the run did not open"
         time.sleep(0.2)
     time.sleep(2.0)  # into the training loop
     run.send_signal(signal.SIGTERM)

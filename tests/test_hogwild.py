@@ -170,7 +170,7 @@ def long_run(tmp_path, sync: str = "shared") -> subprocess.Popen:
     return start("python", SCRIPTS["hogwild"], args, tmp_path, nproc=1)
 
 
-def wait_for_checkpoint(tmp_path, job: subprocess.Popen, seconds: float = 90) -> None:
+def wait_for_checkpoint(tmp_path, job: subprocess.Popen, seconds: float = 240) -> None:
     deadline = time.monotonic() + seconds
     while not list((tmp_path / "logs").glob("*/*/checkpoints/step_*.ckpt")):
         assert job.poll() is None and time.monotonic() < deadline, job.stderr.read()[-3000:]
