@@ -343,7 +343,7 @@ def plan(rows: list[str], seeds: list[int] | None, out: Path) -> list[Run]:
                 name = run_name(row, seed)
                 command = functools.partial(ROWS[row].command, seed, name, out)
                 # A row compared by sampled actions keeps every seed's agent: the figure is played from it.
-                keep = seed == (seeds or ROWS[row].seeds)[0] or ROWS[row].metric_used(SAMPLED)
+                keep = seed == ROWS[row].seeds[0] or ROWS[row].metric_used(SAMPLED)  # the row's first, however run
                 runs.append(Run(name, command, {"row": row, "seed": seed}, keep_agent=keep))
     return runs
 

@@ -220,6 +220,7 @@ def test_rl_zoos_atari_figures_are_met_by_episodes_with_sampled_actions_played_f
     """rl-zoo's benchmark samples the actions of its Atari agents: their greedy return is not that figure."""
     assert all(run.keep_agent for run in suite.plan(["ppo/breakout"], [1, 2], tmp_path))
     assert [run.keep_agent for run in suite.plan(["ppo/hopper"], [1, 2], tmp_path)] == [True, False]
+    assert not any(run.keep_agent for run in suite.plan(["ppo/hopper"], [2, 3], tmp_path))  # seed 1 keeps it
     breakout = {"row": "ppo/breakout", "seed": 1, "eval_return": 100.0, "training_return_last100": 420.0}
     assert suite.verdicts(suite.ROWS["ppo/breakout"], [breakout]) == "CleanRL: yes; rl-zoo: no"  # no such figure
     sampled = {**breakout, suite.SAMPLED: 370.0}  # 398 - 33.3 = 364.7
