@@ -76,15 +76,17 @@ def summary_line(
     return line
 
 
-def report_resources(runtime: Runtime, run: Run, loop_seconds: float, global_step: int, env_seconds: float) -> None:
-    """Loop speed, rank 0's time in its envs' steps, and each rank's process time and peak memory, printed and
-    logged by rank 0."""
+def report_resources(
+    runtime: Runtime, run: Run, loop_seconds: float, steps: int, global_step: int, env_seconds: float
+) -> None:
+    """Loop speed over this launch's `steps`, rank 0's time in its envs' steps, and each rank's process time and
+    peak memory, printed and logged by rank 0 at `global_step` (past the resumed step, where a run resumed)."""
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
     process_seconds = time.monotonic() - PROCESS_STARTED
     per_rank = runtime.all_gather_rows(torch.tensor([[peak_rss_mb, process_seconds]], dtype=torch.float64))
     run.sink.log_scalars(
         {
-            "Perf/loop_steps_per_second": global_step / loop_seconds,
+            "Perf/loop_steps_per_second": steps / loop_seconds,
             "Perf/env_step_share": env_seconds / loop_seconds,
             "Perf/peak_rss_mb_max": float(per_rank[:, 0].max()),
         },
@@ -92,7 +94,7 @@ def report_resources(runtime: Runtime, run: Run, loop_seconds: float, global_ste
     )
     if runtime.is_main:
         peak_rss = per_rank[:, 0].tolist()
-        print(summary_line(global_step, loop_seconds, peak_rss, float(per_rank[0, 1]), env_seconds), flush=True)
+        print(summary_line(steps, loop_seconds, peak_rss, float(per_rank[0, 1]), env_seconds), flush=True)
 
 
 class CheckpointClock:

@@ -80,6 +80,9 @@ def test_csv_and_tensorboard_log_the_same_points_and_a_resume_keeps_the_rows_bef
     assert sorted(after) == [512 * k for k in range(1, 7)]  # each step once: 512 and 1024 kept, the rest logged anew
     assert all(after[step] == before[step] for step in (512, 1024))
     assert [step for step, _ in read_scalars(directory)["Loss/policy_loss"]] == sorted(after)  # TensorBoard's too
+    # The closing figures of each launch at its last step: the first launch's, past the checkpoint, are dropped.
+    assert [int(row["step"]) for row in csv_rows(directory) if row["Perf/loop_steps_per_second"]] == [3072]
+    assert [step for step, _ in read_scalars(directory)["Perf/loop_steps_per_second"]] == [3072]
 
 
 def test_a_resumed_decoupled_runs_evaluator_keeps_what_it_logged_before_the_checkpoint(tmp_path):

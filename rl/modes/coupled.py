@@ -190,7 +190,8 @@ def _train_coupled(
     )
     state = loop.run()
     rank.source.close()
-    report_resources(runtime, run, rank.loop_seconds, rank.global_step - rank.start_step, rank.source.env_seconds)
+    steps = rank.global_step - rank.start_step
+    report_resources(runtime, run, rank.loop_seconds, steps, rank.global_step, rank.source.env_seconds)
     if state.interrupted:
         if runtime.is_main:
             print(f"interrupted at step {rank.global_step}: checkpoint written to {run.dir}", flush=True)
