@@ -7,6 +7,7 @@ import glob
 import math
 import os
 import threading
+import time
 import uuid
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -36,21 +37,34 @@ class MetricsSink(Protocol):
     def close(self) -> None: ...
 
 
-def after_checkpoint(resumed_step: int | None) -> int | None:
-    """TensorBoard's `purge_step` for a run resumed from a checkpoint at `resumed_step`: TensorBoard hides the points
-    from its purge step on, and those logged up to the checkpoint, its own step's included, stay."""
-    return None if resumed_step is None else resumed_step + 1
+def mark_resumed_in_tensorboard(log_dir: str, resumed_step: int) -> None:
+    """Hide, in TensorBoard, what earlier launches logged in `log_dir` past the checkpoint at `resumed_step` (the
+    steps now done again); what they logged up to it, its own step's included, stays.
+
+    One marker file, written before any writer of this launch opens, whose name sorts before theirs (TensorBoard
+    reads a folder's event files in name order, and a restart marker hides every point read before it from its step
+    on). A marker in each writer's own file, as `SummaryWriter(purge_step=...)` writes, would also hide the new
+    points of a writer beside it whose file was read first: the evaluator's or the training's.
+    """
+    from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    now, step = time.time(), resumed_step + 1
+    path = os.path.join(log_dir, f"events.out.tfevents.{int(now):010d}.!resumed-at-{resumed_step}")
+    with open(path, "wb") as file:
+        records = RecordWriter(file)
+        records.write(Event(wall_time=now, step=step, file_version="brain.Event:2").SerializeToString())
+        restart = Event(wall_time=now, step=step, session_log=SessionLog(status=SessionLog.START))
+        records.write(restart.SerializeToString())
 
 
 class FabricSink:
     """Lightning's own TensorBoard logger; it writes on global rank 0 only."""
 
-    def __init__(self, root_dir: str, run_name: str, purge_step: int | None = None) -> None:
+    def __init__(self, root_dir: str, run_name: str) -> None:
         from lightning.fabric.loggers import TensorBoardLogger
 
-        self._logger = TensorBoardLogger(
-            root_dir=root_dir, name=run_name, version="", purge_step=after_checkpoint(purge_step)
-        )
+        self._logger = TensorBoardLogger(root_dir=root_dir, name=run_name, version="")
         self.log_dir = self._logger.log_dir
 
     def log_scalars(self, metrics: dict[str, float], step: int) -> None:
@@ -69,11 +83,11 @@ class FabricSink:
 class SummaryWriterSink:
     """A plain `SummaryWriter` for the torchrun baseline; only rank 0 owns one."""
 
-    def __init__(self, log_dir: str, is_main: bool, purge_step: int | None = None) -> None:
+    def __init__(self, log_dir: str, is_main: bool) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.log_dir = log_dir
-        self._writer = SummaryWriter(log_dir, purge_step=after_checkpoint(purge_step)) if is_main else None
+        self._writer = SummaryWriter(log_dir) if is_main else None
 
     def log_scalars(self, metrics: dict[str, float], step: int) -> None:
         if self._writer:
@@ -356,7 +370,7 @@ def open_sinks(
     a process with a `role` of its own logs to a W&B run of its own, grouped with the run's, `videos` are the
     folders of the videos logged to W&B and `config` the run's config, which W&B records as it opens the run
     (`WandbSink`)."""
-    make_tensorboard = tensorboard or (lambda: SummaryWriterSink(run_dir, is_main, purge_step))
+    make_tensorboard = tensorboard or (lambda: SummaryWriterSink(run_dir, is_main))
     sinks: list[MetricsSink] = []
     with refused_logs(run_dir):
         for name in dict.fromkeys(loggers):

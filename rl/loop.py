@@ -84,17 +84,21 @@ def report_resources(
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
     process_seconds = time.monotonic() - PROCESS_STARTED
     per_rank = runtime.all_gather_rows(torch.tensor([[peak_rss_mb, process_seconds]], dtype=torch.float64))
-    run.sink.log_scalars(
-        {
-            "Perf/loop_steps_per_second": steps / loop_seconds,
-            "Perf/env_step_share": env_seconds / loop_seconds,
-            "Perf/peak_rss_mb_max": float(per_rank[:, 0].max()),
-        },
-        global_step,
-    )
+    peak_rss = per_rank[:, 0].tolist()
+    run.sink.log_scalars(loop_figures(steps, loop_seconds, env_seconds, peak_rss), global_step)
     if runtime.is_main:
-        peak_rss = per_rank[:, 0].tolist()
         print(summary_line(steps, loop_seconds, peak_rss, float(per_rank[0, 1]), env_seconds), flush=True)
+
+
+def loop_figures(
+    steps: int, loop_seconds: float, env_seconds: float, peak_rss_mb: Sequence[float] = ()
+) -> dict[str, float]:
+    """A loop's closing `Perf/*` scalars: its env steps/s, the share of its time spent in the envs' steps and,
+    where every process's is known, the largest peak memory."""
+    figures = {"Perf/loop_steps_per_second": steps / loop_seconds, "Perf/env_step_share": env_seconds / loop_seconds}
+    if peak_rss_mb:
+        figures["Perf/peak_rss_mb_max"] = float(max(peak_rss_mb))
+    return figures
 
 
 class CheckpointClock:

@@ -14,7 +14,7 @@ from rl.checkpoint import BEST_FILENAME, TrainingCheckpoint, newest_checkpoint, 
 from rl.config import CONFIG_FILENAME, NOT_IN_RUN_FOLDER_CONFIG, RunConfig, run_dir_of, write_config_file
 from rl.elastic import job_id, start_logged, under_torchelastic
 from rl.envs import video_folder
-from rl.logger import MetricsSink, Sinks, hparams_table, open_sinks, refused_logs
+from rl.logger import MetricsSink, Sinks, hparams_table, mark_resumed_in_tensorboard, open_sinks, refused_logs
 from rl.runtime import Runtime
 
 
@@ -63,7 +63,7 @@ def fixed_run_dir(cfg: RunConfig, log_subdir: str) -> str | None:
 def open_run(
     cfg: RunConfig,
     run_dir: str,
-    make_sink: Callable[[str, str, int | None], MetricsSink],
+    make_sink: Callable[[str, str], MetricsSink],
     resume: TrainingCheckpoint | None,
     world_size: int,
     is_main: bool = True,
@@ -77,9 +77,10 @@ def open_run(
     logged past the checkpoint (the steps now done again), so no step is logged twice.
     """
     resume_step = resume.counters.global_step if resume else None
-    sink = open_sinks(
-        cfg.logger, run_dir, is_main, resume_step, lambda: make_sink(*os.path.split(run_dir), resume_step)
-    )
+    if resume_step is not None and is_main and "tensorboard" in cfg.logger:
+        with refused_logs(run_dir):  # before any writer of this launch opens: the evaluator's, Hogwild's workers'
+            mark_resumed_in_tensorboard(run_dir, resume_step)
+    sink = open_sinks(cfg.logger, run_dir, is_main, resume_step, lambda: make_sink(*os.path.split(run_dir)))
     sink.log_hparams(cfg.to_dict())
     sink.log_text("hyperparameters", hparams_table(cfg.to_dict()))
 

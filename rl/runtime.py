@@ -203,9 +203,8 @@ class Runtime(ABC):
         return gathered
 
     @abstractmethod
-    def make_sink(self, root_dir: str, run_name: str, purge_step: int | None = None) -> MetricsSink:
-        """The run's TensorBoard writer; `purge_step`, a resumed checkpoint's step, hides what an earlier writer
-        logged after it."""
+    def make_sink(self, root_dir: str, run_name: str) -> MetricsSink:
+        """The run's TensorBoard writer."""
 
     @abstractmethod
     def shutdown(self) -> None:
@@ -337,8 +336,8 @@ class FabricRuntime(Runtime):
     def broadcast_object(self, obj: Any) -> Any:
         return self.fabric.broadcast(obj, src=0)
 
-    def make_sink(self, root_dir: str, run_name: str, purge_step: int | None = None) -> MetricsSink:
-        return FabricSink(root_dir, run_name, purge_step)
+    def make_sink(self, root_dir: str, run_name: str) -> MetricsSink:
+        return FabricSink(root_dir, run_name)
 
     def shutdown(self) -> None:
         close_process_group()
@@ -409,8 +408,8 @@ class TorchRuntime(Runtime):
     def broadcast_object(self, obj: Any) -> Any:
         return obj if self.world_size == 1 else broadcast_from_rank_0(obj)
 
-    def make_sink(self, root_dir: str, run_name: str, purge_step: int | None = None) -> MetricsSink:
-        return SummaryWriterSink(os.path.join(root_dir, run_name), self.is_main, purge_step)
+    def make_sink(self, root_dir: str, run_name: str) -> MetricsSink:
+        return SummaryWriterSink(os.path.join(root_dir, run_name), self.is_main)
 
     def shutdown(self) -> None:
         close_process_group()
@@ -434,8 +433,8 @@ class LocalRuntime(Runtime):
     def broadcast_object(self, obj: Any) -> Any:
         return obj
 
-    def make_sink(self, root_dir: str, run_name: str, purge_step: int | None = None) -> MetricsSink:
-        return SummaryWriterSink(os.path.join(root_dir, run_name), self.is_main, purge_step)
+    def make_sink(self, root_dir: str, run_name: str) -> MetricsSink:
+        return SummaryWriterSink(os.path.join(root_dir, run_name), self.is_main)
 
     def shutdown(self) -> None:
         return

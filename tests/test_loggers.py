@@ -106,6 +106,10 @@ def test_a_resumed_decoupled_runs_evaluator_keeps_what_it_logged_before_the_chec
     assert {step: score for step, score in after.items() if step <= 4096} == kept
     assert max(after) == 8192 and len(csv_rows(directory, "csv-evaluator")) == len(after)  # each step once
     assert [step for step, _ in read_scalars(directory)["Eval/return_mean"]] == sorted(after)  # TensorBoard's too
+    scalars = read_scalars(directory)  # the lead's and the evaluator's files, each hiding none of the other's points
+    assert [step for step, _ in scalars["Loss/policy_loss"]] == sorted(policy_losses(directory))
+    assert max(policy_losses(directory)) == 8192
+    assert [step for step, _ in scalars["Perf/loop_steps_per_second"]] == [8192]  # the lead's
 
 
 @pytest.mark.parametrize(
@@ -133,6 +137,9 @@ def test_a_resumed_hogwild_run_keeps_what_it_logged_before_its_checkpoint_and_lo
     steps = sorted(after)
     assert steps[-1] > 3072 and [step for step, _ in read_scalars(directory)["Loss/policy_loss"]] == steps
     assert rows[-1]["Test/return_mean"] and int(rows[-1]["step"]) == 4096  # the supervisor's, after the workers'
+    scalars = read_scalars(directory)  # the supervisor's closing points, hidden by none of worker 0's files
+    assert [step for step, _ in scalars["Test/return_mean"]] == [4096]
+    assert [step for step, _ in scalars["Perf/peak_rss_mb_max"]] == [4096]  # over the workers
     if "wandb" in loggers:
         logged = wandb_record(directory)
         assert b"Rewards/rew_avg" in logged and b"Test/return_mean" in logged and b"num_envs" in logged

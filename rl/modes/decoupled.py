@@ -57,6 +57,7 @@ from rl.loop import (
     LoopState,
     Requests,
     TrainingLoop,
+    loop_figures,
     report_compile_time,
     report_due,
     summary_line,
@@ -354,6 +355,7 @@ class Player:
         loop_seconds = self.loop_clock.seconds(self.trainer_compile_seconds)
         steps = global_step - self.start_step
         print(summary_line(steps, loop_seconds, env_seconds=source.env_seconds), flush=True)
+        run.sink.log_scalars(loop_figures(steps, loop_seconds, source.env_seconds), global_step)  # its own
         if state.interrupted:
             print(f"interrupted at step {global_step}: checkpoint written to {run.dir}", flush=True)
             record_end(global_step, interrupted=True)

@@ -66,6 +66,7 @@ from rl.loop import (
     Requests,
     StopRequest,
     TrainingLoop,
+    loop_figures,
     summary_line,
 )
 from rl.optim import TrainingDiverged
@@ -530,11 +531,13 @@ def supervise_run(
     step = final.counters.global_step
     if interrupted:
         print(writer.loop_report, flush=True)
+        run.sink.log_scalars(writer.loop_figures, step)
         print(f"interrupted at step {step}: checkpoint written to {run.dir}", flush=True)
         record_end(step, interrupted=True)
         run.sink.close()
         return TrainingResult(os.path.abspath(run.dir), None, None, step)
     log_to_every_logger(run, cfg.logger)
+    run.sink.log_scalars(writer.loop_figures, step)
     evaluation = finish(algorithm, final, writer.loop_report, run)
     run.sink.close()
     record_end(step, interrupted=False)
@@ -631,6 +634,7 @@ class CheckpointWriter:
         self.pending: dict[int, dict[int, dict[str, Any]]] = {}
         self.last: TrainingCheckpoint | None = None  # the newest checkpoint written
         self.loop_report = ""
+        self.loop_figures: dict[str, float] = {}  # the Perf/* scalars of the newest checkpoint's parts
 
     def add(self, number: int, index: int, data: bytes) -> None:
         parts = self.pending.setdefault(number, {})
@@ -655,6 +659,7 @@ class CheckpointWriter:
         env_seconds = sum(part["env_seconds"] for part in parts) / len(parts)  # each worker's, on average
         peak_rss_mb = [part["peak_rss_mb"] for part in parts]
         self.loop_report = summary_line(steps, loop_seconds, peak_rss_mb, env_seconds=env_seconds)
+        self.loop_figures = loop_figures(steps, loop_seconds, env_seconds, peak_rss_mb)
         if self.algorithm.cfg.compile:
             compiling = ", ".join(f"{part['compile_seconds']:.1f}" for part in parts)
             self.loop_report += f"; torch.compile: {compiling} s compiling per worker (left out of the env steps/s)"
