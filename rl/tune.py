@@ -25,7 +25,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -195,6 +195,32 @@ def check_same_space(study: Any, cfg: TuneConfig, space: dict[str, dict[str, Any
         )
 
 
+class CtrlC:
+    """Ctrl-C in a tuning process, recorded by its handler and raised as `KeyboardInterrupt` where the tuner polls
+    (`raise_if_ctrl_c`). Raised by the handler itself, it could land in a garbage-collection callback (SQLAlchemy's,
+    under Optuna's storage), where Python prints its traceback and drops it, and the tuner would go on."""
+
+    heard = False
+
+    @classmethod
+    def hear(cls, signum: int, frame: object) -> None:
+        cls.heard = True
+
+
+@contextlib.contextmanager
+def ctrl_c_heard_at_polls() -> Iterator[None]:
+    previous = signal.signal(signal.SIGINT, CtrlC.hear)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def raise_if_ctrl_c() -> None:
+    if CtrlC.heard:
+        raise KeyboardInterrupt
+
+
 class TrialFailed(Exception):
     """A trial's run ended with an error: the study records it as failed and goes on."""
 
@@ -226,10 +252,14 @@ def run_trial(trial: Any, cfg: TuneConfig, training: list[str], space: dict[str,
     trial.set_user_attr("tuner_pid", os.getpid())
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / f"{name}.log"  # a file, not a pipe: a run that prints much never blocks on an unread pipe
+    if CtrlC.heard:  # between trials: none is started
+        trial.set_user_attr("interrupted", True)
+        raise KeyboardInterrupt
     with log.open("w") as output, subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT) as process:
         try:
             pruned = follow_evaluations(trial, process, run_dir / "csv" / CSV_METRICS_FILE)
             process.wait()
+            raise_if_ctrl_c()  # the run heard it too, and has checkpointed and stopped
         except KeyboardInterrupt:
             stop_interrupted_trial(trial, process, run_dir)
             raise
@@ -263,6 +293,7 @@ def follow_evaluations(trial: Any, process: subprocess.Popen, metrics: Path) -> 
     reported: set[int] = set()
     while process.poll() is None:
         time.sleep(POLL_SECONDS)
+        raise_if_ctrl_c()
         for step, value in evaluations(metrics):
             if step in reported:
                 continue
@@ -321,12 +352,13 @@ def tune(cfg: TuneConfig, training: list[str], space: dict[str, dict[str, Any]])
         load_if_exists=True,
     )
     if trials_counted(study) < cfg.trials:
-        study.optimize(
-            lambda trial: run_trial(trial, cfg, training, space),
-            catch=(TrialFailed,),
-            timeout=cfg.timeout,
-            callbacks=[print_trial(cfg), stop_at_trials(cfg)],
-        )
+        with ctrl_c_heard_at_polls():
+            study.optimize(
+                lambda trial: run_trial(trial, cfg, training, space),
+                catch=(TrialFailed,),
+                timeout=cfg.timeout,
+                callbacks=[print_trial(cfg), stop_at_trials(cfg)],
+            )
 
 
 def stop_at_trials(cfg: TuneConfig) -> Callable[[Any, Any], None]:

@@ -223,3 +223,16 @@ def test_the_training_flags_algorithm_is_the_one_their_config_file_names(tmp_pat
     assert training_algorithm(["sac", "--seed", "2"]) == "sac" and training_algorithm(["--seed", "2"]) == "ppo"
     path.write_text(path.read_text().replace("algorithm: sac\n", ""))
     assert training_algorithm(["--config", str(path)]) == "ppo"  # a file without its algorithm: as before
+
+
+def test_a_tuners_ctrl_c_is_recorded_where_it_lands_and_raised_where_the_tuner_polls(monkeypatch):
+    """Raised where it lands, a KeyboardInterrupt inside a garbage-collection callback is printed and dropped."""
+    from rl import tune as tuning
+
+    monkeypatch.setattr(tuning.CtrlC, "heard", False)
+    with tuning.ctrl_c_heard_at_polls():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)  # the handler has run by now, and raised nothing
+        with pytest.raises(KeyboardInterrupt):
+            tuning.raise_if_ctrl_c()
+    assert signal.getsignal(signal.SIGINT) != tuning.CtrlC.hear  # the handler before is back
