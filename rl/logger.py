@@ -50,6 +50,7 @@ def mark_resumed_in_tensorboard(log_dir: str, resumed_step: int) -> None:
     from tensorboard.summary.writer.record_writer import RecordWriter
 
     now, step = time.time(), resumed_step + 1
+    os.makedirs(log_dir, exist_ok=True)  # a resumed run may log into a new folder (--run-name, --log-dir)
     path = os.path.join(log_dir, f"events.out.tfevents.{int(now):010d}.!resumed-at-{resumed_step}")
     with open(path, "wb") as file:
         records = RecordWriter(file)
