@@ -209,6 +209,8 @@ class CtrlC:
 
 @contextlib.contextmanager
 def ctrl_c_heard_at_polls() -> Iterator[None]:
+    """While the tuner runs its trials, SIGINT is only recorded; the tuner's handler before comes back after."""
+    CtrlC.heard = False
     previous = signal.signal(signal.SIGINT, CtrlC.hear)
     try:
         yield

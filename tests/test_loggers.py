@@ -105,8 +105,8 @@ def test_a_resumed_decoupled_runs_evaluator_keeps_what_it_logged_before_the_chec
     after = evaluations()
     assert {step: score for step, score in after.items() if step <= 4096} == kept
     assert max(after) == 8192 and len(csv_rows(directory, "csv-evaluator")) == len(after)  # each step once
-    assert [step for step, _ in read_scalars(directory)["Eval/return_mean"]] == sorted(after)  # TensorBoard's too
     scalars = read_scalars(directory)  # the lead's and the evaluator's files, each hiding none of the other's points
+    assert [step for step, _ in scalars["Eval/return_mean"]] == sorted(after)  # TensorBoard's too
     assert [step for step, _ in scalars["Loss/policy_loss"]] == sorted(policy_losses(directory))
     assert max(policy_losses(directory)) == 8192
     assert [step for step, _ in scalars["Perf/loop_steps_per_second"]] == [8192]  # the lead's
