@@ -81,13 +81,22 @@ def report_resources(
 ) -> None:
     """Loop speed over this launch's `steps`, rank 0's time in its envs' steps, and each rank's process time and
     peak memory, printed and logged by rank 0 at `global_step` (past the resumed step, where a run resumed)."""
-    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
     process_seconds = time.monotonic() - PROCESS_STARTED
-    per_rank = runtime.all_gather_rows(torch.tensor([[peak_rss_mb, process_seconds]], dtype=torch.float64))
+    per_rank = runtime.all_gather_rows(torch.tensor([[peak_rss_mb(), process_seconds]], dtype=torch.float64))
     peak_rss = per_rank[:, 0].tolist()
     run.sink.log_scalars(loop_figures(steps, loop_seconds, env_seconds, peak_rss), global_step)
     if runtime.is_main:
         print(summary_line(steps, loop_seconds, peak_rss, float(per_rank[0, 1]), env_seconds), flush=True)
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def peak_rss_figure(peak_rss_mb: Sequence[float]) -> dict[str, float]:
+    """The `Perf/*` scalar of the largest peak memory over a run's processes."""
+    return {"Perf/peak_rss_mb_max": float(max(peak_rss_mb))}
 
 
 def loop_figures(
@@ -96,9 +105,7 @@ def loop_figures(
     """A loop's closing `Perf/*` scalars: its env steps/s, the share of its time spent in the envs' steps and,
     where every process's is known, the largest peak memory."""
     figures = {"Perf/loop_steps_per_second": steps / loop_seconds, "Perf/env_step_share": env_seconds / loop_seconds}
-    if peak_rss_mb:
-        figures["Perf/peak_rss_mb_max"] = float(max(peak_rss_mb))
-    return figures
+    return figures | (peak_rss_figure(peak_rss_mb) if peak_rss_mb else {})
 
 
 class CheckpointClock:

@@ -110,6 +110,7 @@ def test_a_resumed_decoupled_runs_evaluator_keeps_what_it_logged_before_the_chec
     assert [step for step, _ in scalars["Loss/policy_loss"]] == sorted(policy_losses(directory))
     assert max(policy_losses(directory)) == 8192
     assert [step for step, _ in scalars["Perf/loop_steps_per_second"]] == [8192]  # the lead's
+    assert [step for step, _ in scalars["Perf/peak_rss_mb_max"]] == [8192]  # over every rank
 
 
 @pytest.mark.parametrize(

@@ -58,6 +58,8 @@ from rl.loop import (
     Requests,
     TrainingLoop,
     loop_figures,
+    peak_rss_figure,
+    peak_rss_mb,
     report_compile_time,
     report_due,
     summary_line,
@@ -166,6 +168,7 @@ class Player:
         self.stop = StopAgreement(topology, lag, cfg.collective_timeout)
         self.first_iteration = 1
         self.closing_step: int | None = None  # the step of the saved agent that the closing evaluation scores
+        self.final_step = 0  # where the loop ended
         if resume:
             self._restore(resume)
         self.rows = self.codec.empty_rows(num_rows, topology.device)
@@ -356,10 +359,10 @@ class Player:
         steps = global_step - self.start_step
         print(summary_line(steps, loop_seconds, env_seconds=source.env_seconds), flush=True)
         run.sink.log_scalars(loop_figures(steps, loop_seconds, source.env_seconds), global_step)  # its own
+        self.final_step = global_step
         if state.interrupted:
             print(f"interrupted at step {global_step}: checkpoint written to {run.dir}", flush=True)
             record_end(global_step, interrupted=True)
-            run.sink.close()
             return TrainingResult(os.path.abspath(run.dir), None, None, global_step)
         report_compile_time(self.cfg, self.loop_clock.compile_seconds(), "the lead player")
         report_compile_time(self.cfg, self.trainer_compile_seconds, "each trainer (mean)")
@@ -368,11 +371,15 @@ class Player:
         self.closing_step = global_step
         return TrainingResult(os.path.abspath(run.dir), os.path.abspath(agent_path(run.dir)), None, global_step)
 
-    def evaluate_saved_agent(self, result: TrainingResult) -> TrainingResult:
-        """The closing evaluation, once the job's process group is closed (no process waits for it then),
-        and the run's logs closed."""
+    def close_run(self, result: TrainingResult, peak_rss_mb: list[float]) -> TrainingResult:
+        """The lead's end of the run once the job's process group is closed (no process waits for it then): every
+        rank's peak memory, the saved agent's closing evaluation, and the run's logs closed."""
         assert self.run is not None
+        roles = (f"{self.topology.role_name(rank)} {mb:.0f}" for rank, mb in enumerate(peak_rss_mb))
+        print(f"peak RSS per rank (MB): {', '.join(roles)}", flush=True)
+        self.run.sink.log_scalars(peak_rss_figure(peak_rss_mb), self.final_step)
         if self.closing_step is None:
+            self.run.sink.close()
             return result
         evaluation = report_evaluation(
             self.cfg, self.algorithm.spaces.env_id, self.policy, self.source.obs_normalizer, self.run, self.closing_step
@@ -454,6 +461,14 @@ def sum_over(group: dist.ProcessGroup | None) -> AllReduceSum:
     return all_reduce_sum
 
 
+def gather_peak_rss(comm_device: torch.device) -> list[float]:
+    """Every rank's peak memory in MB, in rank order."""
+    mine = torch.tensor([peak_rss_mb()], dtype=torch.float64, device=comm_device)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return [float(mb) for mb in every]
+
+
 def open_run_on_lead(cfg: RunConfig, topology: Topology, resume: TrainingCheckpoint | None) -> tuple[Run | None, str]:
     """The lead player opens the run folder and journals the round's start while every rank waits: a rank whose env
     fails at once would otherwise end the round before its start is on record, and a config file the disk refuses
@@ -513,6 +528,8 @@ def train_decoupled(
             evaluator.serve()
         else:
             run_trainer(algorithm, topology, trainers.group, resume)
+        with opened:
+            peak_rss = gather_peak_rss(comm_device)  # every role has left its loop
         close_process_group()
     # The last evaluations, which no process waits for: in a collective it would give up after
     # --collective-timeout, which a long evaluation (a greedy Atari game, say) outlasts.
@@ -520,5 +537,5 @@ def train_decoupled(
         evaluator.evaluate_final_weights()
     if player is not None and result is not None:
         with opened:
-            result = player.evaluate_saved_agent(result)
+            result = player.close_run(result, peak_rss)
     return result
