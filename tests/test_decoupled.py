@@ -82,7 +82,7 @@ def test_player_and_trainers_run_both_data_paths(tmp_path, nproc, args):
     assert lags == ([0.0] + [1.0] * 7 if "--pipeline" in args else [0.0] * 8)
     assert "evaluation over 2 greedy episodes" in finished.stdout and ENVS_STEPPED.search(finished.stdout)
     assert "policy" in load_agent(directory)
-    each_rank = ", ".join(f"{role} [1-9][0-9]*" for role in ["the player", *(f"trainer {k}" for k in range(1, nproc))])
+    each_rank = ", ".join(f"{role}: [1-9][0-9]*" for role in ["the player", *(f"trainer {k}" for k in range(1, nproc))])
     assert re.search(rf"^peak RSS per rank \(MB\): {each_rank}$", finished.stdout, re.MULTILINE)
     assert [step for step, _ in scalars["Perf/peak_rss_mb_max"]] == [2048]
 

@@ -375,7 +375,7 @@ class Player:
         """The lead's end of the run once the job's process group is closed (no process waits for it then): every
         rank's peak memory, the saved agent's closing evaluation, and the run's logs closed."""
         assert self.run is not None
-        roles = (f"{self.topology.role_name(rank)} {mb:.0f}" for rank, mb in enumerate(peak_rss_mb))
+        roles = (f"{self.topology.role_name(rank)}: {mb:.0f}" for rank, mb in enumerate(peak_rss_mb))
         print(f"peak RSS per rank (MB): {', '.join(roles)}", flush=True)
         self.run.sink.log_scalars(peak_rss_figure(peak_rss_mb), self.final_step)
         if self.closing_step is None:
