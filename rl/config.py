@@ -879,12 +879,12 @@ def respelled(argv: list[str], flags: dict[str, str], spell: Callable[[str, str]
     rewrites as one word; the rest as it is."""
     spelled, index = [], 0
     while index < len(argv):
-        word, has_value, value = argv[index].partition("=")
-        if word in flags and not has_value and index + 1 < len(argv):
-            value = argv[index + 1]
-            has_value = spell(flags[word], value) is not None
-            index += has_value
-        rewritten = spell(flags[word], value) if word in flags and has_value else None
+        word, equals, value = argv[index].partition("=")
+        if word in flags and not equals and index + 1 < len(argv):  # `--flag VALUE`: two words become one
+            rewritten = spell(flags[word], argv[index + 1])
+            index += rewritten is not None
+        else:
+            rewritten = spell(flags[word], value) if word in flags and equals else None
         spelled.append(argv[index] if rewritten is None else rewritten)
         index += 1
     return spelled
