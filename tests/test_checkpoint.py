@@ -111,6 +111,7 @@ def test_checkpoints_are_written_every_n_steps_and_the_last_ones_kept(runs):
         (["--num-envs", "3"], "--num-envs"),
         (["--activation-function", "tanh"], "--activation-function"),
         (["--vector-mode", "native"], "--vector-mode"),  # envs that reset a step late
+        (["--normalize-observations"], "--normalize-observations"),  # inputs the network was not trained on
         (["--total-timesteps", "2048"], "--total-timesteps"),
     ],
 )

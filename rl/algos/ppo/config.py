@@ -96,6 +96,7 @@ class PPOConfig(RunConfig):
         "recurrent",
         "lstm_hidden_size",
         "lstm_layers",
+        "normalize_observations",  # the network was trained on its inputs as they were (normalized or raw)
     )
     PER_RANK = (*RunConfig.PER_RANK, "per_rank_batch_size")
     ITERATION_NAME = "rollout"
