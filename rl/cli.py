@@ -59,6 +59,7 @@ from rl.errors import (
     print_error,
     unrecognized_options,
 )
+from rl.logger import check_loggers_installed
 from rl.loop import InterruptFlag
 from rl.optim import TrainingDiverged
 from rl.peer_flags import PeerFlag, peer_flag
@@ -265,6 +266,7 @@ def prepare_config(
     check_mode_flags(cfg, mode)
     if cfg.capture_video:
         check_video_support()
+    check_loggers_installed(cfg.logger)
     check_windows_can_open(cfg)
     spaces = inspect_env(cfg.env_id, cfg.preprocessing())
     kind = algorithm_type(cfg)
@@ -292,6 +294,8 @@ def prepare_config(
             processes_flag,
             finished_ok=automatic,
         )
+        if len(resume.rank_states) == env_ranks:  # else every rank starts from fresh resets, restoring none
+            algorithm.check_rank_states(resume.rank_states, env_ranks)
         say_precision_change(resume, cfg)
         say_nothing_left_to_train(resume, cfg, env_ranks)
     say_total_rounded_down(cfg, env_ranks)

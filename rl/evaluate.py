@@ -24,7 +24,7 @@ from rl.config import check_seed, flag, parse_dataclass
 from rl.env_faults import EnvFault
 from rl.envs import Preprocessing, has_display, make_env, video_folder
 from rl.errors import UsageError, exit_on_ctrl_c, exit_on_usage_error, print_error, refused_writes
-from rl.logger import LoggerName, open_sinks, quiet_tensorboard_writer_threads
+from rl.logger import LoggerName, check_loggers_installed, open_sinks, quiet_tensorboard_writer_threads
 from rl.peer_flags import EVALUATION_PEER_FLAGS, tools_peer_flag
 from rl.runtime import configure_torch_threads
 
@@ -148,6 +148,7 @@ def main(argv: list[str]) -> None:
     check_seed(cfg.seed)
     if cfg.capture_video:
         check_video_support()
+    check_loggers_installed(cfg.logger)
     if cfg.render:
         check_window_support(cfg)
     agent = load_agent(cfg.checkpoint, env_id=cfg.env_id, flag="CHECKPOINT")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import importlib.util
 import math
 import os
 import threading
@@ -184,6 +185,15 @@ WANDB_ID_FILE = "wandb_id"  # in the run folder: the W&B run that a restart or a
 VIDEO_FOLDERS = ("train_videos", "test_videos")
 
 
+WANDB_MISSING = "wandb needs the tracking extra: pip install -e '.[tracking]'"
+
+
+def check_loggers_installed(loggers: Iterable[str]) -> None:
+    """Refuse --logger wandb without its package, before a run or an evaluation opens anything."""
+    if "wandb" in loggers and importlib.util.find_spec("wandb") is None:
+        raise UsageError("--logger", WANDB_MISSING)
+
+
 class WandbSink:
     """Weights & Biases through its Lightning Fabric logger, in the run folder (`wandb/`).
 
@@ -215,7 +225,7 @@ class WandbSink:
         try:
             from wandb.integration.lightning.fabric import WandbLogger
         except ImportError:
-            raise UsageError("--logger", "wandb needs the tracking extra: pip install -e '.[tracking]'") from None
+            raise UsageError("--logger", WANDB_MISSING) from None
         offline = not wandb_credentials()
         if offline and os.environ.get("WANDB_MODE") is None and role is None:
             print(

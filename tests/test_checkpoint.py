@@ -128,6 +128,34 @@ def test_a_field_that_cannot_change_is_named(runs, tmp_path, args, flag):
     assert all(line.startswith(f"error: {flag}: ") for line in lines), lines
 
 
+WITHOUT_WANDB = """import runpy, sys
+sys.modules["wandb"] = None  # as where the tracking extra is not installed
+sys.argv[0] = {script!r}
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("refused", ["buffer-too-small", "wandb-missing"])
+def test_a_refused_resume_leaves_the_run_folder_as_it_was(tmp_path, refused):
+    """Refused once the checkpoint is read, before its folder opens: the config file, the logs and the journal
+    stay the earlier launch's."""
+    args = ["sac", "--learning-starts", "100", "--log-every", "200", "--eval-episodes", "0", "--no-progress-bar"]
+    first = run_ranks("python", SCRIPTS["fabric"], [*args, "--total-timesteps", "600", "--save-buffer"], tmp_path, 1)
+    assert first.returncode == 0, first.stderr[-3000:]
+    directory = run_dir(tmp_path, "fabric")
+    before = {path: path.read_bytes() for path in directory.rglob("*") if path.is_file()}
+    script, flag, extra = SCRIPTS["fabric"], "--buffer-size", ["--buffer-size", "300"]  # it saved 600 transitions
+    if refused == "wandb-missing":
+        script, flag, extra = tmp_path / "without_wandb.py", "--logger", ["--logger", "tensorboard", "wandb"]
+        script.write_text(WITHOUT_WANDB.format(script=str(SCRIPTS["fabric"])))
+    resume = ["--total-timesteps", "1000", "--resume-from", str(directory / "checkpoints" / "step_000000000600.ckpt")]
+    refused_run = run_ranks("python", script, [*args, *resume, *extra], tmp_path, 1)
+    assert refused_run.returncode == 2, refused_run.stderr[-3000:]
+    (line,) = refused_run.stderr.strip().splitlines()
+    assert line.startswith(f"error: {flag}: "), line
+    assert {path: path.read_bytes() for path in directory.rglob("*") if path.is_file()} == before
+
+
 def test_a_different_process_count_is_refused(runs, tmp_path):
     resume = ["--total-timesteps", "4096", "--resume-from", str(runs["fabric_half_checkpoint"])]
     line = refusal_line("fabric", resume, tmp_path)

@@ -132,6 +132,11 @@ class Algorithm(ABC):
         """
         return  # nothing large is allocated, by default
 
+    def check_rank_states(self, rank_states: list[dict[str, Any]], env_ranks: int) -> None:
+        """Refuse, before the run opens its folder, a checkpoint's per-rank states (one per rank that runs envs)
+        that this run's ranks cannot take back."""
+        return  # what the envs' state holds fits any run that the checkpoint's config checks passed, by default
+
     def precision(self, device: torch.device) -> Precision:
         """How this run's networks compute on `device` (--precision)."""
         return Precision.on(self.cfg.precision, device)

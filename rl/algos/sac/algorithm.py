@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -14,7 +14,7 @@ from rl.algos.sac.collector import ReplayCollector, Transitions, transition_colu
 from rl.algos.sac.config import SACConfig
 from rl.algos.sac.learner import SACLearner
 from rl.algos.sac.networks import SquashedGaussianActor
-from rl.algos.sac.replay import ReplayBuffer, check_buffer_fits
+from rl.algos.sac.replay import ReplayBuffer, check_buffer_fits, check_buffer_holds
 from rl.batch import DataShard, RowCodec, shard_sizes
 from rl.encoders import FlatPixels, image_encoder
 from rl.envs import EnvSpaces
@@ -57,6 +57,12 @@ class SAC(Algorithm):
 
     def check_memory(self, env_ranks: int, processes_here: int, on_gpu: bool) -> None:
         check_buffer_fits(self.capacity_per_rank(env_ranks), transition_columns(self.spaces), processes_here, on_gpu)
+
+    def check_rank_states(self, rank_states: list[dict[str, Any]], env_ranks: int) -> None:
+        capacity = self.capacity_per_rank(env_ranks)
+        for state in rank_states:
+            if "buffer" in state:
+                check_buffer_holds(state["buffer"]["size"], capacity)
 
     def capacity_per_rank(self, env_ranks: int) -> int:
         """Each rank that runs envs holds its share of --buffer-size, as in the DSAC reference."""

@@ -60,13 +60,17 @@ class ReplayBuffer:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["size"] > self.capacity:
-            raise UsageError(
-                "--buffer-size", f"the checkpoint's buffer holds {state['size']} transitions, more than {self.capacity}"
-            )
+        check_buffer_holds(state["size"], self.capacity)
         for name, values in state["storage"].items():
             self.storage[name][: len(values)] = values.to(self.device)
         self.position, self.size = state["position"], state["size"]
+
+
+def check_buffer_holds(saved_rows: int, capacity: int) -> None:
+    """Refuse a checkpoint's buffer of more transitions than a rank's buffer here holds."""
+    if saved_rows > capacity:
+        message = f"the checkpoint's buffer holds {saved_rows} transitions, more than {capacity}"
+        raise UsageError("--buffer-size", message)
 
 
 def buffer_bytes(capacity: int, columns: dict[str, Column]) -> int:
