@@ -155,8 +155,10 @@ ENTRY_SCRIPT_MODES = {
 
 
 def check_training_flags(command: list[str]) -> None:
-    """The entry script's flags, parsed here as the nodes will parse them: a bad one is refused now, not after the
-    job waited in the queue. A script of the user's own is left to itself."""
+    """The entry script, found here, and its flags, parsed here as the nodes will parse them: a bad one is refused
+    now, not after the job waited in the queue. A script of the user's own has its flags left to itself."""
+    if not os.path.isfile(command[0]):  # sbatch runs the job in the folder it is submitted from: this one
+        raise UsageError("command", f"no file {command[0]} here: give the entry script's path from this folder")
     script = os.path.basename(command[0])
     if script == "train_hogwild.py":
         raise UsageError("command", "Hogwild runs on one machine: give train_fabric.py or train_fabric_decoupled.py")

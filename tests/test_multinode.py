@@ -220,6 +220,7 @@ def test_a_slurm_script_needs_an_entry_script():
         (["--nodes", "2", "--", "train_fabric.py", "--num-envz", "4"], "--num-envz: Unrecognized options: --num-envz"),
         (["--", "train_fabric_decoupled.py", "--workers", "3"], "--workers: belongs to Hogwild mode"),
         (["--", "train_hogwild.py"], "command: Hogwild runs on one machine: give train_fabric.py or"),
+        (["--", "train_fabrc.py"], "command: no file train_fabrc.py here: give the entry script's path from"),
         (["-N", "4", "--", "train_fabric.py"], "-N: sbatch's flag, not this program's: --nodes"),
         (["--gres", "gpu:4"], "--gres: sbatch's flag, not this program's: --gpus-per-node N"),
         (["--partition=gpu"], "--partition: sbatch's flag, not this program's: sbatch takes it beside the script's"),
