@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
@@ -43,6 +43,9 @@ from rl.errors import (
 )
 from rl.logger import CSV_METRICS_FILE
 from rl.peer_flags import TUNING_PEER_FLAGS, tools_peer_flag
+
+if TYPE_CHECKING:
+    import optuna  # an extra (tuning): imported where it is used
 
 REPO = Path(__file__).resolve().parents[1]
 TRIALS_FOLDER = "fabric_logs"  # train_fabric.py's runs, under --out
@@ -483,9 +486,7 @@ def main(argv: list[str]) -> None:
         prepare(training, TRIALS_FOLDER)
     Path(cfg.out, cfg.study_name).mkdir(parents=True, exist_ok=True)
     # the study exists before the other processes open it, so that they never race to create it
-    study = optuna.create_study(
-        storage=cfg.storage, study_name=cfg.study_name, direction="maximize", load_if_exists=True
-    )
+    study = create_study(cfg)
     check_same_space(study, cfg, space)
     done = trials_counted(study)
     if done >= cfg.trials:
@@ -501,6 +502,20 @@ def main(argv: list[str]) -> None:
             print("interrupted (Ctrl-C): the same command goes on with this study")
             sys.exit(INTERRUPTED_EXIT_CODE)
     write_best(cfg)
+
+
+def create_study(cfg: TuneConfig) -> optuna.Study:
+    """The study, made if it is not in the storage yet; a storage Optuna cannot open stops the tuner in one line."""
+    import optuna
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        return optuna.create_study(
+            storage=cfg.storage, study_name=cfg.study_name, direction="maximize", load_if_exists=True
+        )
+    except (SQLAlchemyError, ImportError) as error:  # a URL it cannot parse, a driver not installed, a file unmade
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UsageError("--storage", f"cannot open {cfg.storage}: {reason}") from None
 
 
 def tune_in_every_process(cfg: TuneConfig, argv: list[str], training: list[str], space: dict[str, Any]) -> None:

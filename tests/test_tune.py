@@ -197,6 +197,23 @@ def test_a_bad_space_file_is_refused_in_one_line_before_any_trial(tmp_path, text
 
 
 @pytest.mark.parametrize(
+    ("storage", "told"),
+    [
+        ("sqlite:///{tmp_path}/no-such-folder/study.db", "(sqlite3.OperationalError) unable to open database file"),
+        ("bogus://study", "Can't load plugin: sqlalchemy.dialects:bogus"),
+    ],
+    ids=["unmade-folder", "unknown-scheme"],
+)
+def test_a_storage_optuna_cannot_open_is_refused_in_one_line(tmp_path, storage, told):
+    url = storage.format(tmp_path=tmp_path)
+    command = [sys.executable, "-m", "rl.tune", "--storage", url, "--out", str(tmp_path / "runs"), *TRAINING]
+    refused = subprocess.run(command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    (line,) = refused.stderr.strip().splitlines()
+    assert line == f"error: --storage: cannot open {url}: {told}"
+
+
+@pytest.mark.parametrize(
     ("flags", "told"),
     [
         (["--workers", "0"], "--workers: must be positive, got 0"),
