@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -170,6 +171,21 @@ def test_a_missing_checkpoint_argument_is_named_in_one_line(tmp_path):
     assert done.returncode == 2
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("error: command line: Missing") and "the file to evaluate" in line
+
+
+EVALUATE_WITHOUT_WANDB = (  # as where the tracking extra is not installed
+    "import runpy, sys; sys.modules['wandb'] = None; runpy.run_module('rl.evaluate', run_name='__main__', alter_sys=True)"
+)
+
+
+def test_an_evaluation_to_log_to_wandb_without_it_is_refused_before_it_plays(tmp_path):
+    """At once, not after the episodes (a million here) whose scores it would log."""
+    agent = Path(__file__).parent / "data" / "checkpoint-v1" / "agent.ckpt"
+    command = [sys.executable, "-c", EVALUATE_WITHOUT_WANDB, str(agent), "--episodes", "1000000", "--logger", "wandb"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    (line,) = done.stderr.strip().splitlines()
+    assert line == "error: --logger: wandb needs the tracking extra: pip install -e '.[tracking]'"
 
 
 def test_a_tool_names_itself_as_it_was_run_not_by_its_files_path(tmp_path):
