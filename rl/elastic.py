@@ -278,7 +278,7 @@ def begin_round(run_dir: str, resume_step: int, checkpoint: str | None, rank: in
     if len(rounds) >= 2 and same_failure(rounds[-2], last):
         raise RepeatedFailure(
             f"the last two rounds both resumed from step {last.started_at} and failed at step {last.reached} with "
-            f"{describe_end(last)}; restarting cannot get past it ({this_node_restarts()})"
+            f"{describe_end(last)}; restarting cannot get past it{this_node_restarts()}"
         )
     if rank != 0:
         return
@@ -291,7 +291,7 @@ def begin_round(run_dir: str, resume_step: int, checkpoint: str | None, rank: in
             f"{last.reached}: {describe_end(last)}"
         )
     print_error(
-        f"restart {_this_round.restarts} of the job ({this_node_restarts()}): {before}; {where}; {redone} steps "
+        f"restart {_this_round.restarts} of the job{this_node_restarts()}: {before}; {where}; {redone} steps "
         f"are done twice ({redone_total} in this job so far)"
     )
 
@@ -308,8 +308,11 @@ def rounds_without_a_launch(last: RoundRecord) -> int:
 
 
 def this_node_restarts() -> str:
-    """torchrun counts restarts per agent: a node that joined late counts from 0."""
-    return f"this node's restart {restart_count()} of at most {max_restarts()}"
+    """torchrun counts restarts per agent (a node that joined late counts from 0), as " (...)"; a launch of
+    another launcher counts none, so nothing."""
+    if not under_torchelastic():
+        return ""
+    return f" (this node's restart {restart_count()} of at most {max_restarts()})"
 
 
 def same_failure(earlier: RoundRecord, later: RoundRecord) -> bool:

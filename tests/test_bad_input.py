@@ -174,7 +174,8 @@ def test_a_missing_checkpoint_argument_is_named_in_one_line(tmp_path):
 
 
 EVALUATE_WITHOUT_WANDB = (  # as where the tracking extra is not installed
-    "import runpy, sys; sys.modules['wandb'] = None; runpy.run_module('rl.evaluate', run_name='__main__', alter_sys=True)"
+    "import runpy, sys; sys.modules['wandb'] = None; "
+    "runpy.run_module('rl.evaluate', run_name='__main__', alter_sys=True)"
 )
 
 

@@ -275,7 +275,7 @@ def test_a_named_run_launched_again_after_it_finished_resumes_without_a_restart_
     assert [round_.ended for round_ in journal.rounds()] == ["finished", "finished"]
     journal.append({"event": "start", "step": steps + more})  # a round that never ended: killed
     (line,) = launch_with(steps + 2 * more)
-    assert line.startswith("restart 1 of the job ") and "no process recorded why" in line, line
+    assert line.startswith("restart 1 of the job: ") and "no process recorded why" in line, line  # no torchrun count
 
 
 @pytest.mark.slow
