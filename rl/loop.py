@@ -82,14 +82,14 @@ def report_resources(
     """Loop speed over this launch's `steps`, rank 0's time in its envs' steps, and each rank's process time and
     peak memory, printed and logged by rank 0 at `global_step` (past the resumed step, where a run resumed)."""
     process_seconds = time.monotonic() - PROCESS_STARTED
-    per_rank = runtime.all_gather_rows(torch.tensor([[peak_rss_mb(), process_seconds]], dtype=torch.float64))
+    per_rank = runtime.all_gather_rows(torch.tensor([[own_peak_rss_mb(), process_seconds]], dtype=torch.float64))
     peak_rss = per_rank[:, 0].tolist()
     run.sink.log_scalars(loop_figures(steps, loop_seconds, env_seconds, peak_rss), global_step)
     if runtime.is_main:
         print(summary_line(steps, loop_seconds, peak_rss, float(per_rank[0, 1]), env_seconds), flush=True)
 
 
-def peak_rss_mb() -> float:
+def own_peak_rss_mb() -> float:
     """This process's peak resident memory so far, in MB."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 

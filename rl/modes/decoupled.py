@@ -58,8 +58,8 @@ from rl.loop import (
     Requests,
     TrainingLoop,
     loop_figures,
+    own_peak_rss_mb,
     peak_rss_figure,
-    peak_rss_mb,
     report_compile_time,
     report_due,
     summary_line,
@@ -463,7 +463,7 @@ def sum_over(group: dist.ProcessGroup | None) -> AllReduceSum:
 
 def gather_peak_rss(comm_device: torch.device) -> list[float]:
     """Every rank's peak memory in MB, in rank order."""
-    mine = torch.tensor([peak_rss_mb()], dtype=torch.float64, device=comm_device)
+    mine = torch.tensor([own_peak_rss_mb()], dtype=torch.float64, device=comm_device)
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(every, mine)
     return [float(mb) for mb in every]

@@ -66,7 +66,7 @@ from rl.loop import (
     StopRequest,
     TrainingLoop,
     loop_figures,
-    peak_rss_mb,
+    own_peak_rss_mb,
     summary_line,
 )
 from rl.optim import TrainingDiverged
@@ -426,7 +426,7 @@ class WorkerLoop:
             "loop_seconds": loop_clock.seconds(),
             "compile_seconds": loop_clock.compile_seconds(),
             "frames_this_run": int(self.shared.frames[self.index]) - self.frames_at_start,
-            "peak_rss_mb": peak_rss_mb(),
+            "peak_rss_mb": own_peak_rss_mb(),
             "env_seconds": self.source.env_seconds,
         }
         if self.index == 0:
