@@ -27,6 +27,7 @@ from rl.envs import (
     make_env,
     needs_flattening,
     observations_tensor,
+    space_summary,
     stored_as_bytes,
 )
 from rl.errors import UsageError
@@ -60,11 +61,6 @@ def restore_agent(state: SavedAgent, env_id: str) -> tuple[Algorithm, nn.Module,
             f"{env_id} does not fit this agent, trained on {trained.env_id}: it observes "
             f"{space_summary(spaces.observation_space)} and acts in {space_summary(spaces.action_space)}",
         ) from None
-
-
-def space_summary(space: gym.Space) -> str:
-    """A space in a few words: a Box by its shape, without its bounds."""
-    return f"a Box of shape {space.shape}" if isinstance(space, gym.spaces.Box) else str(space)
 
 
 @dataclass

@@ -48,7 +48,7 @@ from rl.elastic import (
     this_process,
     under_torchelastic,
 )
-from rl.envs import EnvSpaces, env_family, has_display, inspect_env, is_atari
+from rl.envs import EnvSpaces, env_family, has_display, inspect_env, is_atari, space_summary
 from rl.errors import (
     INTERRUPTED_EXIT_CODE,
     RunStopped,
@@ -271,6 +271,7 @@ def prepare_config(
     spaces = inspect_env(cfg.env_id, cfg.preprocessing())
     kind = algorithm_type(cfg)
     kind.check_spaces(spaces)
+    check_env_steps_apply(cfg, spaces)
     algorithm = kind(cfg, spaces)
     hint = preset_hint(cfg, spaces)
     if hint and int(os.environ.get("RANK", "0")) == 0:
@@ -438,6 +439,31 @@ def check_mode_flags(cfg: RunConfig, mode: Mode) -> None:
         raise UsageError("--cuda", "Hogwild workers share their networks in CPU memory; train without --cuda")
     if cfg.share_data:
         raise UsageError("--share-data", "Hogwild workers train on their own data; drop --share-data")
+
+
+# The flags that prepare an env's observations or signal, by what they apply to: a value other than the default
+# for an env they pass by would do nothing.
+IMAGE_STEPS = ("grayscale", "resize", "frame_stack")  # gymnasium's wrappers around image observations
+ATARI_FRAME_STEPS = ("noop_max", "frame_skip")  # an ALE game's preprocessing of its frames
+ATARI_TRAINING_STEPS = ("episodic_life", "clip_rewards")  # what the learner sees of an ALE game
+
+
+def check_env_steps_apply(cfg: RunConfig, spaces: EnvSpaces) -> None:
+    """Refuse an image or Atari flag, set away from its default, that this env's observations pass by."""
+    defaults = type(cfg)()
+    applies_to = {name: "image observations" for name in IMAGE_STEPS}
+    applies_to |= {name: "an Atari game's frames" for name in ATARI_FRAME_STEPS}
+    applies_to |= {name: "an Atari game" for name in ATARI_TRAINING_STEPS}
+    passed_by = {
+        "image observations": not spaces.pixels,
+        "an Atari game's frames": not (spaces.atari and spaces.pixels),
+        "an Atari game": not spaces.atari,
+    }
+    observes = f"{spaces.env_id} observes {space_summary(spaces.observation_space)}"
+    for name, what in applies_to.items():
+        if passed_by[what] and getattr(cfg, name) != getattr(defaults, name):
+            this_env = observes if what == "image observations" or spaces.atari else f"{spaces.env_id} is not one"
+            raise UsageError(flag(name), f"applies to {what}; {this_env}: drop the flag")
 
 
 def check_video_support() -> None:

@@ -116,6 +116,11 @@ class EnvSpaces:
         return torch.uint8 if stored_as_bytes(self.observation_space) else torch.float32
 
 
+def space_summary(space: gym.Space) -> str:
+    """A space in a few words: a Box by its shape, without its bounds."""
+    return f"a Box of shape {space.shape}" if isinstance(space, gym.spaces.Box) else str(space)
+
+
 def stored_as_bytes(space: gym.Space) -> bool:
     """Observations kept as uint8 from the env to the encoder: images, and Dict observations with images
     (packed into rows of bytes)."""

@@ -36,6 +36,9 @@ BAD_INPUTS = [
     (["--env-id", "envs_for_tests:FixedLength-v0", "--time-feature"], "--time-feature"),  # no time limit
     (["--env-id", "rl/PixelCartPole-v1", "--time-feature"], "--time-feature"),  # image observations
     (["sac", "--cuda-graphs"], "--cuda-graphs"),  # captured on a GPU only
+    (["--frame-stack", "2"], "--frame-stack"),  # CartPole's vectors pass by the image wrappers
+    (["--no-clip-rewards"], "--clip-rewards"),  # CartPole is no Atari game
+    (["--env-id", "rl/PixelCartPole-v1", "--frame-skip", "2"], "--frame-skip"),  # images, not an Atari game's
 ]
 if not torch.cuda.is_available():
     BAD_INPUTS.append((["--cuda"], "--cuda"))
