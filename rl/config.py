@@ -614,8 +614,19 @@ def parse_config_flags(
     parsed = parse_dataclass(view, argv, prog, view(**base) if base else None)
     cfg = config_type(**{member.name: getattr(parsed, member.name) for member in fields(config_type)})
     cfg.precision = launcher_precision() or cfg.precision
-    cfg.fill_defaults(set(base) | fields_on_command_line(config_type, argv))
+    on_command_line = fields_on_command_line(config_type, argv)
+    check_given_alone(cfg, on_command_line)
+    cfg.fill_defaults(set(base) | on_command_line)
     return cfg
+
+
+def check_given_alone(cfg: RunConfig, on_command_line: set[str]) -> None:
+    """Refuse a flag given on the command line that refines one the run goes without (a preset's value of it
+    is left alone: `--preset pendulum-gsde --no-use-sde` trains the preset without gSDE)."""
+    if "sde_sample_freq" in on_command_line and not cfg.use_sde:
+        raise UsageError(
+            "--sde-sample-freq", "sets how often --use-sde redraws its noise; add --use-sde (or drop the flag)"
+        )
 
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")

@@ -438,6 +438,29 @@ def test_a_checkpoint_time_needs_one_decoupled_player():
 
 
 @pytest.mark.parametrize(
+    ("argv", "flag_name", "says"),
+    [
+        (["--lstm-hidden-size", "32"], "--lstm-hidden-size", "shapes the LSTM of --recurrent; add --recurrent"),
+        (["--lstm-layers", "2"], "--lstm-layers", "shapes the LSTM of --recurrent; add --recurrent"),
+        (["--env-id", "Pendulum-v1", "--sde-sample-freq", "8"], "--sde-sample-freq", "redraws its noise; add"),
+        (["sac", "--log-std-init", "-2"], "--log-std-init", "starts the noise of --use-sde; add --use-sde"),
+        (["sac", "--ent-coef", "0.1", "--target-entropy", "-3"], "--target-entropy", "add --ent-coef auto"),
+    ],
+)
+def test_a_flag_that_refines_one_the_run_goes_without_is_refused(argv, flag_name, says):
+    """It would do nothing."""
+    with pytest.raises(UsageError) as error:
+        check(parse_config(argv))
+    assert error.value.flag == flag_name and says in str(error.value)
+
+
+def test_a_presets_refinement_stays_when_the_run_goes_without_what_it_refines():
+    """The published row `pendulum-gsde --no-use-sde`: the preset's --sde-sample-freq, left unused."""
+    check(parse_config(["--preset", "pendulum-gsde", "--no-use-sde"]))
+    check(parse_config(["sac", "--ent-coef", "auto_0.1", "--target-entropy", "-3"]))
+
+
+@pytest.mark.parametrize(
     ("argv", "flag_name", "owner"),
     [(["sac", "--recurrent"], "--recurrent", "PPO's"), (["--tau", "0.1"], "--tau", "SAC's")],
 )

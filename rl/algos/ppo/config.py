@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rl.algos.ppo.presets import PPO_PRESETS
-from rl.config import RunConfig, check_signs
+from rl.config import RunConfig, check_signs, flag
 from rl.errors import UsageError, counted
 
 
@@ -147,6 +147,10 @@ class PPOConfig(RunConfig):
             positive=("num_steps", "per_rank_batch_size", "update_epochs", "learning_rate", "clip_coef", "hidden_size"),
             non_negative=("ent_coef", "vf_coef", "max_grad_norm"),
         )
+        defaults = type(self)()
+        for name in ("lstm_hidden_size", "lstm_layers"):
+            if getattr(self, name) != getattr(defaults, name) and not self.recurrent:
+                raise UsageError(flag(name), "shapes the LSTM of --recurrent; add --recurrent (or drop the flag)")
         if self.target_kl is not None and not self.target_kl > 0:
             raise UsageError("--target-kl", f"must be positive, got {self.target_kl}")
         if not 0.0 <= self.gae_lambda <= 1.0:

@@ -124,6 +124,11 @@ class SACConfig(RunConfig):
             raise UsageError("--ent-coef", f"{ENT_COEF_FORMS}, got {self.ent_coef!r}")
         if self.target_entropy != AUTO:
             parse_number(self.target_entropy, "--target-entropy")
+            if not self.autotune:
+                message = "is what --ent-coef auto tunes towards; add --ent-coef auto (or drop the flag)"
+                raise UsageError("--target-entropy", message)
+        if self.log_std_init != type(self)().log_std_init and not self.use_sde:
+            raise UsageError("--log-std-init", "starts the noise of --use-sde; add --use-sde (or drop the flag)")
         if min(self.net_arch) <= 0:
             raise UsageError("--net-arch", f"each layer needs a positive number of units, got {self.net_arch}")
         if self.buffer_size < self.batch_size:
