@@ -253,19 +253,28 @@ def stacked_rows(space: gym.Space, obs: Any) -> int | None:
     return shape[0] if len(shape) == len(space.shape or ()) + 1 else None
 
 
+def available_device(device: str | torch.device) -> torch.device:
+    """`device` as torch names it, if this machine has it (rather than torch's assertion, later, that it lacks
+    CUDA)."""
+    target = torch.device(device)
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError("device", "no CUDA GPU is available on this machine")
+    return target
+
+
 def load_agent(path: str, device: str | torch.device = "cpu", env_id: str | None = None, flag: str = "path") -> Agent:
     """The agent saved in `path` (a run's `agent.ckpt` or a training checkpoint), on `device`.
 
     `env_id`: another env with the same spaces to act in (default: the one it was trained on).
     Raises `UsageError` (naming `flag`) for a file that is missing, unreadable or not a checkpoint of
-    this program, or an env its policy does not fit.
+    this program, or an env its policy does not fit; naming `device`, for a device this machine lacks.
     """
+    target = available_device(device)
     state = load_checkpoint(str(path), flag=flag)
     state = replace(state, config=state.config | EAGER_FLOAT32)
     env = env_id or state.env_id
     algorithm, policy, normalizer = restore_agent(state, env)
     spaces = algorithm.spaces
-    target = torch.device(device)
     normalizer.device = target
     normalizer.load_state_dict(normalizer.state_dict())  # its tensors, moved to `target`
     own_space, own_actions = env_own_spaces(env, spaces.preprocessing)

@@ -216,6 +216,15 @@ def test_presets_and_bad_configs_as_the_command_line_has_them():
         rl.train(rl.PPOConfig(num_envs=0))
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with a GPU loads the agent there")
+def test_an_agent_asked_onto_a_gpu_this_machine_lacks_is_refused_naming_the_device():
+    """Before the file is read, and in place of torch's assertion that it was not compiled with CUDA."""
+    agent = Path(__file__).parent / "data" / "checkpoint-v1" / "agent.ckpt"
+    with pytest.raises(rl.UsageError, match=r"^device: no CUDA GPU is available on this machine$"):
+        rl.load_agent(agent, device="cuda")
+    assert rl.load_agent(agent, device="cpu").predict(np.zeros(4, dtype=np.float32))[0] in (0, 1)
+
+
 @pytest.mark.parametrize(
     ("name", "changes", "told"),
     [
