@@ -284,7 +284,10 @@ def test_the_evaluator_keeps_the_best_agent_and_never_changes_training(tmp_path)
     trained, with_evaluator = load_agent(alone_dir)["policy"], load_agent(evaluated_dir)["policy"]
     assert all(torch.equal(trained[name], with_evaluator[name]) for name in trained)  # nobody waited on it
     evaluations = all_scalars(evaluated_dir, "Eval/return_mean")
-    assert len(evaluations) >= 2 and max(evaluations) == 4096  # the final weights are always evaluated
+    # The final weights are always evaluated; how many before them depends on how soon the evaluator is free (its
+    # W&B run starts in seconds, training ends in about as many): the resumed run's test in test_loggers.py sees
+    # evaluations during training.
+    assert max(evaluations) == 4096
     best = torch.load(evaluated_dir / "best.ckpt", weights_only=True)
     assert best["eval_return"] == max(evaluations.values()) and evaluations[best["eval_step"]] == best["eval_return"]
     assert list(all_scalars(evaluated_dir, "Eval/best_return").values())[-1] == best["eval_return"]
