@@ -451,19 +451,22 @@ ATARI_TRAINING_STEPS = ("episodic_life", "clip_rewards")  # what the learner see
 def check_env_steps_apply(cfg: RunConfig, spaces: EnvSpaces) -> None:
     """Refuse an image or Atari flag, set away from its default, that this env's observations pass by."""
     defaults = type(cfg)()
-    applies_to = {name: "image observations" for name in IMAGE_STEPS}
-    applies_to |= {name: "an Atari game's frames" for name in ATARI_FRAME_STEPS}
-    applies_to |= {name: "an Atari game" for name in ATARI_TRAINING_STEPS}
-    passed_by = {
-        "image observations": not spaces.pixels,
-        "an Atari game's frames": not (spaces.atari and spaces.pixels),
-        "an Atari game": not spaces.atari,
-    }
     observes = f"{spaces.env_id} observes {space_summary(spaces.observation_space)}"
-    for name, what in applies_to.items():
-        if passed_by[what] and getattr(cfg, name) != getattr(defaults, name):
-            this_env = observes if what == "image observations" or spaces.atari else f"{spaces.env_id} is not one"
-            raise UsageError(flag(name), f"applies to {what}; {this_env}: drop the flag")
+    not_atari = f"{spaces.env_id} is not one"
+    groups = (  # (flags, what they apply to, whether this env is that, what this env is instead)
+        (IMAGE_STEPS, "image observations", spaces.pixels, observes),
+        (
+            ATARI_FRAME_STEPS,
+            "an Atari game's frames",
+            spaces.atari and spaces.pixels,
+            observes if spaces.atari else not_atari,
+        ),
+        (ATARI_TRAINING_STEPS, "an Atari game", spaces.atari, not_atari),
+    )
+    for names, what, applies, this_env in groups:
+        for name in names:
+            if not applies and getattr(cfg, name) != getattr(defaults, name):
+                raise UsageError(flag(name), f"applies to {what}; {this_env}: drop the flag")
 
 
 def check_video_support() -> None:
