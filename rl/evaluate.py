@@ -13,6 +13,7 @@ import os
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import tyro
@@ -33,7 +34,7 @@ from rl.runtime import configure_torch_threads
 class EvalConfig:
     """Evaluate a saved agent (agent.ckpt) or a training checkpoint."""
 
-    checkpoint: tyro.conf.Positional[str]
+    checkpoint: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="CHECKPOINT")]
     """the file to evaluate"""
     episodes: int = 10
     """how many episodes, run side by side"""

@@ -30,7 +30,7 @@ import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import gymnasium as gym
 import torch
@@ -51,16 +51,16 @@ ExportFormat = Literal["torchscript", "onnx"]
 class ExportConfig:
     """Export a saved agent (agent.ckpt) or a training checkpoint as a standalone greedy policy."""
 
-    checkpoint: tyro.conf.Positional[str]
+    checkpoint: Annotated[str, tyro.conf.Positional, tyro.conf.arg(metavar="CHECKPOINT")]
     """the file to export"""
     out: str
     """the file to write"""
-    format: ExportFormat | None = None
-    """torchscript (plain torch) or onnx (onnxruntime); by default onnx for a .onnx file, else torchscript"""
+    format: Literal["auto", "torchscript", "onnx"] = "auto"
+    """torchscript (plain torch) or onnx (onnxruntime); auto: onnx for a .onnx file, else torchscript"""
 
     @property
     def chosen_format(self) -> ExportFormat:
-        if self.format is not None:
+        if self.format != "auto":
             return self.format
         return "onnx" if Path(self.out).suffix.lower() == ".onnx" else "torchscript"
 

@@ -13,7 +13,7 @@ import re
 import shlex
 import sys
 from dataclasses import dataclass, field, fields
-from typing import Literal
+from typing import Annotated, Literal
 
 import tyro
 
@@ -26,7 +26,9 @@ from rl.peer_flags import SBATCH_PEER_FLAGS, tools_peer_flag
 class SlurmConfig:
     """Render an sbatch script that trains across nodes."""
 
-    command: tyro.conf.Positional[list[str]] = field(default_factory=lambda: ["train_fabric.py"])
+    command: Annotated[list[str], tyro.conf.Positional, tyro.conf.arg(metavar="SCRIPT [FLAGS ...]")] = field(
+        default_factory=lambda: ["train_fabric.py"]
+    )
     """the entry script and its flags, after `--` (e.g. -- train_fabric.py sac --env-id Hopper-v5)"""
     nodes: int = 2
     """how many nodes"""
@@ -118,7 +120,7 @@ def render(cfg: SlurmConfig) -> str:
     if cfg.min_nodes > cfg.nodes:
         raise UsageError("--min-nodes", f"{cfg.min_nodes} is more than --nodes {cfg.nodes}")
     if not cfg.command or not cfg.command[0].endswith(".py"):
-        raise UsageError("command", "give the entry script after `--`, e.g. -- train_fabric.py sac")
+        raise UsageError("SCRIPT", "give the entry script after `--`, e.g. -- train_fabric.py sac")
     script_args = list(cfg.command)
     if cfg.gpus_per_node and "--cuda" not in script_args:
         script_args.append("--cuda")
@@ -158,10 +160,10 @@ def check_training_flags(command: list[str]) -> None:
     """The entry script, found here, and its flags, parsed here as the nodes will parse them: a bad one is refused
     now, not after the job waited in the queue. A script of the user's own has its flags left to itself."""
     if not os.path.isfile(command[0]):  # sbatch runs the job in the folder it is submitted from: this one
-        raise UsageError("command", f"no file {command[0]} here: give the entry script's path from this folder")
+        raise UsageError("SCRIPT", f"no file {command[0]} here: give the entry script's path from this folder")
     script = os.path.basename(command[0])
     if script == "train_hogwild.py":
-        raise UsageError("command", "Hogwild runs on one machine: give train_fabric.py or train_fabric_decoupled.py")
+        raise UsageError("SCRIPT", "Hogwild runs on one machine: give train_fabric.py or train_fabric_decoupled.py")
     if script in ENTRY_SCRIPT_MODES:
         from rl.cli import parse_config
 

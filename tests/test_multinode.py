@@ -211,7 +211,7 @@ def test_sbatch_time_forms_are_taken(capsys):
 def test_a_slurm_script_needs_an_entry_script():
     rendered = render_slurm("--nodes", "2", "--", "sac")
     assert rendered.returncode == 2
-    assert rendered.stderr.strip() == "error: command: give the entry script after `--`, e.g. -- train_fabric.py sac"
+    assert rendered.stderr.strip() == "error: SCRIPT: give the entry script after `--`, e.g. -- train_fabric.py sac"
 
 
 @pytest.mark.parametrize(
@@ -219,8 +219,8 @@ def test_a_slurm_script_needs_an_entry_script():
     [
         (["--nodes", "2", "--", "train_fabric.py", "--num-envz", "4"], "--num-envz: Unrecognized options: --num-envz"),
         (["--", "train_fabric_decoupled.py", "--workers", "3"], "--workers: belongs to Hogwild mode"),
-        (["--", "train_hogwild.py"], "command: Hogwild runs on one machine: give train_fabric.py or"),
-        (["--", "train_fabrc.py"], "command: no file train_fabrc.py here: give the entry script's path from"),
+        (["--", "train_hogwild.py"], "SCRIPT: Hogwild runs on one machine: give train_fabric.py or"),
+        (["--", "train_fabrc.py"], "SCRIPT: no file train_fabrc.py here: give the entry script's path from"),
         (["-N", "4", "--", "train_fabric.py"], "-N: sbatch's flag, not this program's: --nodes"),
         (["--gres", "gpu:4"], "--gres: sbatch's flag, not this program's: --gpus-per-node N"),
         (["--partition=gpu"], "--partition: sbatch's flag, not this program's: sbatch takes it beside the script's"),
