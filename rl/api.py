@@ -16,11 +16,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import fields
 from typing import Any, get_args
 
-from rl.cli import Mode, parse_config, prepare_config
+from rl.cli import Mode, flags_of, parse_config, peer_advice, prepare_config
 from rl.config import RunConfig, check_field_types, flag, preset_values, resumed_run_values
 from rl.errors import UsageError
 from rl.loop import Callback
 from rl.modes.coupled import train_coupled
+from rl.peer_flags import peer_flag
 from rl.registry import ALGORITHMS, DEFAULT_ALGORITHM
 from rl.run import TrainingResult
 from rl.runtime import FabricRuntime, LocalRuntime, process_torch_settings_restored
@@ -56,11 +57,20 @@ def load_config(path: str, **overrides: Any) -> RunConfig:
 
 
 def check_fields(config_type: type[RunConfig], names: Iterable[str]) -> None:
-    """Raise `UsageError` for the first of `names` that is no field of `config_type`."""
+    """Raise `UsageError` for the first of `names` that is no field of `config_type`, with what to give instead
+    where another program names it so (SB3's `learning_rate` for SAC)."""
     known = {member.name for member in fields(config_type)}
     for field_name in names:
         if field_name not in known:
-            raise UsageError(flag(field_name), f"{config_type.__name__} has no field {field_name!r}")
+            found = peer_flag([flag(field_name)], config_type.ALGORITHM, flags_of(config_type))
+            instead = "" if found is None else f": {found[1].program}'s name; {peer_advice(found[1])}"
+            raise UsageError(flag(field_name), f"{config_type.__name__} has no field {field_name!r}{instead}")
+
+
+def check_no_stray_attributes(cfg: RunConfig) -> None:
+    """An attribute set on a config that is none of its fields (`cfg.learning_rate = ...` on a SAC config) would
+    be ignored: raise `UsageError` for it instead."""
+    check_fields(type(cfg), [name for name in vars(cfg) if not hasattr(type(cfg), name)])
 
 
 def train(config: RunConfig, callbacks: Sequence[Callback] = (), mode: Mode = "coupled") -> TrainingResult | None:
@@ -84,6 +94,7 @@ def train(config: RunConfig, callbacks: Sequence[Callback] = (), mode: Mode = "c
     if mode not in get_args(Mode):  # else a misspelt mode would train coupled
         raise ValueError(f"mode must be one of {', '.join(get_args(Mode))}, got {mode!r}")
     cfg = copy.deepcopy(config)
+    check_no_stray_attributes(cfg)
     check_field_types(cfg)
     defaults = type(cfg)()
     given = {field.name for field in fields(cfg) if getattr(cfg, field.name) != getattr(defaults, field.name)}

@@ -158,19 +158,25 @@ def other_algorithms_flag(error: UsageError, name: str) -> UsageError | None:
 
 
 def other_algorithms_key(error: UsageError, name: str) -> UsageError | None:
-    """A `--config` key that another algorithm takes: most likely the file is a run folder's config.yaml of a
-    run of that algorithm, given without its name."""
+    """A `--config` key that another algorithm takes: most likely the file holds that algorithm's flags and
+    leaves out its name. A file that names its algorithm meant it: the key is a slip, or another program's name."""
     if not isinstance(error, UnknownConfigKey):
         return None
     key_flag = flag(error.name)
     owners = [other for other, kind in ALGORITHMS.items() if other != name and key_flag in flags_of(kind.config_type)]
-    if not owners or (is_peer_key(key_flag, name) and not all_keys_of(error.path, owners[0])):
+    if not owners:
+        return None
+    misnamed = f"{error.path} sets {error.key!r}, a flag of {owners[0].upper()}, not of {name.upper()}"
+    if config_file_algorithm(["--config", error.path]) is not None:
+        # SB3's learning_rate in a SAC file is answered with SAC's two rates
+        return None if is_peer_key(key_flag, name) else UsageError("--config", f"{misnamed}, the algorithm it names")
+    if is_peer_key(key_flag, name) and not all_keys_of(error.path, owners[0]):
         return None  # another program's name, as batch_size is in an rl-zoo PPO file
     script = os.path.basename(sys.argv[0])
     return UsageError(
         "--config",
-        f"{error.path} sets {error.key!r}, a flag of {owners[0].upper()}, not of {name.upper()}: "
-        f"name the algorithm first, {script} {owners[0]} --config {error.path}",
+        f"{misnamed}: add {ALGORITHM_KEY}: {owners[0]} to the file, or name the algorithm first, "
+        f"{script} {owners[0]} --config {error.path}",
     )
 
 

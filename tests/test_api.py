@@ -231,6 +231,11 @@ def test_an_agent_asked_onto_a_gpu_this_machine_lacks_is_refused_naming_the_devi
         ("cartpole", {"num_envs": "four"}, "--num-envs: 'four' is not a whole number"),
         ("cartpole", {"vector_mode": "fast"}, "--vector-mode: 'fast' is not one of auto, sync, async, native, envpool"),
         ("cartpole", {"num_env": 4}, "--num-env: PPOConfig has no field 'num_env'"),
+        (
+            "sac/pendulum",
+            {"learning_rate": 1e-3},
+            "SACConfig has no field 'learning_rate': Stable-Baselines3's name; give SAC's two rates, --policy-lr",
+        ),
         ("td3/hopper", {}, "--preset: there is no algorithm 'td3'"),
         ("cartpole", {"env_id": gym.Env}, "is not text: give the env's registered id, such as 'CartPole-v1'"),
     ],
@@ -238,6 +243,21 @@ def test_an_agent_asked_onto_a_gpu_this_machine_lacks_is_refused_naming_the_devi
 def test_a_preset_with_a_value_of_another_type_or_no_such_field_is_refused_naming_it(name, changes, told):
     with pytest.raises(rl.UsageError, match=re.escape(told)):
         rl.preset(name, **changes)
+
+
+@pytest.mark.parametrize(
+    ("preset", "attribute", "told"),
+    [
+        ("sac/pendulum", "learning_rate", "SACConfig has no field 'learning_rate': Stable-Baselines3's name"),
+        ("cartpole", "total_timestep", "--total-timestep: PPOConfig has no field 'total_timestep'"),
+    ],
+)
+def test_an_attribute_set_on_a_config_that_is_none_of_its_fields_is_refused_not_ignored(preset, attribute, told):
+    """A dataclass takes any attribute: without the check, a misspelt or another program's name trains as if unset."""
+    config = rl.preset(preset, total_timesteps=256, eval_episodes=1, run_name="stray")
+    setattr(config, attribute, 1e-3)
+    with pytest.raises(rl.UsageError, match=re.escape(told)):
+        rl.train(config)
 
 
 def test_a_config_file_loads_as_its_algorithms_config_with_overrides_as_the_command_line_reads_it(tmp_path):

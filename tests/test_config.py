@@ -749,7 +749,10 @@ def test_the_resolved_config_written_out_is_taken_back_whole(tmp_path, argv):
         ("HalfCheetah-v4:\n  n_envs: 1\n", "sets 'HalfCheetah-v4', an env id, as rl-zoo's files hold an entry per env"),
         # an rl-zoo PPO file sets batch_size, a flag of SAC here, beside names no SAC file has
         ("batch_size: 64\nn_steps: 512\n", "sets 'batch_size', Stable-Baselines3's name, not PPO's: --per-rank-batch"),
-        ("batch_size: 64\n", "sets 'batch_size', a flag of SAC, not of PPO: name the algorithm first"),
+        ("batch_size: 64\n", "sets 'batch_size', a flag of SAC, not of PPO: add algorithm: sac to the file, or name"),
+        # a file that names its algorithm meant it: no advice to name another
+        ("algorithm: sac\nclip_coef: 0.1\n", "sets 'clip_coef', a flag of PPO, not of SAC, the algorithm it names"),
+        ("algorithm: sac\nlearning_rate: 3e-4\n", "Stable-Baselines3's name, not SAC's: give SAC's two rates"),
         ("policy_kwargs: dict(ortho_init=False)\n", "Stable-Baselines3's name, not this program's: give its entries"),
         ("env_wrapper: sb3_contrib.common.wrappers.TimeFeatureWrapper\n", "rl-zoo's name, not this program's: --time"),
         (
@@ -774,9 +777,9 @@ def test_a_bad_config_file_is_named_in_one_line(tmp_path, text, told):
         (
             ["sac", "--buffer-size", "5000"],
             [],
-            "sets 'buffer_size', a flag of SAC, not of PPO: name the algorithm first",
+            "sets 'buffer_size', a flag of SAC, not of PPO: add algorithm: sac to the file, or name the algorithm first",
         ),
-        (["--update-epochs", "3"], ["sac"], "a flag of PPO, not of SAC: name the algorithm first"),
+        (["--update-epochs", "3"], ["sac"], "a flag of PPO, not of SAC: add algorithm: ppo to the file, or name"),
     ],
     ids=["sac-file-as-ppo", "ppo-file-as-sac"],
 )
