@@ -190,7 +190,7 @@ BAD_FILE_LINES = {
     "foreign": "is not a checkpoint of this program",
     "holds code": "holds Python objects (classes or code) that a weights-only read refuses to run",
     "newer": "was written by a newer version of this program (checkpoint version 99; this one reads up to 2)",
-    "saved agent": "this file holds a saved agent, not a training checkpoint",
+    "saved agent": "a saved agent, not a training checkpoint: give its run's newest, ",  # the step_*.ckpt beside it
     "missing": "no checkpoint at",
     "run folder": "is a folder: give a file, such as ",  # its newest checkpoint (a saved agent resumes nothing)
 }
