@@ -607,6 +607,8 @@ def parse_config_flags(
     else:  # a resumed run's own flags, where it has them
         from_file = resumed_run_values(config_type, checkpoint, mode) if checkpoint else {}
     name = flag_value(argv, "--preset") or from_file.get("preset")
+    flags_file = config_path or (os.path.join(run_dir_of(checkpoint), CONFIG_FILENAME) if checkpoint else None)
+    check_one_preset(name, from_file, flags_file)
     preset = {} if name is None else preset_values(config_type, name)
     base = preset | from_file | ({} if name is None else {"preset": name})
     argv = command_line_spellings(config_type, argv)
@@ -618,6 +620,20 @@ def parse_config_flags(
     check_given_alone(cfg, on_command_line)
     cfg.fill_defaults(set(base) | on_command_line)
     return cfg
+
+
+def check_one_preset(name: str | None, from_file: dict[str, Any], flags_file: str | None) -> None:
+    """Refuse a --preset beside flags written with another preset, or none: a --config file (a run folder's, a
+    --write-config file's) or the resumed run's own. Their values come on top of the preset's and would override
+    all that it sets, leaving a run labelled with a preset it does not follow."""
+    if flags_file is None or "preset" not in from_file or from_file["preset"] == name:
+        return
+    made = "without a preset" if from_file["preset"] is None else f"with preset {from_file['preset']}"
+    raise UsageError(
+        "--preset",
+        f"{flags_file} holds the flags of a run {made}, which override all that --preset {name} sets: "
+        "give one or the other",
+    )
 
 
 def check_given_alone(cfg: RunConfig, on_command_line: set[str]) -> None:

@@ -701,6 +701,38 @@ def test_a_config_file_sets_flags_that_the_command_line_overrides(tmp_path):
     assert (parse_config(["sac", "--config", str(sac)]).net_arch) == (32, 16)
 
 
+def test_a_preset_beside_flags_written_with_another_preset_or_none_is_refused(tmp_path):
+    """Those flags come on top of the preset's and would override all of them: a run labelled with a preset it
+    does not follow. A file of a few flags, or of the same preset, takes a preset beneath it."""
+    from rl.config import write_config_file
+
+    written = tmp_path / "hopper.yaml"
+    write_config_file(parse_config(["--preset", "hopper"]), str(written))
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    write_config_file(parse_config([]), str(run / "config.yaml"))
+    checkpoint = str(run / "checkpoints" / "step_000000002048.ckpt")
+    for argv, told in (
+        (["--config", str(written), "--preset", "cartpole"], "hopper.yaml holds the flags of a run with preset hopper"),
+        (
+            ["--config", str(run / "config.yaml"), "--preset", "cartpole"],
+            "config.yaml holds the flags of a run without",
+        ),
+        (
+            ["--resume-from", checkpoint, "--preset", "cartpole"],
+            "config.yaml holds the flags of a run without a preset",
+        ),
+    ):
+        with pytest.raises(UsageError, match=re.escape(told)) as refused:
+            parse_config(argv)
+        assert refused.value.flag == "--preset" and str(refused.value).endswith("give one or the other")
+    assert parse_config(["--config", str(written), "--preset", "hopper"]).env_id == "Hopper-v5"
+    few = tmp_path / "few.yaml"
+    few.write_text("num_steps: 64\n")
+    cfg = parse_config(["--config", str(few), "--preset", "cartpole"])
+    assert (cfg.num_steps, cfg.num_envs, cfg.preset) == (64, 4, "cartpole")
+
+
 def test_a_config_file_takes_numbers_yaml_leaves_as_text_and_a_lone_value_for_a_list(tmp_path):
     """PyYAML reads 3e-4 and 1e6 as text (YAML 1.1 wants 3.0e-4): they are numbers all the same."""
     path = tmp_path / "run.yaml"
@@ -777,7 +809,7 @@ def test_a_bad_config_file_is_named_in_one_line(tmp_path, text, told):
         (
             ["sac", "--buffer-size", "5000"],
             [],
-            "sets 'buffer_size', a flag of SAC, not of PPO: add algorithm: sac to the file, or name the algorithm first",
+            "sets 'buffer_size', a flag of SAC, not of PPO: add algorithm: sac to the file, or name the algorithm",
         ),
         (["--update-epochs", "3"], ["sac"], "a flag of PPO, not of SAC: add algorithm: ppo to the file, or name"),
     ],

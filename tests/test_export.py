@@ -276,7 +276,6 @@ def test_bad_output_paths_end_with_one_line_and_a_onnx_file_is_onnx(agents, tmp_
     assert (tmp_path / "new" / "folder" / "policy.onnx").read_bytes()[:2] != b"PK"  # ONNX, not a TorchScript zip
 
 
-
 def test_the_help_names_the_checkpoint_and_the_formats_a_user_can_give(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
@@ -289,6 +288,7 @@ def test_a_given_format_wins_over_the_files_suffix(agents, tmp_path):
     done = export_to(agent, str(tmp_path / "policy.pt"), tmp_path, "--format", "onnx")
     assert done.returncode == 0 and "(onnx)" in done.stdout, done.stderr[-2000:]
     assert (tmp_path / "policy.pt").read_bytes()[:2] != b"PK"  # ONNX, not a TorchScript zip
+
 
 # Steps an exported recurrent policy through recorded episodes, in a process where any import of this project
 # fails: its inputs per step from `steps.npz` (the observation's keys, then episode_start), its state carried from
