@@ -367,7 +367,7 @@ def resumed_step(resume: TrainingCheckpoint | None) -> int:
     return resume.counters.global_step if resume else 0
 
 
-def its_runs(cfg: RunConfig) -> str:
+def newest_checkpoint_instead(cfg: RunConfig) -> str:
     """Where a saved agent given to --resume-from has its run's newest checkpoint, to give instead."""
     newest = None if cfg.resume_from is None else newest_checkpoint(os.path.dirname(cfg.resume_from) or ".")
     return "" if newest is None else f": give its run's newest, {newest}"
@@ -396,7 +396,9 @@ def check_resumable(
     each with its share of the per-rank fields, which are then checked as the shares they are.
     """
     if not isinstance(state, TrainingCheckpoint):
-        raise UsageError("--resume-from", "this file holds a saved agent, not a training checkpoint" + its_runs(cfg))
+        raise UsageError(
+            "--resume-from", "this file holds a saved agent, not a training checkpoint" + newest_checkpoint_instead(cfg)
+        )
     if state.algorithm != algorithm:
         raise UsageError("--resume-from", f"this checkpoint was trained with {state.algorithm}, not {algorithm}")
     if state.mode != mode:
