@@ -445,6 +445,8 @@ def check_mode_flags(cfg: RunConfig, mode: Mode) -> None:
         raise UsageError("--cuda", "Hogwild workers share their networks in CPU memory; train without --cuda")
     if cfg.share_data:
         raise UsageError("--share-data", "Hogwild workers train on their own data; drop --share-data")
+    if cfg.sync == "shared" and cfg.sync_every != defaults.sync_every:
+        raise UsageError("--sync-every", "sets how often --sync synced merges each worker's copy; add --sync synced")
 
 
 # The flags that prepare an env's observations or signal, by what they apply to: a value other than the default

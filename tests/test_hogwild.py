@@ -253,6 +253,7 @@ BAD_HOGWILD_INPUTS = [
     (["--sync", "sometimes"], "--sync"),
     (["--share-data"], "--share-data"),
     (["--pipeline"], "--pipeline"),
+    (["--sync-every", "4"], "--sync-every"),  # it sets synced merges: shared workers would ignore it
 ]
 
 
