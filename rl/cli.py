@@ -274,7 +274,7 @@ def prepare_config(
         check_video_support()
     check_loggers_installed(cfg.logger)
     check_windows_can_open(cfg)
-    spaces = inspect_env(cfg.env_id, cfg.preprocessing())
+    spaces = env_spaces(cfg)
     kind = algorithm_type(cfg)
     kind.check_spaces(spaces)
     check_env_steps_apply(cfg, spaces)
@@ -483,14 +483,24 @@ def check_video_support() -> None:
         raise UsageError("--capture-video", "needs moviepy: pip install -e '.[video]'")
 
 
+def env_spaces(cfg: RunConfig) -> EnvSpaces:
+    """The env's spaces as `inspect_env` finds them; keywords it refuses are named by the flag that gave them."""
+    try:
+        return inspect_env(cfg.env_id, cfg.preprocessing())
+    except UsageError as error:
+        if error.flag != "--env-kwargs":
+            raise
+        refused = str(error).removeprefix(f"{error.flag}: ")
+        raise UsageError(cfg.env_kwargs_flag(cfg.make_kwargs()), refused) from None
+
+
 def check_windows_can_open(cfg: RunConfig) -> None:
     """Envs made with render_mode 'human' each draw every step into a window; without a display they draw into
     nothing, many times slower, so such a run is refused."""
     if cfg.make_kwargs().get("render_mode") != "human" or has_display():
         return
-    given_alone = any(item.partition("=")[0] == "render_mode" for item in cfg.env_kwarg)
     raise UsageError(
-        "--env-kwarg" if given_alone else "--env-kwargs",
+        cfg.env_kwargs_flag(["render_mode"]),
         "render_mode 'human' opens a window per env, and there is no display here (no DISPLAY or "
         "WAYLAND_DISPLAY); --capture-video records an mp4",
     )

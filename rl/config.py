@@ -21,7 +21,7 @@ import sys
 import textwrap
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
@@ -275,6 +275,11 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
             tuple(sorted(self.make_kwargs().items())),
             self.time_feature,
         )
+
+    def env_kwargs_flag(self, keys: Iterable[str]) -> str:
+        """The flag that gave these of the env's keyword arguments: --env-kwarg where it gave each of them."""
+        given_alone = {item.partition("=")[0] for item in self.env_kwarg}
+        return "--env-kwarg" if set(keys) <= given_alone else "--env-kwargs"
 
     def make_kwargs(self) -> dict[str, Any]:
         """--env-kwargs with each --env-kwarg added; raises `UsageError` naming the flag that does not parse."""

@@ -65,14 +65,15 @@ def test_keyword_arguments_may_be_a_dict_in_python_and_in_a_config_file(tmp_path
         (["--env-kwargs", "{length: 3}"], "--env-kwargs", "is not JSON"),
         (["--env-kwargs", "[3]"], "--env-kwargs", "must be a JSON object"),
         (["--env-kwarg", "length"], "--env-kwarg", "takes key=value"),
-        ([*OWN_ENV, "--env-kwarg", "width=3"], "--env-kwargs", "does not take {'width': 3}"),
+        ([*OWN_ENV, "--env-kwarg", "width=3"], "--env-kwarg", "does not take {'width': 3}"),  # the flag given
+        ([*OWN_ENV, "--env-kwargs", '{"width": 3}'], "--env-kwargs", "does not take {'width': 3}"),
         (
             ["--env-kwarg", "sutton_barto_reward=true", "--vector-mode", "native"],
             "--vector-mode",
             "without --env-kwargs",
         ),
     ],
-    ids=["json", "object", "key-value", "unknown-keyword", "native"],
+    ids=["json", "object", "key-value", "unknown-keyword", "unknown-keyword-in-json", "native"],
 )
 def test_bad_keyword_arguments_end_with_one_line_naming_the_flag(tmp_path, args, flag, says):
     line = refusal_line("fabric", args, tmp_path)
