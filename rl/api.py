@@ -47,9 +47,10 @@ def preset(name: str, **overrides: Any) -> RunConfig:
 
 def load_config(path: str, **overrides: Any) -> RunConfig:
     """The config of a YAML or JSON file of flags, as `--config PATH` gives it (a run folder's `config.yaml`, a
-    `--write-config` file, tuning's `best.yaml`), with `overrides` (field names) on top. The file's `algorithm:`
-    picks PPO or SAC; PPO where it names none."""
-    config = parse_config(["--config", path])
+    `--write-config` file, tuning's `best.yaml`), with `overrides` (field names) on top, but `preset`, which goes
+    beneath the file as `--preset` does. The file's `algorithm:` picks PPO or SAC; PPO where it names none."""
+    preset_flag = ["--preset", str(overrides.pop("preset"))] if "preset" in overrides else []
+    config = parse_config(["--config", path, *preset_flag])  # a preset beneath the file, as on the command line
     check_fields(type(config), overrides)
     config = dataclasses.replace(config, **overrides)
     check_field_types(config)

@@ -276,6 +276,21 @@ def test_a_config_file_loads_as_its_algorithms_config_with_overrides_as_the_comm
         rl.load_config(str(tmp_path / "missing.yaml"))
 
 
+def test_a_preset_given_to_load_config_goes_beneath_the_file_as_on_the_command_line(tmp_path):
+    """Not a label on top: a file of a few flags takes the preset's others, and a file of another preset's flags,
+    which would override all of it, is refused."""
+    from rl.config import write_config_file
+
+    few = tmp_path / "few.yaml"
+    few.write_text("num_envs: 2\n")
+    config = rl.load_config(str(few), preset="cartpole")
+    assert (config.preset, config.num_envs, config.num_steps) == ("cartpole", 2, rl.preset("cartpole").num_steps)
+    hopper = tmp_path / "hopper.yaml"
+    write_config_file(rl.preset("hopper"), str(hopper))
+    with pytest.raises(rl.UsageError, match="holds the flags of a run with preset hopper"):
+        rl.load_config(str(hopper), preset="cartpole")
+
+
 def test_a_config_built_by_hand_takes_its_fields_types_as_a_config_file_does():
     """A lone logger is a one-item tuple (a string would be read letter by letter), numbers as text are numbers."""
     with pytest.raises(rl.UsageError, match=re.escape("--logger: ('nope',) is not a list, each one of")):
