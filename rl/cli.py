@@ -167,7 +167,7 @@ def other_algorithms_key(error: UsageError, name: str) -> UsageError | None:
     if not owners:
         return None
     misnamed = f"{error.path} sets {error.key!r}, a flag of {owners[0].upper()}, not of {name.upper()}"
-    if config_file_algorithm(["--config", error.path]) is not None:
+    if read_config_file(error.path).get(ALGORITHM_KEY) is not None:
         # SB3's learning_rate in a SAC file is answered with SAC's two rates
         return None if is_peer_key(key_flag, name) else UsageError("--config", f"{misnamed}, the algorithm it names")
     if is_peer_key(key_flag, name) and not all_keys_of(error.path, owners[0]):
@@ -490,8 +490,7 @@ def env_spaces(cfg: RunConfig) -> EnvSpaces:
     except UsageError as error:
         if error.flag != "--env-kwargs":
             raise
-        refused = str(error).removeprefix(f"{error.flag}: ")
-        raise UsageError(cfg.env_kwargs_flag(cfg.make_kwargs()), refused) from None
+        raise UsageError(cfg.env_kwargs_flag(cfg.make_kwargs()), error.message) from None
 
 
 def check_windows_can_open(cfg: RunConfig) -> None:

@@ -30,6 +30,7 @@ class UsageError(Exception):
     def __init__(self, flag: str, message: str) -> None:
         super().__init__(f"{flag}: {message}")
         self.flag = flag
+        self.message = message
 
 
 def counted(count: int, noun: str, plural: str | None = None) -> str:
