@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from rl.algos.base import Algorithm, Learner
-from rl.config import RunConfig, flag, iteration_name
+from rl.config import MODE_COMMANDS, RunConfig, flag, iteration_name
 from rl.errors import RunStopped, UsageError, counted, print_error, refused_writes
 from rl.experience import ExperienceSource
 from rl.normalization import ObservationNormalizer
@@ -402,7 +402,11 @@ def check_resumable(
     if state.algorithm != algorithm:
         raise UsageError("--resume-from", f"this checkpoint was trained with {state.algorithm}, not {algorithm}")
     if state.mode != mode:
-        raise UsageError("--resume-from", f"this checkpoint was written in {state.mode} mode, not {mode} mode")
+        raise UsageError(
+            "--resume-from",
+            f"this checkpoint was written in {state.mode} mode, not {mode} mode: "
+            f"resume it in {MODE_COMMANDS[state.mode]}",
+        )
     # a field newer than the checkpoint had its default then
     saved = type(cfg)().to_dict() | state.config | {"env_id": state.env_id}
     current = cfg.to_dict() | {"env_id": env_id}

@@ -25,6 +25,7 @@ from rl.checkpoint import (
 from rl.compiling import compile_failure
 from rl.config import (
     ALGORITHM_KEY,
+    MODE_COMMANDS,
     RunConfig,
     UnknownConfigKey,
     config_file_algorithm,
@@ -122,13 +123,6 @@ def misplaced_algorithm(error: UsageError) -> UsageError | None:
         return None
     script = os.path.basename(sys.argv[0])
     return UsageError("command line", f"the algorithm goes first, before any flag: {script} {misplaced} --...")
-
-
-MODE_COMMANDS = {
-    "coupled": "coupled mode: fabric run ... train_fabric.py ...",
-    "decoupled": "decoupled mode: fabric run ... train_fabric_decoupled.py ...",
-    "hogwild": "Hogwild mode: python train_hogwild.py ...",
-}
 
 
 def other_modes_flag(error: UsageError, mode: Mode | None) -> UsageError | None:

@@ -208,6 +208,12 @@ class HogwildFlags:
 
 
 MODE_GROUPS: dict[str, type] = {"coupled": CoupledFlags, "decoupled": DecoupledFlags, "hogwild": HogwildFlags}
+# How each mode is launched, for advice that sends a user to another mode's entry script.
+MODE_COMMANDS = {
+    "coupled": "coupled mode: fabric run ... train_fabric.py ...",
+    "decoupled": "decoupled mode: fabric run ... train_fabric_decoupled.py ...",
+    "hogwild": "Hogwild mode: python train_hogwild.py ...",
+}
 
 
 @dataclass

@@ -372,7 +372,8 @@ def test_a_checkpoint_resumes_only_in_its_own_mode(runs, tmp_path):
     finished = run_ranks("fabric run", SCRIPTS["decoupled"], args, tmp_path, nproc=2)
     lines = [line for line in finished.stderr.splitlines() if line.startswith("error: ")]
     assert finished.returncode != 0 and len(lines) == 2
-    assert all("written in coupled mode, not decoupled mode" in line for line in lines)
+    said = "written in coupled mode, not decoupled mode: resume it in coupled mode: fabric run ... train_fabric.py"
+    assert all(said in line for line in lines)
 
 
 def test_a_hogwild_checkpoint_resumed_elsewhere_names_its_mode_not_its_flags(tmp_path):
@@ -383,7 +384,10 @@ def test_a_hogwild_checkpoint_resumed_elsewhere_names_its_mode_not_its_flags(tmp
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     line = refusal_line("fabric", ["--total-timesteps", "1024", "--resume-from", str(saved)], elsewhere)
-    assert line == "error: --resume-from: this checkpoint was written in hogwild mode, not coupled mode"
+    assert line == (
+        "error: --resume-from: this checkpoint was written in hogwild mode, not coupled mode: "
+        "resume it in Hogwild mode: python train_hogwild.py ..."
+    )
 
 
 def ctrl_c_when(job: subprocess.Popen, stream, said: str) -> tuple[str, str]:

@@ -866,7 +866,7 @@ MODE_FLAG_EXAMPLES = {
 
 @pytest.mark.parametrize("mode", ["coupled", "decoupled", "hogwild"])
 def test_each_entry_script_takes_its_own_modes_flags_and_names_the_mode_of_anothers(mode, capsys):
-    from rl.cli import MODE_COMMANDS
+    from rl.config import MODE_COMMANDS
 
     assert set(MODE_FLAG_EXAMPLES) == {name for names in RunConfig.MODE_FIELDS.values() for name in names}
     with pytest.raises(SystemExit):
