@@ -305,8 +305,11 @@ def prepare_config(
     check_writable(
         os.path.join(run_dir, CHECKPOINT_DIR) if run_dir else os.path.join(cfg.log_dir, log_subdir), "--log-dir"
     )
-    if run_dir is not None:
-        begin_round(run_dir, resumed_step(resume), cfg.resume_from, int(os.environ.get("RANK", "0")))
+    is_restart = run_dir is not None and begin_round(
+        run_dir, resumed_step(resume), cfg.resume_from, int(os.environ.get("RANK", "0"))
+    )
+    if resume is not None and not is_restart:  # a restart says where it resumes in its own line
+        say_where_it_resumes(resume, cfg, env_ranks, automatic)
     configure_torch_threads(cfg.torch_threads, algorithm.cnn)
     torch.backends.cudnn.deterministic = cfg.torch_deterministic
     return algorithm, world_size, resume
@@ -395,6 +398,15 @@ def say_nothing_left_to_train(resume: TrainingCheckpoint, cfg: RunConfig, env_ra
             "(a larger --total-timesteps trains on)",
             flush=True,
         )
+
+
+def say_where_it_resumes(resume: TrainingCheckpoint, cfg: RunConfig, env_ranks: int, found_in_run: bool) -> None:
+    """Rank 0 names the checkpoint a run trains on from, so that a run name given again is not taken for a new
+    run."""
+    step = resume.counters.global_step
+    if step < cfg.trained_timesteps(env_ranks) and int(os.environ.get("RANK", "0")) == 0:
+        newest = f"run {cfg.run_name}'s newest checkpoint, " if found_in_run and cfg.run_name else ""
+        print(f"resuming from {newest}step {step:,} ({cfg.resume_from})", flush=True)
 
 
 def say_total_rounded_down(cfg: RunConfig, env_ranks: int) -> None:

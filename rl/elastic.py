@@ -254,8 +254,9 @@ class ThisRound:
 _this_round: ThisRound | None = None
 
 
-def begin_round(run_dir: str, resume_step: int, checkpoint: str | None, rank: int) -> None:
-    """Read the journal of a run with a fixed folder; rank 0 says what this restart resumes from and redoes.
+def begin_round(run_dir: str, resume_step: int, checkpoint: str | None, rank: int) -> bool:
+    """Read the journal of a run with a fixed folder; rank 0 says what this restart resumes from and redoes. Whether
+    this round is a restart of the job (which every rank learns).
 
     Raises `RepeatedFailure` on every rank alike when the last two rounds failed in the same place.
     """
@@ -274,14 +275,14 @@ def begin_round(run_dir: str, resume_step: int, checkpoint: str | None, rank: in
             {"event": "launch", "step": resume_step, "restart": restart_count(), "host": HOST, "redone": redone_total}
         )
     if last is None:
-        return
+        return False
     if len(rounds) >= 2 and same_failure(rounds[-2], last):
         raise RepeatedFailure(
             f"the last two rounds both resumed from step {last.started_at} and failed at step {last.reached} with "
             f"{describe_end(last)}; restarting cannot get past it{this_node_restarts()}"
         )
     if rank != 0:
-        return
+        return True
     where = f"resumes from step {resume_step} ({checkpoint})" if checkpoint else "no checkpoint yet: starts from step 0"
     before = f"the round before ended at step {last.reached}: {describe_end(last)}"
     if unjournaled:
@@ -294,6 +295,7 @@ def begin_round(run_dir: str, resume_step: int, checkpoint: str | None, rank: in
         f"restart {_this_round.restarts} of the job{this_node_restarts()}: {before}; {where}; {redone} steps "
         f"are done twice ({redone_total} in this job so far)"
     )
+    return True
 
 
 HOST = socket.gethostname()

@@ -147,9 +147,10 @@ def test_a_run_killed_at_random_resumes_by_itself_to_the_weights_of_an_unkilled_
     killed_dir.mkdir()
     job = start(torchrun(SCRIPTS[mode], args), killed_dir)
     killed = kill_ranks_at_random(job, killed_dir, kills=2, nproc=2, seed=zlib.crc32(case.encode()))
-    _, stderr = finish(job)
+    stdout, stderr = finish(job)
     assert job.returncode == 0, stderr[-4000:]
     assert len(killed) == 2
+    assert "resuming from" not in stdout  # each restart's own line says where it resumes
     assert "connectFullMesh" not in stderr and "finite" not in stderr  # a fresh round; a lost rank named as lost
     restarts = [line for line in stderr.splitlines() if line.startswith("restart ")]
     assert [line.split(" of the job ")[0] for line in restarts] == ["restart 1", "restart 2"], stderr[-4000:]
@@ -258,19 +259,24 @@ MODES_ONCE_MORE = {
 )
 def test_a_named_run_launched_again_after_it_finished_resumes_without_a_restart_line(tmp_path, mode):
     """Only a round that did not end cleanly makes the next launch a restart: a finished (or interrupted) run
-    trained further is not reported as recovering from a fault, and its restarts count from there."""
+    trained further is not reported as recovering from a fault, and its restarts count from there. It says which
+    checkpoint it trains on from, once."""
     launcher, processes, args, more = MODES_ONCE_MORE[mode]
     args = [*QUICK_PPO, "--num-steps", "64", "--run-name", "named", *args]
     steps = int(args[args.index("--total-timesteps") + 1])
 
-    def launch_with(total: int):
+    def launch_with(total: int) -> list[str]:
+        """The launch's restart and resume lines."""
         args[args.index("--total-timesteps") + 1] = str(total)
         finished = run_ranks(launcher, SCRIPTS[mode], args, tmp_path, nproc=processes)
         assert finished.returncode == 0, finished.stderr[-3000:]
-        return [line for line in finished.stderr.splitlines() if line.startswith("restart ")]
+        said = (finished.stdout + finished.stderr).splitlines()
+        return [line for line in said if line.startswith(("restart ", "resuming "))]
 
     assert launch_with(steps) == []
-    assert launch_with(steps + more) == []  # resumed from the finished run's last checkpoint
+    newest = f"step_{steps:012d}.ckpt"
+    (line,) = launch_with(steps + more)  # resumed from the finished run's last checkpoint
+    assert line.startswith(f"resuming from run named's newest checkpoint, step {steps:,} (") and newest in line, line
     journal = Journal(str(run_dir(tmp_path, mode)))
     assert [round_.ended for round_ in journal.rounds()] == ["finished", "finished"]
     journal.append({"event": "start", "step": steps + more})  # a round that never ended: killed
