@@ -38,6 +38,11 @@ def counted(count: int, noun: str, plural: str | None = None) -> str:
     return f"{count} {noun if count == 1 else plural or noun + 's'}"
 
 
+def listed(names: list[str]) -> str:
+    """Names as a sentence lists them: "a", "a and b", "a, b and c"."""
+    return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
+
+
 def unrecognized_options(error: UsageError) -> list[str]:
     """The words of the command line that the parser refused in `error` as unrecognized; [] for any other error."""
     _, listed, unrecognized = str(error).partition("Unrecognized options: ")

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rl.elastic import job_store_client, name_this_process, record_fault, under_torchelastic
-from rl.errors import RunStopped, print_error
+from rl.errors import RunStopped, listed, print_error
 from rl.optim import TrainingDiverged
 
 LOST_CONNECTION = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out", "timed out")
@@ -176,7 +176,8 @@ def report_lost_peers(own_rank: int, name: Callable[[int], str], process_ids: Te
         """The peers known to be gone, and how that is known; empty if none is."""
         gone = ended_ranks(process_ids, own_rank)
         if gone:  # seen on this node
-            return f"{' and '.join(map(name, gone))}: {'its process' if len(gone) == 1 else 'their processes'} ended"
+            processes = "its process" if len(gone) == 1 else "their processes"
+            return f"{listed([name(rank) for rank in gone])}: {processes} ended"
         if heartbeat is None:
             return ""
         silent = heartbeat.silent_ranks()
@@ -185,7 +186,7 @@ def report_lost_peers(own_rank: int, name: Callable[[int], str], process_ids: Te
         if not silent:
             return ""
         return (
-            f"{' and '.join(map(name, silent))} on another node: {'its' if len(silent) == 1 else 'their'} "
+            f"{listed([name(rank) for rank in silent])} on another node: {'its' if len(silent) == 1 else 'their'} "
             "heartbeat stopped"
         )
 

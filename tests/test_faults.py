@@ -15,6 +15,7 @@ from conftest import SCRIPTS, child_env, free_port, join_as_rank, launch
 from torch import nn
 
 from rl.algos.sac.config import SACConfig
+from rl.errors import listed
 from rl.faults import _process_ended
 from rl.optim import FlatGradients
 from rl.runtime import TorchRuntime
@@ -96,6 +97,15 @@ os.close(connection)
 print("ready", flush=True)
 time.sleep(60)
 """
+
+
+def test_the_processes_lost_are_listed_as_a_sentence_lists_them():
+    lost = (["the player"], ["rank 1", "rank 2"], ["player 0", "player 1", "trainer 3"])
+    assert [listed(names) for names in lost] == [
+        "the player",
+        "rank 1 and rank 2",
+        "player 0, player 1 and trainer 3",
+    ]
 
 
 def test_a_killed_peer_counts_as_ended_as_soon_as_its_connection_drops():
