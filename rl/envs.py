@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
+import re
 import signal
 import sys
 import warnings
@@ -167,6 +168,18 @@ def env_family(env_id: str, observation_space: gym.Space | None = None) -> EnvFa
     return None
 
 
+# ale-py's older ids (PongNoFrameskip-v4, Breakout-ramDeterministic-v4), which gymnasium knows only once it is imported
+OLDER_ATARI_ID = re.compile(r"^[A-Z]\w*?(-ram)?(NoFrameskip|Deterministic)-v[04]$")
+# a module that envs import: its package's name and the extra that installs it
+EXTRA_OF_MODULE = {"mujoco": ("mujoco", "mujoco"), "ale_py": ("ale-py", "atari")}
+
+
+def missing_extra(env_id: str, module: str) -> UsageError:
+    """`env_id` refused for want of `module`, one of `EXTRA_OF_MODULE`: the extra to install."""
+    package, extra = EXTRA_OF_MODULE[module]
+    return UsageError("--env-id", f"{env_id} needs {package}: pip install -e '.[{extra}]'")
+
+
 def register_optional_envs(env_id: str) -> None:
     """Import ale-py where the id may be one of its games: it registers the ALE/ ids and the older
     NoFrameskip-v4 family on import."""
@@ -175,8 +188,8 @@ def register_optional_envs(env_id: str) -> None:
     try:
         import ale_py
     except ImportError:
-        if env_id.startswith("ALE/"):
-            raise UsageError("--env-id", f"{env_id} needs ale-py: pip install -e '.[atari]'") from None
+        if env_id.startswith("ALE/") or OLDER_ATARI_ID.match(env_id):
+            raise missing_extra(env_id, "ale_py") from None
         return
     gym.register_envs(ale_py)
 
@@ -220,6 +233,9 @@ def inspect_env(env_id: str, preprocessing: Preprocessing = ATARI_PREPROCESSING)
             raise
         raise UsageError("--env-kwargs", f"{env_id} does not take {dict(preprocessing.env_kwargs)}: {error}") from None
     except ImportError as error:
+        module = (error.name or "").partition(".")[0]
+        if module in EXTRA_OF_MODULE:
+            raise missing_extra(env_id, module) from None
         hint = newest_version_hint(env_id, error)
         raise UsageError("--env-id", f"{env_id!r} needs a missing package: {error}{hint}") from None
     try:

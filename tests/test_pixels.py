@@ -128,11 +128,25 @@ def test_a_backend_whose_frames_differ_from_gymnasiums_is_refused_naming_the_fla
     assert error.value.flag == "--vector-mode"
 
 
-def test_an_atari_id_without_ale_py_names_the_extra(monkeypatch):
+@pytest.mark.parametrize("env_id", ["ALE/Pong-v5", "PongNoFrameskip-v4", "Breakout-ramDeterministic-v4"])
+def test_an_atari_id_without_ale_py_names_the_extra(monkeypatch, env_id):
     monkeypatch.setitem(sys.modules, "ale_py", None)  # as if ale-py were not installed
-    with pytest.raises(UsageError, match=r"ALE/Pong-v5 needs ale-py: pip install -e '\.\[atari\]'") as error:
-        inspect_env("ALE/Pong-v5")
-    assert error.value.flag == "--env-id"
+    monkeypatch.delitem(gym.envs.registry, env_id, raising=False)  # which only ale-py registers
+    with pytest.raises(UsageError) as error:
+        inspect_env(env_id)
+    assert (error.value.flag, error.value.message) == ("--env-id", f"{env_id} needs ale-py: pip install -e '.[atari]'")
+
+
+def test_a_mujoco_env_without_mujoco_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mujoco", None)  # as if mujoco were not installed
+    for module in [name for name in sys.modules if name.startswith("gymnasium.envs.mujoco")]:
+        monkeypatch.delitem(sys.modules, module)  # so that making the env imports mujoco
+    with pytest.raises(UsageError) as error:
+        inspect_env("HalfCheetah-v5")
+    assert (error.value.flag, error.value.message) == (
+        "--env-id",
+        "HalfCheetah-v5 needs mujoco: pip install -e '.[mujoco]'",
+    )
 
 
 @pytest.mark.parametrize(
