@@ -38,6 +38,7 @@ import argparse
 import csv
 import dataclasses
 import functools
+import importlib.util
 import json
 import statistics
 import sys
@@ -642,6 +643,17 @@ def report(runs: list[Run], rows: list[str], out: Path) -> None:
     figures(runs, out)
 
 
+# What the bench extra installs for the suite: its rows' envs, the aggregate scores and the figures.
+BENCH_MODULES = ("mujoco", "ale_py", "rliable", "matplotlib")
+
+
+def check_bench_installed() -> None:
+    """Stop with one line where the bench extra is missing, before any run: not with a traceback once they end."""
+    missing = [module for module in BENCH_MODULES if importlib.util.find_spec(module) is None]
+    if missing:
+        sys.exit(f"error: benchmarks/suite.py needs {', '.join(missing)}: pip install -c constraints.txt -e '.[bench]'")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
@@ -660,6 +672,7 @@ def main() -> None:
         for run in runs:
             print(" ".join(run.command()))
         return
+    check_bench_installed()
     if not args.report_only:
         run_all(runs, args.out, args.parallel)
     report(runs, args.rows, args.out)

@@ -116,6 +116,21 @@ def test_the_cleanrl_hopper_row_trains_with_cleanrls_continuous_defaults(tmp_pat
     assert (cfg.normalize_observations, cfg.normalize_rewards) == (True, True)  # each clipped to +-10, as CleanRL's
 
 
+@pytest.mark.parametrize("module", suite.BENCH_MODULES)
+def test_the_suite_without_the_bench_extra_stops_at_once_naming_it(monkeypatch, module):
+    real_find_spec = suite.importlib.util.find_spec  # None for a module not installed
+    monkeypatch.setattr(
+        suite.importlib.util, "find_spec", lambda name: None if name == module else real_find_spec(name)
+    )
+    with pytest.raises(SystemExit) as stopped:
+        suite.check_bench_installed()
+    assert (
+        stopped.value.code == f"error: benchmarks/suite.py needs {module}: pip install -c constraints.txt -e '.[bench]'"
+    )
+    monkeypatch.undo()
+    suite.check_bench_installed()  # all installed here
+
+
 def test_the_mean_of_the_last_training_episodes_weighs_each_report_by_its_episodes():
     # reports at steps 10, 20, 30: means 0, 10 and 20 over 50, 60 and 40 episodes; the last 100 take 60 from the
     # middle one and all 40 of the last
