@@ -9,6 +9,7 @@ due, Ctrl-C, the checkpoint clock and step interval, the periodic evaluation and
 
 from __future__ import annotations
 
+import math
 import resource
 import signal
 import time
@@ -35,6 +36,26 @@ def checkpoint_due(every: int, global_step: int, steps_since_last_check: int) ->
 def report_due(iteration: int, every: int, last_iteration: int) -> bool:
     """Iterations that log (and check for Ctrl-C and checkpoints): every `every`-th, and the last."""
     return iteration % every == 0 or iteration == last_iteration
+
+
+# Env steps (of every process together) between two checks for Ctrl-C: between two reports too, which SAC makes
+# every 1,000 steps, longer than launchers wait for a stop (30 s under fabric run and torchrun) where steps are slow.
+STOP_CHECK_STEPS = 100
+
+
+def stop_check_interval(report_every: int, steps_per_iteration: int) -> int:
+    """Iterations between two checks for a stop: at most `report_every`, about `STOP_CHECK_STEPS` env steps."""
+    return max(1, min(report_every, STOP_CHECK_STEPS // steps_per_iteration))
+
+
+def next_check(iteration: int, report_every: int, stop_check_every: int, last_iteration: int) -> int:
+    """The first iteration from `iteration` on at which the processes agree on a stop: a report's or a stop
+    check's."""
+    return min(
+        math.ceil(iteration / report_every) * report_every,
+        math.ceil(iteration / stop_check_every) * stop_check_every,
+        last_iteration,
+    )
 
 
 class LoopClock:
@@ -164,8 +185,8 @@ class InterruptFlag(StopRequest):
 
 @dataclass
 class Requests:
-    """What a process asks for at a report; pooled over the processes (`LoopBody.agree`), a request of any
-    one of them holds for all."""
+    """What a process asks for at a report (between reports, at a stop check: Ctrl-C only); pooled over the
+    processes (`LoopBody.agree`), a request of any one of them holds for all."""
 
     interrupt: bool = False  # Ctrl-C: checkpoint and stop, the run unfinished
     checkpoint: bool = False  # a checkpoint is due (by the clock, or by --checkpoint-every steps)
@@ -281,6 +302,7 @@ class TrainingLoop:
 
     def __post_init__(self) -> None:
         self.clock = CheckpointClock(self.cfg.checkpoint_seconds)
+        self.stop_check_every = stop_check_interval(self.report_every, self.steps_per_iteration)
         # The iteration of the newest checkpoint: at first the one this run resumed from (if any), so that a
         # loop with no iteration left to run (a Hogwild worker resumed at its last) writes it no second time.
         self.saved_at = self.first_iteration - 1
@@ -300,15 +322,20 @@ class TrainingLoop:
             self.fire("on_iteration_start")
             self.body.iterate(iteration)
             self.fire("on_iteration_end")
-            if not report_due(iteration, self.report_every, state.num_iterations):
+            if report_due(iteration, self.report_every, state.num_iterations):
+                self.fire("on_report", self.body.report(iteration))
+                last = iteration == state.num_iterations
+                finish = not last and (self.evaluated_target() or state.stop_requested)
+                steps = state.global_step - checked_step
+                steps_due = checkpoint_due(self.cfg.checkpoint_steps, state.global_step, steps)
+                checked_step = state.global_step
+                time_due = self.keeps_clock and self.clock.due()
+                wanted = Requests(self.interrupt.requested, steps_due or time_due, finish)
+            elif iteration % self.stop_check_every == 0:  # between reports: Ctrl-C only
+                wanted = Requests(interrupt=self.interrupt.requested)
+            else:
                 continue
-            self.fire("on_report", self.body.report(iteration))
-            last = iteration == state.num_iterations
-            finish = not last and (self.evaluated_target() or state.stop_requested)
-            steps_due = checkpoint_due(self.cfg.checkpoint_steps, state.global_step, state.global_step - checked_step)
-            checked_step = state.global_step
-            time_due = self.keeps_clock and self.clock.due()
-            decided = self.body.agree(iteration, Requests(self.interrupt.requested, steps_due or time_due, finish))
+            decided = self.body.agree(iteration, wanted)
             if decided.interrupt or decided.finish:
                 state.interrupted = decided.interrupt
                 break  # to the final checkpoint

@@ -452,6 +452,25 @@ def test_ctrl_c_on_asynchronous_decoupled_players_checkpoints_and_stops(tmp_path
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
 
+@pytest.mark.parametrize(
+    ("script", "nproc", "extra"),
+    [("fabric", 2, []), ("decoupled", 4, ["--num-players", "2"])],
+    ids=["coupled", "decoupled-two-players"],
+)
+def test_ctrl_c_stops_sac_between_two_reports(tmp_path, script, nproc, extra):
+    """A report a million steps away: the stop comes at a check between reports, long before the launcher's
+    30 s are up, which SAC's 1,000 steps between reports can exceed where steps are slow."""
+    args = ["sac", "--env-id", "Pendulum-v1", "--batch-size", "64", "--learning-starts", "100", *extra]
+    args += ["--log-every", "1000000", "--total-timesteps", "100000000", "--eval-episodes", "0", "--no-progress-bar"]
+    job = start("fabric run", SCRIPTS[script], args, tmp_path, nproc=nproc)
+    stdout, stderr, ranks = ctrl_c_once_training(job, tmp_path)
+    assert "interrupted at step" in stdout, stderr[-3000:]
+    assert not [line for line in stderr.splitlines() if line.startswith(("[rank", "error: "))], stderr[-3000:]
+    assert all(not Path(f"/proc/{pid}").exists() for pid in ranks)
+    (saved,) = checkpoints(tmp_path, script)
+    assert 0 < torch.load(saved, weights_only=True)["counters"]["global_step"] < 1_000_000
+
+
 def test_capture_video_records_rank_zeros_first_env_and_a_resumed_run_keeps_the_earlier_videos(tmp_path):
     args = [*QUICK, "--capture-video", "--eval-episodes", "1", "--run-name", "filmed"]
     finished = run_ranks("fabric run", SCRIPTS["fabric"], [*args, "--total-timesteps", "1024"], tmp_path)

@@ -58,10 +58,12 @@ from rl.loop import (
     Requests,
     TrainingLoop,
     loop_figures,
+    next_check,
     own_peak_rss_mb,
     peak_rss_figure,
     report_compile_time,
     report_due,
+    stop_check_interval,
     summary_line,
 )
 from rl.modes.decoupled_links import (
@@ -279,14 +281,16 @@ class Player:
 
     def agree(self, iteration: int, wanted: Requests) -> Requests:
         """Checkpoints fall at the same iterations for every player; a stop is agreed through the job's store."""
-        stop = self.stop.check(iteration, wanted, self.next_report)
+        stop = self.stop.check(iteration, wanted, self.next_check)
         return Requests(interrupt=stop == INTERRUPT, checkpoint=wanted.checkpoint, finish=stop == FINISH)
 
     def ended(self, iteration: int) -> None:
         return
 
-    def next_report(self, iteration: int) -> int:
-        return min(math.ceil(iteration / self.report_every) * self.report_every, self.num_iterations)
+    def next_check(self, iteration: int) -> int:
+        """The first iteration from `iteration` on at which every player's loop agrees on a stop."""
+        stop_check_every = stop_check_interval(self.report_every, self.steps_per_iteration)
+        return next_check(iteration, self.report_every, stop_check_every, self.num_iterations)
 
     @property
     def trainer_compile_seconds(self) -> float:

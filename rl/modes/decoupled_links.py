@@ -345,8 +345,9 @@ class StopAgreement:
         self.stop_at: int | None = None
         self.reason = ""
 
-    def check(self, iteration: int, wanted: Requests, next_report: Callable[[int], int]) -> str | None:
-        """At a report iteration: why the players stop here (INTERRUPT or FINISH), or None to go on."""
+    def check(self, iteration: int, wanted: Requests, next_check: Callable[[int], int]) -> str | None:
+        """At an iteration where the players check for a stop (`next_check` finds the next one): why they stop here
+        (INTERRUPT or FINISH), or None to go on."""
         reason = INTERRUPT if wanted.interrupt else FINISH if wanted.finish else ""
         if self.stop_at is None:
             if self.alone:
@@ -354,7 +355,7 @@ class StopAgreement:
             else:
                 assert self.store is not None
                 if reason:
-                    proposal = f"{next_report(iteration + self.margin)} {reason}"
+                    proposal = f"{next_check(iteration + self.margin)} {reason}"
                     agreed = self.store.compare_set(STOP_KEY, "", proposal)
                 elif self.store.check([STOP_KEY]):
                     agreed = self.store.get(STOP_KEY)
