@@ -174,10 +174,21 @@ OLDER_ATARI_ID = re.compile(r"^[A-Z]\w*?(-ram)?(NoFrameskip|Deterministic)-v[04]
 EXTRA_OF_MODULE = {"mujoco": ("mujoco", "mujoco"), "ale_py": ("ale-py", "atari")}
 
 
-def missing_extra(env_id: str, module: str) -> UsageError:
+def needs_extra(env_id: str, module: str) -> UsageError:
     """`env_id` refused for want of `module`, one of `EXTRA_OF_MODULE`: the extra to install."""
     package, extra = EXTRA_OF_MODULE[module]
     return UsageError("--env-id", f"{env_id} needs {package}: pip install -e '.[{extra}]'")
+
+
+def refusal_for_missing_module(env_id: str, error: BaseException | None) -> UsageError | None:
+    """`env_id` refused naming the extra to install, where making it failed for want of a module that one installs:
+    an ImportError, or gymnasium's DependencyNotInstalled raised from one."""
+    while error is not None:
+        module = (error.name or "").partition(".")[0] if isinstance(error, ImportError) else ""
+        if module in EXTRA_OF_MODULE:
+            return needs_extra(env_id, module)
+        error = error.__cause__
+    return None
 
 
 def register_optional_envs(env_id: str) -> None:
@@ -189,7 +200,7 @@ def register_optional_envs(env_id: str) -> None:
         import ale_py
     except ImportError:
         if env_id.startswith("ALE/") or OLDER_ATARI_ID.match(env_id):
-            raise missing_extra(env_id, "ale_py") from None
+            raise needs_extra(env_id, "ale_py") from None
         return
     gym.register_envs(ale_py)
 
@@ -227,17 +238,17 @@ def inspect_env(env_id: str, preprocessing: Preprocessing = ATARI_PREPROCESSING)
     try:
         env = make_env(env_id, None, preprocessing, clip_actions=False)  # the env's own action bounds
     except gym.error.Error as error:
-        raise UsageError("--env-id", f"cannot make {env_id!r}: {error}{newest_version_hint(env_id, error)}") from None
+        raise refusal_for_missing_module(env_id, error) or UsageError(
+            "--env-id", f"cannot make {env_id!r}: {error}{newest_version_hint(env_id, error)}"
+        ) from None
     except TypeError as error:
         if not preprocessing.env_kwargs:
             raise
         raise UsageError("--env-kwargs", f"{env_id} does not take {dict(preprocessing.env_kwargs)}: {error}") from None
     except ImportError as error:
-        module = (error.name or "").partition(".")[0]
-        if module in EXTRA_OF_MODULE:
-            raise missing_extra(env_id, module) from None
-        hint = newest_version_hint(env_id, error)
-        raise UsageError("--env-id", f"{env_id!r} needs a missing package: {error}{hint}") from None
+        raise refusal_for_missing_module(env_id, error) or UsageError(
+            "--env-id", f"{env_id!r} needs a missing package: {error}{newest_version_hint(env_id, error)}"
+        ) from None
     try:
         obs_space = env.observation_space
         action_space = _checked_action_space(env.action_space)

@@ -22,7 +22,7 @@ from rl.algos.sac.config import SACConfig
 from rl.algos.sac.learner import StatMeans
 from rl.batch import DataShard
 from rl.encoders import ImageLayout, NatureCNN, uses_cnn
-from rl.envs import EnvSpaces, Preprocessing, inspect_env, make_env
+from rl.envs import EnvSpaces, Preprocessing, inspect_env, make_env, refusal_for_missing_module
 from rl.errors import UsageError
 from rl.evaluation import evaluate_greedy
 from rl.experience import TrainingSignal
@@ -135,6 +135,20 @@ def test_an_atari_id_without_ale_py_names_the_extra(monkeypatch, env_id):
     with pytest.raises(UsageError) as error:
         inspect_env(env_id)
     assert (error.value.flag, error.value.message) == ("--env-id", f"{env_id} needs ale-py: pip install -e '.[atari]'")
+
+
+def test_a_module_an_extra_installs_is_named_with_the_extra_however_its_absence_is_raised():
+    import_error = ImportError("No module named 'mujoco'", name="mujoco")
+    try:  # as gymnasium's MuJoCo envs raise it
+        raise gym.error.DependencyNotInstalled("MuJoCo is not installed") from import_error
+    except gym.error.DependencyNotInstalled as error:
+        from_gymnasium = error
+    for error in (import_error, from_gymnasium):
+        assert (
+            refusal_for_missing_module("Hopper-v5", error).message
+            == "Hopper-v5 needs mujoco: pip install -e '.[mujoco]'"
+        )
+    assert refusal_for_missing_module("Hopper-v5", ImportError("No module named 'yaml'", name="yaml")) is None
 
 
 def test_a_mujoco_env_without_mujoco_names_the_extra(monkeypatch):

@@ -334,8 +334,8 @@ class StopAgreement:
     the job's store.
 
     The first player to see a stop proposes an iteration no player can have passed yet: a player
-    runs at most `lag + 1` iterations ahead of the slowest, whose batches it needs. Ctrl-C wins
-    over a request to finish.
+    runs at most `lag + 1` iterations ahead of the slowest, whose batches it needs (before batches
+    flow, at most to the next report, where the players meet). Ctrl-C wins over a request to finish.
     """
 
     def __init__(self, topology: Topology, lag: LagBound, timeout_seconds: float) -> None:
