@@ -291,9 +291,10 @@ class Player:
         """The first iteration from `iteration` on at which every player's loop checks for a stop. Until it sends
         batches (SAC's --learning-starts) a player is bound to the others only where they meet, at reports: a stop
         it proposes then falls on one, which a player ahead cannot have passed."""
-        stop_check_every = stop_check_interval(self.report_every, self.steps_per_iteration)
         if self.batches_sent == 0:
             stop_check_every = self.report_every
+        else:
+            stop_check_every = stop_check_interval(self.report_every, self.steps_per_iteration)
         return next_check(iteration, self.report_every, stop_check_every, self.num_iterations)
 
     @property
