@@ -191,6 +191,25 @@ def refusal_for_missing_module(env_id: str, error: BaseException | None) -> Usag
     return None
 
 
+def refusal_for_unfound_env_module(env_id: str, error: ImportError) -> UsageError | None:
+    """`env_id` (`my_package.my_module:MyEnv-v0`) refused because Python found no module of its module's path,
+    saying where Python looks: a script's folder, not the current one, which is where users keep their envs."""
+    module, colon, _ = env_id.partition(":")
+    while error.__cause__ is not None and error.name is None:  # gymnasium raises its own over Python's
+        error = error.__cause__
+    if not colon or not isinstance(error, ModuleNotFoundError) or error.name is None:
+        return None
+    if module != error.name and not module.startswith(error.name + "."):
+        return None  # a module that the env's own module imports: a missing package
+    top = error.name.partition(".")[0]
+    where = "Python looks for it in the entry script's folder and on PYTHONPATH"
+    if os.path.abspath("") not in map(os.path.abspath, sys.path) and (
+        os.path.isdir(top) or os.path.isfile(f"{top}.py")
+    ):
+        where += f", not in the current folder, which holds {top}: run with PYTHONPATH={os.getcwd()}"
+    return UsageError("--env-id", f"cannot import {error.name} (for {env_id}): {where}")
+
+
 def register_optional_envs(env_id: str) -> None:
     """Import ale-py where the id may be one of its games: it registers the ALE/ ids and the older
     NoFrameskip-v4 family on import."""
@@ -246,8 +265,12 @@ def inspect_env(env_id: str, preprocessing: Preprocessing = ATARI_PREPROCESSING)
             raise
         raise UsageError("--env-kwargs", f"{env_id} does not take {dict(preprocessing.env_kwargs)}: {error}") from None
     except ImportError as error:
-        raise refusal_for_missing_module(env_id, error) or UsageError(
-            "--env-id", f"{env_id!r} needs a missing package: {error}{newest_version_hint(env_id, error)}"
+        raise (
+            refusal_for_missing_module(env_id, error)
+            or refusal_for_unfound_env_module(env_id, error)
+            or UsageError(
+                "--env-id", f"{env_id!r} needs a missing package: {error}{newest_version_hint(env_id, error)}"
+            )
         ) from None
     try:
         obs_space = env.observation_space

@@ -128,28 +128,45 @@ def test_an_env_that_breaks_the_gymnasium_api_ends_with_one_line_naming_it_and_t
     assert line.startswith(f"error: --env-id: envs_for_tests:{env} breaks the gymnasium API: ") and says in line
 
 
-def test_the_docs_example_env_trains_with_the_docs_command(tmp_path):
+def docs_example(project: Path) -> list[str]:
+    """Write own-env.md's example package into `project`; its command's flags."""
     page = (Path(__file__).resolve().parents[1] / "docs" / "own-env.md").read_text()
     code = re.search(r"```python\n# my_package/my_module.py\n(.*?)```", page, re.S).group(1)
-    command = (
-        re.search(r"```bash\n(python train_fabric.py --env-id my_package.my_module:MyEnv-v0[^\n]*)\n```", page)
-        .group(1)
-        .split()
-    )
-    (tmp_path / "my_package").mkdir()
-    (tmp_path / "my_package" / "__init__.py").write_text("")
-    (tmp_path / "my_package" / "my_module.py").write_text(code)
-    args = [*command[2:], "--total-timesteps", "512", "--eval-episodes", "1", "--no-progress-bar"]
-    done = subprocess.run(
-        [sys.executable, str(SCRIPTS["fabric"]), *args],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**child_env(), "PYTHONPATH": str(tmp_path)},
-    )
+    command = re.search(r"```bash\n(python train_fabric.py --env-id my_package.my_module:MyEnv-v0[^\n]*)\n```", page)
+    (project / "my_package").mkdir()
+    (project / "my_package" / "__init__.py").write_text("")
+    (project / "my_package" / "my_module.py").write_text(code)
+    return [*command.group(1).split()[2:], "--total-timesteps", "512", "--eval-episodes", "1", "--no-progress-bar"]
+
+
+def run_in_project(project: Path, args: list[str], pythonpath: str | None) -> subprocess.CompletedProcess:
+    """`train_fabric.py` run from `project`, the folder a user keeps their env in, with `pythonpath`."""
+    env = {**child_env(), "PYTHONPATH": pythonpath or ""}
+    command = [sys.executable, str(SCRIPTS["fabric"]), *args]
+    return subprocess.run(command, cwd=project, capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_the_docs_example_env_trains_with_the_docs_command(tmp_path):
+    done = run_in_project(tmp_path, docs_example(tmp_path), pythonpath=str(tmp_path))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "evaluation over 1 greedy episode:" in done.stdout and "length 100.0" in done.stdout
+
+
+def test_an_env_module_in_the_folder_run_from_but_not_on_the_path_is_refused_saying_where_python_looks(tmp_path):
+    done = run_in_project(tmp_path, docs_example(tmp_path), pythonpath=None)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: --env-id: cannot import my_package (for my_package.my_module:MyEnv-v0): Python looks for it in the "
+        f"entry script's folder and on PYTHONPATH, not in the current folder, which holds my_package: run with "
+        f"PYTHONPATH={tmp_path}"
+    )
+
+
+def test_a_package_that_an_env_module_imports_is_named_as_missing(tmp_path, monkeypatch):
+    (tmp_path / "needs_a_package.py").write_text("import a_package_nobody_installed\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    line = refusal_line("fabric", ["--env-id", "needs_a_package:Any-v0"], tmp_path)
+    assert line.startswith("error: --env-id: 'needs_a_package:Any-v0' needs a missing package: No module named ")
 
 
 def test_multibinary_actions_learn_to_copy_the_bits_with_a_player_apart_from_the_trainer(tmp_path):
