@@ -43,3 +43,11 @@ def __getattr__(name: str):
 
         return getattr(importlib.import_module(LIBRARY[name]), name)
     raise AttributeError(f"module 'rl' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # what tab completion and help(rl) offer: the library's names, which load only on first use
+    return sorted([*globals(), *LIBRARY])
+
+
+__all__ = list(LIBRARY)

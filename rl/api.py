@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import fields
 from typing import Any, get_args
 
@@ -27,6 +28,22 @@ from rl.run import TrainingResult
 from rl.runtime import FabricRuntime, LocalRuntime, process_torch_settings_restored
 
 
+@contextmanager
+def field_names_in_errors() -> Iterator[None]:
+    """A `UsageError` that names a config's flag names its field as well, as code that builds a config spells it:
+    `num_envs (--num-envs): must be positive, got 0`."""
+    try:
+        yield
+    except UsageError as error:
+        fields_of_flags = {
+            flag(member.name): member.name for kind in ALGORITHMS.values() for member in fields(kind.config_type)
+        }
+        if error.flag in fields_of_flags:
+            error.args = (f"{fields_of_flags[error.flag]} ({error.flag}): {error.message}",)
+        raise
+
+
+@field_names_in_errors()
 def preset(name: str, **overrides: Any) -> RunConfig:
     """The config of a preset, as `--preset NAME` gives it, with `overrides` (field names) on top.
 
@@ -45,6 +62,7 @@ def preset(name: str, **overrides: Any) -> RunConfig:
     return config
 
 
+@field_names_in_errors()
 def load_config(path: str, **overrides: Any) -> RunConfig:
     """The config of a YAML or JSON file of flags, as `--config PATH` gives it (a run folder's `config.yaml`, a
     `--write-config` file, tuning's `best.yaml`), with `overrides` (field names) on top, but `preset`, which goes
@@ -65,7 +83,7 @@ def check_fields(config_type: type[RunConfig], names: Iterable[str]) -> None:
         if field_name not in known:
             found = peer_flag([flag(field_name)], config_type.ALGORITHM, flags_of(config_type))
             instead = "" if found is None else f": {found[1].program}'s name; {peer_advice(found[1])}"
-            raise UsageError(flag(field_name), f"{config_type.__name__} has no field {field_name!r}{instead}")
+            raise UsageError(field_name, f"{config_type.__name__} has no such field{instead}")
 
 
 def check_no_stray_attributes(cfg: RunConfig) -> None:
@@ -74,6 +92,7 @@ def check_no_stray_attributes(cfg: RunConfig) -> None:
     check_fields(type(cfg), [name for name in vars(cfg) if not hasattr(type(cfg), name)])
 
 
+@field_names_in_errors()
 def train(config: RunConfig, callbacks: Sequence[Callback] = (), mode: Mode = "coupled") -> TrainingResult | None:
     """Train `config` in this process (one rank of the job); its run folder, saved agent and closing evaluation.
 

@@ -164,8 +164,8 @@ def test_total_timesteps_between_two_rollouts_trains_the_whole_ones_says_so_and_
     with pytest.raises(rl.UsageError) as refused:
         rl.train(by_hand)
     assert str(refused.value) == (
-        "--total-timesteps: the checkpoint is already at step 256, the last whole global rollout (128 steps) "
-        "within 380; ask for 384 or more to resume"
+        "total_timesteps (--total-timesteps): the checkpoint is already at step 256, the last whole global rollout "
+        "(128 steps) within 380; ask for 384 or more to resume"
     )
     assert rl.train(dataclasses.replace(by_hand, total_timesteps=384)).global_step == 384
 
@@ -212,8 +212,16 @@ def test_presets_and_bad_configs_as_the_command_line_has_them():
     assert rl.preset("masked-cartpole").per_rank_batch_size == 128
     with pytest.raises(rl.UsageError, match="there is no preset 'nope'"):
         rl.preset("nope")
-    with pytest.raises(rl.UsageError, match="--num-envs: must be positive"):
+    with pytest.raises(rl.UsageError, match=r"^num_envs \(--num-envs\): must be positive, got 0$"):
         rl.train(rl.PPOConfig(num_envs=0))
+
+
+def test_the_librarys_names_are_listed_for_tab_completion_and_a_star_import_though_they_load_on_first_use():
+    names = {"train", "preset", "load_config", "load_agent", "PPOConfig", "SACConfig", "Callback", "UsageError"}
+    assert names <= set(dir(rl))
+    star: dict = {}
+    exec("from rl import *", star)
+    assert names <= set(star) and star["train"] is rl.train
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with a GPU loads the agent there")
@@ -228,15 +236,19 @@ def test_an_agent_asked_onto_a_gpu_this_machine_lacks_is_refused_naming_the_devi
 @pytest.mark.parametrize(
     ("name", "changes", "told"),
     [
-        ("cartpole", {"num_envs": "four"}, "--num-envs: 'four' is not a whole number"),
-        ("cartpole", {"vector_mode": "fast"}, "--vector-mode: 'fast' is not one of auto, sync, async, native, envpool"),
-        ("cartpole", {"num_env": 4}, "--num-env: PPOConfig has no field 'num_env'"),
+        ("cartpole", {"num_envs": "four"}, "num_envs (--num-envs): 'four' is not a whole number"),
+        (
+            "cartpole",
+            {"vector_mode": "fast"},
+            "vector_mode (--vector-mode): 'fast' is not one of auto, sync, async, native, envpool",
+        ),
+        ("cartpole", {"num_env": 4}, "num_env: PPOConfig has no such field"),
         (
             "sac/pendulum",
             {"learning_rate": 1e-3},
-            "SACConfig has no field 'learning_rate': Stable-Baselines3's name; give SAC's two rates, --policy-lr",
+            "learning_rate: SACConfig has no such field: Stable-Baselines3's name; give SAC's two rates, --policy-lr",
         ),
-        ("td3/hopper", {}, "--preset: there is no algorithm 'td3'"),
+        ("td3/hopper", {}, "preset (--preset): there is no algorithm 'td3'"),
         ("cartpole", {"env_id": gym.Env}, "is not text: give the env's registered id, such as 'CartPole-v1'"),
     ],
 )
@@ -248,8 +260,8 @@ def test_a_preset_with_a_value_of_another_type_or_no_such_field_is_refused_namin
 @pytest.mark.parametrize(
     ("preset", "attribute", "told"),
     [
-        ("sac/pendulum", "learning_rate", "SACConfig has no field 'learning_rate': Stable-Baselines3's name"),
-        ("cartpole", "total_timestep", "--total-timestep: PPOConfig has no field 'total_timestep'"),
+        ("sac/pendulum", "learning_rate", "learning_rate: SACConfig has no such field: Stable-Baselines3's name"),
+        ("cartpole", "total_timestep", "total_timestep: PPOConfig has no such field"),
     ],
 )
 def test_an_attribute_set_on_a_config_that_is_none_of_its_fields_is_refused_not_ignored(preset, attribute, told):
@@ -268,9 +280,9 @@ def test_a_config_file_loads_as_its_algorithms_config_with_overrides_as_the_comm
     loaded = rl.load_config(path, seed=7, learning_starts=500)
     assert loaded == dataclasses.replace(parse_config(["--config", path]), seed=7, learning_starts=500)
     assert type(loaded) is rl.SACConfig and loaded.env_id == "Hopper-v5" and loaded.seed == 7
-    with pytest.raises(rl.UsageError, match="SACConfig has no field 'update_epochs'"):
+    with pytest.raises(rl.UsageError, match="update_epochs: SACConfig has no such field"):
         rl.load_config(path, update_epochs=3)
-    with pytest.raises(rl.UsageError, match="--seed: 'seven' is not a whole number"):
+    with pytest.raises(rl.UsageError, match=r"^seed \(--seed\): 'seven' is not a whole number"):
         rl.load_config(path, seed="seven")
     with pytest.raises(rl.UsageError, match="cannot read"):
         rl.load_config(str(tmp_path / "missing.yaml"))
@@ -293,7 +305,7 @@ def test_a_preset_given_to_load_config_goes_beneath_the_file_as_on_the_command_l
 
 def test_a_config_built_by_hand_takes_its_fields_types_as_a_config_file_does():
     """A lone logger is a one-item tuple (a string would be read letter by letter), numbers as text are numbers."""
-    with pytest.raises(rl.UsageError, match=re.escape("--logger: ('nope',) is not a list, each one of")):
+    with pytest.raises(rl.UsageError, match=re.escape("logger (--logger): ('nope',) is not a list, each one of")):
         rl.train(rl.PPOConfig(logger=("nope",)))
     config = rl.preset("cartpole", logger="csv", learning_rate="3e-4")
     assert config.logger == ("csv",) and config.learning_rate == 3e-4
