@@ -35,8 +35,9 @@ from rl.config import (
     local_world_size_from_env,
     parse_config_flags,
     read_config_file,
-    validate,
     validate_decoupled,
+    validate_hardware,
+    validate_values,
     world_size_from_env,
     write_config_file,
 )
@@ -258,12 +259,9 @@ def prepare_config(
         keep_global_batch(cfg, found, world_size)
     gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     decoupled = mode == "decoupled"
-    if decoupled:
-        validate_decoupled(cfg, world_size)
-        validate(cfg, world_size, gpu_count, env_ranks=cfg.num_players, decoupled=True)
-    else:
-        validate(cfg, world_size, gpu_count)
-    check_mode_flags(cfg, mode)
+    env_ranks = cfg.num_players if decoupled else world_size
+    check_values_for_job(cfg, mode, world_size)
+    validate_hardware(cfg, world_size, gpu_count, env_ranks, decoupled)
     if cfg.capture_video:
         check_video_support()
     check_loggers_installed(cfg.logger)
@@ -276,7 +274,6 @@ def prepare_config(
     hint = preset_hint(cfg, spaces)
     if hint and int(os.environ.get("RANK", "0")) == 0:
         print(hint, flush=True)
-    env_ranks = cfg.num_players if decoupled else world_size
     env_processes_here = {"decoupled": cfg.num_players, "hogwild": world_size}.get(mode, local_world_size_from_env())
     acting_on_gpu = cfg.cuda and (not decoupled or cfg.player_on_gpu)
     algorithm.check_memory(env_ranks, env_processes_here, acting_on_gpu)
@@ -433,6 +430,16 @@ def keep_global_batch(cfg: RunConfig, resume: TrainingCheckpoint, world_size: in
                 f"{world_size} ranks cannot share evenly",
             )
         setattr(cfg, name, total // world_size)
+
+
+def check_values_for_job(cfg: RunConfig, mode: Mode, world_size: int) -> None:
+    """Check what any machine checks alike of `cfg` for a job of `world_size` processes in `mode`: its values,
+    not the hardware, envs or checkpoints (a SLURM job's, before it waits in the queue)."""
+    decoupled = mode == "decoupled"
+    if decoupled:
+        validate_decoupled(cfg, world_size)
+    validate_values(cfg, cfg.num_players if decoupled else world_size)
+    check_mode_flags(cfg, mode)
 
 
 def check_mode_flags(cfg: RunConfig, mode: Mode) -> None:

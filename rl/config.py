@@ -35,7 +35,7 @@ from rl.encoders import EncoderKind
 from rl.envs import Preprocessing, VectorMode
 from rl.errors import UsageError, counted
 from rl.logger import LoggerName
-from rl.precision import DEFAULT_PRECISION, PrecisionName, check_precision
+from rl.precision import DEFAULT_PRECISION, PrecisionName, check_precision_device, check_precision_on_this_gpu
 
 # A text field's mark: it holds a JSON object, which Python and config files may give as a dict.
 JSON_OBJECT = "json-object"
@@ -439,6 +439,12 @@ def validate(
     mode runs them on the player alone).
     """
     env_ranks = world_size if env_ranks is None else env_ranks
+    validate_values(cfg, env_ranks)
+    validate_hardware(cfg, world_size, gpu_count, env_ranks, decoupled)
+
+
+def validate_values(cfg: RunConfig, env_ranks: int) -> None:
+    """The checks of `validate` that any machine makes alike: of the values and how they fit `env_ranks`."""
     check_finite_numbers(cfg)
     check_seed(cfg.seed)
     check_signs(cfg, cfg.POSITIVE, cfg.NON_NEGATIVE)
@@ -466,6 +472,17 @@ def validate(
             f"{counted(cfg.steps_per_iteration // cfg.num_envs, 'step')} = {global_iteration})",
         )
     cfg.validate_steps(env_ranks)
+    if cfg.player_on_gpu and not cfg.cuda:
+        raise UsageError("--player-on-gpu", "needs --cuda as well")
+    check_precision_device(cfg.precision, cfg.cuda)
+    check_periodic_evaluation(cfg)
+    check_cuda_graphs(cfg)
+    if cfg.compile_mode != "default" and not cfg.compile:
+        raise UsageError("--compile-mode", "chooses how --compile compiles; add --compile (or drop the flag)")
+
+
+def validate_hardware(cfg: RunConfig, world_size: int, gpu_count: int, env_ranks: int, decoupled: bool) -> None:
+    """The checks of `validate` against this machine: its GPUs and compiler, and the launcher that started it."""
     if cfg.cuda and gpu_count == 0:
         raise UsageError("--cuda", "no CUDA GPU is available on this machine")
     gpu_ranks_here = sum(uses_gpu(cfg, rank, world_size, decoupled) for rank in ranks_on_this_node())
@@ -483,13 +500,7 @@ def validate(
         )
     check_launcher_strategy(os.environ.get("LT_STRATEGY"))
     check_launcher_devices(os.environ.get("LT_DEVICES"))
-    if cfg.player_on_gpu and not cfg.cuda:
-        raise UsageError("--player-on-gpu", "needs --cuda as well")
-    check_precision(cfg.precision, cfg.cuda)
-    check_periodic_evaluation(cfg)
-    check_cuda_graphs(cfg)
-    if cfg.compile_mode != "default" and not cfg.compile:
-        raise UsageError("--compile-mode", "chooses how --compile compiles; add --compile (or drop the flag)")
+    check_precision_on_this_gpu(cfg.precision, cfg.cuda)
     if cfg.compile:  # every role on a GPU compiles with Triton; a CPU role needs a C++ compiler
         check_compiler(cfg.cuda and (cfg.player_on_gpu or env_ranks == world_size) and not cfg.evaluator)
 

@@ -35,14 +35,18 @@ _LOW_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16, "bf16-tr
 Output = TypeVar("Output")
 
 
-def check_precision(name: str, cuda: bool) -> None:
-    """Refuse a precision the chosen hardware cannot run, naming `--precision`."""
+def check_precision_device(name: str, cuda: bool) -> None:
+    """Refuse a precision that the chosen device (`cuda` or the CPU) cannot run, naming `--precision`."""
     if name == "16-mixed" and not cuda:
         raise UsageError(
             "--precision",
             "16-mixed needs a CUDA GPU (--cuda): a CPU has no fast fp16 kernels, and Fabric would "
             "quietly run bf16-mixed instead; on a CPU give --precision bf16-mixed",
         )
+
+
+def check_precision_on_this_gpu(name: str, cuda: bool) -> None:
+    """Refuse a bf16 precision that this machine's GPU cannot run, naming `--precision`."""
     if name.startswith("bf16") and cuda and not torch.cuda.is_bf16_supported():
         raise UsageError("--precision", f"{name} needs a GPU with bf16 support (Ampere or newer); use 16-mixed")
 

@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 
 import tyro
 
-from rl.config import flag, parse_dataclass
+from rl.config import RunConfig, flag, parse_dataclass, uses_gpu
 from rl.errors import UsageError, exit_on_usage_error
 from rl.peer_flags import SBATCH_PEER_FLAGS, tools_peer_flag
 
@@ -110,6 +110,16 @@ def check_job_shape(cfg: SlurmConfig) -> None:
         raise UsageError("--time", f"takes sbatch's forms (04:00:00, 90, 2-12:00), got {cfg.time!r}")
 
 
+def node_command(cfg: SlurmConfig) -> list[str]:
+    """The entry script and its flags as each node runs them: with --cuda where the job has GPUs."""
+    if not cfg.command or not cfg.command[0].endswith(".py"):
+        raise UsageError("SCRIPT", "give the entry script after `--`, e.g. -- train_fabric.py sac")
+    command = list(cfg.command)
+    if cfg.gpus_per_node and "--cuda" not in command:
+        command.append("--cuda")
+    return command
+
+
 def render(cfg: SlurmConfig) -> str:
     check_job_shape(cfg)
     for name, value in (("--max-restarts", cfg.max_restarts), ("--min-nodes", cfg.min_nodes)):
@@ -119,11 +129,7 @@ def render(cfg: SlurmConfig) -> str:
             raise UsageError(name, f"must not be negative, got {value}")
     if cfg.min_nodes > cfg.nodes:
         raise UsageError("--min-nodes", f"{cfg.min_nodes} is more than --nodes {cfg.nodes}")
-    if not cfg.command or not cfg.command[0].endswith(".py"):
-        raise UsageError("SCRIPT", "give the entry script after `--`, e.g. -- train_fabric.py sac")
-    script_args = list(cfg.command)
-    if cfg.gpus_per_node and "--cuda" not in script_args:
-        script_args.append("--cuda")
+    script_args = node_command(cfg)
     directives = [
         f"--job-name={cfg.job_name}",
         f"--nodes={cfg.nodes}",
@@ -156,18 +162,38 @@ ENTRY_SCRIPT_MODES = {
 }
 
 
-def check_training_flags(command: list[str]) -> None:
-    """The entry script, found here, and its flags, parsed here as the nodes will parse them: a bad one is refused
-    now, not after the job waited in the queue. A script of the user's own has its flags left to itself."""
+def check_training_flags(cfg: SlurmConfig) -> None:
+    """The entry script, found here, and its flags, checked here as the job's processes will check them: a bad
+    one is refused now, not after the job waited in the queue. A script of the user's own has its flags left to
+    itself. Its envs and the nodes' hardware are checked on the nodes."""
+    command = node_command(cfg)
     if not os.path.isfile(command[0]):  # sbatch runs the job in the folder it is submitted from: this one
         raise UsageError("SCRIPT", f"no file {command[0]} here: give the entry script's path from this folder")
     script = os.path.basename(command[0])
     if script == "train_hogwild.py":
         raise UsageError("SCRIPT", "Hogwild runs on one machine: give train_fabric.py or train_fabric_decoupled.py")
     if script in ENTRY_SCRIPT_MODES:
-        from rl.cli import parse_config
+        from rl.cli import check_values_for_job, parse_config
 
-        parse_config(command[1:], ENTRY_SCRIPT_MODES[script])
+        mode = ENTRY_SCRIPT_MODES[script]
+        run = parse_config(command[1:], mode)
+        check_values_for_job(run, mode, cfg.nodes * cfg.processes_per_node)
+        check_gpus_per_node(cfg, run, mode == "decoupled")
+
+
+def check_gpus_per_node(cfg: SlurmConfig, run: RunConfig, decoupled: bool) -> None:
+    """Refuse a job whose nodes would each have fewer GPUs than processes that compute on one."""
+    world_size, per_node = cfg.nodes * cfg.processes_per_node, cfg.processes_per_node
+    needed = max(
+        sum(uses_gpu(run, rank, world_size, decoupled) for rank in range(node * per_node, (node + 1) * per_node))
+        for node in range(cfg.nodes)
+    )
+    if needed > cfg.gpus_per_node:
+        raise UsageError(
+            "--gpus-per-node",
+            f"{cfg.gpus_per_node} cannot serve the {needed} processes per node that compute on a GPU: request "
+            f"{needed} (or fewer --processes-per-node)",
+        )
 
 
 def main(argv: list[str]) -> None:
@@ -177,7 +203,7 @@ def main(argv: list[str]) -> None:
         slurm_flags = {flag(member.name) for member in fields(SlurmConfig)}
         raise tools_peer_flag(error, SBATCH_PEER_FLAGS, slurm_flags) or error from None
     script = render(cfg)
-    check_training_flags(cfg.command)
+    check_training_flags(cfg)
     sys.stdout.write(script)
 
 

@@ -221,6 +221,24 @@ def test_a_slurm_script_needs_an_entry_script():
         (["--", "train_fabric_decoupled.py", "--workers", "3"], "--workers: belongs to Hogwild mode"),
         (["--", "train_hogwild.py"], "SCRIPT: Hogwild runs on one machine: give train_fabric.py or"),
         (["--", "train_fabrc.py"], "SCRIPT: no file train_fabrc.py here: give the entry script's path from"),
+        (["--", "train_fabric.py", "--num-envs", "0"], "--num-envs: must be positive, got 0"),
+        (  # the job's world size: 2 nodes x 2 processes
+            ["--nodes", "2", "--processes-per-node", "2", "--", "train_fabric.py", "--total-timesteps", "512"],
+            "--total-timesteps: 512 is smaller than one global rollout (4 ranks x 2 envs x 128 steps = 1024)",
+        ),
+        (
+            ["--nodes", "1", "--processes-per-node", "2", "--", "train_fabric_decoupled.py", "--evaluator"],
+            "--evaluator: ",
+        ),
+        (["--", "train_fabric.py", "--precision", "16-mixed"], "--precision: 16-mixed needs a CUDA GPU (--cuda)"),
+        (
+            ["--gpus-per-node", "2", "--processes-per-node", "4", "--", "train_fabric.py"],
+            "--gpus-per-node: 2 cannot serve the 4 processes per node that compute on a GPU: request 4",
+        ),
+        (
+            ["--processes-per-node", "2", "--", "train_fabric.py", "--cuda"],
+            "--gpus-per-node: 0 cannot serve the 2 processes per node that compute on a GPU: request 2",
+        ),
         (["-N", "4", "--", "train_fabric.py"], "-N: sbatch's flag, not this program's: --nodes"),
         (["--gres", "gpu:4"], "--gres: sbatch's flag, not this program's: --gpus-per-node N"),
         (["--partition=gpu"], "--partition: sbatch's flag, not this program's: sbatch takes it beside the script's"),
