@@ -564,8 +564,11 @@ def iteration_name(cfg: RunConfig) -> str:
 
 def validate_decoupled(cfg: RunConfig, world_size: int) -> None:
     if world_size < 2:
+        launched = "WORLD_SIZE" in os.environ or not sys.argv[0].endswith(".py")  # else: a script run by python
+        launch = "" if launched else f": launch it with fabric run --accelerator=cpu --devices=2 {sys.argv[0]}"
         raise UsageError(
-            "--devices", f"decoupled mode needs at least 2 processes (a player and a trainer), got {world_size}"
+            "--devices",
+            f"decoupled mode needs at least 2 processes (a player and a trainer), got {world_size}{launch}",
         )
     if cfg.evaluator and world_size < 3:
         raise UsageError(

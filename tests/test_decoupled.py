@@ -234,10 +234,13 @@ def test_async_players_never_exceed_the_policy_lag_bound(tmp_path):
     assert lags and 0 < max(lags) <= 3
 
 
-def test_one_process_is_refused(tmp_path):
+def test_one_process_is_refused_with_the_command_that_launches_more(tmp_path):
     finished = launch("python", SCRIPTS["decoupled"], [], tmp_path)
     assert finished.returncode == 2
-    assert finished.stderr.strip().startswith("error: --devices: decoupled mode needs at least 2 processes")
+    assert finished.stderr.strip() == (
+        "error: --devices: decoupled mode needs at least 2 processes (a player and a trainer), got 1: launch it with "
+        f"fabric run --accelerator=cpu --devices=2 {SCRIPTS['decoupled']}"
+    )
     assert not (tmp_path / "logs").exists()
 
 
