@@ -253,6 +253,8 @@ def prepare_config(
     cfg: RunConfig, log_subdir: str, mode: Mode = "coupled"
 ) -> tuple[Algorithm, int, TrainingCheckpoint | None]:
     """`prepare` for a config already parsed (or built in Python: `rl.train`)."""
+    if mode == "hogwild":
+        check_hogwild_not_launched()
     world_size = cfg.workers if mode == "hogwild" else world_size_from_env()
     found, automatic = find_resume(cfg, log_subdir)
     if isinstance(found, TrainingCheckpoint) and under_torchelastic() and mode == "coupled":
@@ -430,6 +432,17 @@ def keep_global_batch(cfg: RunConfig, resume: TrainingCheckpoint, world_size: in
                 f"{world_size} ranks cannot share evenly",
             )
         setattr(cfg, name, total // world_size)
+
+
+def check_hogwild_not_launched() -> None:
+    """Refuse Hogwild started by a launcher as several processes: each would start a Hogwild run of its own."""
+    launched = world_size_from_env()
+    if launched > 1:
+        raise UsageError(
+            "--devices",
+            f"Hogwild starts its workers itself (--workers N); a launcher's {launched} processes would each train a "
+            "run of their own: run python train_hogwild.py alone",
+        )
 
 
 def check_values_for_job(cfg: RunConfig, mode: Mode, world_size: int) -> None:

@@ -262,6 +262,17 @@ def test_bad_input_ends_with_one_line_naming_the_flag(tmp_path, args, flag):
     assert refusal_line("hogwild", args, tmp_path).startswith(f"error: {flag}: ")
 
 
+def test_hogwild_started_as_several_processes_of_a_launcher_is_refused_not_run_once_in_each(tmp_path):
+    finished = launch("fabric run", SCRIPTS["hogwild"], ["--workers", "2"], tmp_path, nproc=2, timeout=120)
+    assert finished.returncode != 0
+    lines = {line for line in finished.stderr.splitlines() if line.startswith("error: ")}
+    assert lines == {
+        "error: --devices: Hogwild starts its workers itself (--workers N); a launcher's 2 processes would each "
+        "train a run of their own: run python train_hogwild.py alone"
+    }
+    assert not (tmp_path / "logs").exists()
+
+
 def test_bad_input_ends_a_launched_hogwild_run_with_one_line(tmp_path):
     finished = launch("python", SCRIPTS["hogwild"], ["--workers", "0"], tmp_path, timeout=60)
     assert finished.returncode == 2
