@@ -259,7 +259,6 @@ ROWS["sac/walker2d-actor-after-critics"] = dataclasses.replace(
 ROWS["sac/walker2d-v4-model"] = dataclasses.replace(
     ROWS["sac/walker2d"],
     group="",
-    seeds=(1,),
     flags=(*SAVE_BUFFER, "--env-kwarg", "xml_file=walker2d.xml"),
     variant="--env-kwarg xml_file=walker2d.xml",
 )
