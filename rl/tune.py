@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
+import json
 import math
 import os
 import re
@@ -32,7 +33,16 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
-from rl.config import CONFIG_FILENAME, check_seed, config_file_algorithm, flag, parse_dataclass
+from rl.config import (
+    CONFIG_FILENAME,
+    NOT_IN_CONFIG_FILES,
+    NOT_IN_RUN_FOLDER_CONFIG,
+    RunConfig,
+    check_seed,
+    config_file_algorithm,
+    flag,
+    parse_dataclass,
+)
 from rl.errors import (
     INTERRUPTED_EXIT_CODE,
     UsageError,
@@ -54,6 +64,7 @@ POLL_SECONDS = 0.5
 USAGE_ERROR_EXIT = 2  # a training command's exit code for bad input
 # What the tuner adds to a trial's run, left out of the best config: a run from it is a new run of its own.
 TRIAL_BOOKKEEPING = ("run_name", "log_dir", "logger", "eval_every", "progress_bar", "torch_threads")
+STUDY_TRAINING = "training"  # the study's attribute that holds the training flags its trials share
 
 # What a trial may change when no --space is given: SB3's and rl-zoo's usual ranges.
 DEFAULT_SPACES: dict[str, dict[str, dict[str, Any]]] = {
@@ -195,6 +206,32 @@ def check_same_space(study: Any, cfg: TuneConfig, space: dict[str, dict[str, Any
             f"the study {cfg.study_name!r} in {cfg.storage} searched another space (over "
             f"{', '.join(sorted(searched))}; {', '.join(sorted(differing))} differ): give this search a "
             "--study-name of its own",
+        )
+
+
+def shared_training_values(run: RunConfig, space: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What every trial of a search trains with: the training flags as resolved, but those that each trial
+    draws, the tuner's own and the files they came from."""
+    left_out = {*TRIAL_BOOKKEEPING, *NOT_IN_CONFIG_FILES, *NOT_IN_RUN_FOLDER_CONFIG}
+    left_out |= {name.replace("-", "_") for name in space}
+    values = {name: value for name, value in run.to_dict().items() if name not in left_out}
+    return json.loads(json.dumps(values, default=str))  # as the storage keeps them: tuples become lists
+
+
+def check_same_training(study: Any, cfg: TuneConfig, values: dict[str, Any]) -> None:
+    """A study goes on with the training flags its trials were trained with: scores of runs of other lengths or
+    envs do not compare, and its best trial would be the best of none of them. A new study records them."""
+    recorded = study.user_attrs.get(STUDY_TRAINING)
+    if recorded is None:
+        study.set_user_attr(STUDY_TRAINING, values)
+        return
+    differing = sorted(name for name in recorded.keys() | values.keys() if recorded.get(name) != values.get(name))
+    if differing:
+        changes = ", ".join(f"{flag(name)} {recorded.get(name)} (now {values.get(name)})" for name in differing)
+        raise UsageError(
+            "--study-name",
+            f"the study {cfg.study_name!r} in {cfg.storage} trained its trials with other training flags: "
+            f"{changes}; give this search a --study-name of its own",
         )
 
 
@@ -483,11 +520,12 @@ def main(argv: list[str]) -> None:
     # Bad training flags (or env) stop here, in one line, before any trial. What else a run would say of these
     # flags (how --total-timesteps rounds, say) is not said: each trial suggests flags of its own.
     with contextlib.redirect_stdout(io.StringIO()):
-        prepare(training, TRIALS_FOLDER)
+        algorithm, _, _ = prepare(training, TRIALS_FOLDER)
     Path(cfg.out, cfg.study_name).mkdir(parents=True, exist_ok=True)
     # the study exists before the other processes open it, so that they never race to create it
     study = create_study(cfg)
     check_same_space(study, cfg, space)
+    check_same_training(study, cfg, shared_training_values(algorithm.cfg, space))
     done = trials_counted(study)
     if done >= cfg.trials:
         print(

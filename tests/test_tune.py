@@ -108,7 +108,7 @@ def test_rl_zoos_tuning_flags_and_training_flags_before_the_dashes_are_answered(
     assert refused.value.flag == word and says in str(refused.value)
 
 
-def test_a_study_goes_on_only_over_the_space_it_searched(tmp_path):
+def test_a_study_goes_on_only_over_the_space_it_searched_and_with_the_training_flags_of_its_trials(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text("learning_rate: {choices: [0.002]}\n")
     first = tune(tmp_path, "--trials", "1", "--space", str(space))
@@ -122,6 +122,13 @@ def test_a_study_goes_on_only_over_the_space_it_searched(tmp_path):
     assert refused.stderr.strip() == (
         f"error: --study-name: the study 'cartpole' in sqlite:///{tmp_path / 'study.db'} searched another space "
         "(over learning_rate; learning_rate differ): give this search a --study-name of its own"
+    )
+    space.write_text("learning_rate: {choices: [0.002]}\n")
+    other_env = tune(tmp_path, "--trials", "2", "--space", str(space), training=("--env-id", "Acrobot-v1"))
+    assert other_env.returncode == 2
+    assert other_env.stderr.strip() == (
+        f"error: --study-name: the study 'cartpole' in sqlite:///{tmp_path / 'study.db'} trained its trials with "
+        "other training flags: --env-id CartPole-v1 (now Acrobot-v1); give this search a --study-name of its own"
     )
     assert len(trials(tmp_path)) == 1
 
