@@ -310,8 +310,9 @@ class BestAgent:
 
     def __init__(self, run_dir: str, flag: str) -> None:
         self.path = os.path.join(run_dir, BEST_FILENAME)
-        kept = load_checkpoint(self.path, flag).eval_return if os.path.isfile(self.path) else None
-        self.score = -math.inf if kept is None else kept
+        kept = load_checkpoint(self.path, flag) if os.path.isfile(self.path) else None
+        self.score = -math.inf if kept is None or kept.eval_return is None else kept.eval_return
+        self.step = None if kept is None else kept.eval_step  # the env step it was evaluated at
 
     def offer(self, score: float, step: int, agent: Callable[[], SavedAgent]) -> None:
         """Keep `agent()`, evaluated at `step` to `score`, if it beats the best so far."""
@@ -320,7 +321,7 @@ class BestAgent:
         best = agent()
         best.eval_return, best.eval_step = score, step
         write_file(self.path, best)
-        self.score = score
+        self.score, self.step = score, step
 
 
 def newest_checkpoint(run_dir: str) -> str | None:

@@ -230,6 +230,21 @@ class PeriodicEvaluation:
         # Read on every rank, so that a bad file stops each with its line (only the main process keeps it).
         self.best = BestAgent(run.dir, "--eval-every") if cfg.eval_every else None
 
+    def reached_target_by(self, global_step: int) -> bool:
+        """Whether an evaluation at or before `global_step` reached --stop-at-return, which ends training there:
+        a run resumed from that far has nothing left to train (the main process says so)."""
+        target, best = self.cfg.stop_at_return, self.best
+        if target is None or best is None or best.step is None or best.step > global_step or best.score < target:
+            return False
+        if self.is_main:
+            print(
+                f"this run already reached --stop-at-return {target:g} at step {best.step:,} (a greedy return of "
+                f"{best.score:.2f}): nothing is left to train but its closing evaluation (a higher --stop-at-return "
+                "trains on)",
+                flush=True,
+            )
+        return True
+
     def evaluate(
         self,
         policy: nn.Module,

@@ -142,6 +142,26 @@ def test_a_named_run_launched_again_after_it_finished_says_it_trains_nothing(tmp
     assert printed[-1].startswith("evaluation over 1 greedy episode")
 
 
+def test_a_named_run_that_stopped_at_its_target_return_launched_again_trains_nothing_unless_the_target_rises(
+    tmp_path, capsys
+):
+    config = rl.PPOConfig(num_envs=2, num_steps=64, total_timesteps=4096, eval_episodes=1, progress_bar=False)
+    config.eval_every, config.stop_at_return, config.run_name = 256, -1.0, "target"  # reached at the first
+    config.log_dir = str(tmp_path / "logs")
+    first = rl.train(config)
+    assert first.global_step == 256
+    capsys.readouterr()
+    again = rl.train(config)
+    assert again.global_step == 256
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("this run already reached")]
+    assert said == [
+        "this run already reached --stop-at-return -1 at step 256 (a greedy return of "
+        f"{torch.load(first.best_agent_path, weights_only=True)['eval_return']:.2f}): nothing is left to train but "
+        "its closing evaluation (a higher --stop-at-return trains on)"
+    ]
+    assert rl.train(dataclasses.replace(config, stop_at_return=1e9)).global_step == 4096  # out of reach: trains on
+
+
 def test_total_timesteps_between_two_rollouts_trains_the_whole_ones_says_so_and_resumes_only_past_them(
     tmp_path, capsys
 ):

@@ -85,13 +85,16 @@ class CoupledRank:
             restore_run_state(resume, rank, self.policy, self.learner, self.source, env_ranks=world_size)
             self.first_iteration, self.global_step = resume.counters.iteration + 1, resume.counters.global_step
         self.metrics = TrainingMetrics(runtime.device, runtime.all_reduce_sum, algorithm.stat_tags)
+        self.evaluation = PeriodicEvaluation(cfg, algorithm.spaces.env_id, run, runtime.is_main, self.global_step)
         self.num_iterations = cfg.num_iterations(world_size)
+        # Rank 0's best.ckpt decides, which the other ranks' nodes may not have.
+        if resume and runtime.broadcast_object(self.evaluation.reached_target_by(self.global_step)):
+            self.num_iterations = resume.counters.iteration
         self.steps_per_iteration = cfg.steps_per_iteration * world_size
         self.replay_ratio = algorithm.passes_per_batch * batch_rows * cfg.steps_per_row / cfg.steps_per_iteration
         drawn = runtime.is_main and cfg.progress_bar
         total = self.num_iterations * self.steps_per_iteration
         self.progress = ProgressBar(total, drawn, initial=self.global_step, drawn_by_job=cfg.progress_bar)
-        self.evaluation = PeriodicEvaluation(cfg, algorithm.spaces.env_id, run, runtime.is_main, self.global_step)
         self.start_step = self.reported_step = self.global_step
         self.loop_clock, self.loop_seconds = LoopClock(), 0.0
 
