@@ -307,6 +307,20 @@ def test_learning_starts_is_checked_against_the_steps_the_run_trains_not_the_tot
     validate(SACConfig(num_envs=2, learning_starts=10_000, total_timesteps=10_004), world_size=2, gpu_count=0)
 
 
+def test_a_batch_larger_than_what_each_replay_buffer_receives_is_refused_since_no_gradient_step_would_run():
+    from rl.config import validate
+
+    # Each of 2 ranks' buffers receives half of the 2,000 steps: a batch of 1,001 is never there to sample.
+    cfg = SACConfig(batch_size=1001, learning_starts=100, total_timesteps=2000)
+    with pytest.raises(UsageError) as error:
+        validate(cfg, world_size=2, gpu_count=0)
+    assert str(error.value) == (
+        "--batch-size: 1001 is more than the 1000 transitions that each of the 2 acting processes collects of "
+        "--total-timesteps 2000: the run would end before its first gradient step"
+    )
+    validate(SACConfig(batch_size=1000, learning_starts=100, total_timesteps=2000), world_size=2, gpu_count=0)
+
+
 def test_envs_sac_cannot_train_on_are_refused_with_what_to_do():
     with pytest.raises(UsageError, match=r"SAC needs continuous \(Box\) actions") as error:
         SAC.check_spaces(inspect_env("CartPole-v1"))

@@ -142,6 +142,14 @@ class SACConfig(RunConfig):
                 f"{self.learning_starts} is not below the {trained} steps that --total-timesteps "
                 f"{self.total_timesteps} trains: the run would end before its first gradient step",
             )
+        received = trained // env_ranks  # the transitions each acting process's replay buffer receives
+        if self.batch_size > received:
+            raise UsageError(
+                "--batch-size",
+                f"{self.batch_size} is more than the {received} transitions that "
+                f"{f'each of the {env_ranks} acting processes collects of' if env_ranks > 1 else 'the run collects in'}"
+                f" --total-timesteps {self.total_timesteps}: the run would end before its first gradient step",
+            )
 
     def validate_decoupled(self, num_trainers: int) -> None:
         if self.update_while_stepping:
