@@ -219,10 +219,14 @@ def shared_training_values(run: RunConfig, space: dict[str, dict[str, Any]]) -> 
 
 
 def check_same_training(study: Any, cfg: TuneConfig, values: dict[str, Any]) -> None:
-    """A study goes on with the training flags its trials were trained with: scores of runs of other lengths or
-    envs do not compare, and its best trial would be the best of none of them. A new study records them."""
+    """A study goes on with the training flags its scored trials were trained with: scores of runs of other
+    lengths or envs do not compare, and its best trial would be the best of none of them. A study without a scored
+    trial (a new one, or one whose trials were all interrupted or failed) records the flags given now, as does one
+    whose trials were scored before studies recorded them."""
+    from optuna.trial import TrialState
+
     recorded = study.user_attrs.get(STUDY_TRAINING)
-    if recorded is None:
+    if recorded is None or not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
         study.set_user_attr(STUDY_TRAINING, values)
         return
     differing = sorted(name for name in recorded.keys() | values.keys() if recorded.get(name) != values.get(name))

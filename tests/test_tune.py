@@ -169,7 +169,9 @@ def test_ctrl_c_stops_the_tuner_and_its_trial_which_the_study_does_not_count(tmp
         "interrupted (Ctrl-C): the same command goes on with this study",
     ]
     assert list(metrics.parent.parent.glob("checkpoints/step_*.ckpt"))
-    again = tune(tmp_path, "--trials", "1")  # the interrupted trial is not counted: one more runs
+    # The interrupted trial is not counted, nor does it hold the study to its training flags: one more runs,
+    # shorter.
+    again = tune(tmp_path, "--trials", "1")
     assert again.returncode == 0 and again.stdout.startswith("trial 1: greedy return "), again.stdout
 
 
