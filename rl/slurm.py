@@ -2,7 +2,8 @@
 
 Prints an sbatch script that starts one launcher per node with `srun`: `fabric run` with the
 node's rank and the first node as the main address, or torchrun with its c10d rendezvous on
-the first node. Both are torch.distributed; nothing here transports data. Submit it with
+the first node. Both are torch.distributed; nothing here transports data. The job runs in the
+folder the script was made in, wherever it is submitted from. Submit it with
 `python -m rl.slurm --nodes 4 -- train_fabric.py sac > job.sbatch && sbatch job.sbatch`.
 """
 
@@ -145,6 +146,8 @@ def render(cfg: SlurmConfig) -> str:
         "#!/bin/bash",
         *(f"#SBATCH {directive}" for directive in directives),
         "set -euo pipefail",
+        "# The folder the script was made in, which holds the entry script, wherever sbatch is called from.",
+        f"cd {shlex.quote(os.getcwd())}",
         "# The first node hosts the rendezvous; every node starts one launcher, which starts its ranks.",
         'MAIN_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "export MAIN_NODE",
@@ -167,7 +170,7 @@ def check_training_flags(cfg: SlurmConfig) -> None:
     one is refused now, not after the job waited in the queue. A script of the user's own has its flags left to
     itself. Its envs and the nodes' hardware are checked on the nodes."""
     command = node_command(cfg)
-    if not os.path.isfile(command[0]):  # sbatch runs the job in the folder it is submitted from: this one
+    if not os.path.isfile(command[0]):  # the job starts in this folder: the script's first step goes here
         raise UsageError("SCRIPT", f"no file {command[0]} here: give the entry script's path from this folder")
     script = os.path.basename(command[0])
     if script == "train_hogwild.py":

@@ -181,6 +181,31 @@ def test_the_slurm_script_starts_one_launcher_per_node_with_the_first_node_as_re
     assert arguments[-5:] == ["train_fabric.py", "sac", "--exp-name", "it's mine", "--cuda"]
 
 
+def test_a_slurm_job_runs_in_the_folder_its_script_was_made_in_wherever_it_is_submitted_from(tmp_path):
+    project, elsewhere, bin_dir = tmp_path / "my project", tmp_path / "elsewhere", tmp_path / "bin"
+    for folder in (project, elsewhere, bin_dir):
+        folder.mkdir()
+    (project / "train_fabric.py").symlink_to(SCRIPTS["fabric"])
+    rendered = subprocess.run(
+        [str(BIN / "python"), "-m", "rl.slurm", "--", "train_fabric.py"],
+        cwd=project,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    # Stand-ins for SLURM's tools: the job's one node, and an srun that tells the folder it starts in.
+    for tool, body in (("scontrol", "echo node001"), ("srun", "pwd")):
+        (bin_dir / tool).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / tool).chmod(0o755)
+    (job := elsewhere / "job.sbatch").write_text(rendered.stdout)
+    env = child_env() | {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_NODELIST": "node001"}
+    ran = subprocess.run(["bash", str(job)], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == str(project)
+
+
 @pytest.mark.parametrize(
     ("flags", "told"),
     [
