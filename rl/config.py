@@ -35,7 +35,13 @@ from rl.encoders import EncoderKind
 from rl.envs import Preprocessing, VectorMode
 from rl.errors import UsageError, counted
 from rl.logger import LoggerName
-from rl.precision import DEFAULT_PRECISION, PrecisionName, check_precision_device, check_precision_on_this_gpu
+from rl.precision import (
+    DEFAULT_PRECISION,
+    PrecisionName,
+    check_precision_device,
+    check_precision_on_this_gpu,
+    warn_of_emulated_bf16,
+)
 
 # A text field's mark: it holds a JSON object, which Python and config files may give as a dict.
 JSON_OBJECT = "json-object"
@@ -501,6 +507,7 @@ def validate_hardware(cfg: RunConfig, world_size: int, gpu_count: int, env_ranks
     check_launcher_strategy(os.environ.get("LT_STRATEGY"))
     check_launcher_devices(os.environ.get("LT_DEVICES"))
     check_precision_on_this_gpu(cfg.precision, cfg.cuda)
+    warn_of_emulated_bf16(cfg.precision, cfg.cuda)
     if cfg.compile:  # every role on a GPU compiles with Triton; a CPU role needs a C++ compiler
         check_compiler(cfg.cuda and (cfg.player_on_gpu or env_ranks == world_size) and not cfg.evaluator)
 

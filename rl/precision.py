@@ -18,6 +18,8 @@ stay uint8), and checkpoints.
 
 from __future__ import annotations
 
+import os
+import platform
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ from typing import Any, Literal, TypeVar
 import torch
 from torch import Tensor, nn
 
-from rl.errors import UsageError
+from rl.errors import UsageError, print_error
 
 PrecisionName = Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"]
 DEFAULT_PRECISION: PrecisionName = "32-true"
@@ -49,6 +51,25 @@ def check_precision_on_this_gpu(name: str, cuda: bool) -> None:
     """Refuse a bf16 precision that this machine's GPU cannot run, naming `--precision`."""
     if name.startswith("bf16") and cuda and not torch.cuda.is_bf16_supported():
         raise UsageError("--precision", f"{name} needs a GPU with bf16 support (Ampere or newer); use 16-mixed")
+
+
+def x86_cpu_without_bf16_instructions() -> bool:
+    """An x86 CPU with neither AVX512-BF16 nor AMX: torch emulates bf16 there, converting around every product.
+    Other CPUs (ARM's among them) are not judged."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    return not (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
+def warn_of_emulated_bf16(name: str, cuda: bool) -> None:
+    """One warning per machine where bf16 would run on a CPU that emulates it: a run at a small fraction of
+    32-true's speed (0.15x for SAC in `benchmarks/precision.py`) is otherwise never explained."""
+    emulated = name.startswith("bf16") and not cuda and x86_cpu_without_bf16_instructions()
+    if emulated and os.environ.get("LOCAL_RANK", "0") == "0":
+        print_error(
+            f"warning: --precision {name} on a CPU without bf16 instructions (AVX512-BF16 or AMX): torch "
+            "emulates bf16 here, and training runs several times slower than at 32-true"
+        )
 
 
 @dataclass(frozen=True)

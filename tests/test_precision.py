@@ -2,6 +2,8 @@
 
 import glob
 import os
+import platform
+from pathlib import Path
 
 import pytest
 import torch
@@ -256,7 +258,9 @@ def test_a_checkpoint_is_float32_resumes_exactly_and_at_another_precision(tmp_pa
             "80",
         ]
     args += ["--precision", precision, "--eval-episodes", "0", "--no-progress-bar"]
-    assert run_ranks("python", SCRIPTS["fabric"], args, tmp_path).returncode == 0
+    trained = run_ranks("python", SCRIPTS["fabric"], args, tmp_path)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert ("warning: --precision bf16" in trained.stderr) == cpu_emulates_bf16(), trained.stderr[-3000:]
     folder = run_dir(tmp_path, "fabric")
     uninterrupted = load_agent(folder)
     checkpoints = sorted(glob.glob(str(folder / "checkpoints" / "step_*.ckpt")))
@@ -278,6 +282,17 @@ def test_a_checkpoint_is_float32_resumes_exactly_and_at_another_precision(tmp_pa
     )
     assert other.returncode == 0, other.stderr[-3000:]
     assert f"resuming a {precision} checkpoint at --precision 32-true" in other.stdout
+    assert "warning: --precision" not in other.stderr
+
+
+def cpu_emulates_bf16() -> bool:
+    """Read from the kernel's CPU flags, apart from how the program asks torch: an x86 CPU without AVX512-BF16
+    or AMX."""
+    if platform.machine() != "x86_64":
+        return False
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines()
+    flags = set(" ".join(line for line in cpuinfo if line.startswith("flags")).split())
+    return not flags & {"avx512_bf16", "amx_tile"}
 
 
 def flatten(value):
