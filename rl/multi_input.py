@@ -136,9 +136,6 @@ class MultiInputLayout:
         packed = np.stack([self.pack(self.space.sample()) for _ in range(rows)])
         return [key.clone() for key in self.unpack(torch.from_numpy(packed))]
 
-    def describe(self) -> str:
-        return ", ".join(f"{key.name}: {key.dtype_name} {list(key.shape)}" for key in self.keys)
-
 
 class PackedSpace(gym.spaces.Box):
     """The rows of bytes that a Dict observation with images is carried as, with the layout to read them."""
@@ -153,8 +150,8 @@ class PackedSpace(gym.spaces.Box):
     def __hash__(self) -> int:
         return hash((PackedSpace, self.shape))
 
-    def __repr__(self) -> str:
-        return f"PackedSpace({self.layout.describe()})"
+    def __repr__(self) -> str:  # named in messages as the env's own space, which it stands for
+        return repr(self.layout.space)
 
 
 class PackObservations(gym.ObservationWrapper):
