@@ -118,8 +118,9 @@ class EnvSpaces:
 
 
 def space_summary(space: gym.Space) -> str:
-    """A space in a few words: a Box by its shape, without its bounds."""
-    return f"a Box of shape {space.shape}" if isinstance(space, gym.spaces.Box) else str(space)
+    """A space in a few words: a Box by its shape, without its bounds; a Dict with images as the env gives it."""
+    plain_box = isinstance(space, gym.spaces.Box) and packed_layout(space) is None
+    return f"a Box of shape {space.shape}" if plain_box else repr(space)
 
 
 def stored_as_bytes(space: gym.Space) -> bool:

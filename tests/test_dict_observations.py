@@ -15,7 +15,7 @@ from rl.algos.ppo.policy import CNNActorCritic
 from rl.algos.sac.algorithm import SAC
 from rl.algos.sac.config import SACConfig
 from rl.encoders import MultiInputEncoder
-from rl.envs import inspect_env
+from rl.envs import inspect_env, space_summary
 from rl.errors import UsageError
 from rl.export import greedy_policy, write
 from rl.multi_input import MultiInputLayout, pack_each
@@ -96,6 +96,12 @@ def test_flags_a_dict_with_images_cannot_take_are_refused_naming_them(tmp_path, 
         args = ["sac", *args, "--env-kwargs", '{"continuous": true}']
     line = refusal_line("fabric", args, tmp_path)
     assert line.startswith(f"error: {flag}: ") and says in line
+
+
+def test_a_dict_with_images_is_named_in_messages_as_the_env_gives_it():
+    packed = inspect_env("rl/TwoCues-v0", PPOConfig().preprocessing()).observation_space
+    assert space_summary(packed) == repr(gym.make("rl/TwoCues-v0").observation_space)
+    assert space_summary(gym.spaces.Box(-1, 1, (3,))) == "a Box of shape (3,)"
 
 
 def test_a_dict_with_a_key_no_encoder_takes_is_named_in_one_line(tmp_path):
