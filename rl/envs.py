@@ -660,45 +660,51 @@ def has_native_vector_env(env_id: str) -> bool:
     return True
 
 
-def has_envpool(env_id: str) -> bool:
-    """Whether envpool is installed and has this env."""
+def check_envpool_has(env_id: str) -> None:
+    """Refuse `--vector-mode envpool` where envpool is not installed, or has no such env."""
     try:
         import envpool
     except ImportError:
-        return False
-    return envpool_task(env_id) in envpool.list_all_envs()
+        raise UsageError("--vector-mode", "envpool needs the envpool extra: pip install -e '.[envpool]'") from None
+    if envpool_task(env_id) not in envpool.list_all_envs():
+        raise UsageError(
+            "--vector-mode",
+            f"envpool has no {envpool_task(env_id)}: it holds Atari, MuJoCo and classic control; use sync or async",
+        )
 
 
 def choose_vector_mode(
     mode: VectorMode,
     env_id: str,
     capture_video: bool,
-    algorithm_allows_native: bool,
+    late_resets_refused_by: str | None,
     single_env_flag: str | None = None,
 ) -> VectorMode:
     """The mode to build: `auto` is `native` where the env has it (and video, the algorithm and the absence
-    of a `single_env_flag` such as --env-kwargs allow), else `sync`.
+    of a `single_env_flag` such as --env-kwargs allow), else `sync`. `late_resets_refused_by` names an
+    algorithm whose experience cannot skip the reset steps of envs that reset a step late (native and envpool's).
 
     Raises `UsageError` when `native` or `envpool` was asked for and cannot be had.
     """
     native_ok = has_native_vector_env(env_id)
     if mode == "auto":
-        whole = native_ok and not capture_video and algorithm_allows_native and not single_env_flag
+        whole = native_ok and not capture_video and not late_resets_refused_by and not single_env_flag
         return "native" if whole else "sync"
     if mode in ("native", "envpool") and single_env_flag:
         raise UsageError("--vector-mode", f"{mode} envs are made without {single_env_flag} here; use sync or async")
     if mode == "native" and not native_ok:
         raise UsageError("--vector-mode", f"{env_id} has no native vector env here; use sync or async")
-    if mode == "envpool" and not has_envpool(env_id):
-        raise UsageError(
-            "--vector-mode",
-            f"envpool has no {envpool_task(env_id)} here (pip install -e '.[envpool]'); use sync or async",
-        )
+    if mode == "envpool":
+        check_envpool_has(env_id)
     if mode in ("native", "envpool"):
         if capture_video:
             raise UsageError("--vector-mode", f"{mode} envs do not record video; use sync with --capture-video")
-        if not algorithm_allows_native:
-            raise UsageError("--vector-mode", "this algorithm needs envs that reset as they end; use sync or async")
+        if late_resets_refused_by:
+            raise UsageError(
+                "--vector-mode",
+                f"{mode} envs reset a step after an episode ends, and {late_resets_refused_by} stores every step "
+                "as a transition: use sync or async",
+            )
     return mode
 
 

@@ -387,18 +387,18 @@ def test_mujoco_envs_are_made_without_advice_about_gymnasiums_models_but_warn_of
 def test_auto_vector_mode_is_native_only_where_the_env_algorithm_and_video_allow_it():
     from rl.envs import choose_vector_mode
 
-    assert choose_vector_mode("auto", "CartPole-v1", capture_video=False, algorithm_allows_native=True) == "native"
-    assert choose_vector_mode("auto", "Acrobot-v1", capture_video=False, algorithm_allows_native=True) == "sync"
-    assert choose_vector_mode("auto", "CartPole-v1", capture_video=True, algorithm_allows_native=True) == "sync"
-    assert choose_vector_mode("auto", "CartPole-v1", capture_video=False, algorithm_allows_native=False) == "sync"
-    assert choose_vector_mode("async", "Acrobot-v1", capture_video=True, algorithm_allows_native=False) == "async"
-    for env_id, video, allowed in (
-        ("Acrobot-v1", False, True),
-        ("CartPole-v1", True, True),
-        ("CartPole-v1", False, False),
+    assert choose_vector_mode("auto", "CartPole-v1", capture_video=False, late_resets_refused_by=None) == "native"
+    assert choose_vector_mode("auto", "Acrobot-v1", capture_video=False, late_resets_refused_by=None) == "sync"
+    assert choose_vector_mode("auto", "CartPole-v1", capture_video=True, late_resets_refused_by=None) == "sync"
+    assert choose_vector_mode("auto", "CartPole-v1", capture_video=False, late_resets_refused_by="SAC") == "sync"
+    assert choose_vector_mode("async", "Acrobot-v1", capture_video=True, late_resets_refused_by="SAC") == "async"
+    for env_id, video, refused_by in (
+        ("Acrobot-v1", False, None),
+        ("CartPole-v1", True, None),
+        ("CartPole-v1", False, "SAC"),
     ):
         with pytest.raises(UsageError) as error:
-            choose_vector_mode("native", env_id, capture_video=video, algorithm_allows_native=allowed)
+            choose_vector_mode("native", env_id, capture_video=video, late_resets_refused_by=refused_by)
         assert error.value.flag == "--vector-mode"
 
 
@@ -414,9 +414,9 @@ def test_the_time_feature_appends_the_elapsed_fraction_of_the_time_limit_and_nee
         obs, _, _, truncated, _ = env.step(env.action_space.sample())
         fractions.append(obs[-1])
     assert truncated and fractions == pytest.approx([step / 200 for step in range(201)])
-    assert choose_vector_mode("auto", "CartPole-v1", False, True, timed.single_env_flag()) == "sync"
+    assert choose_vector_mode("auto", "CartPole-v1", False, None, timed.single_env_flag()) == "sync"
     with pytest.raises(UsageError, match="without --time-feature"):
-        choose_vector_mode("native", "CartPole-v1", False, True, timed.single_env_flag())
+        choose_vector_mode("native", "CartPole-v1", False, None, timed.single_env_flag())
 
 
 def test_sac_is_refused_native_envs_with_the_modes_it_takes():
@@ -425,8 +425,21 @@ def test_sac_is_refused_native_envs_with_the_modes_it_takes():
 
     spaces = inspect_env("MountainCarContinuous-v0")
     assert SAC(SACConfig(env_id=spaces.env_id, vector_mode="auto"), spaces).vector_mode == "sync"
-    with pytest.raises(UsageError, match="needs envs that reset as they end"):
+    with pytest.raises(UsageError) as refused:
         SAC(SACConfig(env_id="CartPole-v1", vector_mode="native"), inspect_env("CartPole-v1"))
+    assert str(refused.value) == (
+        "--vector-mode: native envs reset a step after an episode ends, and SAC stores every step as a transition: "
+        "use sync or async"
+    )
+
+
+def test_envpool_asked_for_an_env_it_lacks_names_what_it_holds():
+    from rl.envs import choose_vector_mode
+
+    with pytest.raises(UsageError) as refused:
+        choose_vector_mode("envpool", "envs_for_tests:FixedLength-v0", False, None)
+    assert str(refused.value).startswith("--vector-mode: envpool has no ")
+    assert "Atari, MuJoCo and classic control" in str(refused.value) and "pip install" not in str(refused.value)
 
 
 def test_a_checkpoint_time_needs_one_decoupled_player():

@@ -90,7 +90,7 @@ class Algorithm(ABC):
             cfg.vector_mode,
             spaces.env_id,
             cfg.capture_video,
-            self.handles_late_resets,
+            None if self.handles_late_resets else self.name.upper(),
             spaces.preprocessing.single_env_flag(),
         )
         self.cnn = uses_cnn(cfg.encoder, spaces.observation_space)  # else an MLP
