@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import io
+import math
 import os
 import sys
 from dataclasses import dataclass, fields
@@ -105,8 +106,13 @@ def log_to_tensorboard(folder: Path, returns: np.ndarray, lengths: np.ndarray, v
             writer.file_writer.add_summary(video_summary("Eval/video", videos[0]))
 
 
+# A longer episode's GIF keeps every k-th frame and plays k times as fast: an Atari episode of 27,000 steps, all
+# its frames, took minutes and GBs to encode.
+GIF_FRAMES = 600
+
+
 def video_summary(tag: str, mp4: str):
-    """The mp4 as TensorBoard's animated-GIF video summary.
+    """The mp4 as TensorBoard's animated-GIF video summary, at most `GIF_FRAMES` frames long.
 
     `SummaryWriter.add_video` encodes through moviepy 1.x's `moviepy.editor`, which moviepy 2
     removed, so the GIF is made here with Pillow.
@@ -116,8 +122,9 @@ def video_summary(tag: str, mp4: str):
     from tensorboard.compat.proto.summary_pb2 import Summary
 
     with VideoFileClip(mp4) as clip:
-        frames = [Image.fromarray(frame) for frame in clip.iter_frames()]
-        duration_ms = int(1000 / clip.fps)
+        every = max(1, math.ceil(clip.duration * clip.fps / GIF_FRAMES))
+        frames = [Image.fromarray(frame) for index, frame in enumerate(clip.iter_frames()) if index % every == 0]
+        duration_ms = int(1000 * every / clip.fps)
     gif = io.BytesIO()
     frames[0].save(gif, format="GIF", save_all=True, append_images=frames[1:], duration=duration_ms, loop=0)
     width, height = frames[0].size

@@ -314,6 +314,27 @@ def test_evaluation_cli_prints_scores_and_writes_a_video(runs):
     assert "Eval/video" in events.Tags()["images"] and "Eval/return_mean" in events.Tags()["scalars"]
 
 
+def test_a_long_episodes_tensorboard_gif_plays_all_of_it_sped_up_in_few_frames(tmp_path):
+    import io
+
+    from moviepy import ImageSequenceClip
+    from PIL import Image
+
+    from rl.evaluate import GIF_FRAMES, video_summary
+
+    steps, fps = 2 * GIF_FRAMES + 300, 30
+    frames = [np.full((16, 16, 3), (step % 250, step // 250 * 40, 0), dtype=np.uint8) for step in range(steps)]
+    ImageSequenceClip(frames, fps=fps).write_videofile(str(tmp_path / "episode.mp4"), logger=None)
+    summary = video_summary("Eval/video", str(tmp_path / "episode.mp4"))
+    gif = Image.open(io.BytesIO(summary.value[0].image.encoded_image_string))
+    durations = []
+    for index in range(gif.n_frames):
+        gif.seek(index)
+        durations.append(gif.info["duration"])
+    assert GIF_FRAMES // 2 < gif.n_frames <= GIF_FRAMES
+    assert sum(durations) / 1000 == pytest.approx(steps / fps, rel=0.05)  # the whole episode, sped up
+
+
 def test_evaluation_cli_takes_training_checkpoints_stochastic_play_and_another_env(runs):
     checkpoint = str(runs["fabric_half_checkpoint"])
     done = evaluate([checkpoint, "--episodes", "2", "--stochastic"], runs["fabric-half"])
