@@ -384,9 +384,12 @@ def check_resumable(
     env_ranks: int,
     processes_flag: str = "--devices",
     finished_ok: bool = False,
+    found_by: str = "--resume-from",
 ) -> TrainingCheckpoint:
     """The checkpoint, if the run may resume from it: a resumed run must keep what shapes its envs, networks and
     per-rank state.
+
+    `found_by`: the flag that chose the checkpoint, --resume-from or (a named run's newest) --run-name.
 
     `finished_ok`: a checkpoint at the last step may be resumed (a restart after it was written
     only has the saved agent and the evaluation left to do).
@@ -401,10 +404,13 @@ def check_resumable(
             "--resume-from", "this file holds a saved agent, not a training checkpoint" + newest_checkpoint_instead(cfg)
         )
     if state.algorithm != algorithm:
-        raise UsageError("--resume-from", f"this checkpoint was trained with {state.algorithm}, not {algorithm}")
+        trained = f"was trained with {state.algorithm.upper()}, not {algorithm.upper()}"
+        if found_by == "--run-name":
+            raise UsageError(found_by, f"run {cfg.run_name}'s newest checkpoint {trained}: name this run otherwise")
+        raise UsageError(found_by, f"this checkpoint {trained}")
     if state.mode != mode:
         raise UsageError(
-            "--resume-from",
+            found_by,
             f"this checkpoint was written in {state.mode} mode, not {mode} mode: "
             f"resume it in {MODE_COMMANDS[state.mode]}",
         )
@@ -416,7 +422,7 @@ def check_resumable(
             continue
         if saved[field] != current[field]:
             raise UsageError(
-                flag(field), f"the checkpoint was trained with {saved[field]!r}; it cannot change on resume"
+                flag(field), f"the checkpoint was trained {setting(field, saved[field])}; it cannot change on resume"
             )
     if world_size is not None and state.world_size != world_size:
         written_by = counted(state.world_size, "process", "processes")
@@ -424,6 +430,13 @@ def check_resumable(
     if state.counters.global_step >= cfg.trained_timesteps(env_ranks) and not finished_ok:
         raise UsageError("--total-timesteps", nothing_left_message(state.counters.global_step, cfg, env_ranks))
     return state
+
+
+def setting(field: str, value: Any) -> str:
+    """How a run was trained as to one field: `with --recurrent`, `without --recurrent`, `with 64`."""
+    if isinstance(value, bool):
+        return f"{'with' if value else 'without'} {flag(field)}"
+    return f"with {value!r}"
 
 
 def nothing_left_message(step: int, cfg: RunConfig, env_ranks: int) -> str:

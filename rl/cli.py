@@ -293,6 +293,7 @@ def prepare_config(
             env_ranks,
             processes_flag,
             finished_ok=automatic,
+            found_by="--run-name" if automatic and cfg.run_name else "--resume-from",
         )
         if len(resume.rank_states) == env_ranks:  # else every rank starts from fresh resets, restoring none
             algorithm.check_rank_states(resume.rank_states, env_ranks)

@@ -735,6 +735,8 @@ def resumed_run_values(config_type: type[RunConfig], checkpoint: str, mode: str 
     path = os.path.join(run_dir_of(checkpoint), CONFIG_FILENAME)
     if not os.path.isfile(path):
         return {}
+    if read_config_file(path).get(ALGORITHM_KEY, config_type.ALGORITHM) != config_type.ALGORITHM:
+        return {}  # another algorithm's run, which the checkpoint's check names: its values mean other things here
     values = config_file_values(config_type, path, others=True)
     values.pop("resume_from", None)  # the file of a resumed run names the checkpoint it resumed from
     values.pop("cuda_graphs", None)  # it followed from the run's --cuda: it follows this one's

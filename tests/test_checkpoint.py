@@ -128,6 +128,24 @@ def test_a_field_that_cannot_change_is_named(runs, tmp_path, args, flag):
     assert all(line.startswith(f"error: {flag}: ") for line in lines), lines
 
 
+def test_a_resume_names_the_flag_that_found_the_checkpoint_and_a_switch_by_its_flag(runs, tmp_path):
+    named_run = tmp_path / "saved" / "fabric_logs" / "mine" / "checkpoints"
+    named_run.mkdir(parents=True)
+    shutil.copy(runs["fabric_half_checkpoint"], named_run)
+    sac = ["sac", "--env-id", "Pendulum-v1", "--total-timesteps", "4096"]
+    assert refusal_line("fabric", [*sac, "--log-dir", "saved", "--run-name", "mine"], tmp_path) == (
+        "error: --run-name: run mine's newest checkpoint was trained with PPO, not SAC: name this run otherwise"
+    )
+    given = ["--resume-from", str(runs["fabric_half_checkpoint"])]
+    assert refusal_line("fabric", [*sac, *given], tmp_path) == (
+        "error: --resume-from: this checkpoint was trained with PPO, not SAC"
+    )
+    assert refusal_line("fabric", ["--total-timesteps", "4096", "--normalize-observations", *given], tmp_path) == (
+        "error: --normalize-observations: the checkpoint was trained without --normalize-observations; it cannot "
+        "change on resume"
+    )
+
+
 WITHOUT_WANDB = """import runpy, sys
 sys.modules["wandb"] = None  # as where the tracking extra is not installed
 sys.argv[0] = {script!r}
