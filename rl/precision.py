@@ -56,9 +56,10 @@ def check_precision_on_this_gpu(name: str, cuda: bool) -> None:
 def x86_cpu_without_bf16_instructions() -> bool:
     """An x86 CPU with neither AVX512-BF16 nor AMX: torch emulates bf16 there, converting around every product.
     Other CPUs (ARM's among them) are not judged."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
+    probes = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    if platform.machine().lower() not in ("x86_64", "amd64") or None in probes:  # a torch without the probes
         return False
-    return not (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    return not any(probe() for probe in probes)
 
 
 def warn_of_emulated_bf16(name: str, cuda: bool) -> None:
