@@ -518,6 +518,16 @@ def test_another_programs_flag_is_answered_with_this_ones(argv, word, says):
     assert says in str(error.value)
 
 
+def test_stable_baselines3s_gradient_steps_of_minus_one_is_answered_with_the_count_it_means():
+    cfg = parse_config(["sac", "--gradient-steps", "-1", "--train-freq", "2", "--num-envs", "4"])
+    with pytest.raises(UsageError) as error:
+        cfg.validate_algorithm()
+    assert str(error.value) == (
+        "--gradient-steps: takes a count: Stable-Baselines3's -1, a step per env step, is --gradient-steps 8 here "
+        "(--train-freq 2 x 4 envs)"
+    )
+
+
 @pytest.mark.parametrize("argv", [["--alpha", "0.2"], ["sac", "--norm-adv"], ["sac", "--normalize"]])
 def test_another_programs_flag_gets_no_advice_that_does_not_hold_for_the_algorithm(argv):
     """PPO's --ent-coef is no temperature, and SAC normalizes no advantages."""

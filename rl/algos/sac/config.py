@@ -103,6 +103,10 @@ class SACConfig(RunConfig):
             raise UsageError("--ent-coef", f"{ENT_COEF_FORMS}, got {self.ent_coef!r}") from None
 
     def validate_algorithm(self) -> None:
+        if self.gradient_steps == -1:
+            phase = self.train_freq * self.num_envs
+            message = f"takes a count: Stable-Baselines3's -1, a step per env step, is --gradient-steps {phase} here"
+            raise UsageError("--gradient-steps", message + f" (--train-freq {self.train_freq} x {self.num_envs} envs)")
         check_signs(
             self,
             positive=(
