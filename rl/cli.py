@@ -67,7 +67,7 @@ from rl.optim import TrainingDiverged
 from rl.peer_flags import PeerFlag, peer_flag
 from rl.precision import DEFAULT_PRECISION
 from rl.registry import ALGORITHMS, DEFAULT_ALGORITHM, algorithm_type
-from rl.run import fixed_run_dir
+from rl.run import check_run_folder_free, fixed_run_dir, run_folder_flag
 from rl.runtime import configure_torch_threads
 
 Mode = Literal["coupled", "decoupled", "hogwild"]
@@ -256,6 +256,9 @@ def prepare_config(
     if mode == "hogwild":
         check_hogwild_not_launched()
     world_size = cfg.workers if mode == "hogwild" else world_size_from_env()
+    named_folder = fixed_run_dir(cfg, log_subdir)
+    if named_folder is not None:  # before its checkpoints and journal are read as this run's
+        check_run_folder_free(named_folder, run_folder_flag(cfg))
     found, automatic = find_resume(cfg, log_subdir)
     if isinstance(found, TrainingCheckpoint) and under_torchelastic() and mode == "coupled":
         keep_global_batch(cfg, found, world_size)

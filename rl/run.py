@@ -6,22 +6,102 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import IO
+
+try:
+    import fcntl
+except ImportError:  # Windows: runs go unheld
+    fcntl = None
 
 from rl.checkpoint import BEST_FILENAME, TrainingCheckpoint, newest_checkpoint, resumed_step
 from rl.config import CONFIG_FILENAME, NOT_IN_RUN_FOLDER_CONFIG, RunConfig, run_dir_of, write_config_file
-from rl.elastic import job_id, start_logged, under_torchelastic
+from rl.elastic import job_id, restart_count, start_logged, under_torchelastic
 from rl.envs import video_folder
+from rl.errors import UsageError
 from rl.logger import MetricsSink, Sinks, hparams_table, mark_resumed_in_tensorboard, open_sinks, refused_logs
 from rl.runtime import Runtime
+
+RUN_LOCK_FILE = "run.lock"
+
+
+class RunFolderLock:
+    """A run folder held by the run writing into it (its rank 0, lead player or Hogwild supervisor), through an
+    exclusive `flock` on `<run>/run.lock` that the system drops when the process ends, however it ends. A second
+    run into a folder still held would write over the first's checkpoints and logs, and is refused."""
+
+    def __init__(self) -> None:
+        self._file: IO[str] | None = None
+
+    def take(self, run_dir: str, flag: str) -> str:
+        """Hold `run_dir` (made if missing) and return it; raise `UsageError` naming `flag` where a live run holds
+        it. A restarted torchrun round takes it unchecked: the round before was this job's, and a lost node's
+        lock on a network file system can outlive it."""
+        if fcntl is None or restart_count() > 0:
+            return run_dir
+        with refused_logs(run_dir):
+            os.makedirs(run_dir, exist_ok=True)
+            file = open(os.path.join(run_dir, RUN_LOCK_FILE), "a+")  # noqa: SIM115 (held for the run's life)
+        if not locked(file, fcntl.LOCK_EX, run_dir, flag):
+            return run_dir
+        file.truncate(0)
+        file.write(f"pid {os.getpid()} on {socket.gethostname()}, since {datetime.now():%Y-%m-%d %H:%M:%S}\n")
+        file.flush()
+        self._file = file
+        return run_dir
+
+    def release(self) -> None:
+        if self._file is not None:
+            self._file.close()  # closing the file drops its lock
+            self._file = None
+
+
+def check_run_folder_free(run_dir: str, flag: str) -> None:
+    """Raise `UsageError` naming `flag` where a live run holds `run_dir`: asked by every rank before it reads or
+    writes the run's journal, as a shared lock that the ranks of one launch never refuse each other (their rank 0
+    takes the run's exclusive one after all of them have asked, past the launch's rendezvous)."""
+    path = os.path.join(run_dir, RUN_LOCK_FILE)
+    if fcntl is None or restart_count() > 0 or not os.path.isfile(path):
+        return
+    with open(path) as file:
+        locked(file, fcntl.LOCK_SH, run_dir, flag)
+
+
+def locked(file: IO[str], kind: int, run_dir: str, flag: str) -> bool:
+    """Lock `file` as `kind` without waiting: True if locked, False on a file system without locks (the run goes
+    on unheld). A live run's lock raises `UsageError` naming `flag`, and closes the file."""
+    try:
+        fcntl.flock(file, kind | fcntl.LOCK_NB)
+    except BlockingIOError:
+        file.seek(0)
+        holder = file.read().strip() or "a process"
+        file.close()
+        raise UsageError(
+            flag,
+            f"{run_dir} is the folder of a run still going ({holder}): two runs would write over each other's "
+            f"checkpoints and logs; give another {flag}, or wait for that run to end",
+        ) from None
+    except OSError:
+        file.close()
+        return False
+    return True
 
 
 @dataclass
 class Run:
     dir: str
     sink: Sinks
+    lock: RunFolderLock = field(default_factory=RunFolderLock)
+
+    def close(self) -> None:
+        """Close the logs, and let the folder go."""
+        try:
+            self.sink.close()
+        finally:
+            self.lock.release()
 
 
 class ClosedIfItFails:
@@ -113,13 +193,28 @@ def new_run_dir(cfg: RunConfig, log_subdir: str) -> str:
 
 
 def start_run(cfg: RunConfig, runtime: Runtime, resume: TrainingCheckpoint | None) -> Run:
-    """Open the run folder; a run named at its start is named on rank 0, so that all ranks agree."""
-    run_dir = fixed_run_dir(cfg, runtime.log_subdir)
-    if run_dir is None:
-        run_dir = runtime.write_on_main(lambda: new_run_dir(cfg, runtime.log_subdir))
+    """Open the run folder, held by rank 0 (`RunFolderLock`); a run named at its start is named on rank 0, so that
+    all ranks agree."""
+    lock = RunFolderLock()
+    run_dir = runtime.write_on_main(lambda: take_run_folder(cfg, runtime.log_subdir, lock))
     # Through write_on_main: an env that failed in another rank's first rollout would otherwise end the round (the
     # launcher stops rank 0) before the journal knew it began, and a config file the disk refuses stops every rank.
-    return open_run(cfg, run_dir, runtime.make_sink, resume, runtime.world_size, runtime.is_main, runtime.write_on_main)
+    run = open_run(cfg, run_dir, runtime.make_sink, resume, runtime.world_size, runtime.is_main, runtime.write_on_main)
+    run.lock = lock
+    return run
+
+
+def take_run_folder(cfg: RunConfig, log_subdir: str, lock: RunFolderLock) -> str:
+    """The run's folder, held by `lock`: its fixed one, or a new one named now."""
+    fixed = fixed_run_dir(cfg, log_subdir)
+    if fixed is None:
+        return lock.take(new_run_dir(cfg, log_subdir), "--run-name")
+    return lock.take(fixed, run_folder_flag(cfg))
+
+
+def run_folder_flag(cfg: RunConfig) -> str:
+    """The flag that chose a fixed run folder."""
+    return "--run-name" if cfg.run_name else "--resume-from"
 
 
 def training_video_folder(run_dir: str, resume: TrainingCheckpoint | None) -> str:

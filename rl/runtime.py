@@ -347,16 +347,20 @@ def write_on_rank_0(
     write: Callable[[], T], is_main: bool, world_size: int, broadcast_object: Callable[[Any], Any]
 ) -> T:
     """Run `write` (a file or folder the job writes once) on rank 0; what it returns, on every rank. Every rank
-    returns once it is written, or raises the `RunStopped` that `write` raised (a full disk, say), so that no rank
-    waits for a file that will not come and each stops with the same line."""
-    written, failure = None, None
+    returns once it is written, or raises the `RunStopped` or `UsageError` that `write` raised (a full disk, a run
+    folder in use), so that no rank waits for a file that will not come and each stops with the same line."""
+    written, refused, failure = None, None, None
     if is_main:
         try:
             written = write()
+        except UsageError as error:
+            refused = (error.flag, error.message)
         except RunStopped as error:
             failure = str(error)
     if world_size > 1:
-        written, failure = broadcast_object((written, failure))
+        written, refused, failure = broadcast_object((written, refused, failure))
+    if refused is not None:
+        raise UsageError(*refused)
     if failure is not None:
         raise RunStopped(failure, every_rank=world_size > 1)
     return cast(T, written)

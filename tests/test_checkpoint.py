@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import (
+    BIN,
     SCRIPTS,
     all_scalars,
     child_env,
@@ -24,6 +25,7 @@ from conftest import (
     run_dir,
     run_ranks,
     start,
+    start_as_foreground_job,
     wait_until_the_run_opens,
 )
 
@@ -144,6 +146,46 @@ def test_a_resume_names_the_flag_that_found_the_checkpoint_and_a_switch_by_its_f
         "error: --normalize-observations: the checkpoint was trained without --normalize-observations; it cannot "
         "change on resume"
     )
+
+
+def test_a_run_folder_is_held_for_its_runs_life_and_let_go_after(tmp_path):
+    from rl.errors import UsageError
+    from rl.run import RunFolderLock, check_run_folder_free
+
+    folder = str(tmp_path / "mine")
+    held = RunFolderLock()
+    assert held.take(folder, "--run-name") == folder
+    for other in (lambda: check_run_folder_free(folder, "--run-name"), lambda: RunFolderLock().take(folder, "--x")):
+        with pytest.raises(UsageError, match=r"is the folder of a run still going \(pid \d+ on "):
+            other()
+    held.release()
+    check_run_folder_free(folder, "--run-name")
+    again = RunFolderLock()
+    again.take(folder, "--run-name")
+    again.release()
+
+
+def test_a_second_run_into_the_folder_of_a_run_still_going_is_refused_and_the_first_trains_on(tmp_path):
+    args = ["--total-timesteps", "1000000", "--run-name", "mine", "--log-dir", "held", "--no-progress-bar"]
+    first = start_as_foreground_job([str(BIN / "python"), str(SCRIPTS["fabric"]), *args], tmp_path)
+    try:
+        lock = tmp_path / "held" / "fabric_logs" / "mine" / "run.lock"
+        deadline = time.monotonic() + 120
+        while not (lock.exists() and lock.read_text()):
+            assert first.poll() is None, first.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "the run did not take its folder within 120 s"
+            time.sleep(0.2)
+        line = refusal_line("fabric", args, tmp_path)
+        assert line == (
+            f"error: --run-name: held/fabric_logs/mine is the folder of a run still going (pid {first.pid} on "
+            f"{lock.read_text().split(' on ', 1)[1].strip()}): two runs would write over each other's checkpoints "
+            "and logs; give another --run-name, or wait for that run to end"
+        )
+        assert first.poll() is None  # untouched
+    finally:
+        os.killpg(first.pid, signal.SIGINT)
+        first.communicate(timeout=60)
+    assert first.returncode == 0, first.stderr  # Ctrl-C during training: a checkpoint and a clean end
 
 
 WITHOUT_WANDB = """import runpy, sys

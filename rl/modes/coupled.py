@@ -165,7 +165,7 @@ def _train_coupled(
 ) -> TrainingResult:
     cfg, env_id = algorithm.cfg, algorithm.spaces.env_id
     run = start_run(cfg, runtime, resume)
-    opened.add(run.sink.close)
+    opened.add(run.close)
     rank = CoupledRank(algorithm, runtime, run, resume)
     opened.add(rank.source.abandon)
     opened.add(rank.progress.close)
@@ -199,7 +199,7 @@ def _train_coupled(
         if runtime.is_main:
             print(f"interrupted at step {rank.global_step}: checkpoint written to {run.dir}", flush=True)
             record_end(rank.global_step, interrupted=True)
-        run.sink.close()
+        run.close()
         runtime.shutdown()
         return TrainingResult(os.path.abspath(run.dir), None, None, rank.global_step)
 
@@ -216,5 +216,5 @@ def _train_coupled(
     if runtime.is_main:
         evaluation = report_evaluation(cfg, env_id, rank.policy, rank.source.obs_normalizer, run, rank.global_step)
         record_end(rank.global_step, interrupted=False)
-    run.sink.close()
+    run.close()
     return TrainingResult(os.path.abspath(run.dir), os.path.abspath(agent_path(run.dir)), evaluation, rank.global_step)

@@ -85,7 +85,15 @@ from rl.modes.decoupled_links import (
 from rl.modes.evaluator import Evaluator, EvaluatorLink
 from rl.normalization import AllReduceSum
 from rl.optim import load_flat_parameters, num_parameters
-from rl.run import ClosedIfItFails, Run, TrainingResult, fixed_run_dir, new_run_dir, open_run, training_video_folder
+from rl.run import (
+    ClosedIfItFails,
+    Run,
+    RunFolderLock,
+    TrainingResult,
+    open_run,
+    take_run_folder,
+    training_video_folder,
+)
 from rl.runtime import (
     FabricRuntime,
     broadcast_from_rank_0,
@@ -388,13 +396,13 @@ class Player:
         print(f"peak RSS per rank (MB): {', '.join(roles)}", flush=True)
         self.run.sink.log_scalars(peak_rss_figure(peak_rss_mb), self.final_step)
         if self.closing_step is None:
-            self.run.sink.close()
+            self.run.close()
             return result
         evaluation = report_evaluation(
             self.cfg, self.algorithm.spaces.env_id, self.policy, self.source.obs_normalizer, self.run, self.closing_step
         )
-        self.run.sink.close()
         record_end(self.closing_step, interrupted=False)
+        self.run.close()
         return replace(result, evaluation=evaluation)
 
 
@@ -486,11 +494,14 @@ def open_run_on_lead(cfg: RunConfig, topology: Topology, resume: TrainingCheckpo
     on_lead = partial(
         write_on_rank_0, is_main=is_lead, world_size=topology.world_size, broadcast_object=broadcast_from_rank_0
     )
-    run_dir = on_lead(lambda: fixed_run_dir(cfg, LOG_SUBDIR) or new_run_dir(cfg, LOG_SUBDIR))
+    lock = RunFolderLock()  # held by the lead
+    run_dir = on_lead(lambda: take_run_folder(cfg, LOG_SUBDIR, lock))
     if not is_lead:
         on_lead(lambda: None)  # while the lead writes the run's start
         return None, run_dir
-    return open_run(cfg, run_dir, FabricSink, resume, topology.world_size, on_main=on_lead), run_dir
+    run = open_run(cfg, run_dir, FabricSink, resume, topology.world_size, on_main=on_lead)
+    run.lock = lock
+    return run, run_dir
 
 
 def train_decoupled(
@@ -523,7 +534,7 @@ def train_decoupled(
         with opened:
             run, run_dir = open_run_on_lead(cfg, topology, resume)
             if run is not None:
-                opened.add(run.sink.close)
+                opened.add(run.close)
             # Read on every rank, so that a broken file stops each with its line (the evaluator keeps it).
             best = BestAgent(run_dir, "--evaluator") if cfg.evaluator else None
         if topology.is_player:

@@ -476,7 +476,7 @@ def train_hogwild(
     # workers have ended (`log_to_every_logger`).
     run = start_run(replace(cfg, logger=supervisor_loggers(cfg.logger)), runtime, resume)
     with ClosedIfItFails() as opened:
-        opened.add(run.sink.close)
+        opened.add(run.close)
         return supervise_run(algorithm, run, runtime, resume, callbacks)
 
 
@@ -534,13 +534,13 @@ def supervise_run(
         run.sink.log_scalars(writer.loop_figures, step)
         print(f"interrupted at step {step}: checkpoint written to {run.dir}", flush=True)
         record_end(step, interrupted=True)
-        run.sink.close()
+        run.close()
         return TrainingResult(os.path.abspath(run.dir), None, None, step)
     log_to_every_logger(run, cfg.logger)
     run.sink.log_scalars(writer.loop_figures, step)
     evaluation = finish(algorithm, final, writer.loop_report, run)
-    run.sink.close()
     record_end(step, interrupted=False)
+    run.close()
     return TrainingResult(os.path.abspath(run.dir), os.path.abspath(agent_path(run.dir)), evaluation, step)
 
 
