@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from rl.algos.base import Algorithm, Learner
-from rl.config import MODE_COMMANDS, RunConfig, flag, iteration_name
+from rl.config import CHECKPOINT_DIR, MODE_COMMANDS, RunConfig, flag, iteration_name
 from rl.errors import RunStopped, UsageError, counted, print_error, refused_writes
 from rl.experience import ExperienceSource
 from rl.normalization import ObservationNormalizer
@@ -39,7 +39,6 @@ from rl.seeds import env_seeds
 
 AGENT_FILENAME = "agent.ckpt"
 BEST_FILENAME = "best.ckpt"
-CHECKPOINT_DIR = "checkpoints"
 FORMAT = "fabric-rl"
 VERSION = 2
 FORMAT_V1 = "fabric-rl/1"  # version 1 named its version in its format string

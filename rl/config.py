@@ -639,7 +639,8 @@ def parse_config_flags(
     else:  # a resumed run's own flags, where it has them
         from_file = resumed_run_values(config_type, checkpoint, mode) if checkpoint else {}
     name = flag_value(argv, "--preset") or from_file.get("preset")
-    flags_file = config_path or (os.path.join(run_dir_of(checkpoint), CONFIG_FILENAME) if checkpoint else None)
+    resumed_folder = run_dir_of(checkpoint) if checkpoint else None
+    flags_file = config_path or (os.path.join(resumed_folder, CONFIG_FILENAME) if resumed_folder else None)
     check_one_preset(name, from_file, flags_file)
     preset = {} if name is None else preset_values(config_type, name)
     base = preset | from_file | ({} if name is None else {"preset": name})
@@ -732,7 +733,8 @@ def resumed_run_values(config_type: type[RunConfig], checkpoint: str, mode: str 
     """With `--resume-from` and no `--config`: the flags the run was started with (its folder's config file), for
     the command line to change; {} where there is none. Another algorithm's fields, and another mode's than `mode`,
     are left out: the checkpoint names the algorithm and mode it was written in."""
-    path = os.path.join(run_dir_of(checkpoint), CONFIG_FILENAME)
+    run_dir = run_dir_of(checkpoint)
+    path = os.path.join(run_dir, CONFIG_FILENAME) if run_dir else ""
     if not os.path.isfile(path):
         return {}
     if read_config_file(path).get(ALGORITHM_KEY, config_type.ALGORITHM) != config_type.ALGORITHM:
@@ -744,9 +746,14 @@ def resumed_run_values(config_type: type[RunConfig], checkpoint: str, mode: str 
     return {name: value for name, value in values.items() if name not in others}
 
 
-def run_dir_of(checkpoint: str) -> str:
-    """The run folder a checkpoint was written into (…/<run>/checkpoints/step_*.ckpt)."""
-    return str(Path(checkpoint).resolve().parent.parent)
+CHECKPOINT_DIR = "checkpoints"  # a run folder's training checkpoints
+
+
+def run_dir_of(checkpoint: str) -> str | None:
+    """The run folder a checkpoint was written into (…/<run>/checkpoints/step_*.ckpt); None for one moved out of
+    it, whose resumed run takes a folder of its own rather than write into whatever folder holds the file's."""
+    folder = Path(checkpoint).resolve().parent
+    return str(folder.parent) if folder.name == CHECKPOINT_DIR else None
 
 
 def check_field_types(cfg: RunConfig) -> None:

@@ -132,10 +132,11 @@ def run_name(cfg: RunConfig, env_id: str, suffix: str | None = None) -> str:
 
 
 def fixed_run_dir(cfg: RunConfig, log_subdir: str) -> str | None:
-    """The folder of a run whose name does not depend on when it started (a resumed run's, a named run's,
-    a torchrun job's: the same in every restart), or None for a run named at its start."""
-    if cfg.resume_from is not None:
-        return run_dir_of(cfg.resume_from)
+    """The folder of a run whose name does not depend on when it started (a resumed run's, whose checkpoint lies in
+    its checkpoints/ folder; a named run's; a torchrun job's: the same in every restart), or None for a run named
+    at its start."""
+    if cfg.resume_from is not None and (resumed := run_dir_of(cfg.resume_from)) is not None:
+        return resumed
     name = cfg.run_name or (run_name(cfg, cfg.env_id, suffix=job_id()) if under_torchelastic() else None)
     return None if name is None else os.path.join(cfg.log_dir, log_subdir, name)
 

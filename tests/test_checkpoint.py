@@ -90,6 +90,18 @@ def test_resuming_equals_an_uninterrupted_run(runs, resumed):
     assert all_scalars(runs[resumed], "Loss/policy_loss") == full_losses  # 512..2048 before the stop, the rest after
 
 
+def test_a_checkpoint_moved_out_of_its_run_resumes_exactly_into_a_run_folder_of_its_own(runs, tmp_path):
+    (downloads := tmp_path / "downloads").mkdir()
+    loose = shutil.copy(runs["fabric_half_checkpoint"], downloads)
+    flags = [*QUICK, "--total-timesteps", "4096", "--resume-from", loose]
+    finished = run_ranks("fabric run", SCRIPTS["fabric"], flags, tmp_path)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["downloads", "logs"]  # nothing beside either
+    assert [path.name for path in downloads.iterdir()] == [Path(loose).name]
+    full, resumed = load_agent(runs["full"])["policy"], load_agent(run_dir(tmp_path, "fabric"))["policy"]
+    assert all(torch.equal(full[name], resumed[name]) for name in full)
+
+
 def test_a_resumed_runs_config_file_repeats_the_run_rather_than_resuming_it_again(runs):
     again = parse_config(["--config", str(runs["fabric-resumed"] / "config.yaml")])
     assert again.resume_from is None and again.total_timesteps == 4096 and again.update_epochs == 2
