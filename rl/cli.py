@@ -258,7 +258,7 @@ def prepare_config(
     world_size = cfg.workers if mode == "hogwild" else world_size_from_env()
     named_folder = fixed_run_dir(cfg, log_subdir)
     if named_folder is not None:  # before its checkpoints and journal are read as this run's
-        check_run_folder_free(named_folder, run_folder_flag(cfg))
+        check_run_folder_free(named_folder, run_folder_flag(cfg, log_subdir, named_folder))
     found, automatic = find_resume(cfg, log_subdir)
     if isinstance(found, TrainingCheckpoint) and under_torchelastic() and mode == "coupled":
         keep_global_batch(cfg, found, world_size)

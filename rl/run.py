@@ -210,12 +210,18 @@ def take_run_folder(cfg: RunConfig, log_subdir: str, lock: RunFolderLock) -> str
     fixed = fixed_run_dir(cfg, log_subdir)
     if fixed is None:
         return lock.take(new_run_dir(cfg, log_subdir), "--run-name")
-    return lock.take(fixed, run_folder_flag(cfg))
+    return lock.take(fixed, run_folder_flag(cfg, log_subdir, fixed))
 
 
-def run_folder_flag(cfg: RunConfig) -> str:
-    """The flag that chose a fixed run folder."""
-    return "--run-name" if cfg.run_name else "--resume-from"
+def run_folder_flag(cfg: RunConfig, log_subdir: str, folder: str) -> str:
+    """The flag that chose the fixed run folder `folder`: --resume-from where it is the checkpoint's own run's
+    (and not the named run's, which a named run's relaunch resumes from itself), else --run-name."""
+    named = cfg.run_name is not None and same_folder(folder, os.path.join(cfg.log_dir, log_subdir, cfg.run_name))
+    return "--resume-from" if cfg.resume_from is not None and not named else "--run-name"
+
+
+def same_folder(one: str, other: str) -> bool:
+    return os.path.realpath(one) == os.path.realpath(other)
 
 
 def training_video_folder(run_dir: str, resume: TrainingCheckpoint | None) -> str:

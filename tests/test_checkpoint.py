@@ -177,6 +177,23 @@ def test_a_run_folder_is_held_for_its_runs_life_and_let_go_after(tmp_path):
     again.release()
 
 
+def test_a_held_folder_is_refused_naming_the_flag_that_chose_it(tmp_path):
+    from rl.run import RunFolderLock
+
+    held = RunFolderLock()
+    held.take(str(tmp_path / "held" / "fabric_logs" / "theirs"), "--run-name")
+    checkpoint = str(tmp_path / "held" / "fabric_logs" / "theirs" / "checkpoints" / "step_000000000512.ckpt")
+    try:
+        for args, flag in (
+            (["--run-name", "mine", "--resume-from", checkpoint], "--resume-from"),  # their folder, by the checkpoint
+            (["--run-name", "theirs"], "--run-name"),
+        ):
+            line = refusal_line("fabric", ["--log-dir", "held", *args], tmp_path)
+            assert line.startswith(f"error: {flag}: ") and "is the folder of a run still going" in line, line
+    finally:
+        held.release()
+
+
 def test_a_second_run_into_the_folder_of_a_run_still_going_is_refused_and_the_first_trains_on(tmp_path):
     args = ["--total-timesteps", "1000000", "--run-name", "mine", "--log-dir", "held", "--no-progress-bar"]
     first = start_as_foreground_job([str(BIN / "python"), str(SCRIPTS["fabric"]), *args], tmp_path)
