@@ -433,6 +433,17 @@ def test_sac_is_refused_native_envs_with_the_modes_it_takes():
     )
 
 
+def test_envpool_without_its_extra_names_the_extra(monkeypatch):
+    import sys
+
+    from rl.envs import choose_vector_mode
+
+    monkeypatch.setitem(sys.modules, "envpool", None)  # as where the envpool extra is not installed
+    with pytest.raises(UsageError) as refused:
+        choose_vector_mode("envpool", "CartPole-v1", False, None)
+    assert str(refused.value) == "--vector-mode: envpool needs the envpool extra: pip install -e '.[envpool]'"
+
+
 def test_envpool_asked_for_an_env_it_lacks_names_what_it_holds():
     from rl.envs import choose_vector_mode
 
