@@ -327,12 +327,16 @@ def same_failure(earlier: RoundRecord, later: RoundRecord) -> bool:
 
 
 def describe_end(record: RoundRecord) -> str:
-    """Why a round ended: a rank's own error first (the cause), else what its survivors saw lost."""
+    """Why a round ended: a rank's own error first (the cause), else an env call that held a rank, else what its
+    survivors saw lost."""
     failed = [fault for fault in record.faults if fault["kind"] == "failed"]
+    stalled = [fault for fault in record.faults if fault["kind"] == "stalled"]
     late = [fault for fault in record.faults if fault["kind"] == "timeout"]
     lost = [fault for fault in record.faults if fault["kind"] == "lost"]
     if failed:
         return f"{failed[0]['role']} failed: {failed[0]['what']}"
+    if stalled:
+        return f"{stalled[0]['role']}: {stalled[0]['what']}"
     if late:  # the others then lose the process that gave up
         return f"{late[0]['role']} waited longer than --collective-timeout for {late[0]['what']}"
     if lost:
@@ -400,7 +404,8 @@ def this_process() -> str:
 
 def record_fault(role: str, kind: str, what: str) -> None:
     """Why this process ends: `kind` "failed" (its own error), "lost" (a peer is gone), "timeout" (a peer did not
-    reach a collective in time) or "stopped" (by SIGTERM: torchrun, or from outside)."""
+    reach a collective in time), "stalled" (stopped in an env call that had not returned) or "stopped" (by SIGTERM:
+    torchrun, or from outside)."""
     if _this_round is None:
         return
     with contextlib.suppress(OSError):  # the folder itself is gone: the error line on stderr still says it

@@ -1,13 +1,16 @@
-"""What an env can do wrong in the middle of a run: raise, or return a value that is not finite.
+"""What an env can do wrong in the middle of a run: raise, return a value that is not finite, or never return.
 
-Either stops the run with one line that names the env's call and what it did, instead of a
+The first two stop the run with one line that names the env's call and what it did, instead of a
 traceback through the vector env, or a "gradient is not finite" that reads as the learner's fault
-steps later. An env that raised also shows its own frames, above that line: the bug is there.
+steps later. An env that raised also shows its own frames, above that line: the bug is there. A
+call that never returns is named by the process it holds once that process is stopped
+(`stalled_env_call`), since the peers that gave up waiting for it cannot tell what it was doing.
 """
 
 from __future__ import annotations
 
 import os
+import time
 import traceback
 from collections.abc import Callable
 from types import TracebackType
@@ -37,22 +40,35 @@ class EnvFault(RunStopped):
 
 
 class EnvCall:
-    """`with ENV_STEP:` around an env's call turns what it raises into `EnvFault` (one instance per call kind:
-    nothing is made per step)."""
+    """`with ENV_STEP:` around an env's call turns what it raises into `EnvFault`, and keeps when the call began
+    (one instance per call kind: nothing is made per step)."""
 
     def __init__(self, call: str) -> None:
         self.call = call
+        self.began: float | None = None  # time.monotonic() at the start of the call in progress
 
     def __enter__(self) -> None:
-        return None
+        self.began = time.monotonic()
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        self.began = None
         if error is None or not isinstance(error, Exception) or isinstance(error, EnvFault):
             return  # KeyboardInterrupt and the like are the loop's to handle
         raise EnvFault(f"{self.call} raised {summary(error)}", env_frames(tb)) from error
 
 
 ENV_STEP, ENV_RESET = EnvCall("step"), EnvCall("reset")
+
+
+def stalled_env_call(seconds: float) -> str:
+    """ "the env's step had not returned after 37 s" while this process's env call has run `seconds` or longer (a
+    hung env, or a simulator that stopped answering); empty otherwise."""
+    now = time.monotonic()
+    for call in (ENV_STEP, ENV_RESET):
+        began = call.began
+        if began is not None and now - began >= seconds:
+            return f"the env's {call.call} had not returned after {now - began:.0f} s"
+    return ""
 
 
 def summary(error: BaseException) -> str:

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rl.elastic import job_store_client, name_this_process, record_fault, under_torchelastic
+from rl.env_faults import stalled_env_call
 from rl.errors import RunStopped, listed, print_error
 from rl.optim import TrainingDiverged
 
@@ -57,6 +58,9 @@ def peer(name: str) -> Iterator[None]:
 
 
 HEARTBEAT_SECONDS = 1.0
+# An env call running this long when its process is stopped is named (env steps take milliseconds); at most half
+# the collective timeout, so that the process the others gave up on names it.
+STALLED_ENV_SECONDS = 10.0
 
 
 def _node_id() -> int:
@@ -165,10 +169,22 @@ def on_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def stopped_while_stalled(known_lost: str) -> str:
+    """How a process whose env call stalled was stopped: by the launcher over a lost peer, or by SIGTERM."""
+    if known_lost:
+        return f"stopped by the launcher once it lost {known_lost}"
+    if under_torchelastic():
+        return "stopped by SIGTERM, from the launcher or sent to the job"
+    return "stopped by SIGTERM (a kill, scancel or shutdown); its checkpoints are kept"
+
+
 @contextmanager
-def report_lost_peers(own_rank: int, name: Callable[[int], str], process_ids: Tensor) -> Iterator[None]:
+def report_lost_peers(
+    own_rank: int, name: Callable[[int], str], process_ids: Tensor, collective_timeout: float
+) -> Iterator[None]:
     """End this process with a line naming what failed, instead of hanging or a traceback."""
     role = name(own_rank)
+    stall_seconds = min(STALLED_ENV_SECONDS, collective_timeout / 2)
     name_this_process(role)
     heartbeat = Heartbeat(own_rank, len(process_ids)) if spans_nodes(process_ids) else None
 
@@ -191,8 +207,12 @@ def report_lost_peers(own_rank: int, name: Callable[[int], str], process_ids: Te
         )
 
     def stopped_by_sigterm(signum: int, frame: object) -> None:
+        stall = stalled_env_call(stall_seconds)
         known = lost()
-        if known:
+        if stall:  # what the others waited for, if they gave up: this process's env
+            record_fault(role, "stalled", stall)
+            print_error(f"error: {role}: {stall}; {stopped_while_stalled(known)}")
+        elif known:
             record_fault(role, "lost", known)
             print_error(f"error: {role}: stopped by the launcher because it lost {known}")
         elif under_torchelastic():  # torchrun also restarts every worker when a node joins the job

@@ -4,6 +4,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import ClassVar
 
 import gymnasium as gym
@@ -403,9 +404,9 @@ gym.register("ImageAndText-v0", entry_point=ImageAndText)
 
 class Misbehaves(gym.Env):
     """From its `after`th step on (counted over the env's life), `fault`: "raise" (a RuntimeError from a helper),
-    "nan_observation", "nan_last_observation" (NaN only in an episode's last observation), "inf_reward", or
-    "as_asked" (the fault that MISBEHAVE names in the environment, where it is set); only in the process of rank
-    `on_rank`, where it is given."""
+    "nan_observation", "nan_last_observation" (NaN only in an episode's last observation), "inf_reward", "hang" (a
+    step that never returns, after touching the file HANG_MARKER names), or "as_asked" (the fault that MISBEHAVE
+    names in the environment, where it is set); only in the process of rank `on_rank`, where it is given."""
 
     observation_space = gym.spaces.Box(-1.0, 1.0, (3,), dtype=np.float32)
     action_space = gym.spaces.Discrete(2)
@@ -431,11 +432,18 @@ class Misbehaves(gym.Env):
                 obs[2] = np.nan
             if fault == "inf_reward":
                 reward = float("inf")
+            if fault == "hang":
+                self.hang()
         return obs, reward, False, self.steps >= 20, {}
 
     @staticmethod
     def lose_contact():
         raise RuntimeError("lost contact with the simulator\nits log: ...")
+
+    @staticmethod
+    def hang():
+        Path(os.environ["HANG_MARKER"]).touch()
+        time.sleep(3600)
 
 
 gym.register("Misbehaves-v0", entry_point=Misbehaves)

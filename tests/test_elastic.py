@@ -613,3 +613,10 @@ def test_a_round_whose_collective_timed_out_names_the_wait_not_the_process_lost_
     assert describe_end(record) == (
         "rank 1 waited longer than --collective-timeout for another rank: Timed out waiting 300000ms"
     )
+
+
+def test_a_round_that_a_hung_env_held_names_the_env_call_not_the_wait_it_caused():
+    late = {"role": "rank 0", "kind": "timeout", "what": "another rank: Timed out waiting 300000ms", "step": 512}
+    stalled = {"role": "rank 1", "kind": "stalled", "what": "the env's step had not returned after 300 s", "step": 512}
+    record = RoundRecord(0, 512, [late, stalled], 0)
+    assert describe_end(record) == "rank 1: the env's step had not returned after 300 s"

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import SCRIPTS, child_env, launch_command, run_dir
@@ -110,6 +112,49 @@ def test_every_process_ends_and_names_what_happened(tmp_path, mode):
         )
     ours = done.stderr.split("torch/distributed/elastic")[0]  # the launcher's own report follows
     assert "Traceback" not in ours, done.stderr
+
+
+def hangs(on_rank: int | None = None) -> list[str]:
+    """Flags of a run whose env's 100th step never returns (in the process of `on_rank` only, where given)."""
+    kwargs = f'{{"after": 100, "fault": "hang", "on_rank": {"null" if on_rank is None else on_rank}}}'
+    return [*MISBEHAVES, "--env-kwargs", kwargs, *QUICK]
+
+
+def test_a_run_stopped_while_its_env_step_hangs_names_the_step_and_how_long_it_ran(tmp_path):
+    # The stop from outside (a kill, scancel) is the only end such a run has: its line names what held it.
+    marker = tmp_path / "hanging"
+    command = launch_command("python", SCRIPTS["fabric"], [*hangs(), "--collective-timeout", "2"], 1)
+    env = child_env() | {"HANG_MARKER": str(marker)}
+    job = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not marker.exists():
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1][-3000:]
+        time.sleep(0.1)
+    time.sleep(1.5)  # past half the collective timeout, from which an env call counts as stalled
+    job.send_signal(signal.SIGTERM)
+    _, stderr = job.communicate(timeout=60)
+    assert job.returncode == 1
+    assert re.fullmatch(
+        r"error: rank 0: the env's step had not returned after \d+ s; stopped by SIGTERM \(a kill, scancel or "
+        r"shutdown\); its checkpoints are kept",
+        stderr.strip().splitlines()[-1],
+    ), stderr[-3000:]
+
+
+def test_the_rank_whose_env_step_hangs_names_it_once_the_ranks_that_waited_for_it_give_up(tmp_path):
+    command = launch_command("fabric run", SCRIPTS["fabric"], [*hangs(on_rank=1), "--collective-timeout", "4"], 2)
+    done = run(command, tmp_path, {"HANG_MARKER": str(tmp_path / "hanging")})
+    assert done.returncode != 0
+    lines = error_lines(done.stderr)
+    assert lines[0].startswith(
+        "error: rank 0: another rank did not reach a collective within --collective-timeout, and no process of the "
+        "job is known to have ended: "
+    ), done.stderr[-3000:]
+    assert re.fullmatch(
+        r"error: rank 1: the env's step had not returned after \d+ s; stopped by the launcher once it lost rank 0: "
+        r"its process ended",
+        lines[1],
+    ), done.stderr[-3000:]
 
 
 def test_rl_evaluate_names_what_the_env_did(tmp_path):

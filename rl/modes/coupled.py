@@ -53,7 +53,9 @@ def train_coupled(
     algorithm: Algorithm, runtime: Runtime, resume: TrainingCheckpoint | None = None, callbacks: Sequence[Callback] = ()
 ) -> TrainingResult:
     with (
-        report_lost_peers(runtime.rank, rank_name, gather_process_ids(runtime.device)),
+        report_lost_peers(
+            runtime.rank, rank_name, gather_process_ids(runtime.device), algorithm.cfg.collective_timeout
+        ),
         peer("another rank"),
         ClosedIfItFails() as opened,
     ):

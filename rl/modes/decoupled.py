@@ -530,7 +530,7 @@ def train_decoupled(
     )
     player, evaluator = None, None
     opened = ClosedIfItFails()
-    with report_lost_peers(topology.rank, topology.role_name, gather_process_ids(comm_device)):
+    with report_lost_peers(topology.rank, topology.role_name, gather_process_ids(comm_device), cfg.collective_timeout):
         with opened:
             run, run_dir = open_run_on_lead(cfg, topology, resume)
             if run is not None:
