@@ -163,6 +163,45 @@ def report_failed_collective(role: str, known_lost: str, error: Exception) -> bo
     return True
 
 
+class StoppedBySigterm(Exception):
+    """SIGTERM, raised where the process was, so that it can stop what it started before it ends."""
+
+
+@contextmanager
+def sigterm_raised() -> Iterator[None]:
+    """Within, SIGTERM raises `StoppedBySigterm` (on the main thread; elsewhere no handler can be set)."""
+    if not on_main_thread():
+        yield
+        return
+
+    def raise_stopped(signum: int, frame: object) -> None:
+        raise StoppedBySigterm
+
+    previous = signal.signal(signal.SIGTERM, raise_stopped)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def stall_seconds(collective_timeout: float) -> float:
+    """How long an env call runs before it counts as stalled."""
+    return min(STALLED_ENV_SECONDS, collective_timeout / 2)
+
+
+def name_a_stalled_env_when_stopped(role: str, collective_timeout: float) -> None:
+    """From now on SIGTERM ends this process as it would have, after a line naming an env call that had stalled."""
+
+    def stopped(signum: int, frame: object) -> None:
+        stall = stalled_env_call(stall_seconds(collective_timeout))
+        if stall:
+            print_error(f"error: {role}: {stall}; stopped by SIGTERM")
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)  # ended by the signal, as its parent expects
+
+    signal.signal(signal.SIGTERM, stopped)
+
+
 def on_main_thread() -> bool:
     """Whether this thread may set signal handlers: Python runs them in the main thread only, so training
     started from another thread hears no signal, and sets no handler."""
@@ -184,7 +223,6 @@ def report_lost_peers(
 ) -> Iterator[None]:
     """End this process with a line naming what failed, instead of hanging or a traceback."""
     role = name(own_rank)
-    stall_seconds = min(STALLED_ENV_SECONDS, collective_timeout / 2)
     name_this_process(role)
     heartbeat = Heartbeat(own_rank, len(process_ids)) if spans_nodes(process_ids) else None
 
@@ -207,7 +245,7 @@ def report_lost_peers(
         )
 
     def stopped_by_sigterm(signum: int, frame: object) -> None:
-        stall = stalled_env_call(stall_seconds)
+        stall = stalled_env_call(stall_seconds(collective_timeout))
         known = lost()
         if stall:  # what the others waited for, if they gave up: this process's env
             record_fault(role, "stalled", stall)

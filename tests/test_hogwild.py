@@ -12,7 +12,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ENVS_STEPPED, SCRIPTS, all_scalars, launch, load_agent, refusal_line, run_dir, run_ranks, start
+from conftest import (
+    ENVS_STEPPED,
+    SCRIPTS,
+    all_scalars,
+    child_env,
+    launch,
+    launch_command,
+    load_agent,
+    refusal_line,
+    run_dir,
+    run_ranks,
+    start,
+)
 
 from rl.modes.hogwild import MergedWeights, SharedState
 
@@ -195,6 +207,44 @@ def test_a_killed_worker_ends_the_job_with_a_line_naming_it(tmp_path):
     assert not any(running(pid) for pid in pids)
     checkpoints = list((run_dir(tmp_path, "hogwild") / "checkpoints").glob("step_*.ckpt"))
     assert checkpoints and all(torch.load(path, weights_only=True)["workers"] for path in checkpoints)
+
+
+def test_sigterm_stops_the_workers_with_a_line_naming_an_env_step_that_hung(tmp_path):
+    # What a kill or scancel does to a run whose envs hang: every process ends, and says what held it.
+    marker = tmp_path / "hanging"
+    args = ["--env-id", "envs_for_tests:Misbehaves-v0", "--env-kwargs", '{"after": 100, "fault": "hang"}']
+    args += ["--workers", "2", "--collective-timeout", "2", *PPO_SHORT]
+    job = subprocess.Popen(
+        launch_command("python", SCRIPTS["hogwild"], args, 1),
+        cwd=tmp_path,
+        env=child_env() | {"HANG_MARKER": str(marker)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        pids = worker_pids(job)
+        deadline = time.monotonic() + 240
+        while not marker.exists():
+            assert job.poll() is None and time.monotonic() < deadline, job.stderr.read()[-3000:]
+            time.sleep(0.1)
+        time.sleep(1.5)  # past half the collective timeout, from which an env call counts as stalled
+        job.send_signal(signal.SIGTERM)
+        _, stderr = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 1
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    stalled = r"error: hogwild worker \d: the env's step had not returned after \d+ s; stopped by SIGTERM"
+    assert errors[:-1] and all(re.fullmatch(stalled, line) for line in errors[:-1]), stderr[-3000:]
+    assert errors[-1] == (
+        "error: hogwild: stopped by SIGTERM (a kill, scancel or shutdown); the workers were stopped, and the "
+        f"checkpoints written so far are in logs/hogwild_logs/{run_dir(tmp_path, 'hogwild').name}"
+    )
+    assert "leaked" not in stderr  # the channel's semaphores are freed before the process ends
+    assert not any(running(pid) for pid in pids)
 
 
 LOSES_A_WORKER_IN_PYTHON = """

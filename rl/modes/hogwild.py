@@ -24,6 +24,7 @@ import queue
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.context import SpawnContext, SpawnProcess
@@ -56,6 +57,7 @@ from rl.elastic import reached, record_end
 from rl.errors import RunStopped, counted, print_error
 from rl.evaluation import report_evaluation
 from rl.experience import ExperienceSource
+from rl.faults import StoppedBySigterm, name_a_stalled_env_when_stopped, sigterm_raised
 from rl.logger import EPISODE_RETURN, ProgressBar, TrainingMetrics, open_sinks
 from rl.loop import (
     Callback,
@@ -240,6 +242,7 @@ def run_worker(
     """A worker process's body: one line and exit code 1 if training diverges."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to turn into a checkpoint and a stop
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # born blocked (start_workers); ignored from now on
+    name_a_stalled_env_when_stopped(worker_name(index), algorithm.cfg.collective_timeout)
     # tqdm's default lock is shared between processes: a worker the supervisor stops leaves it behind, and the
     # resource tracker warns of it. One process draws the bar, so a lock of this process's threads serves.
     tqdm.set_lock(threading.RLock())
@@ -508,17 +511,26 @@ def supervise_run(
         for index in range(cfg.workers)
     ]
     writer = CheckpointWriter(algorithm, run.dir)
-    with InterruptFlag(on_request=channel.stop_requested.set):  # the workers hear of Ctrl-C from the channel
-        start_workers(processes)
-        pids = ", ".join(str(process.pid) for process in processes)
-        workers = counted(cfg.workers, "worker")
-        print(f"hogwild: {workers} ({cfg.sync}), process ids {pids}; run folder {run.dir}", flush=True)
+    # The workers hear of Ctrl-C from the channel; SIGTERM (a kill, scancel) stops them.
+    with InterruptFlag(on_request=channel.stop_requested.set), sigterm_raised():
         try:
+            start_workers(processes)
+            pids = ", ".join(str(process.pid) for process in processes)
+            workers = counted(cfg.workers, "worker")
+            print(f"hogwild: {workers} ({cfg.sync}), process ids {pids}; run folder {run.dir}", flush=True)
             supervise(processes, channel, writer.add)
         except WorkerLost as lost:
             release(processes, channel)
             stopped = f"{lost}; the others were stopped, and the checkpoints written so far are in {run.dir}"
             raise RunStopped(stopped) from None
+        except StoppedBySigterm as stopped:
+            traceback.clear_frames(stopped.__traceback__)  # they hold the channel's queue, which release() frees
+            stop_workers(processes, channel)
+            release(processes, channel)
+            raise RunStopped(
+                "hogwild: stopped by SIGTERM (a kill, scancel or shutdown); the workers were stopped, and the "
+                f"checkpoints written so far are in {run.dir}"
+            ) from None
         except RunStopped:  # a checkpoint that could not be written
             stop_workers(processes, channel)
             release(processes, channel)
