@@ -1,6 +1,7 @@
-"""What an env can do wrong in the middle of a run: raise, return a value that is not finite, or never return.
+"""What an env can do wrong in the middle of a run: raise, return a value that is not finite, end its process, or
+never return.
 
-The first two stop the run with one line that names the env's call and what it did, instead of a
+The first three stop the run with one line that names the env's call and what it did, instead of a
 traceback through the vector env, or a "gradient is not finite" that reads as the learner's fault
 steps later. An env that raised also shows its own frames, above that line: the bug is there. A
 call that never returns is named by the process it holds once that process is stopped
@@ -13,13 +14,14 @@ import os
 import time
 import traceback
 from collections.abc import Callable
+from multiprocessing.process import BaseProcess
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
 
-from rl.errors import RunStopped
+from rl.errors import RunStopped, how_it_ended
 
 if TYPE_CHECKING:
     from rl.multi_input import MultiInputLayout
@@ -69,6 +71,61 @@ def stalled_env_call(seconds: float) -> str:
         if began is not None and now - began >= seconds:
             return f"the env's {call.call} had not returned after {now - began:.0f} s"
     return ""
+
+
+PIPE_CLOSED = (EOFError, BrokenPipeError, ConnectionResetError)  # what an async env's call meets once a worker is gone
+WORKER_EXIT_SECONDS = 2.0  # a worker whose pipe closed has its exit code within this
+
+
+class WorkerEndsNamed(gym.vector.VectorWrapper):
+    """An async vector env whose worker process ends mid-call (a crash in an env's native code, the out-of-memory
+    killer) raises `EnvFault` naming the env and how its process ended, rather than its pipe's EOFError."""
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        try:
+            return self.env.reset(**kwargs)
+        except PIPE_CLOSED:
+            self.raise_if_a_worker_ended("reset")
+            raise
+
+    def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        try:
+            return self.env.step(actions)
+        except PIPE_CLOSED:
+            self.raise_if_a_worker_ended("step")
+            raise
+
+    def raise_if_a_worker_ended(self, call: str) -> None:
+        ended = ended_processes(self.env.unwrapped.processes)
+        if ended:
+            self.end_every_worker()
+            index, exitcode = ended[0]
+            raise EnvFault(f"process (env {index}) {how_it_ended(exitcode)} during a {call}")
+
+    def end_every_worker(self) -> None:
+        """Stop the other workers and close the env, without waiting for the call in progress: gymnasium's own
+        `close` waits for it, and raises on the closed pipe before it stops any worker."""
+        envs = self.env.unwrapped
+        for process in envs.processes:
+            if process.is_alive():
+                process.terminate()
+        for pipe in envs.parent_pipes:
+            if pipe is not None:
+                pipe.close()
+        for process in envs.processes:
+            process.join()
+        envs.closed = True
+
+
+def ended_processes(processes: list[BaseProcess]) -> list[tuple[int, int]]:
+    """(index, exit code) of the `processes` that have ended, waiting a little for the first: a process closes its
+    pipes before its exit code can be read."""
+    deadline = time.monotonic() + WORKER_EXIT_SECONDS
+    while True:
+        ended = [(index, process.exitcode) for index, process in enumerate(processes) if process.exitcode is not None]
+        if ended or time.monotonic() >= deadline:
+            return ended
+        time.sleep(0.01)
 
 
 def summary(error: BaseException) -> str:

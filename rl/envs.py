@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from rl import masked_cartpole, pixel_cartpole, two_cues  # noqa: F401  (register rl/MaskedCartPole-v1 and others)
-from rl.env_faults import env_frames, own_frames, summary
+from rl.env_faults import WorkerEndsNamed, env_frames, own_frames, summary
 from rl.errors import UsageError, print_error
 from rl.multi_input import (
     MultiInputLayout,
@@ -566,8 +566,9 @@ def make_vector_env(
         if mode == "async":
             parent = os.getpid()
             thunks = [functools.partial(_made_in_worker, thunk, parent) for thunk in thunks]
-        vector_type = gym.vector.AsyncVectorEnv if mode == "async" else gym.vector.SyncVectorEnv
-        envs = vector_type(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+            envs = WorkerEndsNamed(gym.vector.AsyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))
+        else:
+            envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)
 
 

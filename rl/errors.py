@@ -38,6 +38,11 @@ def counted(count: int, noun: str, plural: str | None = None) -> str:
     return f"{count} {noun if count == 1 else plural or noun + 's'}"
 
 
+def how_it_ended(exitcode: int) -> str:
+    """A process's end, as its exit code tells it: "was killed by SIGSEGV", "ended with exit code 3"."""
+    return f"was killed by {signal.Signals(-exitcode).name}" if exitcode < 0 else f"ended with exit code {exitcode}"
+
+
 def listed(names: list[str]) -> str:
     """Names as a sentence lists them: "a", "a and b", "a, b and c"."""
     return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]]))

@@ -405,7 +405,8 @@ gym.register("ImageAndText-v0", entry_point=ImageAndText)
 class Misbehaves(gym.Env):
     """From its `after`th step on (counted over the env's life), `fault`: "raise" (a RuntimeError from a helper),
     "nan_observation", "nan_last_observation" (NaN only in an episode's last observation), "inf_reward", "hang" (a
-    step that never returns, after touching the file HANG_MARKER names), or "as_asked" (the fault that MISBEHAVE
+    step that never returns, after touching the file HANG_MARKER names), "die_once" (the first env to get there,
+    the one that creates the file DIE_MARKER names, kills its own process), or "as_asked" (the fault that MISBEHAVE
     names in the environment, where it is set); only in the process of rank `on_rank`, where it is given."""
 
     observation_space = gym.spaces.Box(-1.0, 1.0, (3,), dtype=np.float32)
@@ -434,11 +435,21 @@ class Misbehaves(gym.Env):
                 reward = float("inf")
             if fault == "hang":
                 self.hang()
+            if fault == "die_once":
+                self.die_once()
         return obs, reward, False, self.steps >= 20, {}
 
     @staticmethod
     def lose_contact():
         raise RuntimeError("lost contact with the simulator\nits log: ...")
+
+    @staticmethod
+    def die_once():
+        try:
+            os.close(os.open(os.environ["DIE_MARKER"], os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return
+        os.kill(os.getpid(), signal.SIGKILL)
 
     @staticmethod
     def hang():

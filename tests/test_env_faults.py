@@ -3,6 +3,7 @@ env's call and what it did; one that raised shows its own frames above that line
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import re
 import signal
@@ -78,6 +79,30 @@ def test_a_non_finite_value_from_the_env_is_named_before_it_reaches_the_learner(
     assert str(stopped.value) == (
         f"--env-id: the env's step returned {what}; the run stopped, and the checkpoints written so far are kept"
     )
+
+
+def test_an_async_env_whose_process_dies_is_named_with_how_and_the_other_workers_are_stopped(tmp_path, monkeypatch):
+    # What a crash in an env's native code, or the out-of-memory killer, does to an async env's worker.
+    monkeypatch.setenv("DIE_MARKER", str(tmp_path / "died"))
+    cfg = rl.PPOConfig(
+        env_id="envs_for_tests:Misbehaves-v0",
+        env_kwargs={"after": 45, "fault": "die_once"},
+        num_envs=3,
+        vector_mode="async",
+        num_steps=32,
+        total_timesteps=512,
+        eval_episodes=0,
+        progress_bar=False,
+        log_dir=str(tmp_path / "logs"),
+    )
+    with pytest.raises(rl.RunStopped) as stopped:
+        rl.train(cfg)
+    assert re.fullmatch(
+        r"--env-id: the env's process \(env \d\) was killed by SIGKILL during a step; the run stopped, and the "
+        r"checkpoints written so far are kept",
+        str(stopped.value),
+    ), stopped.value
+    assert not multiprocessing.active_children()  # the two workers still running were stopped, not left behind
 
 
 TRAINER_LOST_THE_PLAYER = re.compile(r"(error: trainer \d): (?:stopped by the launcher because it )?lost the player")

@@ -54,7 +54,7 @@ from rl.checkpoint import (
 )
 from rl.config import RunConfig
 from rl.elastic import reached, record_end
-from rl.errors import RunStopped, counted, print_error
+from rl.errors import RunStopped, counted, how_it_ended, print_error
 from rl.evaluation import report_evaluation
 from rl.experience import ExperienceSource
 from rl.faults import StoppedBySigterm, name_a_stalled_env_when_stopped, sigterm_raised
@@ -453,8 +453,7 @@ def deserialized(data: bytes) -> dict[str, Any]:
 
 class WorkerLost(Exception):
     def __init__(self, index: int, exitcode: int) -> None:
-        how = f"was killed by {signal.Signals(-exitcode).name}" if exitcode < 0 else f"ended with exit code {exitcode}"
-        super().__init__(f"{worker_name(index)} {how}")
+        super().__init__(f"{worker_name(index)} {how_it_ended(exitcode)}")
 
 
 def worker_resume(resume: TrainingCheckpoint | None, index: int) -> TrainingCheckpoint | None:
