@@ -575,10 +575,12 @@ def make_vector_env(
 def _made_in_worker(make: Callable[[], gym.Env], parent: int) -> gym.Env:
     """An async env made in its worker, a fork of the training process (`parent`): the worker takes the default
     SIGTERM back. The handler it inherited reports the launcher stopping a rank, and closing a failed run's envs
-    (or collecting them) sends their workers SIGTERM. gymnasium also makes the first env in the parent, to read
-    its spaces: that process keeps its handler."""
+    (or collecting them) sends their workers SIGTERM. It ignores Ctrl-C, which the terminal sends it too: the
+    training process turns it into a checkpoint, for which the workers go on stepping. gymnasium also makes the
+    first env in the parent, to read its spaces: that process keeps its handlers."""
     if os.getpid() != parent:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     return make()
 
 

@@ -1,6 +1,7 @@
 """Checkpoints, exact resume, faults and the evaluation CLI, with real processes on CPU."""
 
 import collections
+import contextlib
 import os
 import shutil
 import signal
@@ -347,6 +348,24 @@ def test_ctrl_c_on_the_launcher_writes_a_checkpoint_and_exits_cleanly(tmp_path):
         tmp_path,
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+
+@pytest.mark.parametrize("algorithm", [[], ["sac", "--env-id", "Pendulum-v1"]], ids=["ppo", "sac"])
+def test_ctrl_c_in_a_terminal_checkpoints_a_run_whose_envs_step_in_processes_of_their_own(tmp_path, algorithm):
+    # The terminal sends SIGINT to the env workers too: they step on while the run checkpoints, and stop after.
+    args = [*algorithm, "--vector-mode", "async", "--num-envs", "2", "--total-timesteps", "100000000"]
+    job = start_as_foreground_job([sys.executable, str(SCRIPTS["fabric"]), *args, "--no-progress-bar"], tmp_path)
+    try:
+        wait_until_the_run_opens(tmp_path, [job])
+        time.sleep(2)
+        os.killpg(job.pid, signal.SIGINT)
+        stdout, stderr = job.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 0, stderr[-3000:]
+    assert "interrupted at step" in stdout, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
 
 
 @pytest.mark.parametrize("victim", [0, 1])
