@@ -62,7 +62,7 @@ from rl.errors import (
     unrecognized_options,
 )
 from rl.logger import check_loggers_installed
-from rl.loop import InterruptFlag
+from rl.loop import CtrlCAgain, InterruptFlag
 from rl.optim import TrainingDiverged
 from rl.peer_flags import PeerFlag, peer_flag
 from rl.precision import DEFAULT_PRECISION
@@ -535,6 +535,15 @@ def check_windows_can_open(cfg: RunConfig) -> None:
     )
 
 
+def when_interrupted(interrupt: KeyboardInterrupt) -> str:
+    """When a Ctrl-C that ends the process came, and what it leaves."""
+    if isinstance(interrupt, CtrlCAgain):
+        return "twice during training: stopped at once, and the checkpoints written before are kept"
+    if InterruptFlag.heard_in_this_process:
+        return "after training: its final checkpoint is written"
+    return "before training began"
+
+
 def run_main(main: Callable[[list[str]], None]) -> None:
     with exit_on_usage_error():
         try:
@@ -553,11 +562,9 @@ def run_main(main: Callable[[list[str]], None]) -> None:
             if error.every_rank and int(os.environ.get("WORLD_SIZE", "1")) > 1:
                 exit_after_peers_report(exit_code=1)
             os._exit(1)  # nothing to tear down: any peer still running learns of it as a lost process
-        except KeyboardInterrupt:  # in training, Ctrl-C is the loop's to turn into a checkpoint and a stop
+        except KeyboardInterrupt as interrupt:  # in training, Ctrl-C is the loop's to turn into a checkpoint and a stop
             if os.environ.get("RANK", "0") == "0":
-                after = InterruptFlag.heard_in_this_process
-                when = "after training: its final checkpoint is written" if after else "before training began"
-                print_error(f"interrupted (Ctrl-C) {when}")
+                print_error(f"interrupted (Ctrl-C) {when_interrupted(interrupt)}")
             os._exit(INTERRUPTED_EXIT_CODE)
         except Exception as error:
             usage = compile_failure(error)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import pickle
 import time
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -234,7 +235,9 @@ class ExperienceSource(ABC):
         if getattr(self.envs, "closed", False):
             return
         if isinstance(self.envs.unwrapped, gym.vector.AsyncVectorEnv):
-            self.envs.close(terminate=True)
+            with warnings.catch_warnings():  # that a call is in progress, which is why they are ended
+                warnings.filterwarnings("ignore", ".*Calling `close` while waiting for a pending call", UserWarning)
+                self.envs.close(terminate=True)
         else:
             self.envs.close()
 

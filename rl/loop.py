@@ -10,6 +10,7 @@ due, Ctrl-C, the checkpoint clock and step interval, the periodic evaluation and
 from __future__ import annotations
 
 import math
+import os
 import resource
 import signal
 import time
@@ -155,11 +156,16 @@ class StopRequest:
         return None
 
 
+class CtrlCAgain(KeyboardInterrupt):
+    """A second Ctrl-C while training: stop at once, where the process is, without the checkpoint the first asked
+    for (an env step that never returns cannot reach it)."""
+
+
 class InterruptFlag(StopRequest):
     """Ctrl-C (SIGINT, which the launchers pass on to every rank), while training, asks for a checkpoint
     and a clean stop at the next report, agreed by all ranks, rather than a KeyboardInterrupt in the
-    middle of a collective. Outside training Ctrl-C does what it did before (in a notebook: it
-    interrupts the cell; the command line's entry points end with one line)."""
+    middle of a collective; a second raises `CtrlCAgain`. Outside training Ctrl-C does what it did before
+    (in a notebook: it interrupts the cell; the command line's entry points end with one line)."""
 
     heard_in_this_process = False  # whether training here has listened for Ctrl-C (a later one comes after it)
 
@@ -178,7 +184,11 @@ class InterruptFlag(StopRequest):
             signal.signal(signal.SIGINT, self.previous)
 
     def _request(self, signum: int, frame: object) -> None:
+        if self.requested:
+            raise CtrlCAgain
         self.requested = True
+        if os.environ.get("RANK", "0") == "0":  # os.write: a print could land inside one the handler interrupted
+            os.write(2, b"\nCtrl-C: checkpointing, then stopping (Ctrl-C again stops at once, without it)\n")
         if self.on_request is not None:
             self.on_request()
 

@@ -3,6 +3,7 @@ env's call and what it did; one that raised shows its own frames above that line
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import re
@@ -12,7 +13,7 @@ import sys
 import time
 
 import pytest
-from conftest import SCRIPTS, child_env, launch_command, run_dir
+from conftest import SCRIPTS, child_env, launch_command, run_dir, start_as_foreground_job
 
 import rl
 
@@ -164,6 +165,31 @@ def test_a_run_stopped_while_its_env_step_hangs_names_the_step_and_how_long_it_r
         r"shutdown\); its checkpoints are kept",
         stderr.strip().splitlines()[-1],
     ), stderr[-3000:]
+
+
+def test_a_second_ctrl_c_stops_a_run_whose_env_step_hangs_at_once(tmp_path):
+    # The first asks for a checkpoint at the end of the iteration, which a step that never returns cannot reach.
+    marker = tmp_path / "hanging"
+    command = launch_command("python", SCRIPTS["fabric"], hangs(), 1)
+    job = start_as_foreground_job(command, tmp_path, child_env() | {"HANG_MARKER": str(marker)})
+    try:
+        deadline = time.monotonic() + 240
+        while not marker.exists():
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1][-3000:]
+            time.sleep(0.1)
+        os.killpg(job.pid, signal.SIGINT)
+        time.sleep(1.0)
+        assert job.poll() is None  # waiting for the step, to checkpoint after it
+        os.killpg(job.pid, signal.SIGINT)
+        _, stderr = job.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 130, stderr[-3000:]
+    assert stderr.strip().splitlines()[-2:] == [
+        "Ctrl-C: checkpointing, then stopping (Ctrl-C again stops at once, without it)",
+        "interrupted (Ctrl-C) twice during training: stopped at once, and the checkpoints written before are kept",
+    ], stderr[-3000:]
 
 
 def test_the_rank_whose_env_step_hangs_names_it_once_the_ranks_that_waited_for_it_give_up(tmp_path):

@@ -61,6 +61,7 @@ from rl.faults import StoppedBySigterm, name_a_stalled_env_when_stopped, sigterm
 from rl.logger import EPISODE_RETURN, ProgressBar, TrainingMetrics, open_sinks
 from rl.loop import (
     Callback,
+    CtrlCAgain,
     InterruptFlag,
     LoopClock,
     LoopState,
@@ -522,10 +523,12 @@ def supervise_run(
             release(processes, channel)
             stopped = f"{lost}; the others were stopped, and the checkpoints written so far are in {run.dir}"
             raise RunStopped(stopped) from None
-        except StoppedBySigterm as stopped:
+        except (CtrlCAgain, StoppedBySigterm) as stopped:  # the workers ignore Ctrl-C: this process stops them
             traceback.clear_frames(stopped.__traceback__)  # they hold the channel's queue, which release() frees
             stop_workers(processes, channel)
             release(processes, channel)
+            if isinstance(stopped, CtrlCAgain):
+                raise
             raise RunStopped(
                 "hogwild: stopped by SIGTERM (a kill, scancel or shutdown); the workers were stopped, and the "
                 f"checkpoints written so far are in {run.dir}"
