@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 import numpy as np
 
-from rl.errors import RunStopped, how_it_ended
+from rl.errors import RunStopped, how_it_ended, print_error
 
 if TYPE_CHECKING:
     from rl.multi_input import MultiInputLayout
@@ -126,6 +126,18 @@ def ended_processes(processes: list[BaseProcess]) -> list[tuple[int, int]]:
         if ended or time.monotonic() >= deadline:
             return ended
         time.sleep(0.01)
+
+
+def close_envs(envs: gym.vector.VectorEnv) -> None:
+    """Close envs done with; one whose close raises is named in a warning (its frames above it), and the run goes
+    on to its result: the training or evaluation it served is over."""
+    try:
+        envs.close()
+    except Exception as error:
+        frames = env_frames(error.__traceback__)
+        if frames:
+            print_error(frames)
+        print_error(f"warning: --env-id: the env's close raised {summary(error)}; the run goes on")
 
 
 def summary(error: BaseException) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import os
@@ -329,7 +330,8 @@ def check_env_api(env_id: str, preprocessing: Preprocessing) -> None:
             message = f"step() must return (obs, reward, terminated, truncated, info): {message}"
         raise UsageError("--env-id", f"{env_id} breaks the gymnasium API: {message}") from None
     finally:
-        env.close()
+        with contextlib.suppress(Exception):  # a close that raises has been named: the checker closes it too
+            env.close()
 
 
 def needs_flattening(space: gym.Space) -> bool:

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from rl.checkpoint import BestAgent, SavedAgent
 from rl.config import RunConfig
-from rl.env_faults import ENV_RESET, ENV_STEP, check_finite
+from rl.env_faults import ENV_RESET, ENV_STEP, check_finite, close_envs
 from rl.envs import (
     ATARI_PREPROCESSING,
     Preprocessing,
@@ -139,7 +139,7 @@ def _play_episodes(
         cut = ~finished  # each env still in its first episode has played `steps` steps of it
         returns[cut], lengths[cut] = envs.episode_returns[cut], steps
     finally:
-        envs.close()
+        close_envs(envs)
     return returns, lengths, int(cut.sum())
 
 

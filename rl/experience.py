@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from rl.batch import TensorBatch
-from rl.env_faults import ENV_RESET, ENV_STEP, check_finite
+from rl.env_faults import ENV_RESET, ENV_STEP, check_finite, close_envs
 from rl.envs import observations_tensor, reset_vector_env, resets_next_step, stored_as_bytes
 from rl.multi_input import packed_layout
 from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
@@ -227,7 +227,7 @@ class ExperienceSource(ABC):
         return observations_tensor(array, self.as_bytes, self.device)
 
     def close(self) -> None:
-        self.envs.close()
+        close_envs(self.envs)
 
     def abandon(self) -> None:
         """Close the envs of a run that failed without waiting on them: an async env's worker may be the one that

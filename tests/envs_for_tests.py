@@ -406,7 +406,8 @@ class Misbehaves(gym.Env):
     """From its `after`th step on (counted over the env's life), `fault`: "raise" (a RuntimeError from a helper),
     "nan_observation", "nan_last_observation" (NaN only in an episode's last observation), "inf_reward", "hang" (a
     step that never returns, after touching the file HANG_MARKER names), "die_once" (the first env to get there,
-    the one that creates the file DIE_MARKER names, kills its own process), or "as_asked" (the fault that MISBEHAVE
+    the one that creates the file DIE_MARKER names, kills its own process), "raise_on_close" (its close raises),
+    or "as_asked" (the fault that MISBEHAVE
     names in the environment, where it is set); only in the process of rank `on_rank`, where it is given."""
 
     observation_space = gym.spaces.Box(-1.0, 1.0, (3,), dtype=np.float32)
@@ -438,6 +439,10 @@ class Misbehaves(gym.Env):
             if fault == "die_once":
                 self.die_once()
         return obs, reward, False, self.steps >= 20, {}
+
+    def close(self):
+        if self.fault == "raise_on_close" and self.lifetime_steps >= self.after:
+            self.lose_contact()
 
     @staticmethod
     def lose_contact():

@@ -106,6 +106,27 @@ def test_an_async_env_whose_process_dies_is_named_with_how_and_the_other_workers
     assert not multiprocessing.active_children()  # the two workers still running were stopped, not left behind
 
 
+def test_an_env_whose_close_raises_after_training_is_named_and_the_run_keeps_its_result(tmp_path, capsys):
+    cfg = rl.PPOConfig(
+        env_id="envs_for_tests:Misbehaves-v0",
+        env_kwargs={"after": 45, "fault": "raise_on_close"},
+        num_envs=2,
+        num_steps=32,
+        total_timesteps=128,
+        eval_episodes=0,
+        progress_bar=False,
+        log_dir=str(tmp_path / "logs"),
+    )
+    result = rl.train(cfg)
+    assert os.path.isfile(result.agent_path)
+    lines = capsys.readouterr().err.splitlines()
+    assert (
+        "warning: --env-id: the env's close raised RuntimeError: lost contact with the simulator; the run goes on"
+        in lines
+    )
+    assert "the env raised in these frames:" in lines
+
+
 TRAINER_LOST_THE_PLAYER = re.compile(r"(error: trainer \d): (?:stopped by the launcher because it )?lost the player")
 
 

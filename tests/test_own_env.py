@@ -128,6 +128,15 @@ def test_an_env_that_breaks_the_gymnasium_api_ends_with_one_line_naming_it_and_t
     assert line.startswith(f"error: --env-id: envs_for_tests:{env} breaks the gymnasium API: ") and says in line
 
 
+def test_an_env_whose_close_raises_in_the_check_ends_with_one_line_naming_the_call(tmp_path):
+    # The checker closes it, and so does the check's own cleanup, which must not raise it a second time.
+    args = ["--env-id", "envs_for_tests:Misbehaves-v0", "--env-kwargs", '{"after": 0, "fault": "raise_on_close"}']
+    line = refusal_line("fabric", args, tmp_path)
+    assert line == (
+        "error: --env-id: envs_for_tests:Misbehaves-v0's close raised RuntimeError: lost contact with the simulator"
+    )
+
+
 def docs_example(project: Path) -> list[str]:
     """Write own-env.md's example package into `project`; its command's flags."""
     page = (Path(__file__).resolve().parents[1] / "docs" / "own-env.md").read_text()
