@@ -113,7 +113,10 @@ class WorkerEndsNamed(gym.vector.VectorWrapper):
             if pipe is not None:
                 pipe.close()
         for process in envs.processes:
-            process.join()
+            process.join(timeout=WORKER_EXIT_SECONDS)
+            if process.is_alive():  # SIGTERM is the default's in a worker (rl.envs), but a native call may hold it
+                process.kill()
+                process.join()
         envs.closed = True
 
 

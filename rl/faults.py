@@ -163,8 +163,9 @@ def report_failed_collective(role: str, known_lost: str, error: Exception) -> bo
     return True
 
 
-class StoppedBySigterm(Exception):
-    """SIGTERM, raised where the process was, so that it can stop what it started before it ends."""
+class StoppedBySigterm(BaseException):
+    """SIGTERM, raised where the process was, so that it can stop what it started before it ends (a BaseException,
+    as KeyboardInterrupt is: no handler of ordinary errors on the way takes it for one of its own)."""
 
 
 @contextmanager

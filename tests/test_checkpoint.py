@@ -350,7 +350,9 @@ def test_ctrl_c_on_the_launcher_writes_a_checkpoint_and_exits_cleanly(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
 
-@pytest.mark.parametrize("algorithm", [[], ["sac", "--env-id", "Pendulum-v1"]], ids=["ppo", "sac"])
+@pytest.mark.parametrize(
+    "algorithm", [[], pytest.param(["sac", "--env-id", "Pendulum-v1"], marks=pytest.mark.slow)], ids=["ppo", "sac"]
+)
 def test_ctrl_c_in_a_terminal_checkpoints_a_run_whose_envs_step_in_processes_of_their_own(tmp_path, algorithm):
     # The terminal sends SIGINT to the env workers too: they step on while the run checkpoints, and stop after.
     args = [*algorithm, "--vector-mode", "async", "--num-envs", "2", "--total-timesteps", "100000000"]

@@ -213,6 +213,7 @@ def test_a_second_ctrl_c_stops_a_run_whose_env_step_hangs_at_once(tmp_path):
     ], stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_the_rank_whose_env_step_hangs_names_it_once_the_ranks_that_waited_for_it_give_up(tmp_path):
     command = launch_command("fabric run", SCRIPTS["fabric"], [*hangs(on_rank=1), "--collective-timeout", "4"], 2)
     done = run(command, tmp_path, {"HANG_MARKER": str(tmp_path / "hanging")})

@@ -210,6 +210,7 @@ def test_a_killed_worker_ends_the_job_with_a_line_naming_it(tmp_path):
     assert checkpoints and all(torch.load(path, weights_only=True)["workers"] for path in checkpoints)
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_workers_with_a_line_naming_an_env_step_that_hung(tmp_path):
     # What a kill or scancel does to a run whose envs hang: every process ends, and says what held it.
     marker = tmp_path / "hanging"
