@@ -53,6 +53,13 @@ def test_an_env_that_raises_shows_its_frames_then_one_line_and_keeps_the_checkpo
     assert checkpoints == ["step_000000000128.ckpt", "step_000000000256.ckpt"]
 
 
+def misbehaving(tmp_path, fault: str, env: str = "Misbehaves-v0", **overrides) -> rl.PPOConfig:
+    """A short run of `env` whose `fault` comes mid-episode, at its 45th step (episodes last 20 steps)."""
+    fields = {"num_envs": 2, "num_steps": 32, "total_timesteps": 512, "eval_episodes": 0, "progress_bar": False}
+    fields |= {"log_dir": str(tmp_path / "logs")} | overrides
+    return rl.PPOConfig(env_id=f"envs_for_tests:{env}", env_kwargs={"after": 45, "fault": fault}, **fields)
+
+
 @pytest.mark.parametrize(
     ("env", "fault", "what"),
     [
@@ -65,18 +72,8 @@ def test_an_env_that_raises_shows_its_frames_then_one_line_and_keeps_the_checkpo
     ],
 )
 def test_a_non_finite_value_from_the_env_is_named_before_it_reaches_the_learner(tmp_path, env, fault, what):
-    cfg = rl.PPOConfig(
-        env_id=f"envs_for_tests:{env}",
-        env_kwargs={"after": 45, "fault": fault},  # mid-episode: each lasts 20 steps
-        num_envs=2,
-        num_steps=32,
-        total_timesteps=512,
-        eval_episodes=0,
-        progress_bar=False,
-        log_dir=str(tmp_path / "logs"),
-    )
     with pytest.raises(rl.RunStopped) as stopped:
-        rl.train(cfg)
+        rl.train(misbehaving(tmp_path, fault, env))
     assert str(stopped.value) == (
         f"--env-id: the env's step returned {what}; the run stopped, and the checkpoints written so far are kept"
     )
@@ -85,19 +82,8 @@ def test_a_non_finite_value_from_the_env_is_named_before_it_reaches_the_learner(
 def test_an_async_env_whose_process_dies_is_named_with_how_and_the_other_workers_are_stopped(tmp_path, monkeypatch):
     # What a crash in an env's native code, or the out-of-memory killer, does to an async env's worker.
     monkeypatch.setenv("DIE_MARKER", str(tmp_path / "died"))
-    cfg = rl.PPOConfig(
-        env_id="envs_for_tests:Misbehaves-v0",
-        env_kwargs={"after": 45, "fault": "die_once"},
-        num_envs=3,
-        vector_mode="async",
-        num_steps=32,
-        total_timesteps=512,
-        eval_episodes=0,
-        progress_bar=False,
-        log_dir=str(tmp_path / "logs"),
-    )
     with pytest.raises(rl.RunStopped) as stopped:
-        rl.train(cfg)
+        rl.train(misbehaving(tmp_path, "die_once", num_envs=3, vector_mode="async"))
     assert re.fullmatch(
         r"--env-id: the env's process \(env \d\) was killed by SIGKILL during a step; the run stopped, and the "
         r"checkpoints written so far are kept",
@@ -107,17 +93,7 @@ def test_an_async_env_whose_process_dies_is_named_with_how_and_the_other_workers
 
 
 def test_an_env_whose_close_raises_after_training_is_named_and_the_run_keeps_its_result(tmp_path, capsys):
-    cfg = rl.PPOConfig(
-        env_id="envs_for_tests:Misbehaves-v0",
-        env_kwargs={"after": 45, "fault": "raise_on_close"},
-        num_envs=2,
-        num_steps=32,
-        total_timesteps=128,
-        eval_episodes=0,
-        progress_bar=False,
-        log_dir=str(tmp_path / "logs"),
-    )
-    result = rl.train(cfg)
+    result = rl.train(misbehaving(tmp_path, "raise_on_close", total_timesteps=128))
     assert os.path.isfile(result.agent_path)
     lines = capsys.readouterr().err.splitlines()
     assert (
@@ -167,6 +143,7 @@ def hangs(on_rank: int | None = None) -> list[str]:
     return [*MISBEHAVES, "--env-kwargs", kwargs, *QUICK]
 
 
+@pytest.mark.slow
 def test_a_run_stopped_while_its_env_step_hangs_names_the_step_and_how_long_it_ran(tmp_path):
     # The stop from outside (a kill, scancel) is the only end such a run has: its line names what held it.
     marker = tmp_path / "hanging"
@@ -188,6 +165,7 @@ def test_a_run_stopped_while_its_env_step_hangs_names_the_step_and_how_long_it_r
     ), stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_stops_a_run_whose_env_step_hangs_at_once(tmp_path):
     # The first asks for a checkpoint at the end of the iteration, which a step that never returns cannot reach.
     marker = tmp_path / "hanging"
