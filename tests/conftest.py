@@ -16,6 +16,7 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import ast
+import contextlib
 import functools
 import glob
 import io
@@ -145,6 +146,12 @@ def child_env() -> dict[str, str]:
     path = os.pathsep.join(filter(None, [str(REPO / "tests"), os.environ.get("PYTHONPATH")]))
     # Weights & Biases (--logger wandb) stays offline: the tests reach no network
     return {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path, "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+
+
+def kill_process_group(job: subprocess.Popen) -> None:
+    """A test's cleanup: SIGKILL whatever is left of `job`'s process group, children it left behind included."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(job.pid, signal.SIGKILL)
 
 
 def start_as_foreground_job(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:

@@ -1,7 +1,6 @@
 """Checkpoints, exact resume, faults and the evaluation CLI, with real processes on CPU."""
 
 import collections
-import contextlib
 import os
 import shutil
 import signal
@@ -19,6 +18,7 @@ from conftest import (
     all_scalars,
     child_env,
     child_pids,
+    kill_process_group,
     launch_together,
     load_agent,
     rank_pid,
@@ -365,8 +365,7 @@ def test_ctrl_c_in_a_terminal_checkpoints_a_run_whose_envs_step_in_processes_of_
         os.killpg(job.pid, signal.SIGINT)
         stdout, stderr = job.communicate(timeout=60)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(job.pid, signal.SIGKILL)
+        kill_process_group(job)
     assert job.returncode == 0, stderr[-3000:]
     assert "interrupted at step" in stdout, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]

@@ -3,7 +3,6 @@ env's call and what it did; one that raised shows its own frames above that line
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import os
 import re
@@ -13,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import SCRIPTS, child_env, launch_command, run_dir, start_as_foreground_job
+from conftest import SCRIPTS, child_env, kill_process_group, launch_command, run_dir, start_as_foreground_job
 
 import rl
 
@@ -182,8 +181,7 @@ def test_a_second_ctrl_c_stops_a_run_whose_env_step_hangs_at_once(tmp_path):
         os.killpg(job.pid, signal.SIGINT)
         _, stderr = job.communicate(timeout=60)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(job.pid, signal.SIGKILL)
+        kill_process_group(job)
     assert job.returncode == 130, stderr[-3000:]
     assert stderr.strip().splitlines()[-2:] == [
         "Ctrl-C: checkpointing, then stopping (Ctrl-C again stops at once, without it)",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
@@ -18,6 +17,7 @@ from conftest import (
     SCRIPTS,
     all_scalars,
     child_env,
+    kill_process_group,
     launch,
     launch_command,
     load_agent,
@@ -235,8 +235,7 @@ def test_sigterm_stops_the_workers_with_a_line_naming_an_env_step_that_hung(tmp_
         job.send_signal(signal.SIGTERM)
         _, stderr = job.communicate(timeout=60)
     finally:
-        with contextlib.suppress(ProcessLookupError):  # workers left behind would hang on in their envs
-            os.killpg(job.pid, signal.SIGKILL)
+        kill_process_group(job)  # workers left behind would hang on in their envs
     assert job.returncode == 1
     errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
     stalled = r"error: hogwild worker \d: the env's step had not returned after \d+ s; stopped by SIGTERM"
