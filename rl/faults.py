@@ -10,9 +10,11 @@ counter in the job's rendezvous store once a second: a rank whose counter stands
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 import zlib
@@ -201,6 +203,17 @@ def name_a_stalled_env_when_stopped(role: str, collective_timeout: float) -> Non
         os.kill(os.getpid(), signal.SIGTERM)  # ended by the signal, as its parent expects
 
     signal.signal(signal.SIGTERM, stopped)
+
+
+PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def signal_when_parent_dies(signum: int) -> bool:
+    """Have Linux send this process `signum` the moment its parent ends, however it ends (SIGKILL and the
+    out-of-memory killer included); False where the system takes no such request."""
+    if not sys.platform.startswith("linux"):
+        return False
+    return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum) == 0
 
 
 def on_main_thread() -> bool:

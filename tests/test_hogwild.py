@@ -210,9 +210,8 @@ def test_a_killed_worker_ends_the_job_with_a_line_naming_it(tmp_path):
     assert checkpoints and all(torch.load(path, weights_only=True)["workers"] for path in checkpoints)
 
 
-@pytest.mark.slow
-def test_sigterm_stops_the_workers_with_a_line_naming_an_env_step_that_hung(tmp_path):
-    # What a kill or scancel does to a run whose envs hang: every process ends, and says what held it.
+def hogwild_with_hanging_envs(tmp_path: Path) -> subprocess.Popen:
+    """A two-worker Hogwild run, returned once its envs' steps have hung long enough to count as stalled."""
     marker = tmp_path / "hanging"
     args = ["--env-id", "envs_for_tests:Misbehaves-v0", "--env-kwargs", '{"after": 100, "fault": "hang"}']
     args += ["--workers", "2", "--collective-timeout", "2", *PPO_SHORT]
@@ -225,27 +224,62 @@ def test_sigterm_stops_the_workers_with_a_line_naming_an_env_step_that_hung(tmp_
         text=True,
         start_new_session=True,
     )
+    deadline = time.monotonic() + 240
+    while not marker.exists():
+        assert job.poll() is None and time.monotonic() < deadline, job.stderr.read()[-3000:]
+        time.sleep(0.1)
+    time.sleep(1.5)  # past half the collective timeout, from which an env call counts as stalled
+    return job
+
+
+WORKER_ERROR = r"error: hogwild worker \d: "
+STALL = r"the env's step had not returned after \d+ s; "
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_workers_with_a_line_naming_an_env_step_that_hung(tmp_path):
+    # What a kill or scancel does to a run whose envs hang: every process ends, and says what held it.
+    job = hogwild_with_hanging_envs(tmp_path)
     try:
         pids = worker_pids(job)
-        deadline = time.monotonic() + 240
-        while not marker.exists():
-            assert job.poll() is None and time.monotonic() < deadline, job.stderr.read()[-3000:]
-            time.sleep(0.1)
-        time.sleep(1.5)  # past half the collective timeout, from which an env call counts as stalled
         job.send_signal(signal.SIGTERM)
         _, stderr = job.communicate(timeout=60)
     finally:
         kill_process_group(job)  # workers left behind would hang on in their envs
     assert job.returncode == 1
     errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
-    stalled = r"error: hogwild worker \d: the env's step had not returned after \d+ s; stopped by SIGTERM"
-    assert errors[:-1] and all(re.fullmatch(stalled, line) for line in errors[:-1]), stderr[-3000:]
+    assert errors[:-1] and all(
+        re.fullmatch(WORKER_ERROR + STALL + "stopped by SIGTERM", line) for line in errors[:-1]
+    ), stderr
     assert errors[-1] == (
         "error: hogwild: stopped by SIGTERM (a kill, scancel or shutdown); the workers were stopped, and the "
         f"checkpoints written so far are in logs/hogwild_logs/{run_dir(tmp_path, 'hogwild').name}"
     )
     assert "leaked" not in stderr  # the channel's semaphores are freed before the process ends
     assert not any(running(pid) for pid in pids)
+
+
+@pytest.mark.slow
+def test_workers_whose_envs_hang_end_with_a_supervisor_killed_outright(tmp_path):
+    # SIGKILL (kill -9, the out-of-memory killer) leaves the supervisor no time to stop its workers: they stop
+    # themselves the moment it ends, instead of hanging on in their envs.
+    job = hogwild_with_hanging_envs(tmp_path)
+    try:
+        pids = worker_pids(job)
+        job.kill()
+        _, stderr = job.communicate(timeout=60)
+        deadline = time.monotonic() + 10
+        while any(running(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        still_running = [pid for pid in pids if running(pid)]
+    finally:
+        kill_process_group(job)
+    assert job.returncode == -signal.SIGKILL
+    assert not still_running
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    lost = f"{WORKER_ERROR}({STALL})?the supervising process was lost; stopping"
+    assert len(errors) == 2 and all(re.fullmatch(lost, line) for line in errors), stderr
+    assert any(re.match(WORKER_ERROR + STALL, line) for line in errors)  # the one whose env hung first says so
 
 
 LOSES_A_WORKER_IN_PYTHON = """

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.context import SpawnContext, SpawnProcess
 from threading import BrokenBarrierError
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import torch
 import torch.multiprocessing as mp
@@ -54,10 +54,17 @@ from rl.checkpoint import (
 )
 from rl.config import RunConfig
 from rl.elastic import reached, record_end
+from rl.env_faults import stalled_env_call
 from rl.errors import RunStopped, counted, how_it_ended, print_error
 from rl.evaluation import report_evaluation
 from rl.experience import ExperienceSource
-from rl.faults import StoppedBySigterm, name_a_stalled_env_when_stopped, sigterm_raised
+from rl.faults import (
+    StoppedBySigterm,
+    name_a_stalled_env_when_stopped,
+    signal_when_parent_dies,
+    sigterm_raised,
+    stall_seconds,
+)
 from rl.logger import EPISODE_RETURN, ProgressBar, TrainingMetrics, open_sinks
 from rl.loop import (
     Callback,
@@ -244,6 +251,7 @@ def run_worker(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to turn into a checkpoint and a stop
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # born blocked (start_workers); ignored from now on
     name_a_stalled_env_when_stopped(worker_name(index), algorithm.cfg.collective_timeout)
+    stop_with_the_supervisor(index, channel, algorithm.cfg.collective_timeout)
     # tqdm's default lock is shared between processes: a worker the supervisor stops leaves it behind, and the
     # resource tracker warns of it. One process draws the bar, so a lock of this process's threads serves.
     tqdm.set_lock(threading.RLock())
@@ -257,6 +265,27 @@ def run_worker(
         os._exit(1)
     except BrokenBarrierError:  # the supervisor stopped the job: another worker was lost, and it says so
         os._exit(1)
+
+
+def stop_with_the_supervisor(index: int, channel: Channel, collective_timeout: float) -> None:
+    """End this worker the moment its supervisor ends, however it ends (SIGKILL, the out-of-memory killer): nobody
+    would save or stop it, and a worker in an env call that never returns would run on alone. Where the system
+    cannot signal it, a worker notices at its next report (`WorkerLoop.check_supervisor`)."""
+
+    def supervisor_ended(signum: int, frame: object) -> None:
+        supervisor_lost(index, collective_timeout)
+
+    signal.signal(signal.SIGUSR1, supervisor_ended)
+    if signal_when_parent_dies(signal.SIGUSR1) and os.getppid() != channel.supervisor:
+        supervisor_lost(index, collective_timeout)  # it ended before the request was made
+
+
+def supervisor_lost(index: int, collective_timeout: float) -> NoReturn:
+    """One line, leading with an env call that had stalled (what the supervisor may have been killed over)."""
+    stall = stalled_env_call(stall_seconds(collective_timeout))
+    lead = f"{worker_name(index)}: {stall}; " if stall else f"{worker_name(index)}: "
+    print_error(f"error: {lead}the supervising process was lost; stopping")
+    os._exit(1)
 
 
 class WorkerLoop:
@@ -381,8 +410,7 @@ class WorkerLoop:
     def check_supervisor(self) -> None:
         """A worker whose supervisor is gone (killed) stops: nobody would save or stop it."""
         if os.getppid() != self.channel.supervisor:
-            print_error(f"error: {worker_name(self.index)}: the supervising process was lost; stopping")
-            os._exit(1)
+            supervisor_lost(self.index, self.cfg.collective_timeout)
 
     def agree(self, iteration: int, wanted: Requests) -> Requests:
         """Workers meet at checkpoints only: at a step interval, at their last iteration, or at a stop. There
