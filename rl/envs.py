@@ -21,6 +21,7 @@ import torch
 from rl import masked_cartpole, pixel_cartpole, two_cues  # noqa: F401  (register rl/MaskedCartPole-v1 and others)
 from rl.env_faults import WorkerEndsNamed, env_frames, own_frames, summary
 from rl.errors import UsageError, print_error
+from rl.faults import signal_when_parent_dies
 from rl.multi_input import (
     MultiInputLayout,
     PackObservations,
@@ -579,10 +580,14 @@ def _made_in_worker(make: Callable[[], gym.Env], parent: int) -> gym.Env:
     SIGTERM back. The handler it inherited reports the launcher stopping a rank, and closing a failed run's envs
     (or collecting them) sends their workers SIGTERM. It ignores Ctrl-C, which the terminal sends it too: the
     training process turns it into a checkpoint, for which the workers go on stepping. gymnasium also makes the
-    first env in the parent, to read its spaces: that process keeps its handlers."""
+    first env in the parent, to read its spaces: that process keeps its handlers.
+
+    A worker ends with its training process, however that ends (SIGKILL, the out-of-memory killer): else one in an
+    env call that never returns would run on alone, and an idle one would print two tracebacks of its lost pipe."""
     if os.getpid() != parent:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal_when_parent_dies(signal.SIGTERM)
     return make()
 
 

@@ -196,6 +196,23 @@ def child_pids(parent: int) -> list[int]:
     return children
 
 
+def running(pid: int) -> bool:
+    """Whether process `pid` still runs: an orphan that ended stays a zombie until reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def still_running(pids: list[int], seconds: float = 10) -> list[int]:
+    """Those of `pids` still running after up to `seconds`: a process closes its files (the pipes a test reads to
+    their end) before it has ended."""
+    deadline = time.monotonic() + seconds
+    while any(running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [pid for pid in pids if running(pid)]
+
+
 def wait_until_the_run_opens(cwd: Path, jobs: list[subprocess.Popen], seconds: float = 240) -> None:
     """Wait for a launched run's TensorBoard file under `cwd`. Every rank is past its start-up by then (the lead opens
     the run in a collective every rank joins), so a process lost from here on is one its peers report. Start-up

@@ -12,7 +12,16 @@ import sys
 import time
 
 import pytest
-from conftest import SCRIPTS, child_env, kill_process_group, launch_command, run_dir, start_as_foreground_job
+from conftest import (
+    SCRIPTS,
+    child_env,
+    child_pids,
+    kill_process_group,
+    launch_command,
+    run_dir,
+    start_as_foreground_job,
+    still_running,
+)
 
 import rl
 
@@ -162,6 +171,40 @@ def test_a_run_stopped_while_its_env_step_hangs_names_the_step_and_how_long_it_r
         r"shutdown\); its checkpoints are kept",
         stderr.strip().splitlines()[-1],
     ), stderr[-3000:]
+
+
+@pytest.mark.parametrize("env_steps", ["hang", "go on"])
+def test_async_env_workers_end_with_a_training_process_killed_outright(tmp_path, env_steps):
+    # SIGKILL (kill -9, the out-of-memory killer) gives the training process no time to stop its envs' workers: they
+    # end with it, quietly, instead of running on in a hung step or printing the tracebacks of their lost pipes.
+    marker = tmp_path / "hanging"
+    env_kwargs = '{"after": 100, "fault": "hang"}' if env_steps == "hang" else '{"after": 1000000, "fault": "hang"}'
+    args = [*MISBEHAVES, "--env-kwargs", env_kwargs, *QUICK, "--num-envs", "2", "--vector-mode", "async"]
+    args += ["--total-timesteps", "1000000", "--checkpoint-every", "256"]
+    command = launch_command("python", SCRIPTS["fabric"], args, 1)
+    job = subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        env=child_env() | {"HANG_MARKER": str(marker)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not (marker.exists() or list(tmp_path.glob("logs/*/*/checkpoints/step_*.ckpt"))):
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1][-3000:]
+            time.sleep(0.1)
+        workers = child_pids(job.pid)
+        job.kill()
+        _, stderr = job.communicate(timeout=60)
+        left = still_running(workers)
+    finally:
+        kill_process_group(job)
+    assert len(workers) == 2
+    assert not left
+    assert "Traceback" not in stderr, stderr[-3000:]
 
 
 @pytest.mark.slow

@@ -24,7 +24,9 @@ from conftest import (
     refusal_line,
     run_dir,
     run_ranks,
+    running,
     start,
+    still_running,
 )
 
 from rl.modes.hogwild import MergedWeights, SharedState
@@ -161,13 +163,6 @@ def worker_pids(job: subprocess.Popen) -> list[int]:
     raise AssertionError(f"the supervisor ended without naming its workers: {printed}")
 
 
-def running(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def long_run(tmp_path, sync: str = "shared") -> subprocess.Popen:
     args = [
         "--total-timesteps",
@@ -268,14 +263,11 @@ def test_workers_whose_envs_hang_end_with_a_supervisor_killed_outright(tmp_path)
         pids = worker_pids(job)
         job.kill()
         _, stderr = job.communicate(timeout=60)
-        deadline = time.monotonic() + 10
-        while any(running(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        still_running = [pid for pid in pids if running(pid)]
+        left = still_running(pids)
     finally:
         kill_process_group(job)
     assert job.returncode == -signal.SIGKILL
-    assert not still_running
+    assert not left
     errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
     lost = f"{WORKER_ERROR}({STALL})?the supervising process was lost; stopping"
     assert len(errors) == 2 and all(re.fullmatch(lost, line) for line in errors), stderr
