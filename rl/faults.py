@@ -10,6 +10,7 @@ counter in the job's rendezvous store once a second: a rank whose counter stands
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
@@ -206,14 +207,38 @@ def name_a_stalled_env_when_stopped(role: str, collective_timeout: float) -> Non
 
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+PARENT_ENDED = signal.SIGRTMAX if sys.platform.startswith("linux") else None  # a signal only the system sends here
 
 
 def signal_when_parent_dies(signum: int) -> bool:
     """Have Linux send this process `signum` the moment its parent ends, however it ends (SIGKILL and the
-    out-of-memory killer included); False where the system takes no such request."""
+    out-of-memory killer included); 0 takes the request back. False where the system takes no such request."""
     if not sys.platform.startswith("linux"):
         return False
     return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum) == 0
+
+
+@contextmanager
+def stopped_with_parent(stop: Callable[[], None]) -> Iterator[None]:
+    """Within this context, `stop` (which ends this process) runs the moment this process's parent ends, however it
+    ends; where the system cannot say so, never. Set from the main thread."""
+    parent = os.getppid()
+
+    def parent_ended(signum: int, frame: object) -> None:
+        if os.getppid() != parent:  # the end of the thread that started this process sends it too
+            stop()
+
+    if PARENT_ENDED is None:
+        yield
+        return
+    previous = signal.signal(PARENT_ENDED, parent_ended)
+    try:
+        if signal_when_parent_dies(PARENT_ENDED) and os.getppid() != parent:
+            stop()  # it ended before the request was made
+        yield
+    finally:
+        signal_when_parent_dies(0)
+        signal.signal(PARENT_ENDED, previous)
 
 
 def on_main_thread() -> bool:
@@ -278,9 +303,21 @@ def report_lost_peers(
             print_error(f"error: {role}: stopped by SIGTERM (a kill, scancel or shutdown); its checkpoints are kept")
         os._exit(1)
 
+    def launcher_lost() -> None:
+        stall = stalled_env_call(stall_seconds(collective_timeout))
+        record_fault(role, "stalled" if stall else "stopped", stall or "the launcher's process ended")
+        print_error(
+            f"error: {role}: {stall + '; ' if stall else ''}stopped because it lost the launcher (fabric run or "
+            "torchrun): its process ended; its checkpoints are kept"
+        )
+        os._exit(1)
+
     previous = signal.signal(signal.SIGTERM, stopped_by_sigterm) if on_main_thread() else None
+    # A launcher killed outright (SIGKILL) cannot stop its ranks: they stop themselves, or they would train on alone.
+    launched = on_main_thread() and "TORCHELASTIC_RUN_ID" in os.environ
     try:
-        yield
+        with stopped_with_parent(launcher_lost) if launched else contextlib.nullcontext():
+            yield
     except (TrainingDiverged, RunStopped):
         raise  # it names what happened, whether or not a peer has already exited over it
     except Exception as error:

@@ -1,5 +1,7 @@
-"""Faults around the process group: a peer lost mid-average, a rendezvous port another job holds."""
+"""Faults around the process group: a peer lost mid-average, a rendezvous port another job holds, a launcher
+killed."""
 
+import contextlib
 import os
 import signal
 import socket
@@ -11,7 +13,18 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
-from conftest import SCRIPTS, child_env, free_port, join_as_rank, launch
+from conftest import (
+    SCRIPTS,
+    child_env,
+    child_pids,
+    free_port,
+    join_as_rank,
+    kill_process_group,
+    launch,
+    launch_command,
+    still_running,
+    wait_until_the_run_opens,
+)
 from torch import nn
 
 from rl.algos.sac.config import SACConfig
@@ -176,3 +189,42 @@ def test_a_run_stopped_by_sigterm_without_a_launcher_names_the_signal_and_no_lau
     assert stderr.strip().splitlines()[-1] == (
         "error: rank 0: stopped by SIGTERM (a kill, scancel or shutdown); its checkpoints are kept"
     )
+
+
+@pytest.mark.parametrize(
+    ("launcher", "script", "roles"),
+    [
+        ("fabric run", "fabric", ["rank 0", "rank 1"]),
+        ("torchrun", "torch", ["rank 0", "rank 1"]),
+        ("fabric run", "decoupled", ["the player", "trainer 1"]),
+    ],
+)
+def test_ranks_stop_with_a_line_once_their_launcher_is_killed_outright(tmp_path, launcher, script, roles):
+    # SIGKILL (kill -9, the out-of-memory killer) leaves a launcher no time to stop its ranks: they stop themselves
+    # instead of training on alone.
+    args = ["--total-timesteps", "10000000", "--no-progress-bar", "--eval-episodes", "0"]
+    job = subprocess.Popen(
+        launch_command(launcher, SCRIPTS[script], args, 2),
+        cwd=tmp_path,
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    ranks: list[int] = []
+    try:
+        wait_until_the_run_opens(tmp_path, [job])
+        ranks = child_pids(job.pid)
+        job.kill()
+        _, stderr = job.communicate(timeout=60)
+        left = still_running(ranks)
+    finally:
+        kill_process_group(job)
+        for rank in ranks:  # torchrun starts each in a session of its own
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rank, signal.SIGKILL)
+    assert len(ranks) == 2 and not left
+    lost = "stopped because it lost the launcher (fabric run or torchrun): its process ended; its checkpoints are kept"
+    errors = sorted(line for line in stderr.splitlines() if line.startswith("error: "))
+    assert errors == sorted(f"error: {role}: {lost}" for role in roles), stderr[-3000:]

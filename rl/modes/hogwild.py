@@ -61,9 +61,9 @@ from rl.experience import ExperienceSource
 from rl.faults import (
     StoppedBySigterm,
     name_a_stalled_env_when_stopped,
-    signal_when_parent_dies,
     sigterm_raised,
     stall_seconds,
+    stopped_with_parent,
 )
 from rl.logger import EPISODE_RETURN, ProgressBar, TrainingMetrics, open_sinks
 from rl.loop import (
@@ -251,12 +251,17 @@ def run_worker(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to turn into a checkpoint and a stop
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # born blocked (start_workers); ignored from now on
     name_a_stalled_env_when_stopped(worker_name(index), algorithm.cfg.collective_timeout)
-    stop_with_the_supervisor(index, channel, algorithm.cfg.collective_timeout)
     # tqdm's default lock is shared between processes: a worker the supervisor stops leaves it behind, and the
     # resource tracker warns of it. One process draws the bar, so a lock of this process's threads serves.
     tqdm.set_lock(threading.RLock())
+    # A supervisor killed outright (SIGKILL, the out-of-memory killer) cannot stop its workers: they stop themselves,
+    # or one in an env call that never returns would run on alone.
+    lost = functools.partial(supervisor_lost, index, algorithm.cfg.collective_timeout)
     try:
-        WorkerLoop(index, algorithm, shared, channel, run_dir, resume).run(callbacks)
+        with stopped_with_parent(lost):
+            if os.getppid() != channel.supervisor:  # it ended before this worker could hear of it
+                lost()
+            WorkerLoop(index, algorithm, shared, channel, run_dir, resume).run(callbacks)
     except TrainingDiverged as error:
         print_error(f"error: {worker_name(index)}: training stopped: {error}")
         os._exit(1)
@@ -267,21 +272,10 @@ def run_worker(
         os._exit(1)
 
 
-def stop_with_the_supervisor(index: int, channel: Channel, collective_timeout: float) -> None:
-    """End this worker the moment its supervisor ends, however it ends (SIGKILL, the out-of-memory killer): nobody
-    would save or stop it, and a worker in an env call that never returns would run on alone. Where the system
-    cannot signal it, a worker notices at its next report (`WorkerLoop.check_supervisor`)."""
-
-    def supervisor_ended(signum: int, frame: object) -> None:
-        supervisor_lost(index, collective_timeout)
-
-    signal.signal(signal.SIGUSR1, supervisor_ended)
-    if signal_when_parent_dies(signal.SIGUSR1) and os.getppid() != channel.supervisor:
-        supervisor_lost(index, collective_timeout)  # it ended before the request was made
-
-
 def supervisor_lost(index: int, collective_timeout: float) -> NoReturn:
-    """One line, leading with an env call that had stalled (what the supervisor may have been killed over)."""
+    """End this worker, whose supervisor has ended, with one line; it leads with an env call that had stalled (what
+    the supervisor may have been killed over). Workers check at each report too (`WorkerLoop.check_supervisor`),
+    where the system cannot tell them at once."""
     stall = stalled_env_call(stall_seconds(collective_timeout))
     lead = f"{worker_name(index)}: {stall}; " if stall else f"{worker_name(index)}: "
     print_error(f"error: {lead}the supervising process was lost; stopping")
