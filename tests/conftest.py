@@ -169,13 +169,21 @@ def start_as_foreground_job(command: list[str], cwd: Path, env: dict[str, str] |
     )
 
 
-def start(launcher: str, script: Path, args: list[str], cwd: Path, nproc: int) -> subprocess.Popen:
-    """Launch without waiting, in a session of its own."""
+def start(
+    launcher: str,
+    script: Path,
+    args: list[str],
+    cwd: Path,
+    nproc: int,
+    env: dict[str, str] | None = None,
+    stdout: int = subprocess.PIPE,
+) -> subprocess.Popen:
+    """Launch without waiting, in a session of its own (`env`: added to the children's environment)."""
     return subprocess.Popen(
         launch_command(launcher, script, args, nproc),
         cwd=cwd,
-        env=child_env(),
-        stdout=subprocess.PIPE,
+        env=child_env() | (env or {}),
+        stdout=stdout,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
@@ -202,6 +210,14 @@ def running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def kill_outright(job: subprocess.Popen, children: list[int]) -> tuple[str, list[int]]:
+    """SIGKILL `job` alone, as kill -9 or the out-of-memory killer would: its stderr to the end (which children it
+    started hold open too), and those of `children` still running after it."""
+    job.kill()
+    _, stderr = job.communicate(timeout=60)
+    return stderr, still_running(children)
 
 
 def still_running(pids: list[int], seconds: float = 10) -> list[int]:

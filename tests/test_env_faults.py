@@ -16,11 +16,12 @@ from conftest import (
     SCRIPTS,
     child_env,
     child_pids,
+    kill_outright,
     kill_process_group,
     launch_command,
     run_dir,
+    start,
     start_as_foreground_job,
-    still_running,
 )
 
 import rl
@@ -181,25 +182,14 @@ def test_async_env_workers_end_with_a_training_process_killed_outright(tmp_path,
     env_kwargs = '{"after": 100, "fault": "hang"}' if env_steps == "hang" else '{"after": 1000000, "fault": "hang"}'
     args = [*MISBEHAVES, "--env-kwargs", env_kwargs, *QUICK, "--num-envs", "2", "--vector-mode", "async"]
     args += ["--total-timesteps", "1000000", "--checkpoint-every", "256"]
-    command = launch_command("python", SCRIPTS["fabric"], args, 1)
-    job = subprocess.Popen(
-        command,
-        cwd=tmp_path,
-        env=child_env() | {"HANG_MARKER": str(marker)},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    job = start("python", SCRIPTS["fabric"], args, tmp_path, 1, {"HANG_MARKER": str(marker)}, subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 240
         while not (marker.exists() or list(tmp_path.glob("logs/*/*/checkpoints/step_*.ckpt"))):
             assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1][-3000:]
             time.sleep(0.1)
         workers = child_pids(job.pid)
-        job.kill()
-        _, stderr = job.communicate(timeout=60)
-        left = still_running(workers)
+        stderr, left = kill_outright(job, workers)
     finally:
         kill_process_group(job)
     assert len(workers) == 2

@@ -19,10 +19,10 @@ from conftest import (
     child_pids,
     free_port,
     join_as_rank,
+    kill_outright,
     kill_process_group,
     launch,
-    launch_command,
-    still_running,
+    start,
     wait_until_the_run_opens,
 )
 from torch import nn
@@ -203,22 +203,12 @@ def test_ranks_stop_with_a_line_once_their_launcher_is_killed_outright(tmp_path,
     # SIGKILL (kill -9, the out-of-memory killer) leaves a launcher no time to stop its ranks: they stop themselves
     # instead of training on alone.
     args = ["--total-timesteps", "10000000", "--no-progress-bar", "--eval-episodes", "0"]
-    job = subprocess.Popen(
-        launch_command(launcher, SCRIPTS[script], args, 2),
-        cwd=tmp_path,
-        env=child_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    job = start(launcher, SCRIPTS[script], args, tmp_path, 2, stdout=subprocess.DEVNULL)
     ranks: list[int] = []
     try:
         wait_until_the_run_opens(tmp_path, [job])
         ranks = child_pids(job.pid)
-        job.kill()
-        _, stderr = job.communicate(timeout=60)
-        left = still_running(ranks)
+        stderr, left = kill_outright(job, ranks)
     finally:
         kill_process_group(job)
         for rank in ranks:  # torchrun starts each in a session of its own

@@ -16,17 +16,15 @@ from conftest import (
     ENVS_STEPPED,
     SCRIPTS,
     all_scalars,
-    child_env,
+    kill_outright,
     kill_process_group,
     launch,
-    launch_command,
     load_agent,
     refusal_line,
     run_dir,
     run_ranks,
     running,
     start,
-    still_running,
 )
 
 from rl.modes.hogwild import MergedWeights, SharedState
@@ -210,15 +208,7 @@ def hogwild_with_hanging_envs(tmp_path: Path) -> subprocess.Popen:
     marker = tmp_path / "hanging"
     args = ["--env-id", "envs_for_tests:Misbehaves-v0", "--env-kwargs", '{"after": 100, "fault": "hang"}']
     args += ["--workers", "2", "--collective-timeout", "2", *PPO_SHORT]
-    job = subprocess.Popen(
-        launch_command("python", SCRIPTS["hogwild"], args, 1),
-        cwd=tmp_path,
-        env=child_env() | {"HANG_MARKER": str(marker)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    job = start("python", SCRIPTS["hogwild"], args, tmp_path, 1, {"HANG_MARKER": str(marker)})
     deadline = time.monotonic() + 240
     while not marker.exists():
         assert job.poll() is None and time.monotonic() < deadline, job.stderr.read()[-3000:]
@@ -261,9 +251,7 @@ def test_workers_whose_envs_hang_end_with_a_supervisor_killed_outright(tmp_path)
     job = hogwild_with_hanging_envs(tmp_path)
     try:
         pids = worker_pids(job)
-        job.kill()
-        _, stderr = job.communicate(timeout=60)
-        left = still_running(pids)
+        stderr, left = kill_outright(job, pids)
     finally:
         kill_process_group(job)
     assert job.returncode == -signal.SIGKILL
