@@ -234,7 +234,8 @@ class LoopState:
 
     def request_stop(self) -> None:
         """End the run at this report (or the next), on every process, as a finished run: its agent saved and
-        evaluated."""
+        evaluated. A launch after it (the same `run_name`, a restart under torchrun) trains on from its final
+        checkpoint until a callback asks again: the request is not saved."""
         self.stop_requested = True
 
 
