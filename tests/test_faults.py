@@ -195,8 +195,8 @@ def test_a_run_stopped_by_sigterm_without_a_launcher_names_the_signal_and_no_lau
     ("launcher", "script", "roles"),
     [
         ("fabric run", "fabric", ["rank 0", "rank 1"]),
-        ("torchrun", "torch", ["rank 0", "rank 1"]),
-        ("fabric run", "decoupled", ["the player", "trainer 1"]),
+        pytest.param("torchrun", "torch", ["rank 0", "rank 1"], marks=pytest.mark.slow),
+        pytest.param("fabric run", "decoupled", ["the player", "trainer 1"], marks=pytest.mark.slow),
     ],
 )
 def test_ranks_stop_with_a_line_once_their_launcher_is_killed_outright(tmp_path, launcher, script, roles):
