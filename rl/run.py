@@ -31,10 +31,12 @@ RUN_LOCK_FILE = "run.lock"
 class RunFolderLock:
     """A run folder held by the run writing into it (its rank 0, lead player or Hogwild supervisor), through an
     exclusive `flock` on `<run>/run.lock` that the system drops when the process ends, however it ends. A second
-    run into a folder still held would write over the first's checkpoints and logs, and is refused."""
+    run into a folder still held would write over the first's checkpoints and logs, and is refused. The run
+    removes the file as it lets the folder go; one left behind is a killed run's, and holds nothing."""
 
     def __init__(self) -> None:
         self._file: IO[str] | None = None
+        self._path = ""
 
     def take(self, run_dir: str, flag: str) -> str:
         """Hold `run_dir` (made if missing) and return it; raise `UsageError` naming `flag` where a live run holds
@@ -42,21 +44,37 @@ class RunFolderLock:
         lock on a network file system can outlive it."""
         if fcntl is None or restart_count() > 0:
             return run_dir
+        path = os.path.join(run_dir, RUN_LOCK_FILE)
         with refused_logs(run_dir):
             os.makedirs(run_dir, exist_ok=True)
-            file = open(os.path.join(run_dir, RUN_LOCK_FILE), "a+")  # noqa: SIM115 (held for the run's life)
-        if not locked(file, fcntl.LOCK_EX, run_dir, flag):
-            return run_dir
+        while True:
+            with refused_logs(run_dir):
+                file = open(path, "a+")  # noqa: SIM115 (held for the run's life)
+            if not locked(file, fcntl.LOCK_EX, run_dir, flag):
+                return run_dir
+            if same_file(file, path):
+                break
+            file.close()  # locked as the run before removed it: the file now at `path` is the one to hold
         file.truncate(0)
         file.write(f"pid {os.getpid()} on {socket.gethostname()}, since {datetime.now():%Y-%m-%d %H:%M:%S}\n")
         file.flush()
-        self._file = file
+        self._file, self._path = file, path
         return run_dir
 
     def release(self) -> None:
         if self._file is not None:
+            with contextlib.suppress(OSError):  # a folder moved or removed meanwhile: nothing is left to tidy
+                os.unlink(self._path)  # while still held, so that no run takes the file as it goes
             self._file.close()  # closing the file drops its lock
             self._file = None
+
+
+def same_file(file: IO[str], path: str) -> bool:
+    """Whether `path` still names the open `file`."""
+    try:
+        return os.path.samestat(os.fstat(file.fileno()), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 def check_run_folder_free(run_dir: str, flag: str) -> None:

@@ -172,10 +172,33 @@ def test_a_run_folder_is_held_for_its_runs_life_and_let_go_after(tmp_path):
         with pytest.raises(UsageError, match=r"is the folder of a run still going \(pid \d+ on "):
             other()
     held.release()
+    assert not os.path.exists(os.path.join(folder, "run.lock"))  # a folder let go keeps no lock file
     check_run_folder_free(folder, "--run-name")
     again = RunFolderLock()
     again.take(folder, "--run-name")
+    with pytest.raises(UsageError, match="is the folder of a run still going"):
+        RunFolderLock().take(folder, "--run-name")
     again.release()
+
+
+def test_a_lock_file_opened_as_the_run_before_removed_it_is_told_from_the_folders_new_one(tmp_path):
+    # A run that opened the file just before the one ending removed it locks a file no longer in the folder: it
+    # must see that and take the one that is, or a third run could take that one too, and two would write into one
+    # folder.
+    from rl.run import RunFolderLock, same_file
+
+    folder = str(tmp_path / "mine")
+    ending = RunFolderLock()
+    ending.take(folder, "--run-name")
+    path = os.path.join(folder, "run.lock")
+    with open(path, "a+") as opened_before_removal:
+        assert same_file(opened_before_removal, path)
+        ending.release()
+        assert not same_file(opened_before_removal, path)  # removed
+        taking = RunFolderLock()
+        taking.take(folder, "--run-name")
+        assert not same_file(opened_before_removal, path)  # the folder's new lock file
+        taking.release()
 
 
 def test_a_held_folder_is_refused_naming_the_flag_that_chose_it(tmp_path):
@@ -218,6 +241,7 @@ def test_a_second_run_into_the_folder_of_a_run_still_going_is_refused_and_the_fi
         os.killpg(first.pid, signal.SIGINT)
         _, stderr = first.communicate(timeout=60)
     assert first.returncode == 0, stderr[-3000:]  # Ctrl-C during training: a checkpoint and a clean end
+    assert not lock.exists()
 
 
 WITHOUT_WANDB = """import runpy, sys
