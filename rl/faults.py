@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import socket
@@ -207,15 +208,22 @@ def name_a_stalled_env_when_stopped(role: str, collective_timeout: float) -> Non
 
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
-PARENT_ENDED = signal.SIGRTMAX if sys.platform.startswith("linux") else None  # a signal only the system sends here
+LINUX = sys.platform.startswith("linux")
+PARENT_ENDED = signal.SIGRTMAX if LINUX else None  # a signal only the system sends here
+# Looked up once: a child between fork and exec (`ended_with_this_process`) should only call it.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if LINUX else None
 
 
 def signal_when_parent_dies(signum: int) -> bool:
     """Have Linux send this process `signum` the moment its parent ends, however it ends (SIGKILL and the
     out-of-memory killer included); 0 takes the request back. False where the system takes no such request."""
-    if not sys.platform.startswith("linux"):
-        return False
-    return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signum) == 0
+    return _prctl is not None and _prctl(PR_SET_PDEATHSIG, signum) == 0
+
+
+def ended_with_this_process(signum: int) -> Callable[[], None]:
+    """For `subprocess.Popen(preexec_fn=...)`, from the main thread: the child gets `signum` the moment this
+    process ends, however it ends."""
+    return functools.partial(signal_when_parent_dies, signum)
 
 
 @contextmanager

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import io
 import json
 import math
@@ -49,8 +50,10 @@ from rl.errors import (
     counted,
     exit_on_ctrl_c,
     exit_on_usage_error,
+    print_error,
     unrecognized_options,
 )
+from rl.faults import ended_with_this_process
 from rl.logger import CSV_METRICS_FILE
 from rl.peer_flags import TUNING_PEER_FLAGS, tools_peer_flag
 
@@ -239,31 +242,34 @@ def check_same_training(study: Any, cfg: TuneConfig, values: dict[str, Any]) -> 
         )
 
 
-class CtrlC:
-    """Ctrl-C in a tuning process, recorded by its handler and raised as `KeyboardInterrupt` where the tuner polls
-    (`raise_if_ctrl_c`). Raised by the handler itself, it could land in a garbage-collection callback (SQLAlchemy's,
-    under Optuna's storage), where Python prints its traceback and drops it, and the tuner would go on."""
+class Stop:
+    """Ctrl-C or SIGTERM (a kill, scancel) in a tuning process, recorded by its handler and raised as
+    `KeyboardInterrupt` where the tuner polls (`raise_if_stopped`): either stops the trials running, which checkpoint,
+    and the study goes on with the same command. Raised by the handler itself, it could land in a garbage-collection
+    callback (SQLAlchemy's, under Optuna's storage), where Python prints its traceback and drops it, and the tuner
+    would go on."""
 
-    heard = False
+    heard = ""  # "Ctrl-C" or "SIGTERM", the first to come
 
     @classmethod
     def hear(cls, signum: int, frame: object) -> None:
-        cls.heard = True
+        cls.heard = cls.heard or ("SIGTERM" if signum == signal.SIGTERM else "Ctrl-C")
 
 
 @contextlib.contextmanager
-def ctrl_c_heard_at_polls() -> Iterator[None]:
-    """While the tuner runs its trials, SIGINT is only recorded; the tuner's handler before comes back after."""
-    CtrlC.heard = False
-    previous = signal.signal(signal.SIGINT, CtrlC.hear)
+def stops_heard_at_polls() -> Iterator[None]:
+    """While the tuner runs its trials, SIGINT and SIGTERM are only recorded; its handlers before come back after."""
+    Stop.heard = ""
+    previous = {signum: signal.signal(signum, Stop.hear) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
-def raise_if_ctrl_c() -> None:
-    if CtrlC.heard:
+def raise_if_stopped() -> None:
+    if Stop.heard:
         raise KeyboardInterrupt
 
 
@@ -298,14 +304,16 @@ def run_trial(trial: Any, cfg: TuneConfig, training: list[str], space: dict[str,
     trial.set_user_attr("tuner_pid", os.getpid())
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / f"{name}.log"  # a file, not a pipe: a run that prints much never blocks on an unread pipe
-    if CtrlC.heard:  # between trials: none is started
+    if Stop.heard:  # between trials: none is started
         trial.set_user_attr("interrupted", True)
         raise KeyboardInterrupt
-    with log.open("w") as output, subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT) as process:
+    # a tuner killed outright (SIGKILL) leaves no run training on: it checkpoints and stops, as at Ctrl-C
+    run = functools.partial(subprocess.Popen, preexec_fn=ended_with_this_process(signal.SIGINT))
+    with log.open("w") as output, run(command, stdout=output, stderr=subprocess.STDOUT) as process:
         try:
             pruned = follow_evaluations(trial, process, run_dir / "csv" / CSV_METRICS_FILE)
             process.wait()
-            raise_if_ctrl_c()  # the run heard it too, and has checkpointed and stopped
+            raise_if_stopped()  # a terminal's Ctrl-C reached the run too, which has checkpointed and stopped
         except KeyboardInterrupt:
             stop_interrupted_trial(trial, process, run_dir)
             raise
@@ -325,13 +333,13 @@ def run_trial(trial: Any, cfg: TuneConfig, training: list[str], space: dict[str,
 
 
 def stop_interrupted_trial(trial: Any, process: subprocess.Popen, run_dir: Path) -> None:
-    """Ctrl-C: the trial's run checkpoints and stops (a terminal's Ctrl-C reached it too; a second changes nothing),
-    and the study keeps the trial as failed, marked so that --trials does not count it."""
+    """Ctrl-C or SIGTERM: the trial's run checkpoints and stops (a terminal's Ctrl-C reached it too; a second changes
+    nothing), and the study keeps the trial as failed, marked so that --trials does not count it."""
     trial.set_user_attr("interrupted", True)
     if process.poll() is None:
         process.send_signal(signal.SIGINT)
     process.wait()
-    sys.stdout.write(f"trial {trial.number}: interrupted (Ctrl-C); its run's checkpoints are in {run_dir}\n")
+    sys.stdout.write(f"trial {trial.number}: interrupted ({Stop.heard}); its run's checkpoints are in {run_dir}\n")
 
 
 def follow_evaluations(trial: Any, process: subprocess.Popen, metrics: Path) -> bool:
@@ -339,7 +347,7 @@ def follow_evaluations(trial: Any, process: subprocess.Popen, metrics: Path) -> 
     reported: set[int] = set()
     while process.poll() is None:
         time.sleep(POLL_SECONDS)
-        raise_if_ctrl_c()
+        raise_if_stopped()
         for step, value in evaluations(metrics):
             if step in reported:
                 continue
@@ -398,7 +406,7 @@ def tune(cfg: TuneConfig, training: list[str], space: dict[str, dict[str, Any]])
         load_if_exists=True,
     )
     if trials_counted(study) < cfg.trials:
-        with ctrl_c_heard_at_polls():
+        with stops_heard_at_polls():
             study.optimize(
                 lambda trial: run_trial(trial, cfg, training, space),
                 catch=(TrialFailed,),
@@ -541,6 +549,12 @@ def main(argv: list[str]) -> None:
             tune_in_every_process(cfg, argv, training, space)
         except KeyboardInterrupt:
             write_best(cfg)
+            if Stop.heard == "SIGTERM":
+                print_error(
+                    "error: rl.tune: stopped by SIGTERM (a kill, scancel or shutdown); its trials were stopped, and "
+                    "the same command goes on with this study"
+                )
+                sys.exit(1)
             print("interrupted (Ctrl-C): the same command goes on with this study")
             sys.exit(INTERRUPTED_EXIT_CODE)
     write_best(cfg)
@@ -563,8 +577,12 @@ def create_study(cfg: TuneConfig) -> optuna.Study:
 def tune_in_every_process(cfg: TuneConfig, argv: list[str], training: list[str], space: dict[str, Any]) -> None:
     """This tuning process and --workers - 1 more, each running trials of the study."""
     own = argv[: argv.index("--")] if "--" in argv else argv
+    # a tuner killed outright (SIGKILL) leaves no helper tuning on: each stops its trial, as at Ctrl-C
     helpers = [
-        subprocess.Popen([sys.executable, "-m", "rl.tune", *own, "--worker", str(index), "--", *training])
+        subprocess.Popen(
+            [sys.executable, "-m", "rl.tune", *own, "--worker", str(index), "--", *training],
+            preexec_fn=ended_with_this_process(signal.SIGINT),
+        )
         for index in range(1, cfg.workers)
     ]
     try:

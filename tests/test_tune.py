@@ -10,7 +10,7 @@ import time
 import optuna
 import pytest
 import yaml
-from conftest import child_env, start_as_foreground_job
+from conftest import child_env, child_pids, start_as_foreground_job, still_running
 
 from rl.cli import parse_config
 
@@ -151,15 +151,22 @@ def test_failed_trials_count_so_a_study_whose_runs_all_fail_ends_and_says_where_
     ]
 
 
-def test_ctrl_c_stops_the_tuner_and_its_trial_which_the_study_does_not_count(tmp_path):
+def tuner_in_its_first_trial(tmp_path) -> subprocess.Popen:
+    """A tuner of one trial, as a shell's foreground job, returned once its trial's run has evaluated."""
     storage = f"sqlite:///{tmp_path / 'study.db'}"
-    longer = ["--total-timesteps", "100000"]  # still training when Ctrl-C comes
+    longer = ["--total-timesteps", "100000"]  # still training when it is stopped
     command = [sys.executable, "-m", "rl.tune", "--storage", storage, "--study-name", "cartpole", "--out", "runs"]
     tuner = start_as_foreground_job([*command, "--eval-every", "512", "--trials", "1", *TRAINING, *longer], tmp_path)
     metrics = tmp_path / "runs" / "cartpole" / "fabric_logs" / "trial-0" / "csv" / "metrics.csv"
     deadline = time.monotonic() + 120
     while not (metrics.exists() and "Eval/" in metrics.read_text()) and time.monotonic() < deadline:
         time.sleep(0.2)
+    return tuner
+
+
+def test_ctrl_c_stops_the_tuner_and_its_trial_which_the_study_does_not_count(tmp_path):
+    tuner = tuner_in_its_first_trial(tmp_path)
+    metrics = tmp_path / "runs" / "cartpole" / "fabric_logs" / "trial-0" / "csv" / "metrics.csv"
     os.killpg(tuner.pid, signal.SIGINT)  # the terminal's Ctrl-C: the tuner and its trial's run hear it
     out, err = tuner.communicate(timeout=120)
     assert tuner.returncode == 130 and "Traceback" not in err, err[-3000:]
@@ -173,6 +180,30 @@ def test_ctrl_c_stops_the_tuner_and_its_trial_which_the_study_does_not_count(tmp
     # shorter.
     again = tune(tmp_path, "--trials", "1")
     assert again.returncode == 0 and again.stdout.startswith("trial 1: greedy return "), again.stdout
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_tuner_stopped_by_a_signal_to_it_alone_stops_its_trials_run_which_checkpoints(tmp_path, signum):
+    # kill, or kill -9 and the out-of-memory killer, which leave the tuner no time: no run trains on unwatched.
+    tuner = tuner_in_its_first_trial(tmp_path)
+    (trial_run,) = child_pids(tuner.pid)
+    tuner.send_signal(signum)
+    out, err = tuner.communicate(timeout=120)
+    assert not still_running([trial_run], 60)
+    assert re.search(
+        r"interrupted at step [\d,]+: checkpoint written", (tmp_path / "runs/cartpole/trial-0.log").read_text()
+    )
+    if signum == signal.SIGKILL:
+        return
+    assert tuner.returncode == 1 and "Traceback" not in err, err[-3000:]
+    assert out.splitlines() == [
+        "trial 0: interrupted (SIGTERM); its run's checkpoints are in runs/cartpole/fabric_logs/trial-0",
+        "no trial of the study 'cartpole' has finished: no best.yaml",
+    ]
+    assert err.strip().splitlines()[-1] == (
+        "error: rl.tune: stopped by SIGTERM (a kill, scancel or shutdown); its trials were stopped, and the same "
+        "command goes on with this study"
+    )
 
 
 def test_a_space_file_the_random_sampler_and_the_timeout_shape_the_study(tmp_path):
@@ -255,10 +286,10 @@ def test_a_tuners_ctrl_c_is_recorded_where_it_lands_and_raised_where_the_tuner_p
     """Raised where it lands, a KeyboardInterrupt inside a garbage-collection callback is printed and dropped."""
     from rl import tune as tuning
 
-    monkeypatch.setattr(tuning.CtrlC, "heard", False)
-    with tuning.ctrl_c_heard_at_polls():
+    monkeypatch.setattr(tuning.Stop, "heard", "")
+    with tuning.stops_heard_at_polls():
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(0.1)  # the handler has run by now, and raised nothing
         with pytest.raises(KeyboardInterrupt):
-            tuning.raise_if_ctrl_c()
-    assert signal.getsignal(signal.SIGINT) != tuning.CtrlC.hear  # the handler before is back
+            tuning.raise_if_stopped()
+    assert signal.getsignal(signal.SIGINT) != tuning.Stop.hear  # the handler before is back
