@@ -151,12 +151,13 @@ def test_failed_trials_count_so_a_study_whose_runs_all_fail_ends_and_says_where_
     ]
 
 
-def tuner_in_its_first_trial(tmp_path) -> subprocess.Popen:
+def tuner_in_its_first_trial(tmp_path, workers: int = 1) -> subprocess.Popen:
     """A tuner of one trial, as a shell's foreground job, returned once its trial's run has evaluated."""
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     longer = ["--total-timesteps", "100000"]  # still training when it is stopped
     command = [sys.executable, "-m", "rl.tune", "--storage", storage, "--study-name", "cartpole", "--out", "runs"]
-    tuner = start_as_foreground_job([*command, "--eval-every", "512", "--trials", "1", *TRAINING, *longer], tmp_path)
+    command += ["--eval-every", "512", "--trials", "1", "--workers", str(workers), *TRAINING, *longer]
+    tuner = start_as_foreground_job(command, tmp_path)
     metrics = tmp_path / "runs" / "cartpole" / "fabric_logs" / "trial-0" / "csv" / "metrics.csv"
     deadline = time.monotonic() + 120
     while not (metrics.exists() and "Eval/" in metrics.read_text()) and time.monotonic() < deadline:
@@ -182,17 +183,22 @@ def test_ctrl_c_stops_the_tuner_and_its_trial_which_the_study_does_not_count(tmp
     assert again.returncode == 0 and again.stdout.startswith("trial 1: greedy return "), again.stdout
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
-def test_a_tuner_stopped_by_a_signal_to_it_alone_stops_its_trials_run_which_checkpoints(tmp_path, signum):
-    # kill, or kill -9 and the out-of-memory killer, which leave the tuner no time: no run trains on unwatched.
-    tuner = tuner_in_its_first_trial(tmp_path)
-    (trial_run,) = child_pids(tuner.pid)
+@pytest.mark.parametrize(
+    ("signum", "workers"), [(signal.SIGTERM, 1), (signal.SIGKILL, 2)], ids=["SIGTERM", "SIGKILL, two tuners"]
+)
+def test_a_tuner_stopped_by_a_signal_to_it_alone_stops_its_trials_runs_which_checkpoint(tmp_path, signum, workers):
+    # kill, or kill -9 and the out-of-memory killer, which leave the tuner no time: no run trains on unwatched, and
+    # no tuner it started goes on with the study.
+    tuner = tuner_in_its_first_trial(tmp_path, workers)
+    started = child_pids(tuner.pid)  # its trial's run, and the other tuner
+    started += [grandchild for child in started for grandchild in child_pids(child)]  # the other tuner's trial run
+    assert len(started) == 2 * workers - 1
     tuner.send_signal(signum)
     out, err = tuner.communicate(timeout=120)
-    assert not still_running([trial_run], 60)
-    assert re.search(
-        r"interrupted at step [\d,]+: checkpoint written", (tmp_path / "runs/cartpole/trial-0.log").read_text()
-    )
+    assert not still_running(started, 60)
+    stopped = re.compile(r"^interrupted (at step [\d,]+: checkpoint written|\(Ctrl-C\) before training began)", re.M)
+    for log in (tmp_path / "runs" / "cartpole").glob("trial-*.log"):
+        assert stopped.search(log.read_text()), log.read_text()[-3000:]
     if signum == signal.SIGKILL:
         return
     assert tuner.returncode == 1 and "Traceback" not in err, err[-3000:]
