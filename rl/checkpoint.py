@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from rl.algos.base import Algorithm, Learner
 from rl.config import CHECKPOINT_DIR, MODE_COMMANDS, RunConfig, flag, iteration_name
-from rl.errors import RunStopped, UsageError, counted, print_error, refused_writes
+from rl.errors import FOLDER_GONE, RunStopped, UsageError, counted, print_error, refused_writes
 from rl.experience import ExperienceSource
 from rl.normalization import ObservationNormalizer
 from rl.precision import float32_state
@@ -254,7 +254,10 @@ def save_file_atomically(path: str, state: dict[str, Any]) -> None:
 def unwritten(path: str, reason: str) -> str:
     """What could not be written and why, and what of the run is kept."""
     folder = Path(path).parent
-    newest = newest_checkpoint(str(folder.parent if folder.name == CHECKPOINT_DIR else folder))
+    run_folder = folder.parent if folder.name == CHECKPOINT_DIR else folder
+    if not run_folder.is_dir():
+        return f"could not write {path}: the run's {FOLDER_GONE}; training stopped"
+    newest = newest_checkpoint(str(run_folder))
     kept = f"its newest checkpoint is kept: --resume-from {newest} resumes it" if newest else "it had no checkpoint yet"
     return f"could not write {path}: {reason}; training stopped, and {kept}"
 

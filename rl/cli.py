@@ -45,6 +45,7 @@ from rl.elastic import (
     RepeatedFailure,
     begin_round,
     check_writable,
+    no_round,
     record_fault,
     restart_count,
     this_process,
@@ -308,6 +309,8 @@ def prepare_config(
     check_writable(
         os.path.join(run_dir, CHECKPOINT_DIR) if run_dir else os.path.join(cfg.log_dir, log_subdir), "--log-dir"
     )
+    if run_dir is None:
+        no_round()
     is_restart = run_dir is not None and begin_round(
         run_dir, resumed_step(resume), cfg.resume_from, int(os.environ.get("RANK", "0"))
     )

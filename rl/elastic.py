@@ -254,6 +254,13 @@ class ThisRound:
 _this_round: ThisRound | None = None
 
 
+def no_round() -> None:
+    """A run without a fixed folder keeps no journal: forget the round of a run before it in this process (from
+    Python), whose journal it would otherwise write into."""
+    global _this_round
+    _this_round = None
+
+
 def begin_round(run_dir: str, resume_step: int, checkpoint: str | None, rank: int) -> bool:
     """Read the journal of a run with a fixed folder; rank 0 says what this restart resumes from and redoes. Whether
     this round is a restart of the job (which every rank learns).

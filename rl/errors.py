@@ -78,6 +78,9 @@ def system_error(error: BaseException | None) -> OSError | None:
     return error
 
 
+FOLDER_GONE = "folder is gone (removed or moved while the run wrote into it)"
+
+
 @contextmanager
 def refused_writes(error_for: Callable[[str], Exception]) -> Iterator[None]:
     """Raise `error_for(the system's reason)` in place of an error that a write the system refused is behind.

@@ -19,7 +19,7 @@ from typing import Any, Literal, Protocol
 import torch
 from tqdm import tqdm
 
-from rl.errors import RunStopped, UsageError, progress_line, refused_writes
+from rl.errors import FOLDER_GONE, RunStopped, UsageError, progress_line, refused_writes
 from rl.normalization import AllReduceSum
 from rl.uploads import to_device
 
@@ -340,13 +340,18 @@ class Sinks:
 
 
 def refused_logs(log_dir: str) -> AbstractContextManager[None]:
-    """A write of the run's logs or config that the system refuses (a full disk, a lost mount) stops the run."""
-    return refused_writes(
-        lambda reason: RunStopped(
+    """A write of the run's logs or config that the system refuses (a full disk, a lost mount, the folder removed)
+    stops the run."""
+
+    def stopped(reason: str) -> RunStopped:
+        if not os.path.isdir(log_dir):
+            return RunStopped(f"could not write the run's files in {log_dir}: the {FOLDER_GONE}; training stopped")
+        return RunStopped(
             f"could not write the run's files in {log_dir}: {reason}; training stopped, and the checkpoints "
             "written before it are kept"
         )
-    )
+
+    return refused_writes(stopped)
 
 
 def quiet_tensorboard_writer_threads() -> None:

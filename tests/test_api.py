@@ -124,6 +124,16 @@ def test_a_resumed_config_takes_the_runs_own_values_where_it_leaves_the_defaults
     assert resumed.checkpoint_path.endswith("step_000000000512.ckpt")
 
 
+def test_a_run_after_a_named_one_in_the_same_process_leaves_that_runs_journal_alone(tmp_path):
+    quick = {"num_envs": 2, "num_steps": 64, "eval_episodes": 0, "progress_bar": False, "log_dir": str(tmp_path)}
+    named = rl.train(rl.PPOConfig(total_timesteps=256, run_name="named", **quick))
+    journal = [Path(named.run_dir, name) for name in ("elastic.jsonl", "elastic.step")]
+    before = [path.read_text() for path in journal]
+    other = rl.train(rl.PPOConfig(total_timesteps=512, **quick))  # a folder named at its start keeps no journal
+    assert other.run_dir != named.run_dir
+    assert [path.read_text() for path in journal] == before
+
+
 def test_a_named_run_launched_again_after_it_finished_says_it_trains_nothing(tmp_path, capsys):
     config = rl.PPOConfig(
         num_envs=2, num_steps=64, total_timesteps=256, eval_episodes=1, progress_bar=False, run_name="same"

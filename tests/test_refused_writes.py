@@ -8,7 +8,9 @@ otherwise end the process.
 
 from __future__ import annotations
 
+import re
 import resource
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -195,3 +197,33 @@ def test_an_evaluation_whose_logs_the_system_refuses_prints_its_scores_and_says_
         f"error: CHECKPOINT: cannot log the scores above into the checkpoint's run folder, {saved_agent.parent}: "
         f"{REFUSED}"
     )
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["named run", "run named at its start"])
+def test_a_run_whose_folder_is_removed_says_so_and_claims_no_checkpoint_kept(tmp_path, named):
+    import rl
+
+    class RemovesTheRunFolder(rl.Callback):
+        """What `rm -rf logs` beside a run does, at its second iteration."""
+
+        def on_iteration_end(self, state) -> None:
+            if state.iteration == 2 and state.run_dir is not None:
+                shutil.rmtree(state.run_dir)
+
+    config = rl.PPOConfig(
+        num_envs=2,
+        num_steps=64,
+        total_timesteps=8192,
+        eval_episodes=0,
+        progress_bar=False,
+        checkpoint_every="256",
+        log_dir=str(tmp_path / "logs"),
+        run_name="removed" if named else None,
+    )
+    with pytest.raises(rl.RunStopped) as stopped:
+        rl.train(config, callbacks=[RemovesTheRunFolder()])
+    assert re.fullmatch(
+        r"could not write (the run's files in )?\S+: the (run's )?folder is gone \(removed or moved while the run "
+        r"wrote into it\); training stopped",
+        str(stopped.value),
+    ), str(stopped.value)
