@@ -68,6 +68,7 @@ def test_coupled_ranks_all_stop_at_the_report_where_one_asked_and_save_their_age
     logged_once_per_report_by_the_main_process(tmp_path, "fabric", ranks[0])
 
 
+@pytest.mark.slow
 def test_decoupled_players_all_stop_where_one_asked(tmp_path):
     finished = launch("fabric run", script(tmp_path, "decoupled", "num_players=2"), [], tmp_path, nproc=3)
     assert finished.returncode == 0, finished.stderr[-3000:]

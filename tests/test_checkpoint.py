@@ -576,6 +576,7 @@ def test_ctrl_c_in_the_closing_evaluation_ends_the_run_with_one_line(tmp_path):
     assert [path.name for path in checkpoints(tmp_path)] == ["step_000000001024.ckpt"]
 
 
+@pytest.mark.slow
 def test_ctrl_c_while_hogwild_workers_start_checkpoints_once_they_have(tmp_path):
     """The workers are born deaf to Ctrl-C (left to the supervisor), so one still importing does not die of it."""
     job = start("python", SCRIPTS["hogwild"], [*QUICK, "--workers", "2"], tmp_path, nproc=1)
@@ -585,6 +586,7 @@ def test_ctrl_c_while_hogwild_workers_start_checkpoints_once_they_have(tmp_path)
     assert checkpoints(tmp_path, "hogwild")
 
 
+@pytest.mark.slow
 def test_ctrl_c_on_asynchronous_decoupled_players_checkpoints_and_stops(tmp_path):
     """Two players that run ahead of the trainers agree on where to stop, and the run resumes."""
     players = ["--num-players", "2"]
@@ -610,7 +612,7 @@ def test_ctrl_c_on_asynchronous_decoupled_players_checkpoints_and_stops(tmp_path
 
 @pytest.mark.parametrize(
     ("script", "nproc", "extra"),
-    [("fabric", 2, []), ("decoupled", 4, ["--num-players", "2"])],
+    [("fabric", 2, []), pytest.param("decoupled", 4, ["--num-players", "2"], marks=pytest.mark.slow)],
     ids=["coupled", "decoupled-two-players"],
 )
 def test_ctrl_c_stops_sac_between_two_reports(tmp_path, script, nproc, extra):

@@ -113,10 +113,9 @@ def test_a_resumed_decoupled_runs_evaluator_keeps_what_it_logged_before_the_chec
     assert [step for step, _ in scalars["Perf/peak_rss_mb_max"]] == [8192]  # over every rank
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
-    "loggers",
-    [["tensorboard", "csv"], pytest.param(["tensorboard", "csv", "wandb"], marks=pytest.mark.slow)],
-    ids=["tensorboard-csv", "and-wandb"],
+    "loggers", [["tensorboard", "csv"], ["tensorboard", "csv", "wandb"]], ids=["tensorboard-csv", "and-wandb"]
 )
 def test_a_resumed_hogwild_run_keeps_what_it_logged_before_its_checkpoint_and_logs_to_every_logger(tmp_path, loggers):
     """Worker 0 writes the training's scalars, the supervisor the closing evaluation's, each to every logger."""
@@ -190,6 +189,7 @@ def test_wandb_offline_keeps_the_metrics_the_config_and_the_videos_and_a_resume_
     assert video.parent.name == "Eval", video
 
 
+@pytest.mark.slow
 def test_the_evaluation_command_logs_its_scores_to_the_loggers_it_is_given_and_keeps_earlier_ones(tmp_path):
     trained = run_ranks("python", SCRIPTS["fabric"], [*SHORT, "--total-timesteps", "512"], tmp_path)
     assert trained.returncode == 0, trained.stderr[-3000:]
