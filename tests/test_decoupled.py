@@ -247,7 +247,7 @@ def test_one_process_is_refused_with_the_command_that_launches_more(tmp_path):
 @pytest.mark.parametrize(
     ("victim", "survivor_says", "extra"),
     [
-        (2, ["error: the player: ", "trainer 2"], []),
+        pytest.param(2, ["error: the player: ", "trainer 2"], [], marks=pytest.mark.slow),
         (0, ["error: trainer 1: ", "the player"], []),
         pytest.param(2, ["error: the player: ", "the evaluator"], ["--evaluator"], marks=pytest.mark.slow),
         pytest.param(1, ["error: trainer 2: ", "player 1"], ["--num-players", "2"], marks=pytest.mark.slow),

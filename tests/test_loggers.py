@@ -85,6 +85,7 @@ def test_csv_and_tensorboard_log_the_same_points_and_a_resume_keeps_the_rows_bef
     assert [step for step, _ in read_scalars(directory)["Perf/loop_steps_per_second"]] == [3072]
 
 
+@pytest.mark.slow
 def test_a_resumed_decoupled_runs_evaluator_keeps_what_it_logged_before_the_checkpoint(tmp_path):
     args = ["--no-progress-bar", "--evaluator", "--eval-episodes", "2", "--logger", "tensorboard", "csv"]
     args = [*args, "--total-timesteps", "8192", "--checkpoint-every", "4096"]
@@ -145,6 +146,7 @@ def test_a_resumed_hogwild_run_keeps_what_it_logged_before_its_checkpoint_and_lo
         assert b"Rewards/rew_avg" in logged and b"Test/return_mean" in logged and b"num_envs" in logged
 
 
+@pytest.mark.slow
 def test_wandb_offline_keeps_the_metrics_the_config_and_the_videos_and_a_resume_continues_its_run(
     tmp_path, monkeypatch
 ):

@@ -108,6 +108,7 @@ def test_every_coupled_rank_stops_with_the_line_of_the_checkpoint_rank_0_could_n
     assert not partial_files(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_decoupled_player_that_cannot_write_its_checkpoint_says_so_and_its_trainer_stops(tmp_path):
     refused = run_with_file_limit(
         launch_command("fabric run", SCRIPTS["decoupled"], [*PPO_QUICK, "--total-timesteps", "1024"], 2),

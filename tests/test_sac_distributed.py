@@ -184,7 +184,8 @@ def test_sac_runs_log_every_expected_scalar(fabric_and_torch_sac_runs):
 
 @pytest.mark.parametrize(
     ("nproc", "args"),
-    [(3, []), (3, ["--pipeline"])],  # the shared batch: one trainer against one coupled process, below
+    # the shared batch: one trainer against one coupled process, below
+    [(3, []), pytest.param(3, ["--pipeline"], marks=pytest.mark.slow)],
     ids=["scatter", "pipeline"],
 )
 def test_decoupled_sac_runs_every_data_path(tmp_path, nproc, args):

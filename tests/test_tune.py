@@ -108,6 +108,7 @@ def test_rl_zoos_tuning_flags_and_training_flags_before_the_dashes_are_answered(
     assert refused.value.flag == word and says in str(refused.value)
 
 
+@pytest.mark.slow
 def test_a_study_goes_on_only_over_the_space_it_searched_and_with_the_training_flags_of_its_trials(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text("learning_rate: {choices: [0.002]}\n")
@@ -133,6 +134,7 @@ def test_a_study_goes_on_only_over_the_space_it_searched_and_with_the_training_f
     assert len(trials(tmp_path)) == 1
 
 
+@pytest.mark.slow
 def test_failed_trials_count_so_a_study_whose_runs_all_fail_ends_and_says_where_their_output_is(tmp_path):
     fails = ("--env-id", "envs_for_tests:Misbehaves-v0", "--env-kwargs", '{"after": 300}')  # a run's env raises
     done = tune(tmp_path, "--trials", "2", training=fails)
