@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import functools
 import io
 import json
 import math
@@ -307,9 +306,7 @@ def run_trial(trial: Any, cfg: TuneConfig, training: list[str], space: dict[str,
     if Stop.heard:  # between trials: none is started
         trial.set_user_attr("interrupted", True)
         raise KeyboardInterrupt
-    # a tuner killed outright (SIGKILL) leaves no run training on: it checkpoints and stops, as at Ctrl-C
-    run = functools.partial(subprocess.Popen, preexec_fn=ended_with_this_process(signal.SIGINT))
-    with log.open("w") as output, run(command, stdout=output, stderr=subprocess.STDOUT) as process:
+    with log.open("w") as output, start_child(command, stdout=output, stderr=subprocess.STDOUT) as process:
         try:
             pruned = follow_evaluations(trial, process, run_dir / "csv" / CSV_METRICS_FILE)
             process.wait()
@@ -330,6 +327,12 @@ def run_trial(trial: Any, cfg: TuneConfig, training: list[str], space: dict[str,
         trial.set_user_attr("failure", failure)
         raise TrialFailed(f"{name} failed ({failure})")
     return float(closing.group(1))
+
+
+def start_child(command: list[str], **options: Any) -> subprocess.Popen:
+    """A trial's run, or another tuning process, that Linux sends Ctrl-C the moment this tuner ends, however it ends
+    (SIGKILL, the out-of-memory killer): it stops as at Ctrl-C (a run checkpoints) instead of going on unwatched."""
+    return subprocess.Popen(command, preexec_fn=ended_with_this_process(signal.SIGINT), **options)
 
 
 def stop_interrupted_trial(trial: Any, process: subprocess.Popen, run_dir: Path) -> None:
@@ -577,12 +580,8 @@ def create_study(cfg: TuneConfig) -> optuna.Study:
 def tune_in_every_process(cfg: TuneConfig, argv: list[str], training: list[str], space: dict[str, Any]) -> None:
     """This tuning process and --workers - 1 more, each running trials of the study."""
     own = argv[: argv.index("--")] if "--" in argv else argv
-    # a tuner killed outright (SIGKILL) leaves no helper tuning on: each stops its trial, as at Ctrl-C
     helpers = [
-        subprocess.Popen(
-            [sys.executable, "-m", "rl.tune", *own, "--worker", str(index), "--", *training],
-            preexec_fn=ended_with_this_process(signal.SIGINT),
-        )
+        start_child([sys.executable, "-m", "rl.tune", *own, "--worker", str(index), "--", *training])
         for index in range(1, cfg.workers)
     ]
     try:
