@@ -23,6 +23,7 @@ import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -301,6 +302,7 @@ def run_trial(trial: Any, cfg: TuneConfig, training: list[str], space: dict[str,
     run_dir = folder / TRIALS_FOLDER / name
     trial.set_user_attr("run_dir", str(run_dir))
     trial.set_user_attr("tuner_pid", os.getpid())
+    trial.set_user_attr("tuner_host", socket.gethostname())
     folder.mkdir(parents=True, exist_ok=True)
     log = folder / f"{name}.log"  # a file, not a pipe: a run that prints much never blocks on an unread pipe
     if Stop.heard:  # between trials: none is started
@@ -541,6 +543,7 @@ def main(argv: list[str]) -> None:
     study = create_study(cfg)
     check_same_space(study, cfg, space)
     check_same_training(study, cfg, shared_training_values(algorithm.cfg, space))
+    close_abandoned_trials(study)
     done = trials_counted(study)
     if done >= cfg.trials:
         print(
@@ -561,6 +564,35 @@ def main(argv: list[str]) -> None:
             print("interrupted (Ctrl-C): the same command goes on with this study")
             sys.exit(INTERRUPTED_EXIT_CODE)
     write_best(cfg)
+
+
+def close_abandoned_trials(study: optuna.Study) -> None:
+    """Trials left running by a tuner of this machine that was killed outright (kill -9, the out-of-memory killer)
+    end as interrupted ones do: failed, not counted by --trials. Their runs stopped with it and checkpointed. A trial
+    of a tuner on another machine, or of one still running, is left to that tuner."""
+    import optuna
+
+    host = socket.gethostname()
+    for frozen in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        pid = frozen.user_attrs.get("tuner_pid")
+        if frozen.user_attrs.get("tuner_host") != host or pid is None or process_exists(pid):
+            continue
+        optuna.trial.Trial(study, frozen._trial_id).set_user_attr("interrupted", True)
+        study.tell(frozen.number, state=optuna.trial.TrialState.FAIL)
+        print(
+            f"trial {frozen.number}: its tuner (pid {pid}) ended without stopping it (killed outright); the study "
+            f"keeps it as interrupted; its run's checkpoints are in {frozen.user_attrs.get('run_dir')}"
+        )
+
+
+def process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def create_study(cfg: TuneConfig) -> optuna.Study:

@@ -3,6 +3,7 @@
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ import yaml
 from conftest import child_env, child_pids, start_as_foreground_job, still_running
 
 from rl.cli import parse_config
+from rl.tune import close_abandoned_trials
 
 TRAINING = ["--", "--preset", "cartpole", "--total-timesteps", "2048", "--eval-episodes", "2"]
 
@@ -188,7 +190,9 @@ def test_ctrl_c_stops_the_tuner_and_its_trial_which_the_study_does_not_count(tmp
 @pytest.mark.parametrize(
     ("signum", "workers"), [(signal.SIGTERM, 1), (signal.SIGKILL, 2)], ids=["SIGTERM", "SIGKILL, two tuners"]
 )
-def test_a_tuner_stopped_by_a_signal_to_it_alone_stops_its_trials_runs_which_checkpoint(tmp_path, signum, workers):
+def test_a_tuner_stopped_by_a_signal_to_it_alone_stops_its_trials_runs_which_checkpoint(
+    tmp_path, capsys, signum, workers
+):
     # kill, or kill -9 and the out-of-memory killer, which leave the tuner no time: no run trains on unwatched, and
     # no tuner it started goes on with the study.
     tuner = tuner_in_its_first_trial(tmp_path, workers)
@@ -202,6 +206,15 @@ def test_a_tuner_stopped_by_a_signal_to_it_alone_stops_its_trials_runs_which_che
     for log in (tmp_path / "runs" / "cartpole").glob("trial-*.log"):
         assert stopped.search(log.read_text()), log.read_text()[-3000:]
     if signum == signal.SIGKILL:
+        # The killed tuner's own trial stayed running in the study: the next tuner ends it as interrupted, and only
+        # that one (the other tuner, stopped by Ctrl-C, ended its own).
+        left = [trial.number for trial in trials(tmp_path) if trial.state == optuna.trial.TrialState.RUNNING]
+        assert len(left) == 1
+        study = optuna.load_study(storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="cartpole")
+        close_abandoned_trials(study)
+        assert capsys.readouterr().out.startswith(f"trial {left[0]}: its tuner (pid {tuner.pid}) ended without")
+        assert all(trial.state == optuna.trial.TrialState.FAIL for trial in trials(tmp_path))
+        assert all(trial.user_attrs["interrupted"] for trial in trials(tmp_path))  # so --trials counts neither
         return
     assert tuner.returncode == 1 and "Traceback" not in err, err[-3000:]
     assert out.splitlines() == [
@@ -301,3 +314,23 @@ def test_a_tuners_ctrl_c_is_recorded_where_it_lands_and_raised_where_the_tuner_p
         with pytest.raises(KeyboardInterrupt):
             tuning.raise_if_stopped()
     assert signal.getsignal(signal.SIGINT) != tuning.Stop.hear  # the handler before is back
+
+
+def test_only_a_trial_whose_tuner_on_this_machine_has_ended_is_closed_as_interrupted(tmp_path, capsys):
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 'study.db'}", study_name="cartpole")
+    tuners = [(ended.pid, socket.gethostname()), (os.getpid(), socket.gethostname()), (ended.pid, "another-machine")]
+    for pid, host in tuners:
+        trial = study.ask()
+        trial.set_user_attr("tuner_pid", pid)
+        trial.set_user_attr("tuner_host", host)
+        trial.set_user_attr("run_dir", f"runs/trial-{trial.number}")
+    close_abandoned_trials(study)
+    assert capsys.readouterr().out == (
+        f"trial 0: its tuner (pid {ended.pid}) ended without stopping it (killed outright); the study keeps it as "
+        "interrupted; its run's checkpoints are in runs/trial-0\n"
+    )
+    states = [(trial.state, trial.user_attrs.get("interrupted")) for trial in trials(tmp_path)]
+    running = (optuna.trial.TrialState.RUNNING, None)
+    assert states == [(optuna.trial.TrialState.FAIL, True), running, running]
