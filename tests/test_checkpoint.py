@@ -395,7 +395,7 @@ def test_ctrl_c_in_a_terminal_checkpoints_a_run_whose_envs_step_in_processes_of_
     assert "Traceback" not in stderr, stderr[-3000:]
 
 
-@pytest.mark.parametrize("victim", [0, 1])
+@pytest.mark.parametrize("victim", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_a_killed_rank_ends_the_job_and_the_last_checkpoint_resumes(tmp_path, victim):
     # A checkpoint after every update, so kills often land in the middle of a save.
     args = [*QUICK, "--total-timesteps", "100000000", "--checkpoint-every", "512", "--keep-last", "100"]
@@ -532,6 +532,7 @@ def test_a_checkpoint_resumes_only_in_its_own_mode(runs, tmp_path):
     assert all(said in line for line in lines)
 
 
+@pytest.mark.slow
 def test_a_hogwild_checkpoint_resumed_elsewhere_names_its_mode_not_its_flags(tmp_path):
     trained = run_ranks("python", SCRIPTS["hogwild"], [*QUICK, "--workers", "2", "--total-timesteps", "512"], tmp_path)
     assert trained.returncode == 0, trained.stderr[-3000:]

@@ -197,6 +197,7 @@ def _early_receives(rank: int, port: int, folder: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_messages_arrive_while_their_receivers_compute(tmp_path):
     """The trainer's next rows and the player's next weights travel before their receivers ask for them."""
     mp.spawn(_early_receives, args=(free_port(), str(tmp_path)), nprocs=2, join=True)

@@ -111,46 +111,48 @@ def test_a_dict_with_a_key_no_encoder_takes_is_named_in_one_line(tmp_path):
         inspect_env("envs_for_tests:ImageAndText-v0")
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict:
-    """Per algorithm: a run in one go, the same run stopped halfway and resumed, and one decoupled player
+@pytest.fixture(scope="module", params=["ppo", pytest.param("sac", marks=pytest.mark.slow)])
+def runs(request, tmp_path_factory) -> tuple[str, dict]:
+    """For one algorithm: a run in one go, the same run stopped halfway and resumed, and one decoupled player
     with one trainer sharing its data (which trains as one coupled process does)."""
+    algorithm = request.param
+    flags, half = RUNS[algorithm]
     folders, jobs = {}, []
-    for name, (flags, half) in RUNS.items():
-        for kind, launcher, script, steps, nproc in (
-            ("full", "python", "fabric", 2 * half, 1),
-            ("half", "python", "fabric", half, 1),
-            ("decoupled", "fabric run", "decoupled", 2 * half, 2),
-        ):
-            folders[name, kind] = tmp_path_factory.mktemp(f"{name}-{kind}")
-            extra = ["--share-data"] if kind == "decoupled" else []
-            args = [*flags, *extra, "--total-timesteps", str(steps)]
-            jobs.append((launcher, SCRIPTS[script], args, folders[name, kind], nproc))
+    for kind, launcher, script, steps, nproc in (
+        ("full", "python", "fabric", 2 * half, 1),
+        ("half", "python", "fabric", half, 1),
+        ("decoupled", "fabric run", "decoupled", 2 * half, 2),
+    ):
+        folders[kind] = tmp_path_factory.mktemp(f"{algorithm}-{kind}")
+        extra = ["--share-data"] if kind == "decoupled" else []
+        jobs.append(
+            (launcher, SCRIPTS[script], [*flags, *extra, "--total-timesteps", str(steps)], folders[kind], nproc)
+        )
     for finished in launch_together(*jobs, via=run_ranks):
         assert finished.returncode == 0, finished.stderr[-3000:]
-    for name, (flags, half) in RUNS.items():
-        half_run = run_dir(folders[name, "half"], "fabric")
-        (checkpoint,) = sorted((half_run / "checkpoints").glob("step_*.ckpt"))[-1:]
-        args = [*flags, "--total-timesteps", str(2 * half), "--resume-from", str(checkpoint)]
-        finished = run_ranks("python", SCRIPTS["fabric"], args, folders[name, "half"])
-        assert finished.returncode == 0, finished.stderr[-3000:]
-    return {key: run_dir(folder, "decoupled" if key[1] == "decoupled" else "fabric") for key, folder in folders.items()}
+    (checkpoint,) = sorted((run_dir(folders["half"], "fabric") / "checkpoints").glob("step_*.ckpt"))[-1:]
+    args = [*flags, "--total-timesteps", str(2 * half), "--resume-from", str(checkpoint)]
+    finished = run_ranks("python", SCRIPTS["fabric"], args, folders["half"])
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    return algorithm, {
+        kind: run_dir(folder, "decoupled" if kind == "decoupled" else "fabric") for kind, folder in folders.items()
+    }
 
 
-@pytest.mark.parametrize("algorithm", list(RUNS))
-def test_a_resumed_run_and_a_decoupled_one_train_as_one_run_in_one_process_does(runs, algorithm):
-    full = load_agent(runs[algorithm, "full"])["policy"]
+def test_a_resumed_run_and_a_decoupled_one_train_as_one_run_in_one_process_does(runs):
+    algorithm, folders = runs
+    full = load_agent(folders["full"])["policy"]
     assert any(".cnns.0." in name for name in full) and any(".mlp." in name for name in full)
     tag = "Loss/policy_loss" if algorithm == "ppo" else "Loss/critic_loss"
     for other in ("half", "decoupled"):
-        weights = load_agent(runs[algorithm, other])["policy"]
+        weights = load_agent(folders[other])["policy"]
         assert all(torch.equal(full[name], weights[name]) for name in full), other
-        assert all_scalars(runs[algorithm, other], tag) == all_scalars(runs[algorithm, "full"], tag), other
+        assert all_scalars(folders[other], tag) == all_scalars(folders["full"], tag), other
 
 
-@pytest.mark.parametrize("algorithm", list(RUNS))
-def test_the_agent_predicts_from_dicts_and_its_export_takes_one_input_per_key(runs, algorithm, tmp_path):
-    agent = rl.load_agent(runs[algorithm, "full"] / "agent.ckpt")
+def test_the_agent_predicts_from_dicts_and_its_export_takes_one_input_per_key(runs, tmp_path):
+    _, folders = runs
+    agent = rl.load_agent(folders["full"] / "agent.ckpt")
     env = gym.make(agent.env_id, **dict(agent.preprocessing.env_kwargs))
     observations = [env.reset(seed=seed)[0] for seed in range(4)]
     actions, _ = agent.predict(observations)

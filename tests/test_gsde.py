@@ -163,7 +163,7 @@ def test_a_resumed_gsde_run_equals_an_uninterrupted_one(tmp_path, algorithm, arg
         ("decoupled", [*PPO_RUN, "--total-timesteps", "512"], 3),
         ("decoupled", [*SAC_RUN, "--total-timesteps", "256"], 3),
         ("hogwild", [*PPO_RUN, "--total-timesteps", "512", "--workers", "2"], 1),
-        ("hogwild", [*SAC_RUN, "--total-timesteps", "256", "--workers", "2"], 1),
+        pytest.param("hogwild", [*SAC_RUN, "--total-timesteps", "256", "--workers", "2"], 1, marks=pytest.mark.slow),
     ],
     ids=["decoupled-ppo", "decoupled-sac", "hogwild-ppo", "hogwild-sac"],
 )

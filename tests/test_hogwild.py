@@ -284,6 +284,7 @@ if __name__ == "__main__":  # the workers import this file again
 """
 
 
+@pytest.mark.slow
 def test_a_worker_lost_under_rl_train_raises_rather_than_ending_the_interpreter(tmp_path):
     script = tmp_path / "loses_a_worker.py"
     script.write_text(LOSES_A_WORKER_IN_PYTHON)

@@ -39,7 +39,7 @@ def resume_to(launcher: str, script: str, args: list[str], checkpoint: Path, tot
             marks=pytest.mark.slow,
         ),
         ("fabric run", "decoupled", [], 2),
-        ("python", "hogwild", ["--workers", "2"], 1),
+        pytest.param("python", "hogwild", ["--workers", "2"], 1, marks=pytest.mark.slow),
     ],
     ids=["fabric", "torchrun-sac", "decoupled", "hogwild"],
 )

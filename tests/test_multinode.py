@@ -81,7 +81,7 @@ def launch_two_nodes(launcher: str, script: Path, args: list[str], cwd: Path) ->
 
 @pytest.mark.parametrize(
     ("launcher", "mode", "args"),
-    [("fabric run", "fabric", PPO_ARGS), ("torchrun", "torch", SAC_ARGS)],
+    [("fabric run", "fabric", PPO_ARGS), pytest.param("torchrun", "torch", SAC_ARGS, marks=pytest.mark.slow)],
     ids=["fabric-run-ppo", "torchrun-sac"],
 )
 def test_two_nodes_train_exactly_as_two_processes_on_one_machine(tmp_path, launcher, mode, args):

@@ -329,6 +329,7 @@ def test_ctrl_c_ends_an_evaluation_in_one_line(tmp_path):
     assert (evaluation.returncode, out, err) == (130, "", "interrupted (Ctrl-C)\n")
 
 
+@pytest.mark.slow
 def test_evaluation_shows_the_first_env_in_a_window_where_a_display_and_the_env_allow_it(tmp_path):
     frames = tmp_path / "frames.txt"
     env_flags = ["--env-id", "envs_for_tests:ShowsItself-v0", "--env-kwarg", f"frames={frames}"]

@@ -237,7 +237,8 @@ def test_compile_without_a_cpp_compiler_ends_with_one_line(tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize(
-    ("algorithm", "precision"), [("ppo", "bf16-mixed"), ("ppo", "bf16-true"), ("sac", "bf16-true")]
+    ("algorithm", "precision"),
+    [("ppo", "bf16-mixed"), ("ppo", "bf16-true"), pytest.param("sac", "bf16-true", marks=pytest.mark.slow)],
 )
 def test_a_checkpoint_is_float32_resumes_exactly_and_at_another_precision(tmp_path, algorithm, precision):
     if algorithm == "ppo":

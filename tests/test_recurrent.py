@@ -274,7 +274,7 @@ def test_decoupled_players_send_sequences_the_trainers_replay(tmp_path, nproc, a
     assert "evaluation over 2 greedy episodes" in finished.stdout
 
 
-@pytest.mark.parametrize("sync", ["shared", "synced"])
+@pytest.mark.parametrize("sync", [pytest.param("shared", marks=pytest.mark.slow), "synced"])
 def test_hogwild_workers_carry_their_own_states(tmp_path, sync):
     finished = run_ranks(
         "python",

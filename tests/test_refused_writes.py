@@ -92,7 +92,7 @@ def test_a_refused_checkpoint_stops_the_run_in_one_line_and_the_one_before_resum
     assert (kept.parent / "step_000000000400.ckpt").is_file()
 
 
-@pytest.mark.parametrize("launcher", ["fabric run", "torchrun"])
+@pytest.mark.parametrize("launcher", [pytest.param("fabric run", marks=pytest.mark.slow), "torchrun"])
 def test_every_coupled_rank_stops_with_the_line_of_the_checkpoint_rank_0_could_not_write(tmp_path, launcher):
     """Rank 0 writes; the others learn of its failure instead of waiting for the file, or naming rank 0 as lost."""
     script = SCRIPTS["fabric" if launcher == "fabric run" else "torch"]
@@ -124,6 +124,7 @@ def test_a_decoupled_player_that_cannot_write_its_checkpoint_says_so_and_its_tra
     assert not partial_files(tmp_path)
 
 
+@pytest.mark.slow
 def test_every_decoupled_rank_stops_with_the_line_of_the_config_file_the_lead_could_not_write(tmp_path):
     run_folder = tmp_path / "logs" / "fabric_decoupled_logs" / "refused"
     (run_folder / "config.yaml").mkdir(parents=True)  # refused as a full disk is, with an OSError
@@ -134,6 +135,7 @@ def test_every_decoupled_rank_stops_with_the_line_of_the_config_file_the_lead_co
     assert error_lines(refused.stderr) == [f"{line}stopped, and the checkpoints written before it are kept"] * 3
 
 
+@pytest.mark.slow
 def test_a_hogwild_checkpoint_the_system_refuses_stops_the_workers_in_one_line(tmp_path):
     refused = run_with_file_limit(
         launch_command(

@@ -261,7 +261,11 @@ def test_bad_sac_input_exits_2_with_one_line(tmp_path, args, flag, says):
 
 @pytest.mark.parametrize(
     ("launcher", "script"),
-    [("fabric run", "fabric"), ("torchrun", "torch"), ("fabric run", "decoupled")],
+    [
+        pytest.param("fabric run", "fabric", marks=pytest.mark.slow),
+        ("torchrun", "torch"),
+        pytest.param("fabric run", "decoupled", marks=pytest.mark.slow),
+    ],
 )
 def test_every_rank_of_every_launcher_refuses_a_discrete_env_for_sac(tmp_path, launcher, script):
     finished = launch(launcher, SCRIPTS[script], ["sac", "--env-id", "CartPole-v1"], tmp_path, timeout=60)

@@ -227,6 +227,7 @@ def test_a_tuner_stopped_by_a_signal_to_it_alone_stops_its_trials_runs_which_che
     )
 
 
+@pytest.mark.slow
 def test_a_space_file_the_random_sampler_and_the_timeout_shape_the_study(tmp_path):
     space = tmp_path / "space.yaml"
     space.write_text("learning_rate: {choices: [0.002]}\nupdate_epochs: {low: 2, high: 3}\n")
