@@ -470,6 +470,7 @@ def test_a_long_episodes_tensorboard_gif_plays_all_of_it_sped_up_in_few_frames(t
     assert sum(durations) / 1000 == pytest.approx(steps / fps, rel=0.05)  # the whole episode, sped up
 
 
+@pytest.mark.slow
 def test_evaluation_cli_takes_training_checkpoints_stochastic_play_and_another_env(runs):
     checkpoint = str(runs["fabric_half_checkpoint"])
     done = evaluate([checkpoint, "--episodes", "2", "--stochastic"], runs["fabric-half"])

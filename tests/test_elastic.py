@@ -317,13 +317,10 @@ def test_a_run_that_fails_in_the_same_place_stops_after_max_restarts_with_the_ca
     assert len(starts) == 3  # rounds 0-2 trained; the third restart refused before training
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "lag",
-    [
-        [],
-        pytest.param(["--pipeline"], marks=pytest.mark.slow),
-        pytest.param(["--async", "--max-policy-lag", "2"], marks=pytest.mark.slow),
-    ],
+    [[], ["--pipeline"], ["--async", "--max-policy-lag", "2"]],
     ids=["lock-step", "pipelined", "async"],
 )
 def test_a_decoupled_round_is_journaled_as_started_before_a_players_env_fails_at_once(tmp_path, lag):

@@ -115,9 +115,10 @@ def test_an_env_whose_close_raises_after_training_is_named_and_the_run_keeps_its
 TRAINER_LOST_THE_PLAYER = re.compile(r"(error: trainer \d): (?:stopped by the launcher because it )?lost the player")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "mode",
-    ["fabric run", pytest.param("decoupled", marks=pytest.mark.slow), pytest.param("hogwild", marks=pytest.mark.slow)],
+    ["fabric run", "decoupled", "hogwild"],
 )
 def test_every_process_ends_and_names_what_happened(tmp_path, mode):
     if mode == "hogwild":

@@ -63,7 +63,7 @@ def test_a_gradient_average_whose_peer_is_lost_raises_instead_of_returning_gradi
     assert outcome.startswith("raised"), outcome
 
 
-@pytest.mark.parametrize("script", ["fabric", "torch", "decoupled"])
+@pytest.mark.parametrize("script", ["fabric", "torch", pytest.param("decoupled", marks=pytest.mark.slow)])
 def test_a_rendezvous_port_taken_by_another_job_is_named_with_the_flag_that_frees_it(tmp_path, script):
     # Rank 0 of a job started without a launcher's rendezvous (as srun does) hosts the store itself.
     with socket.socket() as taken:

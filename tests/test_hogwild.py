@@ -129,7 +129,8 @@ def test_resume_continues_exactly_with_one_synced_worker_and_keeps_the_worker_co
     assert "error: --workers: the checkpoint was written by 1 process, not 2" in refused.stderr
 
 
-@pytest.mark.parametrize("ahead", [7, pytest.param(8, marks=pytest.mark.slow)], ids=["one-iteration-left", "none-left"])
+@pytest.mark.slow
+@pytest.mark.parametrize("ahead", [7, 8], ids=["one-iteration-left", "none-left"])
 def test_workers_resumed_at_different_iterations_finish_together(tmp_path, ahead):
     """After Ctrl-C the workers may have stopped at different iterations; a resumed worker that
     finishes first (or has no iteration left to run) keeps taking part in the others' checkpoints

@@ -64,6 +64,7 @@ def partial_files(cwd: Path) -> list[Path]:
     return list(cwd.rglob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_a_refused_checkpoint_stops_the_run_in_one_line_and_the_one_before_resumes(tmp_path):
     refused = run_with_file_limit(
         launch_command("python", SCRIPTS["fabric"], [*SAC_GROWING, "--total-timesteps", "600"], 1),
