@@ -251,7 +251,7 @@ runpy.run_path({script!r}, run_name="__main__")
 """
 
 
-@pytest.mark.parametrize("refused", ["buffer-too-small", "wandb-missing"])
+@pytest.mark.parametrize("refused", ["buffer-too-small", pytest.param("wandb-missing", marks=pytest.mark.slow)])
 def test_a_refused_resume_leaves_the_run_folder_as_it_was(tmp_path, refused):
     """Refused once the checkpoint is read, before its folder opens: the config file, the logs and the journal
     stay the earlier launch's."""

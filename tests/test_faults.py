@@ -56,7 +56,7 @@ def _average_after_peer_exits(rank: int, port: int, folder: str, path: str) -> N
     os._exit(0)  # the process group is broken: no teardown
 
 
-@pytest.mark.parametrize("path", ["backward_and_average", "start_mean"])
+@pytest.mark.parametrize("path", ["backward_and_average", pytest.param("start_mean", marks=pytest.mark.slow)])
 def test_a_gradient_average_whose_peer_is_lost_raises_instead_of_returning_gradients(tmp_path, path):
     mp.spawn(_average_after_peer_exits, args=(free_port(), str(tmp_path), path), nprocs=2, join=True)
     outcome = (tmp_path / "outcome.txt").read_text()
