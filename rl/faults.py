@@ -107,38 +107,6 @@ class Heartbeat:
         return [self.store.add(f"rl/heartbeat/{rank}", 0) for rank in range(self.world_size)]
 
 
-class SigtermNotices:
-    """Which ranks a SIGTERM stopped, told through the job's rendezvous store, on a connection of their own.
-
-    A SIGTERM sent to the whole job (scancel, a time limit, a kill of its process group) reaches every rank at
-    once; the first to end would otherwise look, to a rank that handles its own a moment later, like a peer the
-    launcher had lost. A rank tells before it ends, and waits for the store to hold it."""
-
-    KEY = "rl/stopped-by-sigterm/"
-
-    def __init__(self, world_size: int) -> None:
-        self.store: dist.Store | None = None
-        if world_size > 1 and "MASTER_ADDR" in os.environ:
-            with contextlib.suppress(RuntimeError, dist.DistError, ValueError):
-                self.store = job_store_client(timeout_seconds=2)
-
-    def tell(self, rank: int) -> None:
-        if self.store is None:
-            return
-        with contextlib.suppress(RuntimeError, dist.DistError):
-            self.store.set(f"{self.KEY}{rank}", "1")
-            self.store.check([f"{self.KEY}{rank}"])  # a round trip: the store has it before this process ends
-
-    def heard_by(self, ranks: list[int]) -> list[int]:
-        """Those of `ranks` that a SIGTERM stopped; none where the store cannot say."""
-        if self.store is None:
-            return []
-        try:
-            return [rank for rank in ranks if self.store.check([f"{self.KEY}{rank}"])]
-        except (RuntimeError, dist.DistError):
-            return []
-
-
 def gather_process_ids(device: torch.device) -> Tensor:
     """(node id, pid) of every rank, so a survivor can tell whose process has ended."""
     own = torch.tensor([_node_id(), os.getpid()], dtype=torch.long, device=device)
@@ -304,35 +272,28 @@ def report_lost_peers(
     role = name(own_rank)
     name_this_process(role)
     heartbeat = Heartbeat(own_rank, len(process_ids)) if spans_nodes(process_ids) else None
-    sigterms = SigtermNotices(len(process_ids))
 
-    def lost(with_stopped_alike: bool = True) -> str:
-        """The peers known to be gone, and how that is known; empty if none is. Those that a SIGTERM of their own
-        stopped are left out where this process got one too (`with_stopped_alike` False): one SIGTERM went to the
-        whole job (scancel, a time limit, a kill of its process group), which lost no process before it."""
-        gone, how = ended_ranks(process_ids, own_rank), "ended"
-        if not gone and heartbeat is not None:
-            silent = heartbeat.silent_ranks()
-            if silent is None:
-                return "the node hosting the rendezvous store (node 0): the store is unreachable"
-            gone, how = silent, "heartbeat stopped"
-        stopped = sigterms.heard_by(gone)
-        unexplained = [rank for rank in gone if rank not in stopped]
-        parts = [ranks_gone(unexplained, how)] if unexplained else []
-        if stopped and with_stopped_alike:
-            parts.append(f"{listed([name(rank) for rank in stopped])}: stopped by SIGTERM")
-        return "; ".join(parts)
-
-    def ranks_gone(ranks: list[int], how: str) -> str:
-        its = "its" if len(ranks) == 1 else "their"
-        if how == "ended":
-            return f"{listed([name(rank) for rank in ranks])}: {its} process{'es' if len(ranks) > 1 else ''} ended"
-        return f"{listed([name(rank) for rank in ranks])} on another node: {its} heartbeat stopped"
+    def lost() -> str:
+        """The peers known to be gone, and how that is known; empty if none is."""
+        gone = ended_ranks(process_ids, own_rank)
+        if gone:  # seen on this node
+            processes = "its process" if len(gone) == 1 else "their processes"
+            return f"{listed([name(rank) for rank in gone])}: {processes} ended"
+        if heartbeat is None:
+            return ""
+        silent = heartbeat.silent_ranks()
+        if silent is None:
+            return "the node hosting the rendezvous store (node 0): the store is unreachable"
+        if not silent:
+            return ""
+        return (
+            f"{listed([name(rank) for rank in silent])} on another node: {'its' if len(silent) == 1 else 'their'} "
+            "heartbeat stopped"
+        )
 
     def stopped_by_sigterm(signum: int, frame: object) -> None:
-        sigterms.tell(own_rank)  # first, so that a peer that sees this process end knows why
         stall = stalled_env_call(stall_seconds(collective_timeout))
-        known = lost(with_stopped_alike=False)
+        known = lost()
         if stall:  # what the others waited for, if they gave up: this process's env
             record_fault(role, "stalled", stall)
             print_error(f"error: {role}: {stall}; {stopped_while_stalled(known)}")
