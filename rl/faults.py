@@ -120,7 +120,7 @@ def gather_process_ids(device: torch.device) -> Tensor:
 PF_EXITING = 0x4  # the kernel's flag for a task inside exit(): set before it closes its sockets
 
 
-def _process_ended(pid: int) -> bool:
+def process_ended(pid: int) -> bool:
     """Gone, a zombie, or exiting. A killed process closes its sockets before it becomes a zombie, so a
     peer that sees the connection drop can still find it running ("R") with only its exit flag set."""
     try:
@@ -137,7 +137,7 @@ def ended_ranks(process_ids: Tensor, own_rank: int) -> list[int]:
     return [
         rank
         for rank, (rank_node, pid) in enumerate(process_ids.tolist())
-        if rank != own_rank and rank_node == node and _process_ended(pid)
+        if rank != own_rank and rank_node == node and process_ended(pid)
     ]
 
 

@@ -53,7 +53,7 @@ from rl.errors import (
     print_error,
     unrecognized_options,
 )
-from rl.faults import ended_with_this_process
+from rl.faults import ended_with_this_process, process_ended
 from rl.logger import CSV_METRICS_FILE
 from rl.peer_flags import TUNING_PEER_FLAGS, tools_peer_flag
 
@@ -575,7 +575,7 @@ def close_abandoned_trials(study: optuna.Study) -> None:
     host = socket.gethostname()
     for frozen in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         pid = frozen.user_attrs.get("tuner_pid")
-        if frozen.user_attrs.get("tuner_host") != host or pid is None or process_exists(pid):
+        if frozen.user_attrs.get("tuner_host") != host or pid is None or not process_ended(pid):
             continue
         optuna.trial.Trial(study, frozen._trial_id).set_user_attr("interrupted", True)
         study.tell(frozen.number, state=optuna.trial.TrialState.FAIL)
@@ -583,16 +583,6 @@ def close_abandoned_trials(study: optuna.Study) -> None:
             f"trial {frozen.number}: its tuner (pid {pid}) ended without stopping it (killed outright); the study "
             f"keeps it as interrupted; its run's checkpoints are in {frozen.user_attrs.get('run_dir')}"
         )
-
-
-def process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        return True
-    return True
 
 
 def create_study(cfg: TuneConfig) -> optuna.Study:

@@ -29,7 +29,7 @@ from torch import nn
 
 from rl.algos.sac.config import SACConfig
 from rl.errors import listed
-from rl.faults import _process_ended
+from rl.faults import process_ended
 from rl.optim import FlatGradients
 from rl.runtime import TorchRuntime
 
@@ -131,10 +131,10 @@ def test_a_killed_peer_counts_as_ended_as_soon_as_its_connection_drops():
         )
         theirs.close()
         assert peer.stdout.readline() == b"ready\n"
-        assert not _process_ended(peer.pid)
+        assert not process_ended(peer.pid)
         os.kill(peer.pid, signal.SIGKILL)
         assert ours.recv(1) == b""  # the peer's end closed
-        ended = _process_ended(peer.pid)
+        ended = process_ended(peer.pid)
         peer.wait()
         peer.stdout.close()
         ours.close()
