@@ -20,6 +20,7 @@ from typing import Any, get_args
 from rl.cli import Mode, flags_of, parse_config, peer_advice, prepare_config
 from rl.config import RunConfig, check_field_types, flag, preset_values, resumed_run_values
 from rl.errors import UsageError
+from rl.faults import deliver_held_sigterm
 from rl.loop import Callback
 from rl.modes.coupled import train_coupled
 from rl.peer_flags import peer_flag
@@ -105,8 +106,10 @@ def train(config: RunConfig, callbacks: Sequence[Callback] = (), mode: Mode = "c
     the run that the system refuses to write (a full disk), after removing its partial copy, and an env that
     raises or returns a NaN or infinite value. With `resume_from`, the fields left at their defaults take the
     resumed run's values, as its flags do on the command line. A run that raises (a callback's error, say) closes its
-    envs and logs first. Torch's thread count and cuDNN's determinism, which a
-    run sets for its process (`torch_threads`, `torch_deterministic`), are put back as they were when it returns."""
+    envs and logs first. SIGTERM in training (coupled or decoupled) stops it with a checkpoint, as Ctrl-C does, and
+    reaches this process's own SIGTERM handler once the run has closed. Torch's thread count and cuDNN's determinism,
+    which a run sets for its process (`torch_threads`, `torch_deterministic`), are put back as they were when it
+    returns."""
     if not isinstance(config, RunConfig):
         raise TypeError(
             f"train takes a config, such as rl.PPOConfig(), rl.SACConfig() or rl.preset(...); got {config!r}"
@@ -125,7 +128,10 @@ def train(config: RunConfig, callbacks: Sequence[Callback] = (), mode: Mode = "c
                 given.add(name)
     cfg.fill_defaults(given)
     with process_torch_settings_restored():  # a run sets them for the process; the caller's stay
-        return _train_in_mode(cfg, callbacks, mode)
+        try:
+            return _train_in_mode(cfg, callbacks, mode)
+        finally:
+            deliver_held_sigterm()  # a run stopped by SIGTERM has checkpointed and closed: the caller's handler has it
 
 
 def _train_in_mode(cfg: RunConfig, callbacks: Sequence[Callback], mode: Mode) -> TrainingResult | None:

@@ -62,6 +62,7 @@ from rl.errors import (
     print_error,
     unrecognized_options,
 )
+from rl.faults import deliver_held_sigterm
 from rl.logger import check_loggers_installed
 from rl.loop import CtrlCAgain, InterruptFlag
 from rl.optim import TrainingDiverged
@@ -551,6 +552,7 @@ def run_main(main: Callable[[list[str]], None]) -> None:
     with exit_on_usage_error():
         try:
             main(sys.argv[1:])
+            deliver_held_sigterm()  # a run stopped by SIGTERM has checkpointed and closed: now it ends by the signal
         except (TrainingDiverged, FloatingPointError) as error:
             record_fault(this_process(), "failed", str(error))
             print_error(f"error: training stopped: {error}; the checkpoints written so far hold finite weights")

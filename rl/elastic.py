@@ -155,7 +155,7 @@ class RoundRecord:
     began_training: bool = True  # False: it ended during start-up, between its launch and its first iteration
     restart: int | None = None  # torchrun's restart count where its rank 0 ran (None: not journaled)
     host: str | None = None  # the machine of its rank 0
-    ended: str | None = None  # how it ended cleanly ("finished", or "interrupted" by Ctrl-C); None: it did not
+    ended: str | None = None  # how it ended cleanly ("finished", or "interrupted" by Ctrl-C or SIGTERM); None: not
 
 
 class Journal:

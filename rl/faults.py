@@ -189,6 +189,91 @@ def sigterm_raised() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+# Between their SIGTERM and SIGKILL, torchrun's agent, SLURM (KillWait) and Kubernetes wait 30 s by default: a stop
+# not agreed within this leaves no time for its checkpoint.
+SIGTERM_STOP_SECONDS = 20.0
+
+
+class HeldSigterm:
+    """SIGTERM while training, with no process of the job known to be lost, asks for the stop that Ctrl-C asks for:
+    a checkpoint agreed by every process, then the end. The signal is held meanwhile and delivered once the run has
+    closed (`deliver_held_sigterm`), so that the process still ends by it, as its launcher or scheduler expects.
+
+    A SIGTERM that comes again, or once the stop is under way (torchrun's agent passes on the signal the whole job
+    got), is held too. A stop not agreed within `SIGTERM_STOP_SECONDS` (an env call that never returns, a peer that no
+    longer answers) ends the process then, with its line (`give_up`)."""
+
+    def __init__(self, role: str) -> None:
+        self.role = role
+        self.request: Callable[[], None] | None = None  # how this process asks for the stop, while it trains
+        self.heard = False
+        self.agreed = threading.Event()
+
+    def hold(self, give_up: Callable[[], None]) -> bool:
+        """Whether this SIGTERM is held (else the caller ends the process); from the signal handler."""
+        if self.heard:  # again: the launcher passing on the signal the whole job got
+            return True
+        if self.request is None:
+            return False
+        self.heard = True
+        # os.write: a print could land inside one the handler interrupted
+        os.write(2, f"\n{self.role}: SIGTERM: checkpointing, then stopping\n".encode())
+        self.request()
+        timer = threading.Timer(SIGTERM_STOP_SECONDS, lambda: self.agreed.is_set() or give_up())
+        timer.daemon = True
+        timer.start()
+        return True
+
+
+_held_sigterm: HeldSigterm | None = None  # this process's, from the start of its training to its end
+
+
+@contextmanager
+def sigterm_asks_for_a_stop(request: Callable[[], None]) -> Iterator[None]:
+    """Within, a SIGTERM calls `request` (the training loop's Ctrl-C request), where `report_lost_peers` listens."""
+    held = _held_sigterm
+    if held is None:
+        yield
+        return
+    held.request = request
+    try:
+        yield
+    finally:
+        held.request = None
+
+
+@contextmanager
+def sigterm_left_to_peers() -> Iterator[None]:
+    """Within, a SIGTERM is held for the stop that the processes which run the training loop agree on (a decoupled
+    trainer's or evaluator's, which those stop): the whole job had the signal, or the held one gives up in time."""
+    with sigterm_asks_for_a_stop(lambda: None):
+        try:
+            yield
+        finally:
+            sigterm_stop_agreed()  # its role is over: stopped by its peers
+
+
+def sigterm_stop_agreed() -> None:
+    """The processes agreed to stop with a checkpoint: a SIGTERM from now on is held, and none held gives up."""
+    if _held_sigterm is not None:
+        _held_sigterm.agreed.set()
+
+
+def sigterm_held() -> bool:
+    """Whether this process holds a SIGTERM, to end by it once its run has closed."""
+    return _held_sigterm is not None and _held_sigterm.heard
+
+
+def deliver_held_sigterm() -> None:
+    """End this process by the SIGTERM it held, if it held one (its handler is the caller's again by now)."""
+    global _held_sigterm
+    held, _held_sigterm = _held_sigterm, None
+    if held is not None and held.heard:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.raise_signal(signal.SIGTERM)
+
+
 def stall_seconds(collective_timeout: float) -> float:
     """How long an env call runs before it counts as stalled."""
     return min(STALLED_ENV_SECONDS, collective_timeout / 2)
@@ -292,6 +377,15 @@ def report_lost_peers(
         )
 
     def stopped_by_sigterm(signum: int, frame: object) -> None:
+        if held.agreed.is_set():  # the stop is under way: the process ends by this signal once its run has closed
+            held.heard = True
+            return
+        stall = stalled_env_call(stall_seconds(collective_timeout))
+        # Only this node's processes are looked at here: the heartbeat's look takes seconds, and stops this beat.
+        if stall or ended_ranks(process_ids, own_rank) or not held.hold(give_up=stopped_at_once):
+            stopped_at_once()
+
+    def stopped_at_once() -> None:
         stall = stalled_env_call(stall_seconds(collective_timeout))
         known = lost()
         if stall:  # what the others waited for, if they gave up: this process's env
@@ -300,6 +394,12 @@ def report_lost_peers(
         elif known:
             record_fault(role, "lost", known)
             print_error(f"error: {role}: stopped by the launcher because it lost {known}")
+        elif held.heard:  # held, and no stop agreed in time
+            record_fault(role, "stopped", f"stopped by SIGTERM: no stop agreed within {SIGTERM_STOP_SECONDS:.0f} s")
+            print_error(
+                f"error: {role}: stopped by SIGTERM before its checkpoint: the processes did not agree on a stop "
+                f"within {SIGTERM_STOP_SECONDS:.0f} s; the earlier checkpoints are kept"
+            )
         elif under_torchelastic():  # torchrun also restarts every worker when a node joins the job
             record_fault(role, "stopped", "stopped by SIGTERM with no process of the job known to be lost")
             print_error(
@@ -320,6 +420,8 @@ def report_lost_peers(
         )
         os._exit(1)
 
+    global _held_sigterm
+    held = _held_sigterm = HeldSigterm(role)
     previous = signal.signal(signal.SIGTERM, stopped_by_sigterm) if on_main_thread() else None
     # A launcher killed outright (SIGKILL) cannot stop its ranks: they stop themselves, or they would train on alone.
     launched = on_main_thread() and "TORCHELASTIC_RUN_ID" in os.environ

@@ -3,7 +3,7 @@
 A mode supplies only what is its own, as a `LoopBody`: one iteration of its role (collect and
 learn, collect and send, ...), its report, how its processes agree on what a report decided,
 and how it writes a checkpoint. `TrainingLoop` does the rest, written once: when a report is
-due, Ctrl-C, the checkpoint clock and step interval, the periodic evaluation and
+due, Ctrl-C and SIGTERM, the checkpoint clock and step interval, the periodic evaluation and
 --stop-at-return, a callback's request to stop, the final checkpoint, and the events.
 """
 
@@ -23,7 +23,7 @@ import torch
 from rl import PROCESS_STARTED
 from rl.compiling import compile_seconds
 from rl.config import RunConfig
-from rl.faults import on_main_thread
+from rl.faults import on_main_thread, sigterm_asks_for_a_stop, sigterm_stop_agreed
 from rl.logger import MetricsSink
 from rl.run import Run
 from rl.runtime import Runtime
@@ -35,12 +35,13 @@ def checkpoint_due(every: int, global_step: int, steps_since_last_check: int) ->
 
 
 def report_due(iteration: int, every: int, last_iteration: int) -> bool:
-    """Iterations that log (and check for Ctrl-C and checkpoints): every `every`-th, and the last."""
+    """Iterations that log (and check for a stop and checkpoints): every `every`-th, and the last."""
     return iteration % every == 0 or iteration == last_iteration
 
 
-# Env steps (of every process together) between two checks for Ctrl-C: between two reports too, which SAC makes
-# every 1,000 steps, longer than launchers wait for a stop (30 s under fabric run and torchrun) where steps are slow.
+# Env steps (of every process together) between two checks for a stop (Ctrl-C, SIGTERM): between two reports too,
+# which SAC makes every 1,000 steps, longer than launchers wait for a stop (30 s under fabric run and torchrun) where
+# steps are slow.
 STOP_CHECK_STEPS = 100
 
 
@@ -195,10 +196,10 @@ class InterruptFlag(StopRequest):
 
 @dataclass
 class Requests:
-    """What a process asks for at a report (between reports, at a stop check: Ctrl-C only); pooled over the
+    """What a process asks for at a report (between reports, at a stop check: Ctrl-C or SIGTERM only); pooled over the
     processes (`LoopBody.agree`), a request of any one of them holds for all."""
 
-    interrupt: bool = False  # Ctrl-C: checkpoint and stop, the run unfinished
+    interrupt: bool = False  # Ctrl-C or SIGTERM: checkpoint and stop, the run unfinished
     checkpoint: bool = False  # a checkpoint is due (by the clock, or by --checkpoint-every steps)
     finish: bool = False  # --stop-at-return was reached or a callback asked to stop: the run ends finished
 
@@ -263,7 +264,7 @@ class Callback:
         """After a checkpoint was written (the files are in `state.run_dir`/checkpoints)."""
 
     def on_finish(self, state: LoopState) -> None:
-        """When the loop has ended: `state.interrupted` after Ctrl-C, else training is done."""
+        """When the loop has ended: `state.interrupted` after Ctrl-C or SIGTERM, else training is done."""
 
 
 class LoopBody(Protocol):
@@ -317,11 +318,19 @@ class TrainingLoop:
         # The iteration of the newest checkpoint: at first the one this run resumed from (if any), so that a
         # loop with no iteration left to run (a Hogwild worker resumed at its last) writes it no second time.
         self.saved_at = self.first_iteration - 1
+        self.sigterm_heard = False  # SIGTERM asks for the stop Ctrl-C asks for (rl.faults.HeldSigterm)
 
     def run(self) -> LoopState:
         """The loop, to its last iteration or a stop; the state it ended in. It ends with a checkpoint."""
-        with self.interrupt:
+        with self.interrupt, sigterm_asks_for_a_stop(self.hear_sigterm):
             return self._run()
+
+    def hear_sigterm(self) -> None:
+        self.sigterm_heard = True
+
+    def stop_wanted(self) -> bool:
+        """Whether this process asks to checkpoint and stop: Ctrl-C, or SIGTERM."""
+        return self.interrupt.requested or self.sigterm_heard
 
     def _run(self) -> LoopState:
         state = self.state
@@ -341,14 +350,16 @@ class TrainingLoop:
                 steps_due = checkpoint_due(self.cfg.checkpoint_steps, state.global_step, steps)
                 checked_step = state.global_step
                 time_due = self.keeps_clock and self.clock.due()
-                wanted = Requests(self.interrupt.requested, steps_due or time_due, finish)
-            elif iteration % self.stop_check_every == 0:  # between reports: Ctrl-C only
-                wanted = Requests(interrupt=self.interrupt.requested)
+                wanted = Requests(self.stop_wanted(), steps_due or time_due, finish)
+            elif iteration % self.stop_check_every == 0:  # between reports: Ctrl-C or SIGTERM only
+                wanted = Requests(interrupt=self.stop_wanted())
             else:
                 continue
             decided = self.body.agree(iteration, wanted)
             if decided.interrupt or decided.finish:
                 state.interrupted = decided.interrupt
+                if decided.interrupt:
+                    sigterm_stop_agreed()
                 break  # to the final checkpoint
             if decided.checkpoint:
                 self.checkpoint(iteration)

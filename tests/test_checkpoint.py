@@ -425,6 +425,52 @@ def test_a_killed_rank_ends_the_job_and_the_last_checkpoint_resumes(tmp_path, vi
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
 
+def sigterm_once_training(job: subprocess.Popen, tmp_path: Path, victim: int | None) -> tuple[str, str, list[int]]:
+    """SIGTERM to the whole job (`victim` None: scancel, a SLURM time limit) or to one rank, once its first
+    checkpoint shows it training; its outputs, and the ranks it had."""
+    try:
+        wait_for(lambda: len(list(tmp_path.glob("logs/*/*/checkpoints/step_*.ckpt"))) >= 1, 240)
+        ranks = child_pids(job.pid)
+        if victim is None:
+            os.killpg(job.pid, signal.SIGTERM)
+        else:
+            os.kill(rank_pid(job.pid, victim), signal.SIGTERM)
+        stdout, stderr = job.communicate(timeout=60)
+    finally:
+        kill_process_group(job)
+    return stdout, stderr, ranks
+
+
+@pytest.mark.parametrize(
+    ("script", "nproc", "extra", "roles", "victim"),
+    [
+        ("fabric", 2, [], ["rank 0", "rank 1"], None),
+        pytest.param("fabric", 2, [], ["rank 1"], 1, marks=pytest.mark.slow),
+        pytest.param(
+            "decoupled",
+            3,
+            ["--evaluator", "--eval-episodes", "2"],
+            ["the player", "trainer 1", "the evaluator"],
+            None,
+            marks=pytest.mark.slow,
+        ),
+    ],
+    ids=["whole-job", "one-rank", "decoupled-whole-job"],
+)
+def test_sigterm_while_training_checkpoints_every_rank_then_stops(tmp_path, script, nproc, extra, roles, victim):
+    """As Ctrl-C does: every process agrees on a last checkpoint, and none reads a peer that stopped as lost."""
+    args = [*QUICK, *extra, "--total-timesteps", "100000000", "--checkpoint-every", "1024", "--keep-last", "100"]
+    job = start("fabric run", SCRIPTS[script], args, tmp_path, nproc=nproc)
+    stdout, stderr, ranks = sigterm_once_training(job, tmp_path, victim)
+    for role in roles:
+        assert f"{role}: SIGTERM: checkpointing, then stopping" in stderr, stderr[-3000:]
+    assert not [line for line in stderr.splitlines() if line.startswith(("[rank", "error: "))], stderr[-3000:]
+    assert all(not Path(f"/proc/{pid}").exists() for pid in ranks)
+    saved = checkpoints(tmp_path, script)[-1]
+    step = torch.load(saved, weights_only=True)["counters"]["global_step"]
+    assert f"interrupted at step {step}: checkpoint written" in stdout, stdout[-3000:]
+
+
 def evaluate(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "rl.evaluate", *args]
     return subprocess.run(command, cwd=cwd, env=child_env(), capture_output=True, text=True, timeout=120)

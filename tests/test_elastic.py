@@ -7,6 +7,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import time
 import zlib
@@ -520,8 +521,8 @@ def test_a_node_lost_leaves_the_job_on_fewer_nodes_and_a_node_that_joins_is_take
     held_env = ["--env-id", "envs_for_tests:HeldCartPole-v0", "--env-kwargs", json.dumps({"hold": str(hold)})]
     args = [*QUICK_PPO, *held_env, "--total-timesteps", "32768", "--checkpoint-every", "1024"]
     port = free_port()
-    host = agent(tmp_path, port, args)  # hosts the rendezvous store: started first
-    time.sleep(1.0)
+    host = agent(tmp_path, port, args)  # hosts the rendezvous store: the first agent to listen on the port does
+    wait_until_listening(port, host)  # else, slow to import on a loaded machine, it could find the other hosting it
     other, joiner = agent(tmp_path, port, args), None
     try:
         wait_for_new_checkpoint(host, tmp_path, newest_step(tmp_path))
@@ -532,9 +533,11 @@ def test_a_node_lost_leaves_the_job_on_fewer_nodes_and_a_node_that_joins_is_take
         wait_for_new_checkpoint(host, tmp_path, newest_step(tmp_path))  # training again, alone
         hold.touch()
         joiner = agent(tmp_path, port, args)
-        # torchrun stops the held worker to take the joiner in; the next round's ranks step their envs before
-        # they journal its start, so the hold ends here.
-        stopped = lambda: [e["kind"] for e in journal() if e["event"] == "fault"] == ["lost", "stopped"]  # noqa: E731
+        # torchrun stops the held worker to take the joiner in (held, it cannot reach the checkpoint SIGTERM asks
+        # for, and stops with its env call named once that has run long enough); the next round's ranks step their
+        # envs before they journal its start, so the hold ends here.
+        faults = lambda: [e["kind"] for e in journal() if e["event"] == "fault"]  # noqa: E731
+        stopped = lambda: faults() in (["lost", "stopped"], ["lost", "stalled"])  # noqa: E731
         wait_until(stopped, host)
         hold.unlink()
         _, host_err = finish(host, timeout=300)
@@ -593,6 +596,15 @@ def kill_node(job: subprocess.Popen) -> None:
 
 def wait_for_new_checkpoint(job: subprocess.Popen, cwd: Path, seen: int, seconds: float = 240) -> None:
     wait_until(lambda: newest_step(cwd) > seen, job, seconds)
+
+
+def wait_until_listening(port: int, job: subprocess.Popen) -> None:
+    def listening() -> bool:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+        return False
+
+    wait_until(listening, job)
 
 
 def wait_until(predicate, job: subprocess.Popen, seconds: float = 240) -> None:

@@ -29,7 +29,7 @@ from torch import nn
 
 from rl.algos.sac.config import SACConfig
 from rl.errors import listed
-from rl.faults import process_ended
+from rl.faults import SIGTERM_STOP_SECONDS, process_ended
 from rl.optim import FlatGradients
 from rl.runtime import TorchRuntime
 
@@ -173,22 +173,94 @@ def test_a_rank_that_waits_longer_than_the_collective_timeout_says_so_rather_tha
     assert "Timed out" in waited[0]
 
 
-def test_a_run_stopped_by_sigterm_without_a_launcher_names_the_signal_and_no_launcher(tmp_path):
-    """A kill, SLURM's scancel or a shutdown: the line names no launcher, since none started the run."""
-    command = [sys.executable, str(SCRIPTS["fabric"]), "--total-timesteps", "10000000", "--log-dir", str(tmp_path)]
-    command += ["--no-progress-bar", "--checkpoint-every", "5m"]
-    run = subprocess.Popen(command, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    while not list(tmp_path.glob("fabric_logs/*/config.yaml")):
-        assert run.poll() is None and time.monotonic() < deadline, "the run did not open"
+def wait_for_file(pattern: str, folder: Path, process: subprocess.Popen, seconds: float = 240) -> None:
+    deadline = time.monotonic() + seconds
+    while not list(folder.glob(pattern)):
+        assert process.poll() is None and time.monotonic() < deadline, f"no {pattern} came"
         time.sleep(0.2)
-    time.sleep(2.0)  # into the training loop
+
+
+def test_sigterm_checkpoints_a_run_and_then_ends_it_by_the_signal(tmp_path):
+    """A kill, SLURM's scancel or time limit, a shutdown: the run stops as Ctrl-C stops it, with a checkpoint, and
+    its process still ends by the signal, as whoever sent it expects."""
+    command = [sys.executable, str(SCRIPTS["fabric"]), "--total-timesteps", "10000000", "--log-dir", str(tmp_path)]
+    command += ["--no-progress-bar", "--checkpoint-every", "2048", "--keep-last", "100"]
+    run = subprocess.Popen(command, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_file("fabric_logs/*/checkpoints/step_*.ckpt", tmp_path, run)
+    run.send_signal(signal.SIGTERM)
+    stdout, stderr = run.communicate(timeout=60)
+    assert run.returncode == -signal.SIGTERM, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == "rank 0: SIGTERM: checkpointing, then stopping", stderr[-3000:]
+    newest = sorted(tmp_path.glob("fabric_logs/*/checkpoints/step_*.ckpt"))[-1]
+    step = torch.load(newest, weights_only=True)["counters"]["global_step"]
+    assert f"interrupted at step {step}: checkpoint written" in stdout, stdout[-3000:]
+
+
+# A caller with a SIGTERM handler of its own, which reports when the signal reached it.
+CALLER_WITH_A_HANDLER = """
+import signal, sys
+import rl
+
+heard = []
+signal.signal(signal.SIGTERM, lambda *_: heard.append("SIGTERM"))
+config = rl.PPOConfig(
+    total_timesteps=10_000_000, eval_episodes=0, progress_bar=False, log_dir=sys.argv[1], checkpoint_every="2048"
+)
+result = rl.train(config)
+print("returned", heard, result.agent_path, flush=True)
+"""
+
+
+def test_sigterm_in_python_checkpoints_and_then_reaches_the_callers_own_handler(tmp_path):
+    run = subprocess.Popen(
+        [sys.executable, "-c", CALLER_WITH_A_HANDLER, str(tmp_path)],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_file("fabric_logs/*/checkpoints/step_*.ckpt", tmp_path, run)
+    run.send_signal(signal.SIGTERM)
+    stdout, stderr = run.communicate(timeout=60)
+    assert run.returncode == 0, stderr[-3000:]
+    assert "interrupted at step" in stdout and "returned ['SIGTERM'] None" in stdout, stdout[-3000:]
+
+
+# A callback that stops returning at the third iteration: no stop can be agreed after it.
+BLOCKED_RUN = """
+import pathlib, sys, time
+import rl
+
+class Blocks(rl.Callback):
+    def on_iteration_end(self, state):
+        if state.iteration == 3:
+            pathlib.Path(sys.argv[1], "blocked").touch()
+            time.sleep(600)
+
+config = rl.PPOConfig(total_timesteps=10_000_000, eval_episodes=0, progress_bar=False, log_dir=sys.argv[1])
+rl.train(config, callbacks=[Blocks()])
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_that_brings_no_checkpoint_in_time_ends_the_run_with_a_line_that_says_so(tmp_path):
+    run = subprocess.Popen(
+        [sys.executable, "-c", BLOCKED_RUN, str(tmp_path)],
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_file("blocked", tmp_path, run)
+    stopped_at = time.monotonic()
     run.send_signal(signal.SIGTERM)
     _, stderr = run.communicate(timeout=60)
     assert run.returncode == 1
+    assert time.monotonic() - stopped_at >= SIGTERM_STOP_SECONDS
     assert stderr.strip().splitlines()[-1] == (
-        "error: rank 0: stopped by SIGTERM (a kill, scancel or shutdown); its checkpoints are kept"
-    )
+        "error: rank 0: stopped by SIGTERM before its checkpoint: the processes did not agree on a stop within "
+        f"{SIGTERM_STOP_SECONDS:.0f} s; the earlier checkpoints are kept"
+    ), stderr[-3000:]
 
 
 @pytest.mark.parametrize(

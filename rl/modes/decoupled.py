@@ -40,7 +40,7 @@ from rl.config import RunConfig, local_gpu_index, uses_gpu
 from rl.elastic import init_default_process_group, reached, record_end
 from rl.errors import progress_line
 from rl.evaluation import report_evaluation
-from rl.faults import gather_process_ids, peer, report_lost_peers
+from rl.faults import gather_process_ids, peer, report_lost_peers, sigterm_left_to_peers
 from rl.logger import (
     EPISODE_COUNT,
     EPISODE_LENGTH,
@@ -545,9 +545,11 @@ def train_decoupled(
         elif topology.is_evaluator:
             resumed_step = resume.counters.global_step if resume else None
             evaluator = Evaluator(algorithm, LEAD_PLAYER, run_dir, best, resumed_step)
-            evaluator.serve()
+            with sigterm_left_to_peers():  # the players stop the evaluator and the trainers
+                evaluator.serve()
         else:
-            run_trainer(algorithm, topology, trainers.group, resume)
+            with sigterm_left_to_peers():
+                run_trainer(algorithm, topology, trainers.group, resume)
         with opened:
             peak_rss = gather_peak_rss(comm_device)  # every role has left its loop
         close_process_group()

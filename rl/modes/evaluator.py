@@ -27,7 +27,7 @@ from rl.algos.base import Algorithm
 from rl.checkpoint import BestAgent, saved_agent
 from rl.elastic import job_store_client
 from rl.evaluation import EvaluationAbandoned, evaluate_greedy
-from rl.faults import peer
+from rl.faults import peer, sigterm_held
 from rl.logger import open_sinks
 from rl.normalization import ObservationNormalizer
 from rl.optim import flat_parameters, load_flat_parameters, num_parameters
@@ -146,7 +146,7 @@ class Evaluator:
                 self.evaluate(step, seconds, abandon=self.run_ended)
 
     def evaluate_final_weights(self) -> None:
-        if self.final_step is not None:
+        if self.final_step is not None and not sigterm_held():  # a process told to end starts no evaluation
             self.evaluate(self.final_step, self.final_seconds)
         self.sink.close()
 
