@@ -168,25 +168,9 @@ def report_failed_collective(role: str, known_lost: str, error: Exception) -> bo
 
 
 class StoppedBySigterm(BaseException):
-    """SIGTERM, raised where the process was, so that it can stop what it started before it ends (a BaseException,
-    as KeyboardInterrupt is: no handler of ordinary errors on the way takes it for one of its own)."""
-
-
-@contextmanager
-def sigterm_raised() -> Iterator[None]:
-    """Within, SIGTERM raises `StoppedBySigterm` (on the main thread; elsewhere no handler can be set)."""
-    if not on_main_thread():
-        yield
-        return
-
-    def raise_stopped(signum: int, frame: object) -> None:
-        raise StoppedBySigterm
-
-    previous = signal.signal(signal.SIGTERM, raise_stopped)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    """A SIGTERM whose stop did not come in time, raised where the process waited, so that it can stop what it
+    started before it ends (a BaseException, as KeyboardInterrupt is: no handler of ordinary errors on the way takes
+    it for one of its own)."""
 
 
 # Between their SIGTERM and SIGKILL, torchrun's agent, SLURM (KillWait) and Kubernetes wait 30 s by default: a stop
@@ -207,7 +191,13 @@ class HeldSigterm:
         self.role = role
         self.request: Callable[[], None] | None = None  # how this process asks for the stop, while it trains
         self.heard = False
+        self.heard_at = 0.0
         self.agreed = threading.Event()
+
+    def overdue(self) -> bool:
+        """Whether a SIGTERM held has waited `SIGTERM_STOP_SECONDS` for a stop that was not agreed."""
+        late = time.monotonic() - self.heard_at > SIGTERM_STOP_SECONDS
+        return self.heard and late and not self.agreed.is_set()
 
     def hold(self, give_up: Callable[[], None]) -> bool:
         """Whether this SIGTERM is held (else the caller ends the process); from the signal handler."""
@@ -215,7 +205,7 @@ class HeldSigterm:
             return True
         if self.request is None:
             return False
-        self.heard = True
+        self.heard, self.heard_at = True, time.monotonic()
         # os.write: a print could land inside one the handler interrupted
         os.write(2, f"\n{self.role}: SIGTERM: checkpointing, then stopping\n".encode())
         self.request()
@@ -253,6 +243,23 @@ def sigterm_left_to_peers() -> Iterator[None]:
             sigterm_stop_agreed()  # its role is over: stopped by its peers
 
 
+@contextmanager
+def holding_sigterm(role: str, request: Callable[[], None]) -> Iterator[HeldSigterm]:
+    """Within, SIGTERM calls `request` and is held, for a process that watches the stop itself
+    (`HeldSigterm.overdue`, `agreed`): Hogwild's supervisor."""
+    global _held_sigterm
+    held = _held_sigterm = HeldSigterm(role)
+    with sigterm_asks_for_a_stop(request):  # let go of `request` after: what it holds may be freed then
+        if not on_main_thread():
+            yield held
+            return
+        previous = signal.signal(signal.SIGTERM, lambda *_: held.hold(give_up=lambda: None))
+        try:
+            yield held
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def sigterm_stop_agreed() -> None:
     """The processes agreed to stop with a checkpoint: a SIGTERM from now on is held, and none held gives up."""
     if _held_sigterm is not None:
@@ -279,10 +286,15 @@ def stall_seconds(collective_timeout: float) -> float:
     return min(STALLED_ENV_SECONDS, collective_timeout / 2)
 
 
-def name_a_stalled_env_when_stopped(role: str, collective_timeout: float) -> None:
-    """From now on SIGTERM ends this process as it would have, after a line naming an env call that had stalled."""
+def name_a_stalled_env_when_stopped(
+    role: str, collective_timeout: float, asks_for_a_stop: Callable[[], bool] = lambda: False
+) -> None:
+    """From now on SIGTERM ends this process as it would have, after a line naming an env call that had stalled,
+    unless `asks_for_a_stop` takes it (as a request for the checkpoint and stop that Ctrl-C asks for) and says so."""
 
     def stopped(signum: int, frame: object) -> None:
+        if asks_for_a_stop():
+            return
         stall = stalled_env_call(stall_seconds(collective_timeout))
         if stall:
             print_error(f"error: {role}: {stall}; stopped by SIGTERM")

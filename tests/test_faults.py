@@ -180,6 +180,7 @@ def wait_for_file(pattern: str, folder: Path, process: subprocess.Popen, seconds
         time.sleep(0.2)
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_a_run_and_then_ends_it_by_the_signal(tmp_path):
     """A kill, SLURM's scancel or time limit, a shutdown: the run stops as Ctrl-C stops it, with a checkpoint, and
     its process still ends by the signal, as whoever sent it expects."""

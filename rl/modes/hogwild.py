@@ -59,9 +59,11 @@ from rl.errors import RunStopped, counted, how_it_ended, print_error
 from rl.evaluation import report_evaluation
 from rl.experience import ExperienceSource
 from rl.faults import (
+    SIGTERM_STOP_SECONDS,
+    HeldSigterm,
     StoppedBySigterm,
+    holding_sigterm,
     name_a_stalled_env_when_stopped,
-    sigterm_raised,
     stall_seconds,
     stopped_with_parent,
 )
@@ -226,7 +228,8 @@ class Channel:
 
     def __init__(self, context: SpawnContext, workers: int) -> None:
         self.barrier = context.Barrier(workers)
-        self.stop_requested = context.Event()  # Ctrl-C
+        self.stop_requested = context.Event()  # Ctrl-C or SIGTERM: checkpoint and stop
+        self.stop_now = context.Event()  # the supervisor ends the workers at once: a SIGTERM then is that
         self.finish_requested = context.Event()  # a callback's request to end the run finished
         self.stopping = context.Value("b", 0)  # what the workers decided at their newest meeting
         self.finished = context.Value("i", 0)  # workers that have run all their iterations
@@ -250,7 +253,11 @@ def run_worker(
     """A worker process's body: one line and exit code 1 if training diverges."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to turn into a checkpoint and a stop
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # born blocked (start_workers); ignored from now on
-    name_a_stalled_env_when_stopped(worker_name(index), algorithm.cfg.collective_timeout)
+    name_a_stalled_env_when_stopped(
+        worker_name(index),
+        algorithm.cfg.collective_timeout,
+        functools.partial(sigterm_asks_the_workers_to_stop, channel),
+    )
     # tqdm's default lock is shared between processes: a worker the supervisor stops leaves it behind, and the
     # resource tracker warns of it. One process draws the bar, so a lock of this process's threads serves.
     tqdm.set_lock(threading.RLock())
@@ -270,6 +277,15 @@ def run_worker(
         os._exit(1)
     except BrokenBarrierError:  # the supervisor stopped the job: another worker was lost, and it says so
         os._exit(1)
+
+
+def sigterm_asks_the_workers_to_stop(channel: Channel) -> bool:
+    """A worker's SIGTERM (sent to the whole job, or to this worker alone) asks every worker for the checkpoint and
+    stop that Ctrl-C asks for; the supervisor's own, as it ends the workers at once, is not taken so."""
+    if channel.stop_now.is_set():
+        return False
+    channel.stop_requested.set()
+    return True
 
 
 def supervisor_lost(index: int, collective_timeout: float) -> NoReturn:
@@ -533,14 +549,17 @@ def supervise_run(
         for index in range(cfg.workers)
     ]
     writer = CheckpointWriter(algorithm, run.dir)
-    # The workers hear of Ctrl-C from the channel; SIGTERM (a kill, scancel) stops them.
-    with InterruptFlag(on_request=channel.stop_requested.set), sigterm_raised():
+    # The workers hear of Ctrl-C and SIGTERM (a kill, scancel) from the channel.
+    with (
+        InterruptFlag(on_request=channel.stop_requested.set),
+        holding_sigterm("hogwild", channel.stop_requested.set) as sigterm,
+    ):
         try:
             start_workers(processes)
             pids = ", ".join(str(process.pid) for process in processes)
             workers = counted(cfg.workers, "worker")
             print(f"hogwild: {workers} ({cfg.sync}), process ids {pids}; run folder {run.dir}", flush=True)
-            supervise(processes, channel, writer.add)
+            supervise(processes, channel, writer.add, sigterm)
         except WorkerLost as lost:
             release(processes, channel)
             stopped = f"{lost}; the others were stopped, and the checkpoints written so far are in {run.dir}"
@@ -552,8 +571,8 @@ def supervise_run(
             if isinstance(stopped, CtrlCAgain):
                 raise
             raise RunStopped(
-                "hogwild: stopped by SIGTERM (a kill, scancel or shutdown); the workers were stopped, and the "
-                f"checkpoints written so far are in {run.dir}"
+                f"hogwild: stopped by SIGTERM before its checkpoint: the workers did not agree on a stop within "
+                f"{SIGTERM_STOP_SECONDS:.0f} s; they were stopped, and the checkpoints written so far are in {run.dir}"
             ) from None
         except RunStopped:  # a checkpoint that could not be written
             stop_workers(processes, channel)
@@ -602,14 +621,24 @@ def start_workers(processes: list[SpawnProcess]) -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
-def supervise(processes: list[SpawnProcess], channel: Channel, on_part: Callable[[int, int, bytes], None]) -> None:
-    """Receive checkpoint parts until every worker has ended; a worker that fails stops all of them."""
+def supervise(
+    processes: list[SpawnProcess],
+    channel: Channel,
+    on_part: Callable[[int, int, bytes], None],
+    sigterm: HeldSigterm,
+) -> None:
+    """Receive checkpoint parts until every worker has ended; a worker that fails stops all of them, as does a
+    SIGTERM whose stop the workers do not agree on in time."""
     while True:
         try:
             on_part(*channel.parts.get(timeout=POLL_SECONDS))
             continue
         except queue.Empty:
             pass
+        if channel.stopping.value == INTERRUPTED:
+            sigterm.agreed.set()
+        if sigterm.overdue():
+            raise StoppedBySigterm
         exitcodes = [process.exitcode for process in processes]
         failed = [index for index, code in enumerate(exitcodes) if code not in (None, 0)]
         if failed:
@@ -631,6 +660,7 @@ def drain(channel: Channel, on_part: Callable[[int, int, bytes], None]) -> None:
 def stop_workers(processes: list[SpawnProcess], channel: Channel) -> None:
     """Release workers waiting at a barrier and end them all, so that none is left waiting for a lost peer."""
     channel.barrier.abort()
+    channel.stop_now.set()
     for process in processes:
         if process.is_alive():
             process.terminate()
@@ -652,6 +682,7 @@ def release(processes: list[SpawnProcess], channel: Channel) -> None:
     del (
         channel.barrier,
         channel.stop_requested,
+        channel.stop_now,
         channel.finish_requested,
         channel.stopping,
         channel.finished,
