@@ -106,7 +106,7 @@ def train(config: RunConfig, callbacks: Sequence[Callback] = (), mode: Mode = "c
     the run that the system refuses to write (a full disk), after removing its partial copy, and an env that
     raises or returns a NaN or infinite value. With `resume_from`, the fields left at their defaults take the
     resumed run's values, as its flags do on the command line. A run that raises (a callback's error, say) closes its
-    envs and logs first. SIGTERM in training (coupled or decoupled) stops it with a checkpoint, as Ctrl-C does, and
+    envs and logs first. SIGTERM in training stops it with a checkpoint, as Ctrl-C does (in every mode), and
     reaches this process's own SIGTERM handler once the run has closed. Torch's thread count and cuDNN's determinism,
     which a run sets for its process (`torch_threads`, `torch_deterministic`), are put back as they were when it
     returns."""

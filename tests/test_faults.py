@@ -15,6 +15,7 @@ import torch
 import torch.multiprocessing as mp
 from conftest import (
     SCRIPTS,
+    Finished,
     child_env,
     child_pids,
     free_port,
@@ -173,11 +174,17 @@ def test_a_rank_that_waits_longer_than_the_collective_timeout_says_so_rather_tha
     assert "Timed out" in waited[0]
 
 
-def wait_for_file(pattern: str, folder: Path, process: subprocess.Popen, seconds: float = 240) -> None:
-    deadline = time.monotonic() + seconds
-    while not list(folder.glob(pattern)):
-        assert process.poll() is None and time.monotonic() < deadline, f"no {pattern} came"
+def sigterm_once(command: list[str], folder: Path, ready: str) -> Finished:
+    """Run `command`, and SIGTERM it once a file matching `ready` is in `folder` (`seconds`: from the signal on)."""
+    run = subprocess.Popen(command, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not list(folder.glob(ready)):
+        assert run.poll() is None and time.monotonic() < deadline, f"no {ready} came"
         time.sleep(0.2)
+    signalled = time.monotonic()
+    run.send_signal(signal.SIGTERM)
+    stdout, stderr = run.communicate(timeout=60)
+    return Finished(run.returncode, stdout, stderr, time.monotonic() - signalled)
 
 
 @pytest.mark.slow
@@ -186,15 +193,12 @@ def test_sigterm_checkpoints_a_run_and_then_ends_it_by_the_signal(tmp_path):
     its process still ends by the signal, as whoever sent it expects."""
     command = [sys.executable, str(SCRIPTS["fabric"]), "--total-timesteps", "10000000", "--log-dir", str(tmp_path)]
     command += ["--no-progress-bar", "--checkpoint-every", "2048", "--keep-last", "100"]
-    run = subprocess.Popen(command, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for_file("fabric_logs/*/checkpoints/step_*.ckpt", tmp_path, run)
-    run.send_signal(signal.SIGTERM)
-    stdout, stderr = run.communicate(timeout=60)
-    assert run.returncode == -signal.SIGTERM, stderr[-3000:]
-    assert stderr.strip().splitlines()[-1] == "rank 0: SIGTERM: checkpointing, then stopping", stderr[-3000:]
+    run = sigterm_once(command, tmp_path, "fabric_logs/*/checkpoints/step_*.ckpt")
+    assert run.returncode == -signal.SIGTERM, run.stderr[-3000:]
+    assert run.stderr.strip().splitlines()[-1] == "rank 0: SIGTERM: checkpointing, then stopping", run.stderr[-3000:]
     newest = sorted(tmp_path.glob("fabric_logs/*/checkpoints/step_*.ckpt"))[-1]
     step = torch.load(newest, weights_only=True)["counters"]["global_step"]
-    assert f"interrupted at step {step}: checkpoint written" in stdout, stdout[-3000:]
+    assert f"interrupted at step {step}: checkpoint written" in run.stdout, run.stdout[-3000:]
 
 
 # A caller with a SIGTERM handler of its own, which reports when the signal reached it.
@@ -213,18 +217,10 @@ print("returned", heard, result.agent_path, flush=True)
 
 
 def test_sigterm_in_python_checkpoints_and_then_reaches_the_callers_own_handler(tmp_path):
-    run = subprocess.Popen(
-        [sys.executable, "-c", CALLER_WITH_A_HANDLER, str(tmp_path)],
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    wait_for_file("fabric_logs/*/checkpoints/step_*.ckpt", tmp_path, run)
-    run.send_signal(signal.SIGTERM)
-    stdout, stderr = run.communicate(timeout=60)
-    assert run.returncode == 0, stderr[-3000:]
-    assert "interrupted at step" in stdout and "returned ['SIGTERM'] None" in stdout, stdout[-3000:]
+    command = [sys.executable, "-c", CALLER_WITH_A_HANDLER, str(tmp_path)]
+    run = sigterm_once(command, tmp_path, "fabric_logs/*/checkpoints/step_*.ckpt")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "interrupted at step" in run.stdout and "returned ['SIGTERM'] None" in run.stdout, run.stdout[-3000:]
 
 
 # A callback that stops returning at the third iteration: no stop can be agreed after it.
@@ -245,23 +241,13 @@ rl.train(config, callbacks=[Blocks()])
 
 @pytest.mark.slow
 def test_sigterm_that_brings_no_checkpoint_in_time_ends_the_run_with_a_line_that_says_so(tmp_path):
-    run = subprocess.Popen(
-        [sys.executable, "-c", BLOCKED_RUN, str(tmp_path)],
-        env=child_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    wait_for_file("blocked", tmp_path, run)
-    stopped_at = time.monotonic()
-    run.send_signal(signal.SIGTERM)
-    _, stderr = run.communicate(timeout=60)
+    run = sigterm_once([sys.executable, "-c", BLOCKED_RUN, str(tmp_path)], tmp_path, "blocked")
     assert run.returncode == 1
-    assert time.monotonic() - stopped_at >= SIGTERM_STOP_SECONDS
-    assert stderr.strip().splitlines()[-1] == (
+    assert run.seconds >= SIGTERM_STOP_SECONDS
+    assert run.stderr.strip().splitlines()[-1] == (
         "error: rank 0: stopped by SIGTERM before its checkpoint: the processes did not agree on a stop within "
         f"{SIGTERM_STOP_SECONDS:.0f} s; the earlier checkpoints are kept"
-    ), stderr[-3000:]
+    ), run.stderr[-3000:]
 
 
 @pytest.mark.parametrize(
