@@ -266,6 +266,15 @@ def sigterm_stop_agreed() -> None:
         _held_sigterm.agreed.set()
 
 
+def take_back_an_unanswered_sigterm() -> None:
+    """A SIGTERM held for a stop that did not come (it came after the loop's last stop check, as its final checkpoint
+    was written): handle it now, as one that comes after training."""
+    held = _held_sigterm
+    if held is not None and held.heard and not held.agreed.is_set():
+        held.heard = False
+        signal.raise_signal(signal.SIGTERM)
+
+
 def sigterm_held() -> bool:
     """Whether this process holds a SIGTERM, to end by it once its run has closed."""
     return _held_sigterm is not None and _held_sigterm.heard

@@ -23,7 +23,7 @@ import torch
 from rl import PROCESS_STARTED
 from rl.compiling import compile_seconds
 from rl.config import RunConfig
-from rl.faults import on_main_thread, sigterm_asks_for_a_stop, sigterm_stop_agreed
+from rl.faults import on_main_thread, sigterm_asks_for_a_stop, sigterm_stop_agreed, take_back_an_unanswered_sigterm
 from rl.logger import MetricsSink
 from rl.run import Run
 from rl.runtime import Runtime
@@ -323,7 +323,9 @@ class TrainingLoop:
     def run(self) -> LoopState:
         """The loop, to its last iteration or a stop; the state it ended in. It ends with a checkpoint."""
         with self.interrupt, sigterm_asks_for_a_stop(self.hear_sigterm):
-            return self._run()
+            state = self._run()
+        take_back_an_unanswered_sigterm()
+        return state
 
     def hear_sigterm(self) -> None:
         self.sigterm_heard = True

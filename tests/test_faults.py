@@ -223,6 +223,37 @@ def test_sigterm_in_python_checkpoints_and_then_reaches_the_callers_own_handler(
     assert "interrupted at step" in run.stdout and "returned ['SIGTERM'] None" in run.stdout, run.stdout[-3000:]
 
 
+# A SIGTERM after the loop's last stop check, as its final checkpoint is written.
+SIGTERM_AT_THE_LAST_ITERATION = """
+import os, signal, sys
+import rl
+
+class Terminates(rl.Callback):
+    def on_checkpoint(self, state):
+        if state.iteration == state.num_iterations:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+config = rl.PPOConfig(total_timesteps=2048, eval_episodes=5, progress_bar=False, log_dir=sys.argv[1])
+rl.train(config, callbacks=[Terminates()])
+"""
+
+
+@pytest.mark.slow
+def test_sigterm_that_comes_too_late_for_a_stop_ends_the_run_after_its_final_checkpoint(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-c", SIGTERM_AT_THE_LAST_ITERATION, str(tmp_path)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines()[-1] == (
+        "error: rank 0: stopped by SIGTERM (a kill, scancel or shutdown); its checkpoints are kept"
+    ), run.stderr[-3000:]
+    assert [path.name for path in tmp_path.glob("fabric_logs/*/checkpoints/*")] == ["step_000000002048.ckpt"]
+
+
 # A callback that stops returning at the third iteration: no stop can be agreed after it.
 BLOCKED_RUN = """
 import pathlib, sys, time
