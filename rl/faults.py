@@ -199,8 +199,9 @@ class HeldSigterm:
         late = time.monotonic() - self.heard_at > SIGTERM_STOP_SECONDS
         return self.heard and late and not self.agreed.is_set()
 
-    def hold(self, give_up: Callable[[], None]) -> bool:
-        """Whether this SIGTERM is held (else the caller ends the process); from the signal handler."""
+    def hold(self, give_up: Callable[[], None] | None = None) -> bool:
+        """Whether this SIGTERM is held (else the caller ends the process); from the signal handler. `give_up` runs
+        if no stop is agreed in time (None: the caller watches `overdue` itself)."""
         if self.heard:  # again: the launcher passing on the signal the whole job got
             return True
         if self.request is None:
@@ -209,9 +210,10 @@ class HeldSigterm:
         # os.write: a print could land inside one the handler interrupted
         os.write(2, f"\n{self.role}: SIGTERM: checkpointing, then stopping\n".encode())
         self.request()
-        timer = threading.Timer(SIGTERM_STOP_SECONDS, lambda: self.agreed.is_set() or give_up())
-        timer.daemon = True
-        timer.start()
+        if give_up is not None:
+            timer = threading.Timer(SIGTERM_STOP_SECONDS, lambda: self.agreed.is_set() or give_up())
+            timer.daemon = True
+            timer.start()
         return True
 
 
@@ -253,7 +255,7 @@ def holding_sigterm(role: str, request: Callable[[], None]) -> Iterator[HeldSigt
         if not on_main_thread():
             yield held
             return
-        previous = signal.signal(signal.SIGTERM, lambda *_: held.hold(give_up=lambda: None))
+        previous = signal.signal(signal.SIGTERM, lambda *_: held.hold())
         try:
             yield held
         finally:
