@@ -1,8 +1,8 @@
 """Env steps/s on one CUDA GPU: eager, captured and compiled, in each topology, beside LeanRL.
 
     python benchmarks/gpu.py [--configs atari ppo-mujoco sac] [--variants 32-true+eager 32-true ...]
-                             [--topologies coupled decoupled evaluator] [--rounds 1] [--envs-alone]
-                             [--baseline DIR] [--leanrl DIR]
+                             [--topologies coupled decoupled evaluator pipelined] [--rounds 1]
+                             [--envs-alone] [--baseline DIR] [--leanrl DIR] [--run-limit 300]
 
 Each config runs at every variant and topology, one run after another and round after round, so
 that the settings alternate; a row gives the loop's env steps/s as the run prints it (compile time
@@ -14,8 +14,10 @@ own CPU work on one thread, the other cores left to the envs' threads), `+spin` 
 threads spin while they wait, `OMP_WAIT_POLICY=ACTIVE`; without it they sleep, the entry points'
 default), `+while-stepping` (SAC only: --update-while-stepping); a precision alone is the run's
 default, which with --cuda captures CUDA graphs where they serve. The topologies: `coupled` (one
-process on the GPU), `decoupled` (a CPU player feeding a GPU trainer) and `evaluator` (the same
-with an evaluator process beside them).
+process on the GPU), `decoupled` (a CPU player feeding a GPU trainer), `evaluator` (the same with
+an evaluator process beside them) and `pipelined` (decoupled with `--pipeline`: the player acts
+with weights one update old, so that its envs step while the trainer trains). A run past
+`--run-limit` seconds is stopped and its row fails, so that one run cannot spend a GPU session.
 
 The configs are LeanRL's: PPO on ALE/Breakout-v5 with CleanRL's Atari settings (8 envs x 128
 steps, 4 epochs of 4 minibatches; here ale-py's threaded vector env, LeanRL's runs use envpool),
@@ -63,6 +65,7 @@ from launch import SUMMARY, fabric_run
 COMPILE = re.compile(r"torch\.compile: ([\d.]+) s")
 LEANRL_SPEED = re.compile(r"leanrl speed: ([\d.]+)")
 ENVS_SHARE = re.compile(r"stepping the envs: [\d.]+ s \((\d+)%\)")
+UPDATE_WAIT_SHARE = re.compile(r"waiting for updates: [\d.]+ s \((\d+)%\)")
 
 BREAKOUT = ["--preset", "atari-ppo", "--env-id", "ALE/Breakout-v5", "--total-timesteps", "61440"]
 CONFIGS: dict[str, list[str]] = {
@@ -130,6 +133,7 @@ TOPOLOGIES = {
     "coupled": Topology(1, "train_fabric.py", "cuda"),
     "decoupled": Topology(2, "train_fabric_decoupled.py", "cpu"),
     "evaluator": Topology(3, "train_fabric_decoupled.py", "cpu", ("--evaluator",)),
+    "pipelined": Topology(2, "train_fabric_decoupled.py", "cpu", ("--pipeline",)),
 }
 
 
@@ -139,6 +143,7 @@ class Result:
     compile_seconds: float = 0.0
     failure: str = ""
     envs_share: float | None = None  # of the loop's time, in the process that steps the envs
+    update_wait_share: float | None = None  # of a decoupled player's loop, waiting for the trainer's updates
 
 
 def variant_flags(variant: str) -> list[str]:
@@ -178,30 +183,56 @@ def run_setting(config: str, topology: str, variant: str, args: argparse.Namespa
     command = fabric_run(flags, shape.processes, shape.script, shape.accelerator)
     if variant.startswith(BASELINE):
         command[-len(flags) - 1] = os.path.join(os.path.abspath(args.baseline), shape.script)
-    done = run_in_scratch(command, variant_environment(variant))
-    loop, compiled, envs = SUMMARY.search(done.stdout), COMPILE.search(done.stdout), ENVS_SHARE.search(done.stdout)
+    done = run_in_scratch(command, variant_environment(variant), args.run_limit)
+    loop, compiled = SUMMARY.search(done.stdout), COMPILE.search(done.stdout)
     if done.returncode != 0 or loop is None:
         return Result(None, failure=last_line(done.stderr))
     speed, compile_seconds = int(loop.group(1)) / float(loop.group(2)), float(compiled.group(1)) if compiled else 0.0
-    return Result(speed, compile_seconds, envs_share=int(envs.group(1)) / 100 if envs else None)
+    return Result(
+        speed,
+        compile_seconds,
+        envs_share=share(ENVS_SHARE, done.stdout),
+        update_wait_share=share(UPDATE_WAIT_SHARE, done.stdout),
+    )
 
 
-def run_leanrl(config: str, leanrl: Path, site: Path) -> Result:
+def share(pattern: re.Pattern[str], summary: str) -> float | None:
+    """A part of the loop's time that the run's closing line gives as a percentage, if it gives it."""
+    found = pattern.search(summary)
+    return int(found.group(1)) / 100 if found else None
+
+
+def run_leanrl(config: str, leanrl: Path, site: Path, run_limit: float) -> Result:
     """One run of LeanRL's own script for `config`, at its fastest setting; its last logged speed."""
     script, *flags = LEANRL_SCRIPTS[config]
     shim = Path(__file__).resolve().parent / "leanrl_shim"
     env = no_wait_chosen() | {"PYTHONPATH": os.pathsep.join([str(site), str(shim), os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, str(shim / "run_script.py"), str(leanrl / script), *flags, "--compile", "--cudagraphs"]
-    done = run_in_scratch(command, env)
+    done = run_in_scratch(command, env, run_limit)
     speeds = LEANRL_SPEED.findall(done.stdout)
     if done.returncode != 0 or not speeds:
         return Result(None, failure=last_line(done.stderr))
     return Result(float(speeds[-1]))
 
 
-def run_in_scratch(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+def run_in_scratch(command: list[str], env: dict[str, str], limit_seconds: float) -> subprocess.CompletedProcess:
+    """`command` run in a folder of its own; past `limit_seconds` it is killed with the processes it started,
+    so that one run cannot spend a GPU session's budget (its row then says so)."""
     with tempfile.TemporaryDirectory() as cwd:
-        return subprocess.run(command, cwd=cwd, capture_output=True, text=True, check=False, env=env)
+        process = subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+        try:
+            stdout, stderr = process.communicate(timeout=limit_seconds)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            stdout, stderr = process.communicate()
+            stderr += f"\nran past --run-limit ({limit_seconds:.0f} s) and was stopped"
+        except BaseException:  # gpu.py's own SIGTERM: the run goes with it
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            raise
+        return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
 def last_line(text: str) -> str:
@@ -243,6 +274,8 @@ class Measured:
 def describe(result: Result) -> str:
     speed = f"{result.steps_per_second:,.0f} env steps/s" if result.steps_per_second else f"failed: {result.failure}"
     envs = f", stepping the envs {result.envs_share:.0%} of it" if result.envs_share is not None else ""
+    if result.update_wait_share is not None:
+        envs += f", waiting for updates {result.update_wait_share:.0%}"
     return f"{speed}, compile {result.compile_seconds:.0f} s{envs}"
 
 
@@ -257,7 +290,11 @@ def run_rounds(
                 runs.append((LEANRL_FASTEST, None))
             for label, setting in runs:
                 started = time.perf_counter()
-                result = run_setting(config, *setting, args) if setting else run_leanrl(config, args.leanrl, site)
+                result = (
+                    run_setting(config, *setting, args)
+                    if setting
+                    else run_leanrl(config, args.leanrl, site, args.run_limit)
+                )
                 wall = time.perf_counter() - started
                 print(f"round {round_}: {config} {label}: {describe(result)}, wall {wall:.0f} s", flush=True)
                 measured.add((config, label), result)
@@ -299,7 +336,14 @@ def main() -> None:
     parser.add_argument("--envs-alone", action="store_true", help="first time the Atari vector env alone")
     parser.add_argument("--baseline", help="a checkout of another revision, run beside this one")
     parser.add_argument("--baseline-variants", nargs="+", help="the variants it runs (default: every variant)")
-    parser.add_argument("--leanrl", type=Path, help="a folder of LeanRL's scripts and wheels/, run beside this one")
+    parser.add_argument(
+        "--leanrl",
+        type=lambda folder: Path(folder).resolve(),  # each run starts in a scratch folder of its own
+        help="a folder of LeanRL's scripts and wheels/, run beside this one",
+    )
+    parser.add_argument(
+        "--run-limit", type=float, default=300.0, help="seconds after which a run is stopped and its row failed"
+    )
     args = parser.parse_args()
     before = [BASELINE + variant for variant in args.baseline_variants or args.variants] if args.baseline else []
     settings = [(topology, variant) for topology in args.topologies for variant in before + args.variants]

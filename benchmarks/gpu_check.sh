@@ -5,8 +5,8 @@
 # profile: benchmarks/gpu_profile.py (PROFILE_ARGS: more arguments, such as --python for cProfile); tests:
 # tests/test_gpu.py (TEST_K: pytest's -k); speed: benchmarks/gpu.py at every variant, with the Atari envs' own rate
 # and, where .leanrl/ holds LeanRL's scripts and wheels, LeanRL beside it (SPEED_ARGS: more arguments); topologies:
-# the default variant coupled, decoupled and with an evaluator (TOPOLOGY_ARGS: more arguments). Each stage's output
-# goes to stdout and to a file under $OUT, and all of them into $OUT/report.md at the end.
+# the default variant coupled, decoupled (in lockstep and with --pipeline) and with an evaluator (TOPOLOGY_ARGS: more
+# arguments). Each stage's output goes to stdout and to a file under $OUT, and all of them into $OUT/report.md.
 # BUDGET: the seconds the whole check may take (0, the default: no limit). A stage still running when the budget
 # nears its end is stopped (gpu.py then prints the table of the runs that finished), a stage with under 30 s left is
 # skipped, and the report is written in time: set it a little under the device call's limit. For one call of
@@ -51,7 +51,7 @@ for stage in $stages; do
             leanrl=(); [ -d .leanrl ] && leanrl=(--leanrl .leanrl)
             timeout "$left" python3 benchmarks/gpu.py --envs-alone ${leanrl[@]+"${leanrl[@]}"} ${SPEED_ARGS:-} 2>&1 | tee "$OUT/speed.txt" ;;
         topologies)
-            timeout "$left" python3 benchmarks/gpu.py --variants 32-true --topologies coupled decoupled evaluator ${TOPOLOGY_ARGS:-} \
+            timeout "$left" python3 benchmarks/gpu.py --variants 32-true --topologies coupled decoupled pipelined evaluator ${TOPOLOGY_ARGS:-} \
                 2>&1 | tee "$OUT/topologies.txt" ;;
         *) echo "unknown stage: $stage (profile, tests, speed or topologies)"; exit 2 ;;
     esac

@@ -86,12 +86,16 @@ def summary_line(
     peak_rss_mb: Sequence[float] = (),
     process_seconds: float | None = None,
     env_seconds: float | None = None,
+    update_wait_seconds: float | None = None,
 ) -> str:
     """The line that closes every run's loop (benchmarks read their env steps/s from it). `env_seconds`: how long
-    the process that prints it (or each worker, on average) spent in its envs' steps."""
+    the process that prints it (or each worker, on average) spent in its envs' steps; `update_wait_seconds`: how
+    long a decoupled player waited for the trainers' updates."""
     line = f"training loop: {steps} steps in {seconds:.2f} s ({steps / seconds:,.0f} steps/s)"
     if env_seconds is not None:
         line += f"; stepping the envs: {env_seconds:.2f} s ({env_seconds / seconds:.0%})"
+    if update_wait_seconds is not None:
+        line += f"; waiting for updates: {update_wait_seconds:.2f} s ({update_wait_seconds / seconds:.0%})"
     if peak_rss_mb:
         line += f"; peak RSS per rank (MB): {', '.join(f'{mb:.0f}' for mb in peak_rss_mb)}"
     if process_seconds is not None:

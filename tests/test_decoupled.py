@@ -81,6 +81,8 @@ def test_player_and_trainers_run_both_data_paths(tmp_path, nproc, args):
     lags = [lag for _, lag in scalars["Info/policy_lag"]]
     assert lags == ([0.0] + [1.0] * 7 if "--pipeline" in args else [0.0] * 8)
     assert "evaluation over 2 greedy episodes" in finished.stdout and ENVS_STEPPED.search(finished.stdout)
+    waited = re.search(r"; waiting for updates: ([\d.]+) s \(\d+%\)", finished.stdout)  # the lead player's
+    assert waited and (float(waited.group(1)) > 0 or "--pipeline" in args)
     assert "policy" in load_agent(directory)
     each_rank = ", ".join(f"{role}: [1-9][0-9]*" for role in ["the player", *(f"trainer {k}" for k in range(1, nproc))])
     assert re.search(rf"^peak RSS per rank \(MB\): {each_rank}$", finished.stdout, re.MULTILINE)

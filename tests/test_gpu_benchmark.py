@@ -93,3 +93,48 @@ def test_leanrls_scripts_read_a_single_envs_episode_statistics_as_scalars():
     *transition, infos = with_scalar_statistics(SingleEnvStatistics.step)(SingleEnvStatistics(), 0)
     assert float(infos["episode"]["r"]) == -42.5 and int(infos["episode"]["l"]) == 1000
     assert transition[1:] == [1.0, False, True]
+
+
+def test_leanrls_folder_given_relative_reaches_runs_that_start_in_a_scratch_folder(tmp_path, monkeypatch):
+    (tmp_path / "lean").mkdir()
+    (tmp_path / "lean" / "sac_continuous_action_torchcompile.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    scripts = []
+
+    def run_in_scratch(command, env, limit_seconds):
+        scripts.append(Path(command[2]))
+        return gpu.subprocess.CompletedProcess(command, 0, "leanrl speed: 700.0\n", "")
+
+    monkeypatch.setattr(gpu, "run_in_scratch", run_in_scratch)
+    monkeypatch.setattr(gpu, "install_leanrl_wheels", lambda leanrl: tmp_path)
+    monkeypatch.setattr(gpu, "run_setting", lambda config, topology, variant, args: gpu.Result(600.0))
+    monkeypatch.setattr(sys, "argv", ["gpu.py", "--configs", "sac", "--variants", "32-true", "--leanrl", "lean"])
+    gpu.main()
+    assert scripts == [tmp_path / "lean" / "sac_continuous_action_torchcompile.py"]
+    assert scripts[0].is_absolute() and scripts[0].is_file()
+
+
+def test_a_run_past_its_limit_is_stopped_with_the_processes_it_started():
+    started_a_child = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    done = gpu.run_in_scratch([sys.executable, "-c", started_a_child], dict(os.environ), limit_seconds=3)
+    assert done.returncode != 0
+    assert gpu.last_line(done.stderr) == "ran past --run-limit (3 s) and was stopped"
+    child = int(done.stdout.split()[0])
+    deadline = gpu.time.monotonic() + 10
+    while gpu.time.monotonic() < deadline and child_alive(child):
+        gpu.time.sleep(0.1)
+    assert not child_alive(child)
+
+
+def child_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/stat")
+    return not (status.exists() and status.read_text().split(")")[-1].split()[0] == "Z")

@@ -374,7 +374,8 @@ class Player:
             self.evaluator.finish(global_step, policy, source.obs_normalizer)
         loop_seconds = self.loop_clock.seconds(self.trainer_compile_seconds)
         steps = global_step - self.start_step
-        print(summary_line(steps, loop_seconds, env_seconds=source.env_seconds), flush=True)
+        waited = self.inbox.wait_seconds
+        print(summary_line(steps, loop_seconds, env_seconds=source.env_seconds, update_wait_seconds=waited), flush=True)
         run.sink.log_scalars(loop_figures(steps, loop_seconds, source.env_seconds), global_step)  # its own
         self.final_step = global_step
         if state.interrupted:

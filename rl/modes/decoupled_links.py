@@ -19,6 +19,7 @@ after a round trip that starts when the receiver asks for it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
@@ -303,6 +304,7 @@ class WeightsInbox:
         self.published_key = PUBLISHED_KEY.format(self.sender)
         self.version = 0  # updates received
         self.posted: dist.Work | None = None  # the receive of update `version + 1`
+        self.wait_seconds = 0.0  # spent waiting for updates: a player that waits long is bound by the trainers
 
     def catch_up(self, batches_sent: int, on_update: Callable[[int, Tensor], None], everything: bool = False) -> None:
         """Receive the updates this player must (or, taking the newest, may) act with, calling
@@ -313,8 +315,10 @@ class WeightsInbox:
         while self.version < target:
             self.post_next(batches_sent)
             assert self.posted is not None
+            waiting_since = time.perf_counter()
             with peer(self.sender_name):
                 self.posted.wait()
+            self.wait_seconds += time.perf_counter() - waiting_since
             self.posted = None
             self.version += 1
             on_update(self.version, self.message)
