@@ -336,23 +336,41 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
         """Iterations between two logged points (and interrupt and checkpoint checks)."""
         return 1
 
-    # Set by fill_defaults: whether CUDA graphs came by default (a learner among several then steps aside, as
-    # graphs there are not yet measured; filling the defaults again chooses anew), or were chosen (kept).
-    cuda_graphs_by_default = False
-    cuda_graphs_chosen = False
+    # Fields whose default follows other fields (with --cuda, the fastest setting measured on a GPU) until a command
+    # line, preset, config file or caller sets them; `following_defaults` gives their values.
+    FOLLOWING_DEFAULTS: ClassVar[tuple[str, ...]] = ("cuda_graphs",)
+    # Set by fill_defaults: the value each following field took by default (filling the defaults again chooses
+    # anew, and a learner among several steps aside from graphs that came by default, as that is not yet measured
+    # on several GPUs), and the following fields that were chosen, which keep their values.
+    # Unannotated, so class attributes rather than fields: replaced per instance, never mutated.
+    followed = types.MappingProxyType({})  # field name -> the value it took by default
+    chosen_defaults = frozenset()  # field names
 
     def fill_defaults(self, given: set[str]) -> None:
         """Defaults that follow from other fields; `given`: the fields set by the command line or the preset."""
-        self.cuda_graphs_chosen |= "cuda_graphs" in given and not self.cuda_graphs_by_default
-        if not self.cuda_graphs_chosen:
-            # The fastest setting measured on a GPU; --compile with graphs was not measured, so it stays a choice.
-            self.cuda_graphs = (
-                self.cuda
-                and not self.compile
-                and self.cuda_graphs_refusal() is None
-                and self.cuda_graphs_measured_faster()
-            )
-            self.cuda_graphs_by_default = self.cuda_graphs
+        chosen = set(self.chosen_defaults)
+        for name in self.FOLLOWING_DEFAULTS:
+            if name in given and not self.came_by_default(name):
+                chosen.add(name)
+        self.chosen_defaults = frozenset(chosen)
+        values = {name: value for name, value in self.following_defaults().items() if name not in chosen}
+        for name, value in values.items():
+            setattr(self, name, value)
+        self.followed = values
+
+    def came_by_default(self, name: str) -> bool:
+        """Whether following field `name` holds the value fill_defaults gave it, rather than one chosen."""
+        return name in self.followed and getattr(self, name) == self.followed[name]
+
+    def following_defaults(self) -> dict[str, Any]:
+        """The values of FOLLOWING_DEFAULTS where none is chosen. CUDA graphs: on with --cuda where they can serve
+        and were measured faster; --compile with graphs was not measured, so it stays a choice."""
+        return {
+            "cuda_graphs": self.cuda
+            and not self.compile
+            and self.cuda_graphs_refusal() is None
+            and self.cuda_graphs_measured_faster()
+        }
 
     def cuda_graphs_measured_faster(self) -> bool:
         """Whether CUDA graphs were measured faster on a GPU for this kind of run (then on by default)."""
@@ -904,12 +922,11 @@ def config_file_of(argv: list[str]) -> str | None:
 
 def write_config_file(cfg: RunConfig, path: str, leave_out: tuple[str, ...] = ()) -> None:
     """The resolved flags of `cfg` as a file that `--config` takes back (YAML, or JSON by its suffix), but those
-    named in `leave_out`, and `cuda_graphs` where it followed from `cuda` rather than a choice: a file written on
-    a CPU and trained with --cuda then captures as --cuda alone would."""
+    named in `leave_out`, and the FOLLOWING_DEFAULTS not chosen: a file written on a CPU and trained with --cuda
+    then runs as --cuda alone would."""
     import yaml
 
-    if not cfg.cuda_graphs_chosen:
-        leave_out += ("cuda_graphs",)
+    leave_out += tuple(name for name in cfg.FOLLOWING_DEFAULTS if name not in cfg.chosen_defaults)
     values = {ALGORITHM_KEY: cfg.ALGORITHM} | {
         key: list(value) if isinstance(value, tuple) else value
         for key, value in cfg.to_dict().items()

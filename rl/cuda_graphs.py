@@ -186,4 +186,4 @@ def learner_captured(cfg: RunConfig, learners: int) -> bool:
     """Whether a learner's step runs as CUDA graphs. Among several learners, where each step's gradient
     average runs between two graphs, only when asked for: by default they step aside, as that is not yet
     measured on several GPUs."""
-    return cfg.cuda_graphs and (learners == 1 or not cfg.cuda_graphs_by_default)
+    return cfg.cuda_graphs and (learners == 1 or not cfg.came_by_default("cuda_graphs"))

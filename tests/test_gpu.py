@@ -163,7 +163,7 @@ def test_a_captured_step_replays_what_the_eager_step_computes():
     assert set(captured.graphs) == {1, 2}
 
 
-@pytest.mark.parametrize("algorithm", ["ppo", "sac", "sac --update-while-stepping", "sac --actor-after-critics"])
+@pytest.mark.parametrize("algorithm", ["ppo", "sac", "sac --no-update-while-stepping", "sac --actor-after-critics"])
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
 def test_cuda_graphs_train_as_the_eager_step_does_and_resume(tmp_path, algorithm, precision):
     short, every = (SHORT_PPO, "1024") if algorithm == "ppo" else (SHORT_SAC, "400")

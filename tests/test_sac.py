@@ -408,6 +408,29 @@ def test_update_while_stepping_is_refused_in_decoupled_mode():
     assert error.value.flag == "--update-while-stepping"
 
 
+@pytest.mark.parametrize(
+    ("argv", "while_stepping"),
+    [
+        (["sac"], False),
+        (["sac", "--cuda"], True),  # the faster setting on a GPU
+        (["sac", "--cuda", "--no-update-while-stepping"], False),
+        (["sac", "--update-while-stepping"], True),
+    ],
+)
+def test_updates_overlap_the_envs_step_by_default_on_a_gpu_and_a_choice_stays(tmp_path, argv, while_stepping):
+    from rl.cli import parse_config
+    from rl.config import write_config_file
+
+    cfg = parse_config(argv)
+    assert cfg.update_while_stepping is while_stepping
+    if "--update-while-stepping" not in argv:
+        validate_decoupled(cfg, world_size=2)  # a default is never refused: a decoupled player has no update
+    path = str(tmp_path / "written.yaml")
+    write_config_file(cfg, path)
+    on_a_gpu = parse_config(["--config", path, "--cuda"])  # a default follows this run's --cuda; a choice stays
+    assert on_a_gpu.update_while_stepping is (while_stepping if "while-stepping" in " ".join(argv) else True)
+
+
 def test_targets_move_every_target_network_frequency_steps_and_the_target_entropy_is_taken():
     _, learner = one_process_learner(target_network_frequency=2, target_entropy="-3")
     assert learner.target_entropy == -3.0
