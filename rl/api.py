@@ -11,7 +11,6 @@ on the training loop's events.
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
@@ -71,7 +70,7 @@ def load_config(path: str, **overrides: Any) -> RunConfig:
     preset_flag = ["--preset", str(overrides.pop("preset"))] if "preset" in overrides else []
     config = parse_config(["--config", path, *preset_flag])  # a preset beneath the file, as on the command line
     check_fields(type(config), overrides)
-    config = dataclasses.replace(config, **overrides)
+    config = config.with_changes(**overrides)
     check_field_types(config)
     return config
 

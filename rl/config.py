@@ -343,7 +343,7 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
     # anew, and a learner among several steps aside from graphs that came by default, as that is not yet measured
     # on several GPUs), and the following fields that were chosen, which keep their values.
     # Unannotated, so class attributes rather than fields: replaced per instance, never mutated.
-    followed = types.MappingProxyType({})  # field name -> the value it took by default
+    followed = frozenset()  # (field name, the value it took by default)
     chosen_defaults = frozenset()  # field names
 
     def fill_defaults(self, given: set[str]) -> None:
@@ -356,11 +356,19 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
         values = {name: value for name, value in self.following_defaults().items() if name not in chosen}
         for name, value in values.items():
             setattr(self, name, value)
-        self.followed = values
+        self.followed = frozenset(values.items())
+
+    def with_changes(self: RunConfigT, **changes: Any) -> RunConfigT:
+        """A copy with `changes` (field names), which keeps track of the following defaults: those changed are
+        chosen, the others still follow (`dataclasses.replace` alone would make every one look chosen)."""
+        copy = dataclasses.replace(self, **changes)
+        copy.chosen_defaults = self.chosen_defaults | (set(changes) & set(self.FOLLOWING_DEFAULTS))
+        copy.followed = frozenset((name, value) for name, value in self.followed if name not in copy.chosen_defaults)
+        return copy
 
     def came_by_default(self, name: str) -> bool:
         """Whether following field `name` holds the value fill_defaults gave it, rather than one chosen."""
-        return name in self.followed and getattr(self, name) == self.followed[name]
+        return (name, getattr(self, name)) in self.followed
 
     def following_defaults(self) -> dict[str, Any]:
         """The values of FOLLOWING_DEFAULTS where none is chosen. CUDA graphs: on with --cuda where they can serve

@@ -436,6 +436,22 @@ def test_cuda_graphs_follow_the_fields_until_chosen():
     assert later_on_a_gpu.cuda_graphs
 
 
+def test_a_loaded_config_with_overrides_keeps_its_defaults_following_the_fields(tmp_path):
+    """rl.load_config's overrides are choices; the defaults that followed --cuda still follow it, so a decoupled
+    run does not refuse SAC's --update-while-stepping that came with --cuda."""
+    from rl.config import validate_decoupled, write_config_file
+
+    path = str(tmp_path / "on_a_gpu.yaml")
+    write_config_file(rl.preset("sac/pendulum", cuda=True), path)
+    loaded = rl.load_config(path, seed=3)
+    assert loaded.update_while_stepping and loaded.came_by_default("update_while_stepping")
+    validate_decoupled(loaded, world_size=2)
+    chosen = rl.load_config(path, update_while_stepping=False)
+    chosen.cuda = True
+    chosen.fill_defaults({"cuda"})
+    assert not chosen.update_while_stepping and chosen.cuda_graphs
+
+
 def test_train_puts_back_the_torch_settings_it_changes_for_the_process(tmp_path):
     threads, deterministic = torch.get_num_threads(), torch.backends.cudnn.deterministic
     try:

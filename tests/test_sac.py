@@ -480,3 +480,13 @@ def test_cuda_graphs_capture_several_learners_only_when_asked():
     assert by_default.cuda_graphs and learner_captured(by_default, learners=1)
     assert not learner_captured(by_default, learners=2)  # not yet measured on several GPUs
     assert not learner_captured(parse_config(["sac", "--cuda", "--no-cuda-graphs"]), learners=1)
+
+
+def test_a_changed_copy_of_a_config_keeps_its_choices_in_the_file_it_writes(tmp_path):
+    """As Hogwild's supervisor writes its run folder's config.yaml: from a copy with its own loggers."""
+    from rl.cli import parse_config
+    from rl.config import write_config_file
+
+    path = str(tmp_path / "config.yaml")
+    write_config_file(parse_config(["sac", "--update-while-stepping"]).with_changes(logger=("tensorboard",)), path)
+    assert parse_config(["--config", path]).update_while_stepping

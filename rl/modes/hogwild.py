@@ -515,7 +515,7 @@ def train_hogwild(
     # Worker 0 writes the training's scalars; the supervisor's own (its hyperparameters) go to TensorBoard alone,
     # since one process at a time writes a CSV file or a W&B run: the closing evaluation goes to them after the
     # workers have ended (`log_to_every_logger`).
-    run = start_run(replace(cfg, logger=supervisor_loggers(cfg.logger)), runtime, resume)
+    run = start_run(cfg.with_changes(logger=supervisor_loggers(cfg.logger)), runtime, resume)
     with ClosedIfItFails() as opened:
         opened.add(run.close)
         return supervise_run(algorithm, run, runtime, resume, callbacks)
