@@ -222,8 +222,9 @@ def run_in_scratch(command: list[str], env: dict[str, str], limit_seconds: float
     """`command` run in a folder of its own; past `limit_seconds` it is killed with the processes it started,
     so that one run cannot spend a GPU session's budget (its row then says so)."""
     with tempfile.TemporaryDirectory() as cwd:
+        # A process group of its own to kill, in gpu.py's session, so that what ends the session ends the run too.
         process = subprocess.Popen(
-            command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+            command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=os.setpgrp
         )
         try:
             stdout, stderr = process.communicate(timeout=limit_seconds)
