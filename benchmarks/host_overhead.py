@@ -98,6 +98,8 @@ CONFIGS = {
         "sac/pendulum", SAC_WARM_UP | {"actor_after_critics": True}, warm_up_steps=512, timed_iterations=3000
     ),
     "ppo/atari": Config("atari-ppo", timed_iterations=4),
+    # LeanRL's continuous PPO (CleanRL's settings: 1 env x 2,048 steps, 10 epochs of 32 minibatches).
+    "ppo/mujoco": Config("cleanrl-mujoco", {"env_id": "HalfCheetah-v5"}, timed_iterations=2),
 }
 # The configs whose steady state the tests check for waits, on the CPU and on a GPU.
 STEADY_STATE_CONFIGS = [
