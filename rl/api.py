@@ -98,7 +98,8 @@ def train(config: RunConfig, callbacks: Sequence[Callback] = (), mode: Mode = "c
 
     Defaults that follow from other fields (CUDA graphs with `cuda=True`, a recurrent minibatch) are filled as
     the command line fills them, for the fields a config built by hand leaves at their defaults: to train on a
-    GPU without CUDA graphs, build it with `rl.preset(..., cuda_graphs=False)`.
+    GPU without CUDA graphs, build it with `rl.preset(..., cuda_graphs=False)`, or set `cuda_graphs = False` on a
+    config that `rl.preset` or `rl.load_config` made (or on a `dataclasses.replace` copy of one).
     In decoupled mode the lead player (rank 0) returns them and the other roles None. Hogwild's
     callbacks run in its workers, which start by pickling them: define their classes at a module's
     top level. A Hogwild worker that ends or fails stops the others and raises `rl.RunStopped`, as does a file of
@@ -115,6 +116,17 @@ def train(config: RunConfig, callbacks: Sequence[Callback] = (), mode: Mode = "c
         )
     if mode not in get_args(Mode):  # else a misspelt mode would train coupled
         raise ValueError(f"mode must be one of {', '.join(get_args(Mode))}, got {mode!r}")
+    cfg = completed(config, mode)
+    with process_torch_settings_restored():  # a run sets them for the process; the caller's stay
+        try:
+            return _train_in_mode(cfg, callbacks, mode)
+        finally:
+            deliver_held_sigterm()  # a run stopped by SIGTERM has checkpointed and closed: the caller's handler has it
+
+
+def completed(config: RunConfig, mode: Mode) -> RunConfig:
+    """A copy of `config` as `train` takes it: checked, a resumed run's values where it has defaults, and the
+    defaults that follow from other fields filled."""
     cfg = copy.deepcopy(config)
     check_no_stray_attributes(cfg)
     check_field_types(cfg)
@@ -126,11 +138,7 @@ def train(config: RunConfig, callbacks: Sequence[Callback] = (), mode: Mode = "c
                 setattr(cfg, name, value)
                 given.add(name)
     cfg.fill_defaults(given)
-    with process_torch_settings_restored():  # a run sets them for the process; the caller's stay
-        try:
-            return _train_in_mode(cfg, callbacks, mode)
-        finally:
-            deliver_held_sigterm()  # a run stopped by SIGTERM has checkpointed and closed: the caller's handler has it
+    return cfg
 
 
 def _train_in_mode(cfg: RunConfig, callbacks: Sequence[Callback], mode: Mode) -> TrainingResult | None:

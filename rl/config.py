@@ -23,7 +23,7 @@ import types
 import typing
 from collections.abc import Callable, Iterable
 from contextlib import redirect_stderr, redirect_stdout
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import InitVar, asdict, dataclass, field, fields
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args
@@ -341,16 +341,26 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
     FOLLOWING_DEFAULTS: ClassVar[tuple[str, ...]] = ("cuda_graphs",)
     # Set by fill_defaults: the value each following field took by default (filling the defaults again chooses
     # anew, and a learner among several steps aside from graphs that came by default, as that is not yet measured
-    # on several GPUs), and the following fields that were chosen, which keep their values.
-    # Unannotated, so class attributes rather than fields: replaced per instance, never mutated.
-    followed = frozenset()  # (field name, the value it took by default)
-    chosen_defaults = frozenset()  # field names
+    # on several GPUs), and the following fields that were chosen, which keep their values. InitVars rather than
+    # fields (no flag, no key of a config file), which `dataclasses.replace` passes on to the copy as it does fields.
+    followed: InitVar[Annotated[frozenset, tyro.conf.Suppress]] = frozenset()  # (field name, value by default)
+    chosen_defaults: InitVar[Annotated[frozenset, tyro.conf.Suppress]] = frozenset()  # field names
+
+    def __post_init__(self, followed: frozenset, chosen_defaults: frozenset) -> None:
+        self.followed, self.chosen_defaults = followed, chosen_defaults
 
     def fill_defaults(self, given: set[str]) -> None:
-        """Defaults that follow from other fields; `given`: the fields set by the command line or the preset."""
-        chosen = set(self.chosen_defaults)
+        """Defaults that follow from other fields; `given`: the fields set by the command line or the preset.
+
+        A following field is chosen once given, unless it holds the value it took by default; one that took a
+        value by default and now holds another (set on the config, or changed by `dataclasses.replace`) is chosen
+        too, whether or not it is given."""
+        chosen, took = set(self.chosen_defaults), dict(self.followed)
         for name in self.FOLLOWING_DEFAULTS:
-            if name in given and not self.came_by_default(name):
+            if name in took:  # it took a value by default: chosen if it now holds another
+                if getattr(self, name) != took[name]:
+                    chosen.add(name)
+            elif name in given:
                 chosen.add(name)
         self.chosen_defaults = frozenset(chosen)
         values = {name: value for name, value in self.following_defaults().items() if name not in chosen}
@@ -359,8 +369,9 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
         self.followed = frozenset(values.items())
 
     def with_changes(self: RunConfigT, **changes: Any) -> RunConfigT:
-        """A copy with `changes` (field names), which keeps track of the following defaults: those changed are
-        chosen, the others still follow (`dataclasses.replace` alone would make every one look chosen)."""
+        """A copy with `changes` (field names), each of them chosen: `dataclasses.replace` keeps track of the
+        following defaults too, but takes a following field changed to the value it took by default as still
+        following."""
         copy = dataclasses.replace(self, **changes)
         copy.chosen_defaults = self.chosen_defaults | (set(changes) & set(self.FOLLOWING_DEFAULTS))
         copy.followed = frozenset((name, value) for name, value in self.followed if name not in copy.chosen_defaults)

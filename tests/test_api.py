@@ -14,6 +14,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+import yaml
 from conftest import (
     SCRIPTS,
     all_scalars,
@@ -26,6 +27,7 @@ from conftest import (
 )
 
 import rl
+from rl.api import completed
 from rl.cli import parse_config
 
 SCRIPT = """
@@ -425,9 +427,7 @@ def test_cuda_graphs_follow_the_fields_until_chosen():
     assert not chosen.cuda_graphs and by_default.cuda_graphs
     by_default.precision = "16-mixed"  # which graphs cannot serve
     for config in (chosen, by_default):
-        defaults = type(config)()
-        given = {f.name for f in dataclasses.fields(config) if getattr(config, f.name) != getattr(defaults, f.name)}
-        config.fill_defaults(given)  # as rl.train does
+        config = completed(config, "coupled")  # as rl.train takes it
         assert not config.cuda_graphs
         check_cuda_graphs(config)
     later_on_a_gpu = rl.preset("cartpole")
@@ -450,6 +450,29 @@ def test_a_loaded_config_with_overrides_keeps_its_defaults_following_the_fields(
     chosen.cuda = True
     chosen.fill_defaults({"cuda"})
     assert not chosen.update_while_stepping and chosen.cuda_graphs
+
+
+def test_a_copied_or_edited_config_keeps_its_defaults_following_the_fields(tmp_path):
+    """`dataclasses.replace` and setting a field keep track of the defaults that followed --cuda, as `rl.load_config`
+    does: a copy's defaults still follow (a decoupled run does not refuse SAC's --update-while-stepping that came with
+    --cuda, and a file written from the copy leaves them out), and a following field changed is chosen."""
+    from rl.config import validate_decoupled, write_config_file
+
+    on_a_gpu = rl.preset("sac/pendulum", cuda=True)
+    copy = completed(dataclasses.replace(on_a_gpu, seed=3), "decoupled")
+    assert copy.came_by_default("update_while_stepping") and copy.came_by_default("cuda_graphs")
+    validate_decoupled(copy, world_size=2)
+    path = str(tmp_path / "copy.yaml")
+    write_config_file(copy, path)
+    assert not {"cuda_graphs", "update_while_stepping"} & set(yaml.safe_load(Path(path).read_text()))
+    on_a_cpu = completed(dataclasses.replace(on_a_gpu, cuda=False), "coupled")  # they follow it there
+    assert not on_a_cpu.cuda_graphs and not on_a_cpu.update_while_stepping
+    without_graphs = completed(dataclasses.replace(on_a_gpu, cuda_graphs=False), "coupled")
+    edited = rl.preset("sac/pendulum", cuda=True)
+    edited.cuda_graphs = False
+    for chosen in (without_graphs, completed(edited, "coupled")):
+        assert not chosen.cuda_graphs and not chosen.came_by_default("cuda_graphs")
+        assert chosen.update_while_stepping and chosen.came_by_default("update_while_stepping")
 
 
 def test_train_puts_back_the_torch_settings_it_changes_for_the_process(tmp_path):
