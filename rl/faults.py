@@ -235,10 +235,11 @@ def sigterm_asks_for_a_stop(request: Callable[[], None]) -> Iterator[None]:
 
 
 @contextmanager
-def sigterm_left_to_peers() -> Iterator[None]:
+def sigterm_left_to_peers(ask_peers: Callable[[], None]) -> Iterator[None]:
     """Within, a SIGTERM is held for the stop that the processes which run the training loop agree on (a decoupled
-    trainer's or evaluator's, which those stop): the whole job had the signal, or the held one gives up in time."""
-    with sigterm_asks_for_a_stop(lambda: None):
+    trainer's or evaluator's, which those stop): `ask_peers` asks them for it, should this process alone have had the
+    signal. Where they do not agree in time, the held one gives up."""
+    with sigterm_asks_for_a_stop(ask_peers):
         try:
             yield
         finally:

@@ -454,8 +454,13 @@ def sigterm_once_training(job: subprocess.Popen, tmp_path: Path, victim: int | N
             None,
             marks=pytest.mark.slow,
         ),
+        # A role that runs no training loop, alone: it asks the players for the stop.
+        pytest.param("decoupled", 3, ["--evaluator", "--eval-episodes", "2"], ["trainer 1"], 1, marks=pytest.mark.slow),
+        pytest.param(
+            "decoupled", 3, ["--evaluator", "--eval-episodes", "2"], ["the evaluator"], 2, marks=pytest.mark.slow
+        ),
     ],
-    ids=["whole-job", "one-rank", "decoupled-whole-job"],
+    ids=["whole-job", "one-rank", "decoupled-whole-job", "decoupled-trainer", "decoupled-evaluator"],
 )
 def test_sigterm_while_training_checkpoints_every_rank_then_stops(tmp_path, script, nproc, extra, roles, victim):
     """As Ctrl-C does: every process agrees on a last checkpoint, and none reads a peer that stopped as lost."""

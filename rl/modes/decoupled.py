@@ -74,6 +74,7 @@ from rl.modes.decoupled_links import (
     LagBound,
     PlayerOutbox,
     StopAgreement,
+    StopAsker,
     Topology,
     TrainerInbox,
     WeightsInbox,
@@ -546,10 +547,10 @@ def train_decoupled(
         elif topology.is_evaluator:
             resumed_step = resume.counters.global_step if resume else None
             evaluator = Evaluator(algorithm, LEAD_PLAYER, run_dir, best, resumed_step)
-            with sigterm_left_to_peers():  # the players stop the evaluator and the trainers
+            with sigterm_left_to_peers(StopAsker(cfg.collective_timeout)):  # the players stop the other roles
                 evaluator.serve()
         else:
-            with sigterm_left_to_peers():
+            with sigterm_left_to_peers(StopAsker(cfg.collective_timeout)):
                 run_trainer(algorithm, topology, trainers.group, resume)
         with opened:
             peak_rss = gather_peak_rss(comm_device)  # every role has left its loop

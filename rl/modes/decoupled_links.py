@@ -19,6 +19,7 @@ after a round trip that starts when the receiver asks for it.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from rl.seeds import SCATTER_STREAM, derive_seed
 LEAD_PLAYER = 0  # the player that logs, checkpoints and feeds the evaluator
 PUBLISHED_KEY = "rl/decoupled/weights_published/{}"  # per trainer: updates whose weights it has sent
 STOP_KEY = "rl/decoupled/stop_at"  # the iteration at which an interrupted run stops, once agreed
+STOP_ASKED_KEY = "rl/decoupled/stop_asked"  # a trainer or the evaluator got SIGTERM: the players checkpoint and stop
 
 
 class Command(IntEnum):
@@ -340,24 +342,26 @@ class StopAgreement:
     The first player to see a stop proposes an iteration no player can have passed yet: a player
     runs at most `lag + 1` iterations ahead of the slowest, whose batches it needs (before batches
     flow, at most to the next report, where the players meet). Ctrl-C wins over a request to finish.
+    A SIGTERM that reached a trainer or the evaluator alone (`StopAsker`) asks the players for the stop that
+    Ctrl-C asks for, as their own does: they find it in the store at their stop checks.
     """
 
     def __init__(self, topology: Topology, lag: LagBound, timeout_seconds: float) -> None:
         self.alone = topology.num_players == 1
         self.margin = lag.updates + 2
-        self.store = None if self.alone else job_store_client(timeout_seconds)
+        self.store = job_store_client(timeout_seconds)
         self.stop_at: int | None = None
         self.reason = ""
 
     def check(self, iteration: int, wanted: Requests, next_check: Callable[[int], int]) -> str | None:
         """At an iteration where the players check for a stop (`next_check` finds the next one): why they stop here
         (INTERRUPT or FINISH), or None to go on."""
-        reason = INTERRUPT if wanted.interrupt else FINISH if wanted.finish else ""
         if self.stop_at is None:
+            interrupt = wanted.interrupt or self.store.check([STOP_ASKED_KEY])
+            reason = INTERRUPT if interrupt else FINISH if wanted.finish else ""
             if self.alone:
                 self.stop_at, self.reason = (iteration, reason) if reason else (None, "")
             else:
-                assert self.store is not None
                 if reason:
                     proposal = f"{next_check(iteration + self.margin)} {reason}"
                     agreed = self.store.compare_set(STOP_KEY, "", proposal)
@@ -368,6 +372,19 @@ class StopAgreement:
                 stop_at, self.reason = agreed.decode().split()
                 self.stop_at = int(stop_at)
         return self.reason if self.stop_at is not None and iteration >= self.stop_at else None
+
+
+class StopAsker:
+    """A trainer's or the evaluator's SIGTERM, passed on to the players (`StopAgreement`) through the job's store;
+    called from the signal handler, on a store connection made beforehand."""
+
+    def __init__(self, timeout_seconds: float) -> None:
+        self.store = job_store_client(timeout_seconds)
+
+    def __call__(self) -> None:
+        # Where the store cannot be reached the players never hear of it, and the held SIGTERM gives up in time.
+        with contextlib.suppress(RuntimeError, OSError):
+            self.store.set(STOP_ASKED_KEY, "1")
 
 
 def send_state(state: dict, destination: int, peer_name: str) -> None:
