@@ -8,7 +8,10 @@ reports, checkpoints and evaluations stay out). Per env step it prints the wall 
 busy time (the kernels' and copies' own time), the kernel launches, the host-to-device and
 device-to-host copies, and every place in this project's code where the host waited for the GPU
 (`torch.cuda.set_sync_debug_mode("warn")`, by file and line). A loop whose GPU time is a small
-part of its wall time is bound by the host's launches and syncs, which CUDA graphs remove.
+part of its wall time is bound by the host's launches and syncs, which CUDA graphs remove. It then
+splits both times by phase: stepping the envs, learning (the update, with the kernels it launches,
+which may run on after it returns) and the rest (acting, recording, the loop's own work), which
+says what overlapping the envs' steps with the GPU's work could save.
 `--python` profiles the same window with cProfile in a run of its own instead: where the host's
 time goes by Python function (the envs' step, the uploads, the loop's own code), per env step. Run
 it in a scratch folder: each run writes its folder under ./logs.
@@ -19,9 +22,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import functools
 import io
 import pstats
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +36,10 @@ import rl  # first: it sets how torch's OpenMP threads wait (as a user's run doe
 # isort: split
 import torch
 from host_overhead import SyncSites
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from rl.experience import ExperienceSource
+from rl.modes.coupled import CoupledRank
 
 ON_GPU = torch.cuda.is_available()  # elsewhere the same window on the CPU: a check of this script
 
@@ -106,6 +114,49 @@ class PythonProfile(contextlib.AbstractContextManager):
         self.seconds = time.perf_counter() - self.started
 
 
+# The phases of an iteration that the profile times apart: the method that runs each, marked as a range of its own.
+PHASES: dict[str, tuple[type, str]] = {
+    "stepping the envs": (ExperienceSource, "step_envs"),
+    "learning": (CoupledRank, "learn"),
+}
+PHASE_LABEL = "phase: {}"
+
+
+@contextlib.contextmanager
+def phases_marked() -> Iterator[None]:
+    """Within, each phase's method runs inside a profiler range named after the phase."""
+    originals = {(owner, name): getattr(owner, name) for owner, name in PHASES.values()}
+    for phase, (owner, name) in PHASES.items():
+        setattr(owner, name, in_range(originals[owner, name], PHASE_LABEL.format(phase)))
+    try:
+        yield
+    finally:
+        for (owner, name), original in originals.items():
+            setattr(owner, name, original)
+
+
+def in_range(method: Callable[..., Any], label: str) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def marked(*args: Any, **kwargs: Any) -> Any:
+        with record_function(label):
+            return method(*args, **kwargs)
+
+    return marked
+
+
+def phase_lines(events: Any, steps: int, wall_us: float, gpu_us: float) -> list[str]:
+    """Each phase's host and GPU milliseconds per env step, and the rest's."""
+    lines, host_left, gpu_left = [], wall_us, gpu_us
+    for phase in PHASES:
+        found = [event for event in events if event.key == PHASE_LABEL.format(phase)]
+        host = sum(event.cpu_time_total for event in found)
+        gpu = sum(event.device_time_total for event in found)
+        host_left, gpu_left = host_left - host, gpu_left - gpu
+        lines.append(f"  - {phase}: host {host / steps / 1000:.3f} ms, GPU {gpu / steps / 1000:.3f} ms")
+    rest = f"host {host_left / steps / 1000:.3f} ms, GPU {gpu_left / steps / 1000:.3f} ms"
+    return [*lines, f"  - the rest (acting, recording, the loop's own work): {rest}"]
+
+
 def synchronize() -> None:
     if ON_GPU:
         torch.cuda.synchronize()
@@ -123,6 +174,7 @@ def summarize(window: ProfiledWindow, name: str) -> None:
     print(f"\n## {name}: {steps} env steps profiled")
     print(f"- wall {wall_us / steps / 1000:.3f} ms per env step; GPU busy {gpu_us / steps / 1000:.3f} ms per env step")
     print(f"- {kernels / steps:.1f} GPU kernels and copies per env step; copies: {copies}")
+    print("- by phase, per env step:", *phase_lines(events, steps, wall_us, gpu_us), sep="\n")
     print(f"- host syncs per env step: {sum(window.syncs.sites.values()) / steps:.2f}")
     for where, count in window.syncs.sites.most_common(15):
         print(f"  - {where}: {count / steps:.2f}")
@@ -151,7 +203,7 @@ def main() -> None:
         config = CONFIGS[name]
         iterations = args.iterations * (50 if name == "sac" else 1)
         window = ProfiledWindow(config.warm_up_steps, iterations, args.python)
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), phases_marked():
             rl.train(config.config(iterations), callbacks=[window])
         (summarize_python if args.python else summarize)(window, name)
 

@@ -138,3 +138,25 @@ def child_alive(pid: int) -> bool:
         return False
     status = Path(f"/proc/{pid}/stat")
     return not (status.exists() and status.read_text().split(")")[-1].split()[0] == "Z")
+
+
+def test_the_profile_splits_an_iteration_by_phase_and_puts_the_methods_back(tmp_path, monkeypatch):
+    """benchmarks/gpu_profile.py's phases, on the CPU: each phase's range is found, and the rest is what is left."""
+    import gpu_profile
+    from torch.profiler import profile
+
+    import rl
+    from rl.experience import ExperienceSource
+
+    monkeypatch.chdir(tmp_path)
+    original = ExperienceSource.step_envs
+    config = rl.preset("cartpole", total_timesteps=1024, eval_episodes=0, progress_bar=False, torch_threads=1)
+    with gpu_profile.phases_marked(), profile() as profiled:
+        rl.train(config)
+    assert ExperienceSource.step_envs is original
+    events = profiled.key_averages()
+    wall_us = 1e9
+    *phases, rest = gpu_profile.phase_lines(events, steps=1, wall_us=wall_us, gpu_us=0.0)
+    assert [line.split(":")[0].strip(" -") for line in phases] == list(gpu_profile.PHASES)
+    hosts = [float(line.split("host ")[1].split(" ms")[0]) for line in [*phases, rest]]
+    assert all(host > 0 for host in hosts) and abs(sum(hosts) - wall_us / 1000) < 1e-3
