@@ -190,6 +190,7 @@ class HeldSigterm:
     def __init__(self, role: str) -> None:
         self.role = role
         self.request: Callable[[], None] | None = None  # how this process asks for the stop, while it trains
+        self.started = False  # whether it has begun to train (or serve): before, it is starting up
         self.heard = False
         self.heard_at = 0.0
         self.agreed = threading.Event()
@@ -227,7 +228,7 @@ def sigterm_asks_for_a_stop(request: Callable[[], None]) -> Iterator[None]:
     if held is None:
         yield
         return
-    held.request = request
+    held.request, held.started = request, True
     try:
         yield
     finally:
@@ -415,6 +416,10 @@ def report_lost_peers(
         if stall:  # what the others waited for, if they gave up: this process's env
             record_fault(role, "stalled", stall)
             print_error(f"error: {role}: {stall}; {stopped_while_stalled(known)}")
+        elif known and not held.started:  # a SIGTERM to the whole job ends starting processes at once: one went first
+            while_starting = f"while it started, it had lost {known}"
+            record_fault(role, "stopped", f"stopped by SIGTERM; {while_starting}")
+            print_error(f"error: {role}: stopped by SIGTERM, from the launcher or sent to the job; {while_starting}")
         elif known:
             record_fault(role, "lost", known)
             print_error(f"error: {role}: stopped by the launcher because it lost {known}")

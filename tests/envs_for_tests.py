@@ -334,6 +334,20 @@ class SlowToMake(CartPoleEnv):
 gym.register("SlowToMake-v0", entry_point=SlowToMake, max_episode_steps=500)
 
 
+class SlowToMakeForTraining(CartPoleEnv):
+    """CartPole that takes a minute to make once its process listens for SIGTERM (the run's own handler: the envs it
+    trains on, not those it makes first to look at the env), and says so on stderr: a test stops a run then."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            print("making an env to train on", file=sys.stderr, flush=True)
+            time.sleep(60)
+
+
+gym.register("SlowToMakeForTraining-v0", entry_point=SlowToMakeForTraining, max_episode_steps=500)
+
+
 class DictCartPole(CartPoleEnv):
     """CartPole whose observation is a Dict: the cart's position and velocity, the pole's angle and angular
     velocity, and a Discrete flag that says which side of the track the cart is on."""

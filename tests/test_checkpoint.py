@@ -620,6 +620,27 @@ def test_ctrl_c_while_a_run_starts_ends_it_with_one_line(tmp_path):
     assert stderr.strip().splitlines() == ["interrupted (Ctrl-C) before training began"]
 
 
+def test_sigterm_while_ranks_start_names_the_rank_that_ended_without_calling_it_the_cause(tmp_path):
+    """A starting rank ends at SIGTERM at once. Where the whole job had the signal, one ends first and another finds
+    it gone, so a lost rank is not what stopped the others: their line says that they had the signal."""
+    args = ["--env-id", "envs_for_tests:SlowToMakeForTraining-v0", "--no-progress-bar"]
+    job = start("fabric run", SCRIPTS["fabric"], args, tmp_path, nproc=2)
+    try:
+        for _ in range(2):  # each rank makes its envs
+            while "making an env to train on" not in (line := job.stderr.readline()):
+                assert line, "ended before it said so"
+        os.kill(rank_pid(job.pid, 0), signal.SIGTERM)  # the launcher then sends rank 1 its own
+        _, stderr = job.communicate(timeout=90)
+    finally:
+        kill_process_group(job)
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [
+        "error: rank 0: stopped by SIGTERM (a kill, scancel or shutdown); its checkpoints are kept",
+        "error: rank 1: stopped by SIGTERM, from the launcher or sent to the job; while it started, it had lost "
+        "rank 0: its process ended",
+    ], stderr[-3000:]
+
+
 def test_ctrl_c_in_the_closing_evaluation_ends_the_run_with_one_line(tmp_path):
     args = [*QUICK, "--total-timesteps", "1024", "--eval-episodes", "100000"]  # an evaluation of hours
     job = start("python", SCRIPTS["fabric"], args, tmp_path, nproc=1)
