@@ -159,4 +159,4 @@ def test_the_profile_splits_an_iteration_by_phase_and_puts_the_methods_back(tmp_
     *phases, rest = gpu_profile.phase_lines(events, steps=1, wall_us=wall_us, gpu_us=0.0)
     assert [line.split(":")[0].strip(" -") for line in phases] == list(gpu_profile.PHASES)
     hosts = [float(line.split("host ")[1].split(" ms")[0]) for line in [*phases, rest]]
-    assert all(host > 0 for host in hosts) and abs(sum(hosts) - wall_us / 1000) < 1e-3
+    assert all(host > 0 for host in hosts) and abs(sum(hosts) - wall_us / 1000) < 0.01  # each rounded to 0.001
