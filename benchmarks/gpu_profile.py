@@ -162,7 +162,8 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def summarize(window: ProfiledWindow, name: str) -> None:
+def summarize(window: ProfiledWindow, name: str) -> list[str]:
+    """Print the window's figures and its busiest ops; the figures' lines."""
     events = window.profiler.key_averages()
     steps = window.steps
     kernels = sum(e.count for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
@@ -171,14 +172,18 @@ def summarize(window: ProfiledWindow, name: str) -> None:
         e.time_range.start for e in window.profiler.events()
     )
     copies = {e.key: e.count for e in events if "Memcpy" in e.key and e.device_type == torch.autograd.DeviceType.CUDA}
-    print(f"\n## {name}: {steps} env steps profiled")
-    print(f"- wall {wall_us / steps / 1000:.3f} ms per env step; GPU busy {gpu_us / steps / 1000:.3f} ms per env step")
-    print(f"- {kernels / steps:.1f} GPU kernels and copies per env step; copies: {copies}")
-    print("- by phase, per env step:", *phase_lines(events, steps, wall_us, gpu_us), sep="\n")
-    print(f"- host syncs per env step: {sum(window.syncs.sites.values()) / steps:.2f}")
-    for where, count in window.syncs.sites.most_common(15):
-        print(f"  - {where}: {count / steps:.2f}")
+    lines = [
+        f"## {name}: {steps} env steps profiled",
+        f"- wall {wall_us / steps / 1000:.3f} ms per env step; GPU busy {gpu_us / steps / 1000:.3f} ms per env step",
+        f"- {kernels / steps:.1f} GPU kernels and copies per env step; copies: {copies}",
+        "- by phase, per env step:",
+        *phase_lines(events, steps, wall_us, gpu_us),
+        f"- host syncs per env step: {sum(window.syncs.sites.values()) / steps:.2f}",
+        *(f"  - {where}: {count / steps:.2f}" for where, count in window.syncs.sites.most_common(15)),
+    ]
+    print("", *lines, sep="\n")
     print(events.table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60))
+    return lines
 
 
 def summarize_python(window: ProfiledWindow, name: str) -> None:
@@ -199,13 +204,19 @@ def main() -> None:
     parser.add_argument("--python", action="store_true", help="profile the Python functions (cProfile) instead")
     args = parser.parse_args()
     print(f"{torch.cuda.get_device_name() if ON_GPU else 'CPU'}, torch {torch.__version__}", flush=True)
+    figures: list[str] = []
     for name in args.configs:
         config = CONFIGS[name]
         iterations = args.iterations * (50 if name == "sac" else 1)
         window = ProfiledWindow(config.warm_up_steps, iterations, args.python)
         with contextlib.redirect_stdout(io.StringIO()), phases_marked():
             rl.train(config.config(iterations), callbacks=[window])
-        (summarize_python if args.python else summarize)(window, name)
+        if args.python:
+            summarize_python(window, name)
+        else:
+            figures += summarize(window, name)
+    if figures:  # again, together, where the last lines of a long output show them
+        print("\n# Every config's figures", *figures, sep="\n")
 
 
 if __name__ == "__main__":
