@@ -341,7 +341,7 @@ class SlowToMakeForTraining(CartPoleEnv):
     def __init__(self) -> None:
         super().__init__()
         if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            print("making an env to train on", file=sys.stderr, flush=True)
+            print(f"rank {os.environ.get('RANK', '0')} is making an env to train on", file=sys.stderr, flush=True)
             time.sleep(60)
 
 

@@ -626,9 +626,12 @@ def test_sigterm_while_ranks_start_names_the_rank_that_ended_without_calling_it_
     args = ["--env-id", "envs_for_tests:SlowToMakeForTraining-v0", "--no-progress-bar"]
     job = start("fabric run", SCRIPTS["fabric"], args, tmp_path, nproc=2)
     try:
-        for _ in range(2):  # each rank makes its envs
-            while "making an env to train on" not in (line := job.stderr.readline()):
-                assert line, "ended before it said so"
+        making = set()
+        while making != {"rank 0", "rank 1"}:  # each rank listens for SIGTERM, and makes its envs
+            line = job.stderr.readline()
+            assert line, "ended before each rank made its envs"
+            if line.endswith("is making an env to train on\n"):
+                making.add(line.split(" is ")[0])
         os.kill(rank_pid(job.pid, 0), signal.SIGTERM)  # the launcher then sends rank 1 its own
         _, stderr = job.communicate(timeout=90)
     finally:
