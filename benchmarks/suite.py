@@ -262,6 +262,14 @@ ROWS["sac/walker2d-v4-model"] = dataclasses.replace(
     flags=(*SAVE_BUFFER, "--env-kwarg", "xml_file=walker2d.xml"),
     variant="--env-kwarg xml_file=walker2d.xml",
 )
+# SAC HalfCheetah as a GPU runs it by default: each update starts while the envs take the phase's last step, and
+# misses that step's transitions (--update-while-stepping, the default with --cuda), here on the CPU. Not aggregated.
+ROWS["sac/halfcheetah-while-stepping"] = dataclasses.replace(
+    ROWS["sac/halfcheetah"],
+    group="",
+    flags=(*SAVE_BUFFER, "--update-while-stepping"),
+    variant="--update-while-stepping",
+)
 
 
 # What a run's config holds that is bookkeeping rather than a hyperparameter.
