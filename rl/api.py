@@ -11,6 +11,7 @@ on the training loop's events.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
@@ -22,7 +23,7 @@ from rl.errors import UsageError
 from rl.faults import deliver_held_sigterm
 from rl.loop import Callback
 from rl.modes.coupled import train_coupled
-from rl.peer_flags import peer_flag
+from rl.peer_flags import PeerFlag, peer_flag
 from rl.registry import ALGORITHMS, DEFAULT_ALGORITHM
 from rl.run import TrainingResult
 from rl.runtime import FabricRuntime, LocalRuntime, process_torch_settings_restored
@@ -35,12 +36,29 @@ def field_names_in_errors() -> Iterator[None]:
     try:
         yield
     except UsageError as error:
-        fields_of_flags = {
-            flag(member.name): member.name for kind in ALGORITHMS.values() for member in fields(kind.config_type)
-        }
+        fields_of_flags = fields_named_by_flags(kind.config_type for kind in ALGORITHMS.values())
         if error.flag in fields_of_flags:
             error.args = (f"{fields_of_flags[error.flag]} ({error.flag}): {error.message}",)
         raise
+
+
+def fields_named_by_flags(config_types: Iterable[type[RunConfig]]) -> dict[str, str]:
+    """Each flag of these configs, and the field it sets."""
+    return {flag(member.name): member.name for config_type in config_types for member in fields(config_type)}
+
+
+def python_advice(peer: PeerFlag, config_type: type[RunConfig]) -> str:
+    """What a peer program's flag or key is here, to code that builds a config."""
+    return peer.python or with_field_names(peer_advice(peer), config_type)
+
+
+def with_field_names(advice: str, config_type: type[RunConfig]) -> str:
+    """`advice` as code that builds a config reads it: each flag of `config_type` that it names, as its field."""
+    fields_of_flags = fields_named_by_flags([config_type])
+    return FLAG_IN_TEXT.sub(lambda found: fields_of_flags.get(found.group(0), found.group(0)), advice)
+
+
+FLAG_IN_TEXT = re.compile(r"--[a-z][a-z0-9-]*")
 
 
 @field_names_in_errors()
@@ -82,7 +100,7 @@ def check_fields(config_type: type[RunConfig], names: Iterable[str]) -> None:
     for field_name in names:
         if field_name not in known:
             found = peer_flag([flag(field_name)], config_type.ALGORITHM, flags_of(config_type))
-            instead = "" if found is None else f": {found[1].program}'s name; {peer_advice(found[1])}"
+            instead = "" if found is None else f": {found[1].program}'s name; {python_advice(found[1], config_type)}"
             raise UsageError(field_name, f"{config_type.__name__} has no such field{instead}")
 
 

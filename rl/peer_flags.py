@@ -16,13 +16,19 @@ class PeerFlag:
     flag_here: str | None = None  # the flag the advice names: the hint is given only where the algorithm takes it
     algorithm: str | None = None  # the one algorithm the advice holds for, where it is one
     kind: str = "flag"
+    python: str | None = None  # the advice to code that builds a config, where the flags' form does not carry over
 
 
 TUNING = "python -m rl.tune --trials N -- TRAINING FLAGS (sac first for SAC)"
 
 PEER_FLAGS: dict[str, PeerFlag | tuple[PeerFlag, ...]] = {  # a tuple: the advice for each algorithm
     # CleanRL's scripts (LeanRL's share them).
-    "--track": PeerFlag("CleanRL", "--logger tensorboard wandb logs to Weights & Biases as well", "--logger"),
+    "--track": PeerFlag(
+        "CleanRL",
+        "--logger tensorboard wandb logs to Weights & Biases as well",
+        "--logger",
+        python='logger=("tensorboard", "wandb") logs to Weights & Biases as well',
+    ),
     "--wandb-project-name": PeerFlag(
         "CleanRL", "set WANDB_PROJECT in the environment, with --logger wandb", "--logger"
     ),
@@ -51,7 +57,9 @@ PEER_FLAGS: dict[str, PeerFlag | tuple[PeerFlag, ...]] = {  # a tuple: the advic
         "--per-rank-batch-size",
     ),
     # rl-zoo's train.py.
-    "--algo": PeerFlag("rl-zoo", "name the algorithm first: {script} sac --..."),
+    "--algo": PeerFlag(
+        "rl-zoo", "name the algorithm first: {script} sac --...", python='rl.SACConfig(...), or rl.preset("sac/NAME")'
+    ),
     "--env": PeerFlag("rl-zoo", "--env-id", "--env-id"),
     "-n": PeerFlag("rl-zoo", "--total-timesteps", "--total-timesteps"),
     "--n-timesteps": PeerFlag("rl-zoo", "--total-timesteps", "--total-timesteps"),

@@ -278,7 +278,25 @@ def test_an_agent_asked_onto_a_gpu_this_machine_lacks_is_refused_naming_the_devi
         (
             "sac/pendulum",
             {"learning_rate": 1e-3},
-            "learning_rate: SACConfig has no such field: Stable-Baselines3's name; give SAC's two rates, --policy-lr",
+            "learning_rate: SACConfig has no such field: Stable-Baselines3's name; give SAC's two rates, policy_lr and "
+            "q_lr (the same value for both)",
+        ),
+        # Another program's name is answered as code spells this one's: fields, not flags.
+        (
+            "cartpole",
+            {"num_minibatches": 4},
+            "num_minibatches: PPOConfig has no such field: CleanRL's name; give the minibatch's size instead: "
+            "per_rank_batch_size, num_envs x num_steps / num_minibatches",
+        ),
+        (
+            "cartpole",
+            {"algo": "sac"},
+            'algo: PPOConfig has no such field: rl-zoo\'s name; rl.SACConfig(...), or rl.preset("sac/NAME")',
+        ),
+        (
+            "cartpole",
+            {"track": True},
+            'track: PPOConfig has no such field: CleanRL\'s name; logger=("tensorboard", "wandb")',
         ),
         ("td3/hopper", {}, "preset (--preset): there is no algorithm 'td3'"),
         ("cartpole", {"env_id": gym.Env}, "is not text: give the env's registered id, such as 'CartPole-v1'"),
