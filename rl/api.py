@@ -28,6 +28,8 @@ from rl.registry import ALGORITHMS, DEFAULT_ALGORITHM
 from rl.run import TrainingResult
 from rl.runtime import FabricRuntime, LocalRuntime, process_torch_settings_restored
 
+FLAG_IN_TEXT = re.compile(r"--[a-z][a-z0-9-]*")  # a command-line flag named in a text
+
 
 @contextmanager
 def field_names_in_errors() -> Iterator[None]:
@@ -56,9 +58,6 @@ def with_field_names(advice: str, config_type: type[RunConfig]) -> str:
     """`advice` as code that builds a config reads it: each flag of `config_type` that it names, as its field."""
     fields_of_flags = fields_named_by_flags([config_type])
     return FLAG_IN_TEXT.sub(lambda found: fields_of_flags.get(found.group(0), found.group(0)), advice)
-
-
-FLAG_IN_TEXT = re.compile(r"--[a-z][a-z0-9-]*")
 
 
 @field_names_in_errors()
