@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MARK="# device_tree.sh: long runs' saves, kept from device calls until: bash benchmarks/device_tree.sh restore"
 LIMIT=$((64 * 1024 * 1024))
-CARRIED=(.whl .leanrl)
+CARRIED=(.whl .leanrl .envpool)
 
 save_folders() {  # a deeper .gitignore overrides the negation in the top one that keeps these in the working tree
     find benchmarks/results -type d \( -path "*/runs/fabric_logs/*/checkpoints" -o -path "*/sb3/checkpoints" \)

@@ -25,16 +25,18 @@ steps, 4 epochs of 4 minibatches; here ale-py's threaded vector env, LeanRL's ru
 PPO on HalfCheetah with CleanRL's continuous settings (1 env x 2,048 steps, 10 epochs of 32
 minibatches), and SAC on HalfCheetah (1 env, a batch of 256, one gradient step per env step; -v5
 here, -v4 in LeanRL). LeanRL's published H100 figures, with torch.compile and CUDA graphs: Atari
-PPO 6,809, continuous PPO 1,774 and SAC 725 env steps/s. `--configs atari-recurrent` (not run
-by default) adds the Atari config with an LSTM: `32-true` replays its sequences through cuDNN,
+PPO 6,809, continuous PPO 1,774 and SAC 725 env steps/s. Not run by default: `--configs
+atari-envpool`, the Atari config on envpool's envs as LeanRL's runs step them, and
+`atari-recurrent`, the Atari config with an LSTM: `32-true` replays its sequences through cuDNN,
 `32-true+cuda-graphs` step by step as captured graphs.
 
-`--envs-alone` first times the Atari config's vector env stepped with random actions and nothing
-else, the bound the Atari loop cannot pass. `--baseline DIR` (a checkout of another revision) runs
-each variant (or each of `--baseline-variants`) from there too, in the same rounds: a before and
-after on the same GPU. `--leanrl DIR` runs LeanRL's own scripts in the same rounds, with
-`--compile --cudagraphs` (their fastest), where DIR holds them and `wheels/` their dependencies for
-the GPU machine's Python, which has no package index:
+`--envs-alone` first times the Atari configs' vector envs (ale-py's and, where it can be imported,
+envpool's) stepped with random actions and nothing else, the bound the Atari loop cannot pass.
+`--baseline DIR` (a checkout of another revision) runs each variant (or each of
+`--baseline-variants`) from there too, in the same rounds: a before and after on the same GPU.
+`--leanrl DIR` runs LeanRL's own scripts in the same rounds, with `--compile --cudagraphs` (their
+fastest), where DIR holds them and `wheels/` their dependencies for the GPU machine's Python, which
+has no package index:
 
     pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
         --platform manylinux1_x86_64 --platform manylinux2014_x86_64 -d DIR/wheels tensordict==0.6.2 \
@@ -43,13 +45,16 @@ the GPU machine's Python, which has no package index:
 (the tensordict and torchrl of their time: later ones refuse their TensorDictModule; gymnasium 0.29,
 whose `final_observation` their SAC reads). They run through `leanrl_shim/`: its `wandb` prints the
 speed they log, and `run_script.py` makes gymnasium 0.29's episode statistics readable under
-NumPy 2.4 and later. Their Atari script needs envpool, whose wheel alone is larger than a GPU command
-may carry (64 MiB).
+NumPy 2.4 and later. Their Atari script is not run: it reads old gym's four-part step, which
+envpool 1.2.5 no longer returns. `--configs atari-envpool` runs this project's Atari config on
+envpool's envs instead, which a GPU command carries in the Atari-only folder that
+benchmarks/envpool_kit.py makes (envpool's wheels are past its 64 MiB).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import signal
@@ -73,12 +78,14 @@ CONFIGS: dict[str, list[str]] = {
     "atari": BREAKOUT,
     "ppo-mujoco": ["--preset", "cleanrl-mujoco", "--env-id", "HalfCheetah-v5", "--total-timesteps", "20480"],
     "sac": ["sac", "--preset", "halfcheetah", "--learning-starts", "1000", "--total-timesteps", "8000"],
-    # Not LeanRL's, and run only when named: the Atari config with an LSTM (2 whole sequences per minibatch),
-    # to measure its captured step-by-step replay against cuDNN's (`32-true+cuda-graphs` against `32-true`).
+    # Run only when named: the Atari config with envpool's envs, as LeanRL steps them (on a GPU machine, from the
+    # folder benchmarks/envpool_kit.py makes), and with an LSTM (2 whole sequences per minibatch), to measure its
+    # captured step-by-step replay against cuDNN's (`32-true+cuda-graphs` against `32-true`).
+    "atari-envpool": [*BREAKOUT, "--vector-mode", "envpool"],
     "atari-recurrent": [*BREAKOUT, "--recurrent"],
 }
-LEANRL_H100 = {"atari": 6809, "ppo-mujoco": 1774, "sac": 725}
-DEFAULT_CONFIGS = list(LEANRL_H100)
+LEANRL_H100 = {"atari": 6809, "atari-envpool": 6809, "ppo-mujoco": 1774, "sac": 725}
+DEFAULT_CONFIGS = ["atari", "ppo-mujoco", "sac"]
 # LeanRL's script for each config and its flags for the same run length (HalfCheetah-v4, their default env).
 LEANRL_SCRIPTS: dict[str, list[str]] = {
     "ppo-mujoco": ["ppo_continuous_action_torchcompile.py", "--total-timesteps", "20480"],
@@ -252,11 +259,13 @@ def install_leanrl_wheels(leanrl: Path) -> Path:
     return site
 
 
-def envs_alone() -> float:
-    """Env steps/s of the Atari config's vector env stepped alone with random actions."""
+def envs_alone() -> dict[str, float]:
+    """Env steps/s of the Atari configs' vector envs stepped alone with random actions: ale-py's threaded envs
+    (the atari-ppo preset's choice) and, where it can be imported, envpool's."""
     from atari import envs_alone as step_envs_alone
 
-    return step_envs_alone("ALE/Breakout-v5", "native")  # the atari-ppo preset's choice: ale-py's threaded envs
+    backends = ["native", *(["envpool"] if importlib.util.find_spec("envpool") else [])]
+    return {backend: step_envs_alone("ALE/Breakout-v5", backend) for backend in backends}
 
 
 @dataclass
@@ -359,7 +368,8 @@ def main() -> None:
         device = torch.cuda.get_device_name() if torch.cuda.is_available() else "none (every run will fail)"
         print(f"GPU: {device}, torch {torch.__version__}", flush=True)
         if args.envs_alone:
-            print(f"Atari vector env alone: {envs_alone():,.0f} env steps/s", flush=True)
+            for backend, speed in envs_alone().items():
+                print(f"Atari vector env alone ({backend}): {speed:,.0f} env steps/s", flush=True)
         site = install_leanrl_wheels(args.leanrl) if args.leanrl else None
         run_rounds(args, settings, site, measured)
     except Stopped:

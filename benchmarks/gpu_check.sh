@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks in one go, on a machine with a CUDA GPU:
 #     bash benchmarks/gpu_check.sh [profile] [tests] [speed] [topologies]   (all four by default)
-# Wheels in .whl/ (for a machine without a package index; benchmarks/gpu_kit.sh fetches them) are installed first.
+# Wheels in .whl/ (for a machine without a package index; benchmarks/gpu_kit.sh fetches them) are installed first,
+# and .envpool/ (made by the same script) is put on the path.
 # profile: benchmarks/gpu_profile.py (PROFILE_ARGS: more arguments, such as --python for cProfile); tests:
 # tests/test_gpu.py (TEST_K: pytest's -k); speed: benchmarks/gpu.py at every variant, with the Atari envs' own rate
 # and, where .leanrl/ holds LeanRL's scripts and wheels, LeanRL beside it (SPEED_ARGS: more arguments); topologies:
@@ -21,6 +22,8 @@ if [ -d .whl ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
+# envpool for Atari alone (benchmarks/envpool_kit.py): the atari-envpool configs and the envs' own rate use it
+[ -d .envpool ] && export PYTHONPATH=$PWD/.envpool${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONPATH=$PWD:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 BUDGET=${BUDGET:-0}

@@ -4,10 +4,11 @@
 # .whl/     the wheels this project needs beyond that machine's own packages (its Python is 3.12; it already holds
 #           torch, lightning, numpy, tensorboard, imageio and opencv): gymnasium, tyro, MuJoCo and ale-py, at the versions
 #           constraints.txt pins;
-# .leanrl/wheels/  the dependencies of LeanRL's scripts (see benchmarks/gpu.py for why these versions).
+# .leanrl/wheels/  the dependencies of LeanRL's scripts (see benchmarks/gpu.py for why these versions);
+# .envpool/ envpool for Atari alone, to step Breakout as LeanRL does (benchmarks/envpool_kit.py).
 # LeanRL's two scripts are not fetched: copy ppo_continuous_action_torchcompile.py and
 # sac_continuous_action_torchcompile.py from pytorch-labs/LeanRL (folder leanrl/) into .leanrl/ to run them beside.
-# Both folders are kept out of git (.git/info/exclude) and travel with a device call as carried paths. Long runs'
+# The three folders are kept out of git (.git/info/exclude) and travel with a device call as carried paths. Long runs'
 # saves in progress are kept from device calls last (benchmarks/device_tree.sh exclude, which prints what a call
 # takes): after the device calls, `bash benchmarks/device_tree.sh restore` lets them go with the working tree again.
 set -euo pipefail
@@ -30,7 +31,7 @@ download() {  # FOLDER SPEC...: Python 3.12 x86-64 wheels, without their depende
         --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$folder" "$@"
 }
 
-for folder in .whl .leanrl; do
+for folder in .whl .leanrl .envpool; do
     grep -qx "/$folder/" .git/info/exclude 2>/dev/null || echo "/$folder/" >>.git/info/exclude
 done
 
@@ -40,8 +41,9 @@ specs=()
 for name in "${ours[@]}"; do specs+=("$(pinned "$name")"); done
 download .whl "${specs[@]}"
 download .leanrl/wheels tensordict==0.6.2 torchrl==0.6.0 gymnasium==0.29.1 tqdm orjson cloudpickle pyvers
+python3 benchmarks/envpool_kit.py --python-version 3.12
 
-du -sh .whl .leanrl
+du -sh .whl .leanrl .envpool
 missing=()
 for script in ppo_continuous_action_torchcompile.py sac_continuous_action_torchcompile.py; do
     [ -f ".leanrl/$script" ] || missing+=("$script")
@@ -49,5 +51,5 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
     echo "LeanRL's scripts are not in .leanrl/ yet (${missing[*]}): copy them from pytorch-labs/LeanRL to run them beside"
 fi
-echo 'carry: [".whl", ".leanrl"]; after the device calls: bash benchmarks/device_tree.sh restore'
+echo 'carry: [".whl", ".leanrl", ".envpool"]; after the device calls: bash benchmarks/device_tree.sh restore'
 bash benchmarks/device_tree.sh exclude

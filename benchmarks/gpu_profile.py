@@ -1,6 +1,6 @@
 """Where a GPU run's steady-state env step goes: host time, GPU time, kernel launches, copies and host syncs.
 
-    python benchmarks/gpu_profile.py [--configs sac atari ppo-mujoco] [--iterations 4] [--python]
+    python benchmarks/gpu_profile.py [--configs sac atari ppo-mujoco atari-envpool] [--iterations 4] [--python]
 
 Each config trains in this process (coupled, one rank, `--cuda`) and profiles a window of
 iterations after its warm-up (`rl.Callback`'s `on_iteration_start` to `on_iteration_end`, so
@@ -60,6 +60,8 @@ class Config:
 CONFIGS = {
     "sac": Config("sac/halfcheetah", {"learning_starts": 1000}, warm_up_steps=1100),
     "atari": Config("atari-ppo", {"env_id": "ALE/Breakout-v5"}, warm_up_steps=2048),
+    # LeanRL's backend (benchmarks/envpool_kit.py carries it to a GPU machine); profiled when named
+    "atari-envpool": Config("atari-ppo", {"env_id": "ALE/Breakout-v5", "vector_mode": "envpool"}, warm_up_steps=2048),
     "ppo-mujoco": Config("halfcheetah", {}, warm_up_steps=4096),
 }
 
@@ -199,7 +201,7 @@ def summarize_python(window: ProfiledWindow, name: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
+    parser.add_argument("--configs", nargs="+", default=["sac", "atari", "ppo-mujoco"], choices=list(CONFIGS))
     parser.add_argument("--iterations", type=int, default=4, help="iterations profiled (SAC: env steps x 50)")
     parser.add_argument("--python", action="store_true", help="profile the Python functions (cProfile) instead")
     args = parser.parse_args()

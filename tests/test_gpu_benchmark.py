@@ -79,6 +79,19 @@ def test_the_recurrent_config_runs_only_when_named_and_its_row_has_no_leanrl_rat
     assert config.recurrent and config.replays_in_steps and config.vector_mode == "auto"
 
 
+def test_the_envpool_atari_config_runs_only_when_named_and_is_held_to_leanrls_atari_figure(monkeypatch, capsys):
+    from rl.cli import parse_config
+
+    monkeypatch.setattr(gpu, "run_setting", lambda config, topology, variant, args: gpu.Result(3404.5))
+    monkeypatch.setattr(sys, "argv", ["gpu.py", "--configs", "atari", "atari-envpool", "--variants", "32-true"])
+    gpu.main()
+    printed = capsys.readouterr().out
+    assert "| atari-envpool | 32-true | 3,404 | 1.00 | 0.50 | 0 |  |" in printed
+    assert "atari-envpool" not in gpu.DEFAULT_CONFIGS
+    config = parse_config([*gpu.CONFIGS["atari-envpool"], "--cuda"])
+    assert config.vector_mode == "envpool" and config.env_id == "ALE/Breakout-v5"
+
+
 def test_leanrls_scripts_read_a_single_envs_episode_statistics_as_scalars():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "leanrl_shim"))
     import numpy as np
