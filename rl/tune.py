@@ -8,9 +8,12 @@ training flags after `--`, the values the sampler drew for the search space, `--
 written, reports it to the pruner, and stops a pruned run with Ctrl-C, which checkpoints it. A
 trial scores the run's closing greedy evaluation. The study lives in an Optuna storage (SQLite
 by default), so several tuners, on one machine or many, share it, and a stopped study goes on
-where it was: --trials counts every finished or pruned trial of the study (tuners running at
-once each finish the trial they are in, so a study may end a few trials past it). The best
-trial's flags are written as a file that `--config` takes back. Needs `pip install -e '.[tuning]'`.
+where it was: --trials counts every finished or pruned trial of the study, and every one whose run
+failed (tuners running at once each finish the trial they are in, so a study may end a few trials
+past it). Each tuner marks the trial it runs alive every --heartbeat seconds (Optuna's heartbeat):
+a trial left running by a tuner killed outright, or on a machine lost, is ended, uncounted, by the
+next tuner to start a trial. The best trial's flags are written as a file that `--config` takes
+back. Needs `pip install -e '.[tuning]'`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -114,6 +118,9 @@ class TuneConfig:
     """seconds after which each tuning process starts no new trial (the trials running then finish)"""
     eval_every: int = 10_000
     """env steps between a trial's greedy evaluations, which the pruner reads"""
+    heartbeat: int = 60
+    """seconds between a tuner's signs of life for the trial it runs, in the storage: a trial without one for twice
+    this (its tuner killed outright, or its machine lost) is ended by the next tuner to start a trial, uncounted"""
     seed: int = 0
     """seed of the sampler (each tuning process adds its index)"""
     out: str = "logs/tuning"
@@ -278,6 +285,7 @@ class TrialFailed(Exception):
 
 
 def run_trial(trial: Any, cfg: TuneConfig, training: list[str], space: dict[str, dict[str, Any]]) -> float:
+    """One trial's run, followed to its end: its closing greedy return."""
     import optuna
 
     folder = Path(cfg.out) / cfg.study_name
@@ -310,11 +318,14 @@ def run_trial(trial: Any, cfg: TuneConfig, training: list[str], space: dict[str,
         raise KeyboardInterrupt
     with log.open("w") as output, start_child(command, stdout=output, stderr=subprocess.STDOUT) as process:
         try:
-            pruned = follow_evaluations(trial, process, run_dir / "csv" / CSV_METRICS_FILE)
+            pruned = follow_evaluations(trial, process, run_dir / "csv" / CSV_METRICS_FILE, cfg.heartbeat)
             process.wait()
             raise_if_stopped()  # a terminal's Ctrl-C reached the run too, which has checkpointed and stopped
         except KeyboardInterrupt:
             stop_interrupted_trial(trial, process, run_dir)
+            raise
+        except Exception:  # such as the storage refusing a report of a trial that another tuner ended
+            stop_run(process)
             raise
     if pruned:
         raise optuna.TrialPruned()
@@ -341,18 +352,28 @@ def stop_interrupted_trial(trial: Any, process: subprocess.Popen, run_dir: Path)
     """Ctrl-C or SIGTERM: the trial's run checkpoints and stops (a terminal's Ctrl-C reached it too; a second changes
     nothing), and the study keeps the trial as failed, marked so that --trials does not count it."""
     trial.set_user_attr("interrupted", True)
+    stop_run(process)
+    print_now(f"trial {trial.number}: interrupted ({Stop.heard}); its run's checkpoints are in {run_dir}")
+
+
+def stop_run(process: subprocess.Popen) -> None:
+    """A trial's run checkpoints and stops, as at Ctrl-C."""
     if process.poll() is None:
         process.send_signal(signal.SIGINT)
     process.wait()
-    sys.stdout.write(f"trial {trial.number}: interrupted ({Stop.heard}); its run's checkpoints are in {run_dir}\n")
 
 
-def follow_evaluations(trial: Any, process: subprocess.Popen, metrics: Path) -> bool:
-    """Report each periodic evaluation of the running trial as it appears; Ctrl-C the run if the pruner says so."""
+def follow_evaluations(trial: Any, process: subprocess.Popen, metrics: Path, heartbeat: float) -> bool:
+    """Report each periodic evaluation of the running trial as it appears; Ctrl-C the run if the pruner says so.
+    Every `heartbeat` seconds, mark the trial alive."""
     reported: set[int] = set()
+    marked = time.monotonic()
     while process.poll() is None:
         time.sleep(POLL_SECONDS)
         raise_if_stopped()
+        if time.monotonic() - marked >= heartbeat:
+            mark_alive(trial)
+            marked = time.monotonic()
         for step, value in evaluations(metrics):
             if step in reported:
                 continue
@@ -397,69 +418,149 @@ def training_algorithm(training: list[str]) -> str:
 
 
 def tune(cfg: TuneConfig, training: list[str], space: dict[str, dict[str, Any]]) -> None:
-    """One tuning process: trials of the shared study until it holds --trials finished or pruned ones."""
+    """One tuning process: trials of the shared study until it holds --trials counted ones, or --timeout passes."""
     import optuna
 
     seed = (cfg.seed + cfg.worker) % 2**32  # each tuning process its own, within the sampler's range
     sampler = optuna.samplers.TPESampler(seed=seed) if cfg.sampler == "tpe" else optuna.samplers.RandomSampler(seed)
     study = optuna.create_study(
-        storage=cfg.storage,
+        storage=open_storage(cfg),
         study_name=cfg.study_name,
         direction="maximize",
         sampler=sampler,
         pruner=make_pruner(cfg),
         load_if_exists=True,
     )
-    if trials_counted(study) < cfg.trials:
-        with stops_heard_at_polls():
-            study.optimize(
-                lambda trial: run_trial(trial, cfg, training, space),
-                catch=(TrialFailed,),
-                timeout=cfg.timeout,
-                callbacks=[print_trial(cfg), stop_at_trials(cfg)],
-            )
+    deadline = math.inf if cfg.timeout is None else time.monotonic() + cfg.timeout
+    with stops_heard_at_polls():
+        while trials_counted(study) < cfg.trials and time.monotonic() < deadline:
+            run_next_trial(study, cfg, training, space)
 
 
-def stop_at_trials(cfg: TuneConfig) -> Callable[[Any, Any], None]:
-    """Stop this tuner once the study holds --trials counted trials, whichever tuner ran them."""
-
-    def stop(study: Any, trial: Any) -> None:
-        if trials_counted(study) >= cfg.trials:
-            study.stop()
-
-    return stop
-
-
-def counted_states() -> tuple[Any, ...]:
-    """The trials that --trials counts: finished, pruned or failed (a study whose every trial fails, on an env that
-    raises, say, ends rather than trying forever), but not one stopped by Ctrl-C."""
+def open_storage(cfg: TuneConfig) -> optuna.storages.RDBStorage:
+    """The study's storage, with Optuna's heartbeat: a trial whose tuner has not marked it alive for twice
+    --heartbeat seconds is ended, as failed, when a tuner starts a trial (`run_next_trial`)."""
     import optuna
 
-    return optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL
+    with warnings.catch_warnings():  # that the heartbeat is experimental: Optuna has had it since 2.9
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.storages.RDBStorage(
+            cfg.storage,
+            heartbeat_interval=cfg.heartbeat,
+            grace_period=silence_limit(cfg),
+            heartbeat_stale_trial_callback=say_silent_trial_ended(cfg),
+        )
+
+
+def run_next_trial(study: Any, cfg: TuneConfig, training: list[str], space: dict[str, dict[str, Any]]) -> None:
+    """Optuna's ask and tell around `run_trial`. Not `Study.optimize`: with a heartbeat it marks trials alive from a
+    thread of its own, and in a tuner of two threads, killed outright, each thread's end sends its trial's run the
+    parent-death signal (a second Ctrl-C, which stops the run without its checkpoint). The tuner marks its trial
+    alive where it polls the run instead (`follow_evaluations`)."""
+    import optuna
+
+    with warnings.catch_warnings():  # experimental, and meant for optimize: see above
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        warnings.filterwarnings("ignore", "Heartbeat of storage is supposed to be used with Study.optimize")
+        optuna.storages.fail_stale_trials(study)
+        trial = study.ask()
+    mark_alive(trial)
+    value, state = None, optuna.trial.TrialState.FAIL
+    try:
+        value, state = run_trial(trial, cfg, training, space), optuna.trial.TrialState.COMPLETE
+    except optuna.TrialPruned:
+        state = optuna.trial.TrialState.PRUNED
+    except (TrialFailed, optuna.exceptions.UpdateFinishedTrialError):  # the latter: another tuner ended it
+        pass
+    except BaseException:  # Ctrl-C, SIGTERM, refused training flags: the trial fails and the tuner stops
+        told(study, trial, None, state)
+        raise
+    ended = told(study, trial, value, state)
+    if ended.state == optuna.trial.TrialState.FAIL and not ended_by_this_tuner(ended):
+        say_ended_by_another_tuner(ended, cfg)
+    else:
+        print_trial(cfg, study, ended)
+
+
+def mark_alive(trial: Any) -> None:
+    """The sign of life that Optuna's heartbeat reads, for the trial this tuner runs."""
+    trial.study._storage.record_heartbeat(trial._trial_id)
+
+
+def told(study: Any, trial: Any, value: float | None, state: Any) -> Any:
+    """The trial as it ended: as this tuner tells it, or as another tuner ended it first."""
+    import optuna
+
+    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # ended by another tuner meanwhile
+        return study.tell(trial, value, state=state, skip_if_finished=True)
+    return study.get_trials(deepcopy=False)[trial.number]
+
+
+def ended_by_this_tuner(trial: Any) -> bool:
+    """A tuner fails its own trials with a `failure` (its run failed) or as `interrupted`; a trial failed without
+    either was ended by another tuner, which found it without a sign of life (`open_storage`)."""
+    return "failure" in trial.user_attrs or "interrupted" in trial.user_attrs
+
+
+def silence_limit(cfg: TuneConfig) -> int:
+    """Seconds after which a running trial without a sign of life from its tuner is ended by another."""
+    return 2 * cfg.heartbeat
+
+
+def say_silent_trial_ended(cfg: TuneConfig) -> Callable[[Any, Any], None]:
+    def say(study: Any, trial: Any) -> None:
+        host = trial.user_attrs.get("tuner_host", "its machine")
+        print_now(
+            f"trial {trial.number}: its tuner (pid {trial.user_attrs.get('tuner_pid')} on {host}) gave no sign of "
+            f"life for over {silence_limit(cfg)} s (killed outright, or its machine lost); the study keeps it as "
+            f"interrupted, uncounted; its run's checkpoints are in {trial.user_attrs.get('run_dir')} on {host}"
+        )
+
+    return say
+
+
+def say_ended_by_another_tuner(trial: Any, cfg: TuneConfig) -> None:
+    print_now(
+        f"trial {trial.number}: another tuner ended it, having had no sign of life from this one for over "
+        f"{silence_limit(cfg)} s (this tuner was stopped, or the storage out of its reach); the study keeps it as "
+        f"interrupted, uncounted; its run's checkpoints are in {trial.user_attrs.get('run_dir')}"
+    )
+
+
+def print_now(line: str) -> None:
+    sys.stdout.write(line + "\n")  # one write: the lines of tuners that share a terminal stay whole
+    sys.stdout.flush()
+
+
+def counts(trial: Any) -> bool:
+    """Whether --trials counts a trial: finished, pruned, or failed by its run (a study whose every trial fails, on
+    an env that raises, say, ends rather than trying forever); not one interrupted (by Ctrl-C or SIGTERM, or its
+    tuner killed or silent)."""
+    import optuna
+
+    state = optuna.trial.TrialState
+    return trial.state in (state.COMPLETE, state.PRUNED) or (
+        trial.state == state.FAIL and "failure" in trial.user_attrs
+    )
 
 
 def trials_counted(study: Any) -> int:
-    return sum(not trial.user_attrs.get("interrupted") for trial in study.get_trials(states=counted_states()))
+    return sum(counts(trial) for trial in study.get_trials(deepcopy=False))
 
 
-def print_trial(cfg: TuneConfig) -> Callable[[Any, Any], None]:
-    """A line as each trial ends (Optuna's own are off: a failed trial's would print its traceback)."""
-
+def print_trial(cfg: TuneConfig, study: Any, trial: Any) -> None:
+    """A line as each trial of this tuner ends (Optuna's own are off: a failed trial's would print its traceback)."""
     from optuna.trial import TrialState
 
-    def print_line(study: Any, trial: Any) -> None:
-        if trial.state == TrialState.COMPLETE:
-            outcome = f"greedy return {trial.value:.2f}"
-        elif trial.state == TrialState.PRUNED:
-            step, value = max(trial.intermediate_values.items(), default=(0, math.nan))
-            outcome = f"pruned at step {step:,}, where its return was {value:.2f}"
-        else:
-            outcome = f"failed ({trial.user_attrs.get('failure', 'an error in the tuner')})"
-        done = f"{trials_counted(study)} done, --trials {cfg.trials}"
-        sys.stdout.write(f"trial {trial.number}: {outcome}; {params_text(trial.params)} ({done})\n")  # one write
-        sys.stdout.flush()
-
-    return print_line
+    if trial.state == TrialState.COMPLETE:
+        outcome = f"greedy return {trial.value:.2f}"
+    elif trial.state == TrialState.PRUNED:
+        step, value = max(trial.intermediate_values.items(), default=(0, math.nan))
+        outcome = f"pruned at step {step:,}, where its return was {value:.2f}"
+    else:
+        outcome = f"failed ({trial.user_attrs['failure']})"  # its run failed: see `ended_by_this_tuner`
+    done = f"{trials_counted(study)} done, --trials {cfg.trials}"
+    print_now(f"trial {trial.number}: {outcome}; {params_text(trial.params)} ({done})")
 
 
 def params_text(params: dict[str, Any]) -> str:
@@ -511,7 +612,7 @@ def parse(argv: list[str]) -> tuple[TuneConfig, list[str]]:
         raise (
             tools_peer_flag(error, TUNING_PEER_FLAGS, TUNING_FLAGS) or training_flag_before_dashes(error) or error
         ) from None
-    for name in ("trials", "workers", "eval_every"):
+    for name in ("trials", "workers", "eval_every", "heartbeat"):
         if getattr(cfg, name) <= 0:
             raise UsageError(flag(name), f"must be positive, got {getattr(cfg, name)}")
     check_seed(cfg.seed, bits=32, seeded="Optuna's sampler")

@@ -4,6 +4,7 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -155,12 +156,12 @@ def test_failed_trials_count_so_a_study_whose_runs_all_fail_ends_and_says_where_
     ]
 
 
-def tuner_in_its_first_trial(tmp_path, workers: int = 1) -> subprocess.Popen:
+def tuner_in_its_first_trial(tmp_path, workers: int = 1, *flags: str) -> subprocess.Popen:
     """A tuner of one trial, as a shell's foreground job, returned once its trial's run has evaluated."""
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     longer = ["--total-timesteps", "100000"]  # still training when it is stopped
     command = [sys.executable, "-m", "rl.tune", "--storage", storage, "--study-name", "cartpole", "--out", "runs"]
-    command += ["--eval-every", "512", "--trials", "1", "--workers", str(workers), *TRAINING, *longer]
+    command += ["--eval-every", "512", "--trials", "1", "--workers", str(workers), *flags, *TRAINING, *longer]
     tuner = start_as_foreground_job(command, tmp_path)
     metrics = tmp_path / "runs" / "cartpole" / "fabric_logs" / "trial-0" / "csv" / "metrics.csv"
     deadline = time.monotonic() + 120
@@ -335,3 +336,88 @@ def test_only_a_trial_whose_tuner_on_this_machine_has_ended_is_closed_as_interru
     states = [(trial.state, trial.user_attrs.get("interrupted")) for trial in trials(tmp_path)]
     running = (optuna.trial.TrialState.RUNNING, None)
     assert states == [(optuna.trial.TrialState.FAIL, True), running, running]
+
+
+def heartbeat_storage(tmp_path, seconds: int = 1) -> optuna.storages.RDBStorage:
+    return optuna.storages.RDBStorage(f"sqlite:///{tmp_path / 'study.db'}", heartbeat_interval=seconds)
+
+
+# Optuna's heartbeat is experimental, and meant for Study.optimize; the tests use its parts as a tuner does.
+HEARTBEAT_WARNINGS = (
+    "ignore::optuna.exceptions.ExperimentalWarning",
+    "ignore:Heartbeat of storage is supposed to be used with Study.optimize",
+)
+
+
+@pytest.mark.filterwarnings(*HEARTBEAT_WARNINGS)
+def test_a_trial_whose_tuner_fell_silent_is_ended_by_the_next_tuner_to_start_one_and_not_counted(tmp_path):
+    # A tuner on another machine, killed outright (or its machine lost), left its trial running in the study.
+    storage = heartbeat_storage(tmp_path)
+    study = optuna.create_study(storage=storage, study_name="cartpole", direction="maximize")
+    silent = study.ask()
+    for key, value in {"tuner_pid": 4321, "tuner_host": "another-machine", "run_dir": "runs/trial-0"}.items():
+        silent.set_user_attr(key, value)
+    storage.record_heartbeat(silent._trial_id)
+    time.sleep(3)  # past twice --heartbeat 1 (the storage keeps whole seconds)
+    done = tune(tmp_path, "--trials", "1", "--heartbeat", "1")
+    assert done.returncode == 0 and "Warning" not in done.stderr, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == (
+        "trial 0: its tuner (pid 4321 on another-machine) gave no sign of life for over 2 s (killed outright, or its "
+        "machine lost); the study keeps it as interrupted, uncounted; its run's checkpoints are in runs/trial-0 on "
+        "another-machine"
+    )
+    assert lines[1].startswith("trial 1: greedy return ") and lines[1].endswith("(1 done, --trials 1)")
+    assert [trial.state for trial in trials(tmp_path)] == [
+        optuna.trial.TrialState.FAIL,
+        optuna.trial.TrialState.COMPLETE,
+    ]
+
+
+def stop_outside_a_transaction(pid: int, database) -> None:
+    """SIGSTOP `pid` at a moment it holds no lock on the SQLite `database`: stopped holding one, it would keep every
+    other process out of the study."""
+    while True:
+        os.kill(pid, signal.SIGSTOP)
+        connection = sqlite3.connect(database, timeout=0.2)
+        try:
+            connection.execute("BEGIN EXCLUSIVE")
+            connection.rollback()
+            return
+        except sqlite3.OperationalError:  # locked: let it finish that transaction
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(0.05)
+        finally:
+            connection.close()
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings(*HEARTBEAT_WARNINGS)
+def test_a_tuner_stopped_past_the_heartbeats_limit_stops_its_trials_run_and_goes_on_with_another(tmp_path):
+    tuner = tuner_in_its_first_trial(tmp_path, 1, "--heartbeat", "1")
+    stop_outside_a_transaction(tuner.pid, tmp_path / "study.db")  # the tuner alone: its trial's run trains on
+    try:
+        time.sleep(3)
+        study = optuna.load_study(storage=heartbeat_storage(tmp_path), study_name="cartpole")
+        optuna.storages.fail_stale_trials(study)  # what another tuner does as it starts a trial
+        assert trials(tmp_path)[0].state == optuna.trial.TrialState.FAIL
+    finally:
+        os.kill(tuner.pid, signal.SIGCONT)
+    # It starts trial 1, since trial 0 is not counted; the test stops it once that trial's run has evaluated.
+    metrics = tmp_path / "runs" / "cartpole" / "fabric_logs" / "trial-1" / "csv" / "metrics.csv"
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and "Eval/" in metrics.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    os.killpg(tuner.pid, signal.SIGINT)
+    out, err = tuner.communicate(timeout=120)
+    assert "Traceback" not in err, err[-3000:]
+    assert out.splitlines()[:2] == [
+        "trial 0: another tuner ended it, having had no sign of life from this one for over 2 s (this tuner was "
+        "stopped, or the storage out of its reach); the study keeps it as interrupted, uncounted; its run's "
+        "checkpoints are in runs/cartpole/fabric_logs/trial-0",
+        "trial 1: interrupted (Ctrl-C); its run's checkpoints are in runs/cartpole/fabric_logs/trial-1",
+    ]
+    # Trial 0's run was stopped as at Ctrl-C (it checkpointed), not left to train on to its end.
+    assert re.search(
+        r"^interrupted at step [\d,]+: checkpoint written", (tmp_path / "runs/cartpole/trial-0.log").read_text(), re.M
+    )
