@@ -114,19 +114,20 @@ def train(config: RunConfig, callbacks: Sequence[Callback] = (), mode: Mode = "c
     """Train `config` in this process (one rank of the job); its run folder, saved agent and closing evaluation.
 
     Defaults that follow from other fields (CUDA graphs with `cuda=True`, a recurrent minibatch) are filled as
-    the command line fills them, for the fields a config built by hand leaves at their defaults: to train on a
-    GPU without CUDA graphs, build it with `rl.preset(..., cuda_graphs=False)`, or set `cuda_graphs = False` on a
-    config that `rl.preset` or `rl.load_config` made (or on a `dataclasses.replace` copy of one).
+    the command line fills them, for the fields a config built by hand does not name: to train on a GPU without
+    CUDA graphs, build it with `cuda_graphs=False` (`rl.PPOConfig(cuda=True, cuda_graphs=False)`, `rl.preset(...,
+    cuda_graphs=False)`), or set `cuda_graphs = False` on a config that `rl.preset` or `rl.load_config` made (or on
+    a `dataclasses.replace` copy of one).
     In decoupled mode the lead player (rank 0) returns them and the other roles None. Hogwild's
     callbacks run in its workers, which start by pickling them: define their classes at a module's
     top level. A Hogwild worker that ends or fails stops the others and raises `rl.RunStopped`, as does a file of
     the run that the system refuses to write (a full disk), after removing its partial copy, and an env that
-    raises or returns a NaN or infinite value. With `resume_from`, the fields left at their defaults take the
-    resumed run's values, as its flags do on the command line. A run that raises (a callback's error, say) closes its
-    envs and logs first. SIGTERM in training stops it with a checkpoint, as Ctrl-C does (in every mode), and
-    reaches this process's own SIGTERM handler once the run has closed. Torch's thread count and cuDNN's determinism,
-    which a run sets for its process (`torch_threads`, `torch_deterministic`), are put back as they were when it
-    returns."""
+    raises or returns a NaN or infinite value. With `resume_from`, the fields at their defaults that the config's
+    builder did not name take the resumed run's values, as its flags do on the command line. A run that raises (a
+    callback's error, say) closes its envs and logs first. SIGTERM in training stops it with a checkpoint, as Ctrl-C
+    does (in every mode), and reaches this process's own SIGTERM handler once the run has closed. Torch's thread
+    count and cuDNN's determinism, which a run sets for its process (`torch_threads`, `torch_deterministic`), are
+    put back as they were when it returns."""
     if not isinstance(config, RunConfig):
         raise TypeError(
             f"train takes a config, such as rl.PPOConfig(), rl.SACConfig() or rl.preset(...); got {config!r}"
@@ -149,6 +150,7 @@ def completed(config: RunConfig, mode: Mode) -> RunConfig:
     check_field_types(cfg)
     defaults = type(cfg)()
     given = {field.name for field in fields(cfg) if getattr(cfg, field.name) != getattr(defaults, field.name)}
+    given |= cfg.named_when_built  # built by hand: the fields its caller named, at their default values or not
     if cfg.resume_from is not None:  # as on the command line: the run's own values where the config has defaults
         for name, value in resumed_run_values(type(cfg), cfg.resume_from, mode).items():
             if name not in given:

@@ -345,9 +345,22 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
     # fields (no flag, no key of a config file), which `dataclasses.replace` passes on to the copy as it does fields.
     followed: InitVar[Annotated[frozenset, tyro.conf.Suppress]] = frozenset()  # (field name, value by default)
     chosen_defaults: InitVar[Annotated[frozenset, tyro.conf.Suppress]] = frozenset()  # field names
+    # The fields that the caller who built this config by hand named, until fill_defaults takes them into account,
+    # so that one given its default value (`cuda_graphs=False` with `cuda=True`) counts as chosen
+    # (`rl.api.completed`); set by `__new__`, which sees the caller's arguments, and passed on by
+    # `dataclasses.replace`, which names every field.
+    named_when_built: InitVar[Annotated[frozenset, tyro.conf.Suppress]] = frozenset()
 
-    def __post_init__(self, followed: frozenset, chosen_defaults: frozenset) -> None:
+    def __new__(cls, *args: Any, **kwargs: Any) -> RunConfig:
+        config = super().__new__(cls)
+        if "followed" not in kwargs:  # built, not copied
+            config.named_when_built = frozenset([*(member.name for member in fields(cls)[: len(args)]), *kwargs])
+        return config
+
+    def __post_init__(self, followed: frozenset, chosen_defaults: frozenset, named_when_built: frozenset) -> None:
         self.followed, self.chosen_defaults = followed, chosen_defaults
+        if named_when_built:  # a copy's, of the config it copies
+            self.named_when_built = named_when_built
 
     def fill_defaults(self, given: set[str]) -> None:
         """Defaults that follow from other fields; `given`: the fields set by the command line or the preset.
@@ -367,6 +380,7 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
         for name, value in values.items():
             setattr(self, name, value)
         self.followed = frozenset(values.items())
+        self.named_when_built = frozenset()  # `given` held them, if they counted
 
     def with_changes(self: RunConfigT, **changes: Any) -> RunConfigT:
         """A copy with `changes` (field names), each of them chosen: `dataclasses.replace` keeps track of the

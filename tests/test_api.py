@@ -1,8 +1,10 @@
 """The library: `rl.train` in this process or in each rank of a launched script, `rl.preset`, `rl.load_config`,
 `rl.load_agent`."""
 
+import copy
 import dataclasses
 import json
+import pickle
 import re
 import subprocess
 import sys
@@ -124,6 +126,26 @@ def test_a_resumed_config_takes_the_runs_own_values_where_it_leaves_the_defaults
     resumed = rl.train(rl.PPOConfig(resume_from=first.checkpoint_path, total_timesteps=512, **quick))
     assert resumed.global_step == 512 and resumed.run_dir == first.run_dir
     assert resumed.checkpoint_path.endswith("step_000000000512.ckpt")
+
+
+def test_a_config_built_by_hand_keeps_the_fields_its_builder_named_at_their_default_values(tmp_path):
+    """`rl.SACConfig(cuda=True, cuda_graphs=False)` trains without graphs, as `--cuda --no-cuda-graphs` does, also
+    once copied; a field it leaves unnamed follows `cuda`. On resume, a field named at its default value stands
+    where the run's own value would fill an unnamed one."""
+    named = rl.SACConfig(cuda=True, cuda_graphs=False, update_while_stepping=False)
+    copies = [dataclasses.replace(named, seed=3), copy.deepcopy(named), pickle.loads(pickle.dumps(named))]
+    for config in [named, *copies]:
+        done = completed(config, "coupled")
+        assert not done.cuda_graphs and not done.came_by_default("cuda_graphs")
+        assert not done.update_while_stepping and not done.came_by_default("update_while_stepping")
+    unnamed = completed(rl.SACConfig(cuda=True, update_while_stepping=False), "coupled")
+    assert unnamed.cuda_graphs and unnamed.came_by_default("cuda_graphs")
+    quick = {"num_envs": 2, "num_steps": 64, "eval_episodes": 0, "progress_bar": False, "log_dir": str(tmp_path)}
+    default_rate = rl.PPOConfig().learning_rate
+    first = rl.train(rl.PPOConfig(total_timesteps=128, learning_rate=default_rate / 10, **quick))
+    resumed = {"resume_from": first.checkpoint_path, "total_timesteps": 256, **quick}
+    assert completed(rl.PPOConfig(**resumed), "coupled").learning_rate == default_rate / 10
+    assert completed(rl.PPOConfig(learning_rate=default_rate, **resumed), "coupled").learning_rate == default_rate
 
 
 def test_a_run_after_a_named_one_in_the_same_process_leaves_that_runs_journal_alone(tmp_path):
