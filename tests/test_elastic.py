@@ -559,6 +559,44 @@ def test_a_node_lost_leaves_the_job_on_fewer_nodes_and_a_node_that_joins_is_take
 
 
 @pytest.mark.slow
+def test_a_node_that_joins_a_training_job_costs_no_steps_the_ranks_it_stops_checkpoint_first(tmp_path):
+    # torchrun stops the round's workers with SIGTERM to take a joining node in: each rank checkpoints where it is
+    # (the only checkpoint before the end: --checkpoint-every is left at 0), and the next round resumes there.
+    args = [*QUICK_PPO, "--total-timesteps", "1000000"]
+    port = free_port()
+    host = agent(tmp_path, port, args)
+    wait_until_listening(port, host)
+    joiner = None
+    try:
+        wait_until(lambda: reached_step(tmp_path) >= 2048, host)  # the round of one node is training
+        joiner = agent(tmp_path, port, args)
+        journal = lambda: Journal(str(next(tmp_path.glob("logs/*/*")))).entries()  # noqa: E731
+        starts = lambda: [entry for entry in journal() if entry["event"] == "start"]  # noqa: E731
+        wait_until(lambda: len(starts()) == 2, host)
+        wait_until(lambda: reached_step(tmp_path) > starts()[1]["step"], host)  # and the round of two trains on
+    finally:
+        for job in (host, joiner):
+            if job is not None:
+                kill_node(job)
+    # The first round ended as a stop does (no fault), at the step the second round started from, redoing none.
+    entries = [(entry["event"], entry.get("how"), entry.get("world_size")) for entry in journal()]
+    until_the_second_round = entries[: entries.index(("start", None, 2)) + 1]
+    assert until_the_second_round == [
+        ("launch", None, None),
+        ("start", None, 1),
+        ("end", "interrupted", None),
+        ("launch", None, None),
+        ("start", None, 2),
+    ]
+    stopped_at = next(entry["step"] for entry in journal() if entry["event"] == "end")
+    assert [(entry["world_size"], entry["step"], entry["redone"]) for entry in starts()] == [
+        (1, 0, 0),
+        (2, stopped_at, 0),
+    ]
+    assert newest_step(tmp_path) == stopped_at  # the checkpoint it resumed from, written as the rank stopped
+
+
+@pytest.mark.slow
 def test_a_run_that_resumes_on_fewer_ranks_from_fresh_resets_still_learns(tmp_path):
     # Not exact: the checkpoint's two ranks of envs become one rank's envs, restarted from fresh resets.
     # The learning test's config (65,536 steps to 475), stopped after a quarter and finished on one rank.
