@@ -13,8 +13,9 @@ A variant is a precision and what follows it: `+eager` (--no-cuda-graphs), `+cud
 own CPU work on one thread, the other cores left to the envs' threads), `+spin` (torch's OpenMP
 threads spin while they wait, `OMP_WAIT_POLICY=ACTIVE`; without it they sleep, the entry points'
 default), `+while-stepping` and `+after-stepping` (SAC only: --update-while-stepping, the default
-with --cuda, and --no-update-while-stepping); a precision alone is the run's default, which with
---cuda captures CUDA graphs where they serve. The topologies: `coupled` (one
+with --cuda, and --no-update-while-stepping), `+2-groups` (Atari only: --env-groups 2, half the
+envs stepping while the policy acts on the other half); a precision alone is the run's default,
+which with --cuda captures CUDA graphs where they serve. The topologies: `coupled` (one
 process on the GPU), `decoupled` (a CPU player feeding a GPU trainer), `evaluator` (the same with
 an evaluator process beside them) and `pipelined` (decoupled with `--pipeline`: the player acts
 with weights one update old, so that its envs step while the trainer trains). A run past
@@ -111,9 +112,14 @@ OPTIONS = {
     "spin": [],  # an environment, not a flag: WAITS
     "while-stepping": ["--update-while-stepping"],  # SAC's update runs on the GPU while the CPU steps the envs
     "after-stepping": ["--no-update-while-stepping"],  # SAC's update waits for the envs' step (its CPU default)
+    "2-groups": ["--env-groups", "2"],  # PPO: half the envs step while the policy acts on the other half
 }
 # Options that other configs' runs refuse: those configs skip the variant.
-ONLY_FOR = {"while-stepping": {"sac"}, "after-stepping": {"sac"}}
+ONLY_FOR = {
+    "while-stepping": {"sac"},
+    "after-stepping": {"sac"},
+    "2-groups": {"atari", "atari-envpool", "atari-recurrent"},  # the others step one env
+}
 # How torch's OpenMP threads wait between parallel regions. Each run starts with no wait chosen, as a user's would:
 # this project's entry points then make the threads sleep, and LeanRL's scripts get libgomp's default. `+spin`
 # makes them spin for as long as they wait, as benchmarks/launch.py chooses for the CPU benchmarks: beside ale-py's

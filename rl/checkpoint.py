@@ -170,15 +170,15 @@ def restore_run_state(
     source.reward_scaler.load_state_dict(resume.reward_scaler)
     iteration, saved_ranks = resume.counters.iteration + 1, len(resume.rank_states)
     if env_ranks is not None and env_ranks != saved_ranks:
-        source.reset_envs(env_seeds(resume.config["seed"], rank, source.envs.num_envs, iteration, env_ranks))
+        source.reset_envs(env_seeds(resume.config["seed"], rank, source.num_envs, iteration, env_ranks))
         if rank == 0:
             print_error(
                 f"warning: the checkpoint of {counted(saved_ranks, 'rank')} resumes on {env_ranks}: every rank's envs "
-                f"restart from fresh resets ({source.envs.num_envs} per rank), and no rank's own state "
+                f"restart from fresh resets ({source.num_envs} per rank), and no rank's own state "
                 "(replay buffer, episode in progress) is restored"
             )
         return
-    fresh_seeds = env_seeds(resume.config["seed"], rank, source.envs.num_envs, iteration)
+    fresh_seeds = env_seeds(resume.config["seed"], rank, source.num_envs, iteration)
     if not source.restore_state(resume.rank_states[rank], fresh_seeds):
         print_error(f"warning: rank {rank}: these envs cannot be saved; they restart from fresh resets")
 

@@ -11,6 +11,7 @@ call that never returns is named by the process it holds once that process is st
 from __future__ import annotations
 
 import os
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -47,13 +48,14 @@ class EnvCall:
 
     def __init__(self, call: str) -> None:
         self.call = call
-        self.began: float | None = None  # time.monotonic() at the start of the call in progress
+        # time.monotonic() at the start of each call in progress, by thread (`--env-groups` step in threads)
+        self.began: dict[int, float] = {}
 
     def __enter__(self) -> None:
-        self.began = time.monotonic()
+        self.began[threading.get_ident()] = time.monotonic()
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
-        self.began = None
+        self.began.pop(threading.get_ident(), None)
         if error is None or not isinstance(error, Exception) or isinstance(error, EnvFault):
             return  # KeyboardInterrupt and the like are the loop's to handle
         raise EnvFault(f"{self.call} raised {summary(error)}", env_frames(tb)) from error
@@ -67,7 +69,7 @@ def stalled_env_call(seconds: float) -> str:
     hung env, or a simulator that stopped answering); empty otherwise."""
     now = time.monotonic()
     for call in (ENV_STEP, ENV_RESET):
-        began = call.began
+        began = min(list(call.began.values()), default=None)  # a copy: another thread may start or end a call
         if began is not None and now - began >= seconds:
             return f"the env's {call.call} had not returned after {now - began:.0f} s"
     return ""

@@ -148,6 +148,10 @@ class ExperienceSource(ABC):
         self.env_seconds = 0.0  # spent in the vector env's step: the bound the loop cannot pass
         self.reset_envs(env_seeds)
 
+    @property
+    def num_envs(self) -> int:
+        return self.envs.num_envs
+
     @abstractmethod
     def collect(self, policy: Policy, global_step: int) -> EpisodeLog:
         """Step the envs for one iteration and store what they showed; `global_step` counts every rank's steps."""

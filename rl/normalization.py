@@ -110,10 +110,18 @@ class RewardScaler:
     on the rollout's device once the rollout is complete (the std is frozen during it), so that
     nothing is read back from a GPU."""
 
-    def __init__(self, num_envs: int, gamma: float, enabled: bool, device: torch.device | None = None) -> None:
+    def __init__(
+        self,
+        num_envs: int,
+        gamma: float,
+        enabled: bool,
+        device: torch.device | None = None,
+        moments: RunningMoments | None = None,
+    ) -> None:
+        """`moments`: the statistics of another scaler, shared with it (a group of a rank's envs has its own)."""
         self.enabled = enabled
         self.gamma = gamma
-        self.moments = RunningMoments((), device or torch.device("cpu"))
+        self.moments = moments or RunningMoments((), device or torch.device("cpu"))
         self.discounted_returns = np.zeros(num_envs)
 
     def track(self, rewards: np.ndarray, episode_ended: np.ndarray) -> np.ndarray:

@@ -3,6 +3,7 @@
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import ClassVar
@@ -278,6 +279,28 @@ class HeldCartPole(CartPoleEnv):
 
 
 gym.register("HeldCartPole-v0", entry_point=HeldCartPole, max_episode_steps=500)
+
+
+STEPS_TIMED: list[tuple[int, float, float]] = []  # (thread, start, end) of each TimedCartPole step in this process
+
+
+class TimedCartPole(CartPoleEnv):
+    """CartPole whose `step` takes `seconds` more, outside Python's lock (as a native env's does), and is timed in
+    `STEPS_TIMED` with the thread that took it."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def step(self, action: int) -> tuple:
+        start = time.monotonic()
+        time.sleep(self.seconds)
+        stepped = super().step(action)
+        STEPS_TIMED.append((threading.get_ident(), start, time.monotonic()))
+        return stepped
+
+
+gym.register("TimedCartPole-v0", entry_point=TimedCartPole, max_episode_steps=500)
 
 
 class StepReturnsFourValues(FixedLength):

@@ -23,6 +23,7 @@ BAD_INPUTS = [
     (["--env-id", "NoSuchEnv-v0"], "--env-id"),
     (["--env-id", "envs_for_tests:TextObservations-v0"], "--env-id"),  # a Text observation space
     (["--per-rank-batch-size", "512"], "--per-rank-batch-size"),
+    (["--env-groups", "3"], "--env-groups"),  # 2 envs
     (["--num-steps", "0"], "--num-steps"),
     (["--learning-rate", "-0.001"], "--learning-rate"),
     (["--total-timesteps", "200"], "--total-timesteps"),  # one rollout is 2 envs x 128 steps per rank

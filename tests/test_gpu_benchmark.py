@@ -173,3 +173,15 @@ def test_the_profile_splits_an_iteration_by_phase_and_puts_the_methods_back(tmp_
     assert [line.split(":")[0].strip(" -") for line in phases] == list(gpu_profile.PHASES)
     hosts = [float(line.split("host ")[1].split(" ms")[0]) for line in [*phases, rest]]
     assert all(host > 0 for host in hosts) and abs(sum(hosts) - wall_us / 1000) < 0.01  # each rounded to 0.001
+
+
+def test_the_env_groups_variant_runs_for_the_atari_configs_alone_which_take_it():
+    from rl.cli import parse_config
+
+    assert [config for config in gpu.CONFIGS if gpu.runs_with(config, "32-true+2-groups")] == [
+        "atari",
+        "atari-envpool",
+        "atari-recurrent",
+    ]
+    config = parse_config([*gpu.CONFIGS["atari"], *gpu.variant_flags("32-true+2-groups"), "--cuda"])
+    assert config.env_groups == 2 and config.num_envs == 8

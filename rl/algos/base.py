@@ -95,10 +95,11 @@ class Algorithm(ABC):
         )
         self.cnn = uses_cnn(cfg.encoder, spaces.observation_space)  # else an MLP
 
-    def make_envs(self, video_dir: str | None, seed: int) -> gym.vector.VectorEnv:
-        """A rank's vector env (`seed` seeds envpool, which takes no seeds at reset)."""
+    def make_envs(self, video_dir: str | None, seed: int, num_envs: int | None = None) -> gym.vector.VectorEnv:
+        """A rank's vector env, or one of `num_envs` of them (`seed` seeds envpool, which takes no seeds at reset)."""
         cfg, spaces = self.cfg, self.spaces
-        envs = make_vector_env(spaces.env_id, cfg.num_envs, video_dir, self.vector_mode, spaces.preprocessing, seed)
+        num_envs = num_envs or cfg.num_envs
+        envs = make_vector_env(spaces.env_id, num_envs, video_dir, self.vector_mode, spaces.preprocessing, seed)
         if tuple(envs.single_observation_space.shape) != tuple(spaces.observation_space.shape):
             raise UsageError(
                 "--vector-mode",

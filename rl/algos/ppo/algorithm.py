@@ -11,9 +11,10 @@ from torch import Tensor, nn
 
 from rl.algos.base import Algorithm, Learner
 from rl.algos.ppo.config import PPOConfig
+from rl.algos.ppo.env_groups import EnvGroups
 from rl.algos.ppo.policy import ActorCritic, CNNActorCritic, MLPActorCritic, action_shape_and_dtype
 from rl.algos.ppo.recurrent import RecurrentActorCritic
-from rl.algos.ppo.rollout import Batch, RolloutCollector, SequenceBatch
+from rl.algos.ppo.rollout import Batch, Rollout, RolloutCollector, SequenceBatch
 from rl.algos.ppo.update import MinibatchSchedule, PPOHyperparameters, minibatch_loss, ppo_update
 from rl.batch import Column, DataShard, RowCodec
 from rl.compiling import compiled
@@ -21,7 +22,7 @@ from rl.cuda_graphs import CapturedSteps, learner_captured, make_capturable
 from rl.encoders import image_encoder
 from rl.envs import EnvSpaces
 from rl.errors import UsageError
-from rl.normalization import ObservationNormalizer, RewardScaler
+from rl.normalization import ObservationNormalizer, RewardScaler, RunningMoments
 from rl.optim import FlatGradients, clip_and_step
 from rl.runtime import Runtime
 from rl.seeds import ACTION_STREAM, env_seeds, seeded_generator
@@ -258,24 +259,54 @@ class PPO(Algorithm):
 
     def make_source(
         self, rank: int, device: torch.device, video_dir: str | None, env_ranks: int, batch_rows: int
+    ) -> RolloutCollector | EnvGroups:
+        cfg = self.cfg
+        if cfg.env_groups == 1:
+            return self.make_collector(rank, device, video_dir, env_seeds(cfg.seed, rank, cfg.num_envs))
+        memory_shape = (cfg.lstm_layers, cfg.lstm_hidden_size) if cfg.recurrent else None
+        normalizer = self.obs_normalizer(device)
+        rollout = Rollout.allocate(cfg.num_steps, cfg.num_envs, self.spaces, device, normalizer.enabled, memory_shape)
+        seeds, size = env_seeds(cfg.seed, rank, cfg.num_envs), cfg.num_envs // cfg.env_groups
+        groups: list[RolloutCollector] = []
+        for group in range(cfg.env_groups):
+            envs = slice(group * size, (group + 1) * size)
+            shared = {"obs_normalizer": normalizer, "moments": groups[0].reward_scaler.moments} if groups else {}
+            video = video_dir if group == 0 else None  # the rank's first env, as ever
+            columns = rollout.envs_view(envs)
+            groups.append(self.make_collector(rank, device, video, seeds[envs], group, columns, **shared))
+        return EnvGroups(groups, rollout)
+
+    def make_collector(
+        self,
+        rank: int,
+        device: torch.device,
+        video_dir: str | None,
+        seeds: list[int],
+        group: int = 0,
+        buffer: Rollout | None = None,
+        obs_normalizer: ObservationNormalizer | None = None,
+        moments: RunningMoments | None = None,
     ) -> RolloutCollector:
+        """The collector of a rank's envs, or of its `group` of them (`--env-groups`): a share of `seeds`, writing
+        into `buffer` (its columns of the rank's rollout), with the rank's normalizer and reward statistics."""
         cfg, spaces = self.cfg, self.spaces
-        seeds = env_seeds(cfg.seed, rank, cfg.num_envs)
+        stream = (ACTION_STREAM, rank, group) if group else (ACTION_STREAM, rank)  # a rank of one group: as ever
         return RolloutCollector(
-            self.make_envs(video_dir, seeds[0]),
+            self.make_envs(video_dir, seeds[0], len(seeds)),
             cfg.num_steps,
             spaces,
             device,
-            self.obs_normalizer(device),
-            RewardScaler(cfg.num_envs, cfg.gamma, cfg.normalize_rewards, device),
+            obs_normalizer or self.obs_normalizer(device),
+            RewardScaler(len(seeds), cfg.gamma, cfg.normalize_rewards, device, moments),
             seeds,
-            seeded_generator(device, cfg.seed, ACTION_STREAM, rank),
+            seeded_generator(device, cfg.seed, *stream),
             cfg.gamma,
             cfg.gae_lambda,
             self.training_signal(),
             (cfg.lstm_layers, cfg.lstm_hidden_size) if cfg.recurrent else None,
             self.exploration(),
             capture=cfg.cuda_graphs,
+            buffer=buffer,
         )
 
     def make_learner(self, policy: nn.Module, runtime: Runtime, shard: DataShard, env_ranks: int) -> PPOLearner:

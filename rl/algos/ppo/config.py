@@ -86,6 +86,10 @@ class PPOConfig(RunConfig):
     """with --recurrent: the LSTM's hidden units"""
     lstm_layers: int = 1
     """with --recurrent: the LSTM's layers"""
+    env_groups: int = 1
+    """split each process's --num-envs into this many groups that step in turn, each in a thread of its own: while
+    one group's envs step, the policy acts on another's (envs that step outside Python's lock, such as native and
+    async ones, then overlap acting on a GPU); --num-envs must divide by it"""
 
     ALGORITHM = "ppo"
     PRESETS = PPO_PRESETS
@@ -97,6 +101,7 @@ class PPOConfig(RunConfig):
         "lstm_hidden_size",
         "lstm_layers",
         "normalize_observations",  # the network was trained on its inputs as they were (normalized or raw)
+        "env_groups",  # each group's envs are saved mid-episode with its own random stream
     )
     PER_RANK = (*RunConfig.PER_RANK, "per_rank_batch_size")
     ITERATION_NAME = "rollout"
@@ -144,7 +149,15 @@ class PPOConfig(RunConfig):
     def validate_algorithm(self) -> None:
         check_signs(
             self,
-            positive=("num_steps", "per_rank_batch_size", "update_epochs", "learning_rate", "clip_coef", "hidden_size"),
+            positive=(
+                "num_steps",
+                "per_rank_batch_size",
+                "update_epochs",
+                "learning_rate",
+                "clip_coef",
+                "hidden_size",
+                "env_groups",
+            ),
             non_negative=("ent_coef", "vf_coef", "max_grad_norm"),
         )
         defaults = type(self)()
@@ -153,6 +166,10 @@ class PPOConfig(RunConfig):
                 raise UsageError(flag(name), "shapes the LSTM of --recurrent; add --recurrent (or drop the flag)")
         if self.target_kl is not None and not self.target_kl > 0:
             raise UsageError("--target-kl", f"must be positive, got {self.target_kl}")
+        if self.num_envs % self.env_groups:
+            raise UsageError(
+                "--env-groups", f"--num-envs {self.num_envs} cannot be split into {self.env_groups} equal groups"
+            )
         if not 0.0 <= self.gae_lambda <= 1.0:
             raise UsageError("--gae-lambda", f"must be in [0, 1], got {self.gae_lambda}")
         if self.per_rank_batch_size > self.rollout_steps_per_rank:

@@ -21,6 +21,8 @@ from rl.experience import GAME_SIGNAL, EnvStep, EpisodeLog, ExperienceSource, St
 from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
 from rl.uploads import HostCopy, to_device
 
+ROLLOUT_ENDS = ("next_obs", "next_value")  # where a rollout's envs ended up, set as it ends
+
 
 @dataclass
 class Rollout:
@@ -45,6 +47,18 @@ class Rollout:
     @property
     def recurrent(self) -> bool:
         return self.memory.numel() > 0
+
+    def envs_view(self, envs: slice) -> Rollout:
+        """The rollout of the envs in `envs`, sharing this one's memory: what a group of envs writes lands here."""
+
+        def columns(tensor: Tensor) -> Tensor:
+            return tensor[:, envs] if tensor.numel() else tensor
+
+        view = {f.name: columns(getattr(self, f.name)) for f in fields(self) if f.name not in (*ROLLOUT_ENDS, "memory")}
+        view["memory"] = self.memory[envs]  # [envs, ...], or empty
+        if self.raw_obs is self.obs:
+            view["raw_obs"] = view["obs"]  # one buffer without observation normalization, as in this rollout
+        return Rollout(**view)
 
     @classmethod
     def allocate(
@@ -104,13 +118,17 @@ class RolloutCollector(ExperienceSource):
         memory_shape: tuple[int, int] | None = None,
         exploration: StateDependentExploration | None = None,
         capture: bool = False,
+        buffer: Rollout | None = None,
     ) -> None:
+        """`buffer`: the rollout to fill (a group's view of a larger one), else one of its own."""
         self.num_steps = num_steps
         self.exploration = exploration
         on_gpu = device.type == "cuda"
         gae = functools.partial(compute_gae, gamma=gamma, gae_lambda=gae_lambda)
         self.advantages: Advantages = captured_function(gae) if capture and on_gpu else gae  # one CUDA graph
-        self.buffer = Rollout.allocate(num_steps, envs.num_envs, spaces, device, obs_normalizer.enabled, memory_shape)
+        self.buffer = buffer or Rollout.allocate(
+            num_steps, envs.num_envs, spaces, device, obs_normalizer.enabled, memory_shape
+        )
         # `capture`: each step's acting and its row of the rollout as one CUDA graph on a GPU (run as it is
         # elsewhere), the row found by a counter on the device, which the graph advances.
         self.cursor = torch.zeros(1, dtype=torch.long, device=device)
@@ -290,9 +308,12 @@ class RolloutCollector(ExperienceSource):
         return restored
 
     def next_batch(self, global_step: int, all_reduce_sum: AllReduceSum) -> Batch:
-        """Fold the rollout into the pooled normalization statistics, then compute its advantages."""
-        self.sync_normalizers(self.buffer, all_reduce_sum)
-        return rollout_to_batch(self.buffer, self.advantages)
+        return self.batch_of(self.buffer, all_reduce_sum)
+
+    def batch_of(self, rollout: Rollout, all_reduce_sum: AllReduceSum) -> Batch:
+        """Fold `rollout` into the pooled normalization statistics, then compute its advantages."""
+        self.sync_normalizers(rollout, all_reduce_sum)
+        return rollout_to_batch(rollout, self.advantages)
 
     def batch_stats(self, batch: Batch) -> dict[str, Tensor]:
         return {"explained_variance": explained_variance(batch.values, batch.returns)}
