@@ -116,8 +116,7 @@ def train(config: RunConfig, callbacks: Sequence[Callback] = (), mode: Mode = "c
     Defaults that follow from other fields (CUDA graphs with `cuda=True`, a recurrent minibatch) are filled as
     the command line fills them, for the fields a config built by hand does not name: to train on a GPU without
     CUDA graphs, build it with `cuda_graphs=False` (`rl.PPOConfig(cuda=True, cuda_graphs=False)`, `rl.preset(...,
-    cuda_graphs=False)`), or set `cuda_graphs = False` on a config that `rl.preset` or `rl.load_config` made (or on
-    a `dataclasses.replace` copy of one).
+    cuda_graphs=False)`), or set `config.cuda_graphs = False` on any config.
     In decoupled mode the lead player (rank 0) returns them and the other roles None. Hogwild's
     callbacks run in its workers, which start by pickling them: define their classes at a module's
     top level. A Hogwild worker that ends or fails stops the others and raises `rl.RunStopped`, as does a file of

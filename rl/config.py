@@ -362,6 +362,12 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
         if named_when_built:  # a copy's, of the config it copies
             self.named_when_built = named_when_built
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A following field set on a built config (`config.cuda_graphs = False`) counts as named, as if built so."""
+        super().__setattr__(name, value)
+        if name in self.FOLLOWING_DEFAULTS and "chosen_defaults" in vars(self):  # built: __post_init__ has run
+            super().__setattr__("named_when_built", self.named_when_built | {name})
+
     def fill_defaults(self, given: set[str]) -> None:
         """Defaults that follow from other fields; `given`: the fields set by the command line or the preset.
 
@@ -815,9 +821,11 @@ def check_field_types(cfg: RunConfig) -> None:
     for member in fields(cfg):
         value = getattr(cfg, member.name)
         try:
-            setattr(cfg, member.name, typed_value(hints[member.name], value))
+            typed = typed_value(hints[member.name], value)
         except (TypeError, ValueError):
             raise UsageError(flag(member.name), not_of_type_message(member.name, value, hints[member.name])) from None
+        if typed is not value:  # set only what changes: setting a following field names it (`__setattr__`)
+            setattr(cfg, member.name, typed)
 
 
 def not_of_type_message(name: str, value: Any, hint: Any) -> str:

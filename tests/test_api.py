@@ -140,6 +140,9 @@ def test_a_config_built_by_hand_keeps_the_fields_its_builder_named_at_their_defa
         assert not done.update_while_stepping and not done.came_by_default("update_while_stepping")
     unnamed = completed(rl.SACConfig(cuda=True, update_while_stepping=False), "coupled")
     assert unnamed.cuda_graphs and unnamed.came_by_default("cuda_graphs")
+    assigned = rl.SACConfig(cuda=True)
+    assigned.cuda_graphs = False  # as if built with it
+    assert not completed(assigned, "coupled").cuda_graphs
     quick = {"num_envs": 2, "num_steps": 64, "eval_episodes": 0, "progress_bar": False, "log_dir": str(tmp_path)}
     default_rate = rl.PPOConfig().learning_rate
     first = rl.train(rl.PPOConfig(total_timesteps=128, learning_rate=default_rate / 10, **quick))
