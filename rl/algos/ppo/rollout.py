@@ -126,9 +126,9 @@ class RolloutCollector(ExperienceSource):
         on_gpu = device.type == "cuda"
         gae = functools.partial(compute_gae, gamma=gamma, gae_lambda=gae_lambda)
         self.advantages: Advantages = captured_function(gae) if capture and on_gpu else gae  # one CUDA graph
-        self.buffer = buffer or Rollout.allocate(
-            num_steps, envs.num_envs, spaces, device, obs_normalizer.enabled, memory_shape
-        )
+        if buffer is None:
+            buffer = Rollout.allocate(num_steps, envs.num_envs, spaces, device, obs_normalizer.enabled, memory_shape)
+        self.buffer = buffer
         # `capture`: each step's acting and its row of the rollout as one CUDA graph on a GPU (run as it is
         # elsewhere), the row found by a counter on the device, which the graph advances.
         self.cursor = torch.zeros(1, dtype=torch.long, device=device)
