@@ -345,10 +345,10 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
     # fields (no flag, no key of a config file), which `dataclasses.replace` passes on to the copy as it does fields.
     followed: InitVar[Annotated[frozenset, tyro.conf.Suppress]] = frozenset()  # (field name, value by default)
     chosen_defaults: InitVar[Annotated[frozenset, tyro.conf.Suppress]] = frozenset()  # field names
-    # The fields that the caller who built this config by hand named, until fill_defaults takes them into account,
-    # so that one given its default value (`cuda_graphs=False` with `cuda=True`) counts as chosen
-    # (`rl.api.completed`); set by `__new__`, which sees the caller's arguments, and passed on by
-    # `dataclasses.replace`, which names every field.
+    # The fields that the caller who built this config by hand named (or set on it since, for the following ones),
+    # until fill_defaults takes them into account, so that one given its default value (`cuda_graphs=False` with
+    # `cuda=True`) counts as chosen (`rl.api.completed`); set by `__new__`, which sees the caller's arguments, and
+    # passed on by `dataclasses.replace`, which names every field.
     named_when_built: InitVar[Annotated[frozenset, tyro.conf.Suppress]] = frozenset()
 
     def __new__(cls, *args: Any, **kwargs: Any) -> RunConfig:
