@@ -278,3 +278,31 @@ def test_the_env_checker_tells_an_env_that_raises_from_one_that_breaks_a_rule(tm
     ]
     assert "breaks the gymnasium API" not in done.stderr
     assert not os.path.isdir(tmp_path / "logs")  # refused before the run began
+
+
+def test_a_call_that_has_not_returned_is_found_while_another_threads_call_returns():
+    """`--env-groups` step their envs in threads of their own: one group's call that returns leaves another's, still
+    running, to be named."""
+    import threading
+
+    from rl.env_faults import ENV_STEP, stalled_env_call
+
+    entered, release = threading.Event(), threading.Event()
+
+    def hung_call() -> None:
+        with ENV_STEP:
+            entered.set()
+            release.wait(10)
+
+    hung = threading.Thread(target=hung_call)
+    hung.start()
+    try:
+        entered.wait(10)
+        with ENV_STEP:  # this thread's call, which returns
+            pass
+        time.sleep(0.2)
+        assert stalled_env_call(0.1).startswith("the env's step had not returned after")
+    finally:
+        release.set()
+        hung.join()
+    assert stalled_env_call(0.0) == ""
