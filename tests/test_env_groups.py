@@ -2,11 +2,14 @@
 
 import dataclasses
 import itertools
+import subprocess
+import sys
 import threading
 
 import envs_for_tests
 import pytest
 import torch
+from conftest import SCRIPTS, child_env, run_dir
 
 import rl
 from rl.checkpoint import load_checkpoint
@@ -51,3 +54,24 @@ def test_groups_that_split_the_envs_unevenly_are_refused_naming_the_flag():
     refusal = r"^env_groups \(--env-groups\): --num-envs 6 cannot be split into 4 equal groups$"
     with pytest.raises(rl.UsageError, match=refusal):
         rl.train(rl.PPOConfig(num_envs=6, env_groups=4))
+
+
+def test_an_env_that_raises_in_a_groups_thread_stops_the_run_with_its_line_and_keeps_the_checkpoints(tmp_path):
+    # 4 envs in 2 groups, 64 steps a rollout: every env's 300th step falls in the fifth rollout, collected in threads.
+    args = ["--env-id", "envs_for_tests:Misbehaves-v0", "--num-envs", "4", "--env-groups", "2", "--num-steps", "64"]
+    args += ["--update-epochs", "2", "--total-timesteps", "4096", "--checkpoint-every", "512", "--eval-episodes", "0"]
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS["fabric"]), *args, "--no-progress-bar"],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: --env-id: the env's step raised RuntimeError: lost contact with the simulator; the run stopped, "
+        "and the checkpoints written so far are kept"
+    )
+    checkpoints = sorted(path.name for path in (run_dir(tmp_path, "fabric") / "checkpoints").iterdir())
+    assert checkpoints == ["step_000000000512.ckpt", "step_000000001024.ckpt"]

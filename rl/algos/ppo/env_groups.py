@@ -11,7 +11,7 @@ statistics, updated from the whole rollout afterwards, as one collector's are.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import torch
@@ -24,6 +24,8 @@ from rl.batch import TensorBatch
 from rl.experience import EpisodeLog
 from rl.normalization import AllReduceSum
 
+ABANDON_WAIT_SECONDS = 10.0
+
 
 class EnvGroups:
     """The experience source of a rank whose envs are split into `groups`, which fill `rollout` together."""
@@ -33,6 +35,7 @@ class EnvGroups:
         lead = self.groups[0]
         self.obs_normalizer, self.reward_scaler = lead.obs_normalizer, lead.reward_scaler  # shared, as a rank's
         self.threads = ThreadPoolExecutor(len(self.groups), thread_name_prefix="env-group")
+        self.running: list[Future[EpisodeLog]] = []  # the groups' collections in their threads
         self.collections = 0
 
     @property
@@ -55,9 +58,9 @@ class EnvGroups:
         if self.collections == 0:
             logs = [group.collect(policy, global_step) for group in self.groups]
         else:
-            running = [self.threads.submit(collected, group, policy, global_step) for group in self.groups]
-            wait(running)  # all of them, even where one failed: the envs are closed only once none steps
-            logs = [done.result() for done in running]
+            self.running = [self.threads.submit(collected, group, policy, global_step) for group in self.groups]
+            wait(self.running)  # all of them, even where one failed: the envs are closed only once none steps
+            logs = [done.result() for done in self.running]
         self.collections += 1
         self.rollout.next_obs = self.joined(lambda group: group.buffer.next_obs)
         self.rollout.next_value = self.joined(lambda group: group.buffer.next_value)
@@ -101,6 +104,9 @@ class EnvGroups:
             group.close()
 
     def abandon(self) -> None:
+        """A failed or stopped run's envs, closed once the groups' threads are out of them (a second Ctrl-C can
+        come while they collect), or after ABANDON_WAIT_SECONDS, should a call never return."""
+        wait(self.running, timeout=ABANDON_WAIT_SECONDS)
         self.threads.shutdown(wait=False, cancel_futures=True)
         for group in self.groups:
             group.abandon()
