@@ -3,8 +3,8 @@ another's.
 
 Each group is a `RolloutCollector` over its share of the envs, with its own random stream, that writes into its
 columns of the rank's one rollout and runs its collection in a thread of its own. Envs that step outside Python's
-lock (ale-py's and envpool's threads, async envs' processes, MuJoCo) then step while another thread waits for the
-GPU's actions. The groups share the observation normalizer, frozen while they collect, and the reward scaler's
+lock (ale-py's and envpool's threads, async envs' processes) then step while another thread waits for the GPU's
+actions. The groups share the observation normalizer, frozen while they collect, and the reward scaler's
 statistics, updated from the whole rollout afterwards, as one collector's are.
 """
 
