@@ -104,6 +104,10 @@ class CapturedGraph:
     packed: list[Tensor]
 
 
+WARM_UP_CALLS = 2  # of each kind of step, run as they are before its capture
+CAPTURED_BY_CALL = WARM_UP_CALLS + 1  # the call that captures it
+
+
 class CapturedSteps:
     """Runs `step(kind, *inputs)` as one CUDA graph per kind of step (a learner's step with or without its
     actor, say).
@@ -118,7 +122,7 @@ class CapturedSteps:
     it into graphs, with each average run between two of them.
     """
 
-    def __init__(self, step: Step, warm_up: int = 2, runtime: Runtime | None = None) -> None:
+    def __init__(self, step: Step, warm_up: int = WARM_UP_CALLS, runtime: Runtime | None = None) -> None:
         self.step, self.warm_up, self.runtime = step, warm_up, runtime
         self.graphs: dict[Hashable, CapturedGraph] = {}
         self.calls: Counter[Hashable] = Counter()

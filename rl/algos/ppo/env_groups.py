@@ -21,6 +21,7 @@ from rl.algos.ppo.policy import ActorCritic
 from rl.algos.ppo.recurrent import RecurrentActorCritic
 from rl.algos.ppo.rollout import Rollout, RolloutCollector
 from rl.batch import TensorBatch
+from rl.cuda_graphs import CAPTURED_BY_CALL
 from rl.experience import EpisodeLog
 from rl.normalization import AllReduceSum
 
@@ -53,9 +54,9 @@ class EnvGroups:
         return [seeds[index * size : (index + 1) * size] for index in range(len(self.groups))]
 
     def collect(self, policy: ActorCritic | RecurrentActorCritic, global_step: int) -> EpisodeLog:
-        """Every group's collection, in threads that run at once; the first one after another, since CUDA graphs
-        are captured on first use and a capture admits no other thread's work on the GPU."""
-        if self.collections == 0:
+        """Every group's collection, in threads that run at once; the first ones, until each group's acting has
+        been captured as a CUDA graph (on a GPU), one after another: a capture admits no other thread's GPU work."""
+        if self.collections * self.groups[0].num_steps < CAPTURED_BY_CALL:
             logs = [group.collect(policy, global_step) for group in self.groups]
         else:
             self.running = [self.threads.submit(collected, group, policy, global_step) for group in self.groups]
