@@ -354,7 +354,8 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
     def __new__(cls, *args: Any, **kwargs: Any) -> RunConfig:
         config = super().__new__(cls)
         if "followed" not in kwargs:  # built, not copied
-            config.named_when_built = frozenset([*(member.name for member in fields(cls)[: len(args)]), *kwargs])
+            positional = list(inspect.signature(cls.__init__).parameters)[1 : 1 + len(args)] if args else []
+            config.named_when_built = frozenset([*positional, *kwargs])
         return config
 
     def __post_init__(self, followed: frozenset, chosen_defaults: frozenset, named_when_built: frozenset) -> None:

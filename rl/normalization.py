@@ -121,7 +121,7 @@ class RewardScaler:
         """`moments`: the statistics of another scaler, shared with it (a group of a rank's envs has its own)."""
         self.enabled = enabled
         self.gamma = gamma
-        self.moments = moments or RunningMoments((), device or torch.device("cpu"))
+        self.moments = RunningMoments((), device or torch.device("cpu")) if moments is None else moments
         self.discounted_returns = np.zeros(num_envs)
 
     def track(self, rewards: np.ndarray, episode_ended: np.ndarray) -> np.ndarray:

@@ -350,7 +350,7 @@ def start_child(command: list[str], **options: Any) -> subprocess.Popen:
 
 def stop_interrupted_trial(trial: Any, process: subprocess.Popen, run_dir: Path) -> None:
     """Ctrl-C or SIGTERM: the trial's run checkpoints and stops (a terminal's Ctrl-C reached it too; a second changes
-    nothing), and the study keeps the trial as failed, marked so that --trials does not count it."""
+    nothing), and the study keeps the trial as failed and marked interrupted, which --trials does not count."""
     trial.set_user_attr("interrupted", True)
     stop_run(process)
     print_now(f"trial {trial.number}: interrupted ({Stop.heard}); its run's checkpoints are in {run_dir}")

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from rl.algos.base import Algorithm, Learner
 from rl.algos.ppo.config import PPOConfig
-from rl.algos.ppo.env_groups import EnvGroups
+from rl.algos.ppo.env_groups import EnvGroups, group_slices
 from rl.algos.ppo.policy import ActorCritic, CNNActorCritic, MLPActorCritic, action_shape_and_dtype
 from rl.algos.ppo.recurrent import RecurrentActorCritic
 from rl.algos.ppo.rollout import Batch, Rollout, RolloutCollector, SequenceBatch
@@ -266,10 +266,9 @@ class PPO(Algorithm):
         memory_shape = (cfg.lstm_layers, cfg.lstm_hidden_size) if cfg.recurrent else None
         normalizer = self.obs_normalizer(device)
         rollout = Rollout.allocate(cfg.num_steps, cfg.num_envs, self.spaces, device, normalizer.enabled, memory_shape)
-        seeds, size = env_seeds(cfg.seed, rank, cfg.num_envs), cfg.num_envs // cfg.env_groups
+        seeds = env_seeds(cfg.seed, rank, cfg.num_envs)
         groups: list[RolloutCollector] = []
-        for group in range(cfg.env_groups):
-            envs = slice(group * size, (group + 1) * size)
+        for group, envs in enumerate(group_slices(cfg.num_envs, cfg.env_groups)):
             shared = {"obs_normalizer": normalizer, "moments": groups[0].reward_scaler.moments} if groups else {}
             video = video_dir if group == 0 else None  # the rank's first env, as ever
             columns = rollout.envs_view(envs)

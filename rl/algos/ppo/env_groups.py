@@ -28,6 +28,12 @@ from rl.normalization import AllReduceSum
 ABANDON_WAIT_SECONDS = 10.0
 
 
+def group_slices(num_envs: int, groups: int) -> list[slice]:
+    """Each group's envs among a rank's `num_envs`, in order."""
+    size = num_envs // groups
+    return [slice(index * size, (index + 1) * size) for index in range(groups)]
+
+
 class EnvGroups:
     """The experience source of a rank whose envs are split into `groups`, which fill `rollout` together."""
 
@@ -50,8 +56,7 @@ class EnvGroups:
 
     def shares(self, seeds: list[int]) -> list[list[int]]:
         """`seeds`, one per env of the rank, as each group's envs take them."""
-        size = len(seeds) // len(self.groups)
-        return [seeds[index * size : (index + 1) * size] for index in range(len(self.groups))]
+        return [seeds[envs] for envs in group_slices(len(seeds), len(self.groups))]
 
     def collect(self, policy: ActorCritic | RecurrentActorCritic, global_step: int) -> EpisodeLog:
         """Every group's collection, in threads that run at once; the first ones, until each group's acting has
