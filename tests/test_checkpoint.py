@@ -1,6 +1,7 @@
 """Checkpoints, exact resume, faults and the evaluation CLI, with real processes on CPU."""
 
 import collections
+import io
 import os
 import shutil
 import signal
@@ -30,7 +31,8 @@ from conftest import (
     wait_until_the_run_opens,
 )
 
-from rl.checkpoint import newest_checkpoint
+import rl.checkpoint
+from rl.checkpoint import newest_checkpoint, save_file_atomically
 from rl.cli import parse_config
 
 QUICK = ["--update-epochs", "2", "--eval-episodes", "0", "--no-progress-bar"]
@@ -651,6 +653,27 @@ def test_ctrl_c_in_the_closing_evaluation_ends_the_run_with_one_line(tmp_path):
     assert job.returncode == 130, stderr[-3000:]
     assert stderr.strip().splitlines() == ["interrupted (Ctrl-C) after training: its final checkpoint is written"]
     assert [path.name for path in checkpoints(tmp_path)] == ["step_000000001024.ckpt"]
+
+
+def test_a_ctrl_c_in_the_middle_of_a_write_is_raised_as_itself_and_keeps_the_file_before(tmp_path, monkeypatch):
+    """torch.save's zip writer, interrupted within a record, raises a RuntimeError of its own as it closes."""
+    path = tmp_path / "agent.ckpt"
+    save_file_atomically(str(path), {"weights": torch.zeros(3)})
+
+    class InterruptedFile(io.FileIO):
+        writes = 0
+
+        def write(self, data) -> int:
+            InterruptedFile.writes += 1
+            if InterruptedFile.writes == 3:  # within the first tensor's record
+                raise KeyboardInterrupt
+            return super().write(data)
+
+    monkeypatch.setattr(rl.checkpoint, "open", InterruptedFile, raising=False)
+    with pytest.raises(KeyboardInterrupt):
+        save_file_atomically(str(path), {"weights": torch.ones(1000), "more": torch.ones(1000)})
+    assert torch.equal(torch.load(path, weights_only=True)["weights"], torch.zeros(3))
+    assert [file.name for file in tmp_path.iterdir()] == ["agent.ckpt"]
 
 
 @pytest.mark.slow
