@@ -38,7 +38,7 @@ import torch
 from host_overhead import SyncSites
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from rl.experience import ExperienceSource
+from rl.experience import Collector
 from rl.modes.coupled import CoupledRank
 
 ON_GPU = torch.cuda.is_available()  # elsewhere the same window on the CPU: a check of this script
@@ -118,7 +118,7 @@ class PythonProfile(contextlib.AbstractContextManager):
 
 # The phases of an iteration that the profile times apart: the method that runs each, marked as a range of its own.
 PHASES: dict[str, tuple[type, str]] = {
-    "stepping the envs": (ExperienceSource, "step_envs"),
+    "stepping the envs": (Collector, "step_envs"),
     "learning": (CoupledRank, "learn"),
 }
 PHASE_LABEL = "phase: {}"

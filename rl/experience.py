@@ -1,8 +1,9 @@
 """A rank's environments and the experience they produce, whatever the algorithm stores it in.
 
-`ExperienceSource` owns what every acting rank has: the vector env, the last observations, the
-action generator and the normalizers, plus the rank's own checkpoint state. An algorithm's
-source (PPO's rollout, SAC's replay buffer) adds how steps are stored and batches are made.
+`ExperienceSource` is what a mode asks of a rank's experience. `Collector` is one over a single
+vector env: it owns the env, the last observations, the action generator and the normalizers,
+plus the rank's own checkpoint state. An algorithm's collector (PPO's rollout, SAC's replay
+buffer) adds how steps are stored and batches are made.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import cloudpickle
 import gymnasium as gym
@@ -122,7 +123,42 @@ def _bytes_tensor(blob: bytes) -> Tensor:
     return torch.frombuffer(bytearray(blob), dtype=torch.uint8)
 
 
-class ExperienceSource(ABC):
+@runtime_checkable
+class ExperienceSource(Protocol):
+    """What a mode asks of a rank's experience: collect an iteration's steps, hand over batches to learn from, and
+    checkpoint and close its envs. A `Collector` steps one vector env; PPO's env groups join several."""
+
+    obs_normalizer: ObservationNormalizer
+    reward_scaler: RewardScaler
+
+    @property
+    def num_envs(self) -> int: ...
+
+    @property
+    def env_seconds(self) -> float:
+        """Seconds spent stepping the envs: the bound the loop cannot pass."""
+        ...
+
+    def collect(self, policy: Policy, global_step: int) -> EpisodeLog: ...
+
+    def collect_and_learn(self, policy: Policy, global_step: int, learn: Callable[[], None]) -> EpisodeLog: ...
+
+    def next_batch(self, global_step: int, all_reduce_sum: AllReduceSum) -> TensorBatch | None: ...
+
+    def batch_stats(self, batch: TensorBatch) -> dict[str, Tensor]: ...
+
+    def reset_envs(self, seeds: list[int]) -> None: ...
+
+    def capture_state(self) -> dict[str, Any]: ...
+
+    def restore_state(self, state: dict[str, Any], fresh_seeds: list[int]) -> bool: ...
+
+    def close(self) -> None: ...
+
+    def abandon(self) -> None: ...
+
+
+class Collector(ABC):
     """Steps a vector env with a policy; subclasses store the steps and make batches of them."""
 
     def __init__(

@@ -12,7 +12,10 @@ import torch
 from conftest import SCRIPTS, child_env, run_dir
 
 import rl
+from rl.algos.ppo.algorithm import PPO
 from rl.checkpoint import load_checkpoint
+from rl.envs import inspect_env
+from rl.experience import ExperienceSource
 
 QUICK = {"update_epochs": 2, "num_steps": 32, "eval_episodes": 0, "progress_bar": False}
 
@@ -48,6 +51,16 @@ def test_a_run_of_env_groups_is_reproducible_and_resumes_as_if_uninterrupted(tmp
     weights = trained_policy(full.run_dir)
     for other in (again, resumed):
         assert all(torch.equal(weights[name], tensor) for name, tensor in trained_policy(other.run_dir).items())
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_the_source_of_envs_in_groups_or_not_has_all_that_a_mode_asks_of_one(groups):
+    config = rl.PPOConfig(num_envs=4, env_groups=groups, num_steps=8)
+    source = PPO(config, inspect_env(config.env_id)).make_source(0, torch.device("cpu"), None, 1, batch_rows=32)
+    try:
+        assert isinstance(source, ExperienceSource)
+    finally:
+        source.close()
 
 
 def test_groups_that_split_the_envs_unevenly_are_refused_naming_the_flag():

@@ -159,14 +159,14 @@ def test_the_profile_splits_an_iteration_by_phase_and_puts_the_methods_back(tmp_
     from torch.profiler import profile
 
     import rl
-    from rl.experience import ExperienceSource
+    from rl.experience import Collector
 
     monkeypatch.chdir(tmp_path)
-    original = ExperienceSource.step_envs
+    original = Collector.step_envs
     config = rl.preset("cartpole", total_timesteps=1024, eval_episodes=0, progress_bar=False, torch_threads=1)
     with gpu_profile.phases_marked(), profile() as profiled:
         rl.train(config)
-    assert ExperienceSource.step_envs is original
+    assert Collector.step_envs is original
     events = profiled.key_averages()
     wall_us = 1e9
     *phases, rest = gpu_profile.phase_lines(events, steps=1, wall_us=wall_us, gpu_us=0.0)

@@ -17,7 +17,7 @@ from rl.algos.ppo.recurrent import Memory, RecurrentActorCritic, initial_memory
 from rl.batch import TensorBatch
 from rl.cuda_graphs import captured_function
 from rl.envs import EnvSpaces
-from rl.experience import GAME_SIGNAL, EnvStep, EpisodeLog, ExperienceSource, StateDependentExploration, TrainingSignal
+from rl.experience import GAME_SIGNAL, Collector, EnvStep, EpisodeLog, StateDependentExploration, TrainingSignal
 from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
 from rl.uploads import HostCopy, to_device
 
@@ -95,7 +95,7 @@ class Rollout:
         )
 
 
-class RolloutCollector(ExperienceSource):
+class RolloutCollector(Collector):
     """Steps a vector env with the current policy and fills a `Rollout`, one per iteration.
 
     With `memory_shape` (layers, hidden) the policy is recurrent: the collector carries each env's

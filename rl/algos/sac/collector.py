@@ -17,7 +17,7 @@ from rl.algos.sac.networks import SquashedGaussianActor
 from rl.algos.sac.replay import ReplayBuffer
 from rl.batch import Column, TensorBatch
 from rl.envs import EnvSpaces
-from rl.experience import EnvStep, EpisodeLog, ExperienceSource, StateDependentExploration, TrainingSignal
+from rl.experience import Collector, EnvStep, EpisodeLog, StateDependentExploration, TrainingSignal
 from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
 from rl.seeds import (
     ACTION_STREAM,
@@ -51,7 +51,7 @@ def transition_columns(spaces: EnvSpaces) -> dict[str, Column]:
     }
 
 
-class ReplayCollector(ExperienceSource):
+class ReplayCollector(Collector):
     """Steps the envs `train_freq` times per iteration into a replay buffer, and samples batches from it."""
 
     def __init__(
