@@ -245,24 +245,10 @@ def save_file_atomically(path: str, state: dict[str, Any]) -> None:
             with open(temporary, "wb") as file:
                 torch.save(state, file)
             os.replace(temporary, path)
-        except BaseException as error:
+        except BaseException:
             with contextlib.suppress(OSError):
                 os.remove(temporary)  # the space it took may be what the next write needs
-            interrupt = interrupt_behind(error)
-            if interrupt is not None and interrupt is not error:
-                raise interrupt from None
             raise
-
-
-def interrupt_behind(error: BaseException) -> KeyboardInterrupt | None:
-    """The Ctrl-C an exception was raised while handling, if any. torch.save's zip writer, interrupted in the middle
-    of a record, raises a RuntimeError of its own as it closes, which would tell a Ctrl-C as a failed write."""
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, KeyboardInterrupt):
-            return seen
-        seen = seen.__context__
-    return None
 
 
 def unwritten(path: str, reason: str) -> str:

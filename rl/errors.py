@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 USAGE_EXIT_CODE = 2
 INTERRUPTED_EXIT_CODE = 130  # the shell's status for a process ended by SIGINT
@@ -22,6 +23,7 @@ INTERRUPTED_EXIT_CODE = 130  # the shell's status for a process ended by SIGINT
 PEER_REPORT_TIMEOUT_SECONDS = 30.0
 # Without a launcher's store nothing can be counted: the rank waits this long for its peers.
 PEER_GRACE_SECONDS = 3.0
+Behind = TypeVar("Behind", bound=BaseException)
 
 
 class UsageError(Exception):
@@ -73,7 +75,12 @@ class RunStopped(Exception):
 def system_error(error: BaseException | None) -> OSError | None:
     """The system's refusal (a full disk, a quota, a lost mount) behind `error`, if any: the error itself, or one
     it was raised over, as Python's traceback would show it."""
-    while error is not None and not isinstance(error, OSError):
+    return behind(error, OSError)
+
+
+def behind(error: BaseException | None, kind: type[Behind]) -> Behind | None:
+    """The error of `kind` that `error` is, or was raised over (from it, or while handling it), if any."""
+    while error is not None and not isinstance(error, kind):
         error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
     return error
 
@@ -83,12 +90,16 @@ FOLDER_GONE = "folder is gone (removed or moved while the run wrote into it)"
 
 @contextmanager
 def refused_writes(error_for: Callable[[str], Exception]) -> Iterator[None]:
-    """Raise `error_for(the system's reason)` in place of an error that a write the system refused is behind.
-    Libraries raise their own errors over it: torch's zip writer, closing an archive after a failed write, an
-    unexplained RuntimeError; Lightning's TensorBoard logger, a ValueError about the value it was logging."""
+    """Raise `error_for(the system's reason)` in place of an error that a write the system refused is behind, and a
+    Ctrl-C as itself where a library raised its own error over it. Libraries do: torch's zip writer, closing an
+    archive after a failed or interrupted write, an unexplained RuntimeError; Lightning's TensorBoard logger, a
+    ValueError about the value it was logging."""
     try:
         yield
     except Exception as error:
+        interrupt = behind(error, KeyboardInterrupt)
+        if interrupt is not None:
+            raise interrupt from None
         refused = system_error(error)
         if refused is None:
             raise
