@@ -12,7 +12,7 @@ import contextlib
 import pickle
 import time
 import warnings
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -132,61 +132,13 @@ class ExperienceSource(Protocol):
     reward_scaler: RewardScaler
 
     @property
+    @abstractmethod
     def num_envs(self) -> int: ...
 
     @property
+    @abstractmethod
     def env_seconds(self) -> float:
         """Seconds spent stepping the envs: the bound the loop cannot pass."""
-        ...
-
-    def collect(self, policy: Policy, global_step: int) -> EpisodeLog: ...
-
-    def collect_and_learn(self, policy: Policy, global_step: int, learn: Callable[[], None]) -> EpisodeLog: ...
-
-    def next_batch(self, global_step: int, all_reduce_sum: AllReduceSum) -> TensorBatch | None: ...
-
-    def batch_stats(self, batch: TensorBatch) -> dict[str, Tensor]: ...
-
-    def reset_envs(self, seeds: list[int]) -> None: ...
-
-    def capture_state(self) -> dict[str, Any]: ...
-
-    def restore_state(self, state: dict[str, Any], fresh_seeds: list[int]) -> bool: ...
-
-    def close(self) -> None: ...
-
-    def abandon(self) -> None: ...
-
-
-class Collector(ABC):
-    """Steps a vector env with a policy; subclasses store the steps and make batches of them."""
-
-    def __init__(
-        self,
-        envs: gym.vector.VectorEnv,
-        device: torch.device,
-        obs_normalizer: ObservationNormalizer,
-        reward_scaler: RewardScaler,
-        env_seeds: list[int],
-        generator: torch.Generator,
-        signal: TrainingSignal = GAME_SIGNAL,
-    ) -> None:
-        self.envs = envs
-        self.signal = signal
-        self.as_bytes = stored_as_bytes(envs.single_observation_space)
-        self.layout = packed_layout(envs.single_observation_space)  # a Dict with images: how its bytes hold it
-        self.device = device
-        self.obs_normalizer = obs_normalizer
-        self.reward_scaler = reward_scaler
-        self.generator = generator
-        # Native vector envs reset an ended env on the step after: that step is no transition.
-        self.resets_next_step = resets_next_step(envs)
-        self.env_seconds = 0.0  # spent in the vector env's step: the bound the loop cannot pass
-        self.reset_envs(env_seeds)
-
-    @property
-    def num_envs(self) -> int:
-        return self.envs.num_envs
 
     @abstractmethod
     def collect(self, policy: Policy, global_step: int) -> EpisodeLog:
@@ -210,6 +162,56 @@ class Collector(ABC):
         """Metrics of a batch that only the acting side can compute (PPO's explained variance)."""
         return {}
 
+    @abstractmethod
+    def reset_envs(self, seeds: list[int]) -> None: ...
+
+    @abstractmethod
+    def capture_state(self) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def restore_state(self, state: dict[str, Any], fresh_seeds: list[int]) -> bool: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    @abstractmethod
+    def abandon(self) -> None: ...
+
+
+class Collector(ExperienceSource):
+    """Steps a vector env with a policy; subclasses collect into their storage and make batches of it."""
+
+    def __init__(
+        self,
+        envs: gym.vector.VectorEnv,
+        device: torch.device,
+        obs_normalizer: ObservationNormalizer,
+        reward_scaler: RewardScaler,
+        env_seeds: list[int],
+        generator: torch.Generator,
+        signal: TrainingSignal = GAME_SIGNAL,
+    ) -> None:
+        self.envs = envs
+        self.signal = signal
+        self.as_bytes = stored_as_bytes(envs.single_observation_space)
+        self.layout = packed_layout(envs.single_observation_space)  # a Dict with images: how its bytes hold it
+        self.device = device
+        self.obs_normalizer = obs_normalizer
+        self.reward_scaler = reward_scaler
+        self.generator = generator
+        # Native vector envs reset an ended env on the step after: that step is no transition.
+        self.resets_next_step = resets_next_step(envs)
+        self.stepping_seconds = 0.0  # spent in the vector env's step
+        self.reset_envs(env_seeds)
+
+    @property
+    def num_envs(self) -> int:
+        return self.envs.num_envs
+
+    @property
+    def env_seconds(self) -> float:
+        return self.stepping_seconds
+
     def reset_envs(self, seeds: list[int]) -> None:
         with ENV_RESET:
             first_obs, info = reset_vector_env(self.envs, seeds)
@@ -229,7 +231,7 @@ class Collector(ABC):
         started = time.perf_counter()
         with ENV_STEP:
             raw_next, reward, terminated, truncated, info = self.envs.step(actions)
-        self.env_seconds += time.perf_counter() - started
+        self.stepping_seconds += time.perf_counter() - started
         check_finite(raw_next, reward, layout=self.layout)  # before it reaches a buffer, a normalizer or a loss
         self.ended = terminated | truncated
         lives = self._lives(info)

@@ -22,7 +22,7 @@ from rl.algos.ppo.recurrent import RecurrentActorCritic
 from rl.algos.ppo.rollout import Rollout, RolloutCollector
 from rl.batch import TensorBatch
 from rl.cuda_graphs import CAPTURED_BY_CALL
-from rl.experience import EpisodeLog
+from rl.experience import EpisodeLog, ExperienceSource
 from rl.normalization import AllReduceSum
 
 ABANDON_WAIT_SECONDS = 10.0
@@ -34,7 +34,7 @@ def group_slices(num_envs: int, groups: int) -> list[slice]:
     return [slice(index * size, (index + 1) * size) for index in range(groups)]
 
 
-class EnvGroups:
+class EnvGroups(ExperienceSource):
     """The experience source of a rank whose envs are split into `groups`, which fill `rollout` together."""
 
     def __init__(self, groups: Sequence[RolloutCollector], rollout: Rollout) -> None:
@@ -78,13 +78,6 @@ class EnvGroups:
 
     def joined(self, part: Callable[[RolloutCollector], Tensor]) -> Tensor:
         return torch.cat([part(group) for group in self.groups])
-
-    def collect_and_learn(
-        self, policy: ActorCritic | RecurrentActorCritic, global_step: int, learn: Callable[[], None]
-    ) -> EpisodeLog:
-        episodes = self.collect(policy, global_step)
-        learn()
-        return episodes
 
     def next_batch(self, global_step: int, all_reduce_sum: AllReduceSum) -> TensorBatch:
         return self.groups[0].batch_of(self.rollout, all_reduce_sum)
