@@ -20,9 +20,7 @@ from rl.encoders import FlatPixels, image_encoder
 from rl.envs import EnvSpaces
 from rl.errors import UsageError
 from rl.runtime import Runtime
-from rl.seeds import (
-    env_seeds,
-)
+from rl.seeds import env_seeds
 
 
 class SAC(Algorithm):
