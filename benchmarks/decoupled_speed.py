@@ -1,6 +1,6 @@
 """Decoupled lock-step, pipelined and asynchronous training against single-process coupled training, one run.
 
-    python benchmarks/decoupled_speed.py [--algorithm ppo|sac] [--repeats 3] [--against REV]
+    python benchmarks/decoupled_speed.py [--algorithm ppo|sac] [--repeats 3] [--against REV] [--flags "..."]
 
 The same total envs and steps everywhere. PPO: CartPole-v1, 4 envs x 128 steps, minibatch 64,
 10 epochs, 32,768 env steps. SAC: `sac --preset pendulum` with 16-unit networks (so that, as for
@@ -9,7 +9,8 @@ step 256, one torch thread a process. Coupled runs as one process (`python train
 decoupled as `fabric run --devices=2` (one player, one trainer). Prints the training loop's env
 steps/s of each and its ratio to coupled; PPO's targets: lock-step >= coupled, pipelined >= 1.5x
 lock-step. With `--against REV` every run is timed here and at git revision REV, alternated, and
-the median ratio this tree / REV of each mode is printed.
+the median ratio this tree / REV of each mode is printed. `--flags` adds flags to every run (for SAC,
+`--flags "--train-freq 4 --gradient-steps 4"` sends one message each way per 4 env steps).
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ def main() -> None:
     parser.add_argument("--algorithm", choices=list(CONFIGS), default="ppo")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of the runs, interleaved")
     parser.add_argument("--against", metavar="REV", help="time every run here and at git revision REV, alternated")
+    parser.add_argument("--flags", default="", help="flags added to every run's command, in one string")
     args = parser.parse_args()
-    config = CONFIGS[args.algorithm]
+    config = CONFIGS[args.algorithm] + args.flags.split()
     if args.against:
         with checkout(args.against) as baseline:
             against(runs(REPO, config), runs(baseline, config), baseline, args.against, args.repeats)
