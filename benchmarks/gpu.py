@@ -13,8 +13,10 @@ A variant is a precision and what follows it: `+eager` (--no-cuda-graphs), `+cud
 own CPU work on one thread, the other cores left to the envs' threads), `+spin` (torch's OpenMP
 threads spin while they wait, `OMP_WAIT_POLICY=ACTIVE`; without it they sleep, the entry points'
 default), `+while-stepping` and `+after-stepping` (SAC only: --update-while-stepping, the default
-with --cuda, and --no-update-while-stepping), `+2-groups` (Atari only: --env-groups 2, half the
-envs stepping while the policy acts on the other half); a precision alone is the run's default,
+with --cuda, and --no-update-while-stepping), `+4-step-phases` (SAC only: --train-freq 4
+--gradient-steps 4, one round trip between a decoupled player and trainer per 4 env steps),
+`+2-groups` (Atari only: --env-groups 2, half the envs stepping while the policy acts on the other
+half); a precision alone is the run's default,
 which with --cuda captures CUDA graphs where they serve. The topologies: `coupled` (one
 process on the GPU), `decoupled` (a CPU player feeding a GPU trainer), `evaluator` (the same with
 an evaluator process beside them) and `pipelined` (decoupled with `--pipeline`: the player acts
@@ -112,12 +114,16 @@ OPTIONS = {
     "spin": [],  # an environment, not a flag: WAITS
     "while-stepping": ["--update-while-stepping"],  # SAC's update runs on the GPU while the CPU steps the envs
     "after-stepping": ["--no-update-while-stepping"],  # SAC's update waits for the envs' step (its CPU default)
+    # SAC: 4 env steps, then 4 gradient steps: a decoupled player and trainer exchange one batch and one weights message
+    # per 4 env steps instead of per step
+    "4-step-phases": ["--train-freq", "4", "--gradient-steps", "4"],
     "2-groups": ["--env-groups", "2"],  # PPO: half the envs step while the policy acts on the other half
 }
 # Options that other configs' runs refuse: those configs skip the variant.
 ONLY_FOR = {
     "while-stepping": {"sac"},
     "after-stepping": {"sac"},
+    "4-step-phases": {"sac"},
     "2-groups": {"atari", "atari-envpool", "atari-recurrent"},  # the others step one env
 }
 # How torch's OpenMP threads wait between parallel regions. Each run starts with no wait chosen, as a user's would:

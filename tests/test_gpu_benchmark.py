@@ -185,3 +185,14 @@ def test_the_env_groups_variant_runs_for_the_atari_configs_alone_which_take_it()
     ]
     config = parse_config([*gpu.CONFIGS["atari"], *gpu.variant_flags("32-true+2-groups"), "--cuda"])
     assert config.env_groups == 2 and config.num_envs == 8
+
+
+def test_sacs_4_step_phases_run_for_sac_alone_and_every_topology_takes_them():
+    from rl.cli import parse_config
+
+    assert [config for config in gpu.CONFIGS if gpu.runs_with(config, "32-true+4-step-phases")] == ["sac"]
+    for topology in gpu.TOPOLOGIES.values():
+        mode = "coupled" if topology.script == "train_fabric.py" else "decoupled"
+        flags = [*gpu.CONFIGS["sac"], *gpu.variant_flags("32-true+4-step-phases"), *topology.flags, "--cuda"]
+        config = parse_config(flags, mode=mode)
+        assert (config.train_freq, config.gradient_steps) == (4, 4)
