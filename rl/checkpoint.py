@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from rl.algos.base import Algorithm, Learner
-from rl.config import CHECKPOINT_DIR, MODE_COMMANDS, RunConfig, flag, iteration_name
+from rl.config import CHECKPOINT_DIR, MODE_COMMANDS, RunConfig, flag, iteration_name, newest_checkpoint
 from rl.errors import FOLDER_GONE, RunStopped, UsageError, counted, print_error, refused_writes
 from rl.experience import ExperienceSource
 from rl.normalization import ObservationNormalizer
@@ -324,12 +324,6 @@ class BestAgent:
         best.eval_return, best.eval_step = score, step
         write_file(self.path, best)
         self.score, self.step = score, step
-
-
-def newest_checkpoint(run_dir: str) -> str | None:
-    """The newest complete checkpoint of a run: a file interrupted mid-write is still `*.tmp`, never `step_*.ckpt`."""
-    checkpoints = sorted((Path(run_dir) / CHECKPOINT_DIR).glob("step_*.ckpt"))
-    return str(checkpoints[-1]) if checkpoints else None
 
 
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format: a zip archive

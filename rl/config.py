@@ -814,6 +814,12 @@ def run_dir_of(checkpoint: str) -> str | None:
     return str(folder.parent) if folder.name == CHECKPOINT_DIR else None
 
 
+def newest_checkpoint(run_dir: str) -> str | None:
+    """The newest complete checkpoint of a run: a file interrupted mid-write is still `*.tmp`, never `step_*.ckpt`."""
+    checkpoints = sorted((Path(run_dir) / CHECKPOINT_DIR).glob("step_*.ckpt"))
+    return str(checkpoints[-1]) if checkpoints else None
+
+
 def check_field_types(cfg: RunConfig) -> None:
     """Give each field of a config built in Python its flag's type, as a config file's values get it; raise
     `UsageError` naming the flag of a value that is not of that type (`num_envs="four"`, `logger="csv"` becomes

@@ -46,6 +46,7 @@ from rl.config import (
     check_seed,
     config_file_algorithm,
     flag,
+    newest_checkpoint,
     parse_dataclass,
 )
 from rl.errors import (
@@ -257,16 +258,18 @@ class Stop:
     would go on."""
 
     heard = ""  # "Ctrl-C" or "SIGTERM", the first to come
+    ctrl_c_presses = 0  # each passed on to a trial's run, which stops at once at its second
 
     @classmethod
     def hear(cls, signum: int, frame: object) -> None:
         cls.heard = cls.heard or ("SIGTERM" if signum == signal.SIGTERM else "Ctrl-C")
+        cls.ctrl_c_presses += signum == signal.SIGINT
 
 
 @contextlib.contextmanager
 def stops_heard_at_polls() -> Iterator[None]:
     """While the tuner runs its trials, SIGINT and SIGTERM are only recorded; its handlers before come back after."""
-    Stop.heard = ""
+    Stop.heard, Stop.ctrl_c_presses = "", 0
     previous = {signum: signal.signal(signum, Stop.hear) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
@@ -316,11 +319,16 @@ def run_trial(trial: Any, cfg: TuneConfig, training: list[str], space: dict[str,
     if Stop.heard:  # between trials: none is started
         trial.set_user_attr("interrupted", True)
         raise KeyboardInterrupt
-    with log.open("w") as output, start_child(command, stdout=output, stderr=subprocess.STDOUT) as process:
+    # The run has a session of its own: a terminal's Ctrl-C reaches this tuner alone, which passes it on. Were it
+    # to reach the run too, this tuner's would be the run's second, which stops it before its checkpoint.
+    with (
+        log.open("w") as output,
+        start_child(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True) as process,
+    ):
         try:
             pruned = follow_evaluations(trial, process, run_dir / "csv" / CSV_METRICS_FILE, cfg.heartbeat)
             process.wait()
-            raise_if_stopped()  # a terminal's Ctrl-C reached the run too, which has checkpointed and stopped
+            raise_if_stopped()  # heard as the run ended on its own: it has checkpointed
         except KeyboardInterrupt:
             stop_interrupted_trial(trial, process, run_dir)
             raise
@@ -349,18 +357,27 @@ def start_child(command: list[str], **options: Any) -> subprocess.Popen:
 
 
 def stop_interrupted_trial(trial: Any, process: subprocess.Popen, run_dir: Path) -> None:
-    """Ctrl-C or SIGTERM: the trial's run checkpoints and stops (a terminal's Ctrl-C reached it too; a second changes
-    nothing), and the study keeps the trial as failed and marked interrupted, which --trials does not count."""
+    """Ctrl-C or SIGTERM: the trial's run checkpoints and stops (this tuner passes Ctrl-C on to it), and the study keeps
+    the trial as failed and marked interrupted, which --trials does not count."""
     trial.set_user_attr("interrupted", True)
     stop_run(process)
-    print_now(f"trial {trial.number}: interrupted ({Stop.heard}); its run's checkpoints are in {run_dir}")
+    if newest_checkpoint(str(run_dir)):
+        kept = f"its run's checkpoints are in {run_dir}"
+    else:  # stopped before training began, or at once by a second Ctrl-C
+        kept = f"its run stopped before its first checkpoint ({run_dir})"
+    print_now(f"trial {trial.number}: interrupted ({Stop.heard}); {kept}")
 
 
 def stop_run(process: subprocess.Popen) -> None:
-    """A trial's run checkpoints and stops, as at Ctrl-C."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGINT)
-    process.wait()
+    """A trial's run checkpoints and stops, as at Ctrl-C. It hears each Ctrl-C pressed (at least one), so that a
+    second stops it at once, as it would stop a run started from the terminal."""
+    passed_on = 0
+    while process.poll() is None:
+        if passed_on < max(1, Stop.ctrl_c_presses):
+            process.send_signal(signal.SIGINT)
+            passed_on += 1
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=POLL_SECONDS)
 
 
 def follow_evaluations(trial: Any, process: subprocess.Popen, metrics: Path, heartbeat: float) -> bool:

@@ -156,12 +156,15 @@ def test_failed_trials_count_so_a_study_whose_runs_all_fail_ends_and_says_where_
     ]
 
 
-def tuner_in_its_first_trial(tmp_path, workers: int = 1, *flags: str) -> subprocess.Popen:
+def tuner_in_its_first_trial(
+    tmp_path, workers: int = 1, *flags: str, training: tuple[str, ...] = ()
+) -> subprocess.Popen:
     """A tuner of one trial, as a shell's foreground job, returned once its trial's run has evaluated."""
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     longer = ["--total-timesteps", "100000"]  # still training when it is stopped
     command = [sys.executable, "-m", "rl.tune", "--storage", storage, "--study-name", "cartpole", "--out", "runs"]
     command += ["--eval-every", "512", "--trials", "1", "--workers", str(workers), *flags, *TRAINING, *longer]
+    command += training
     tuner = start_as_foreground_job(command, tmp_path)
     metrics = tmp_path / "runs" / "cartpole" / "fabric_logs" / "trial-0" / "csv" / "metrics.csv"
     deadline = time.monotonic() + 120
@@ -171,7 +174,9 @@ def tuner_in_its_first_trial(tmp_path, workers: int = 1, *flags: str) -> subproc
 
 
 def test_ctrl_c_stops_the_tuner_and_its_trial_which_the_study_does_not_count(tmp_path):
-    tuner = tuner_in_its_first_trial(tmp_path)
+    # Iterations of 8,192 steps: the run reaches its checkpoint seconds after Ctrl-C, long after the tuner has
+    # passed Ctrl-C on, which must then be the only one the run hears (a second would stop it without one).
+    tuner = tuner_in_its_first_trial(tmp_path, training=("--num-steps", "1024"))
     metrics = tmp_path / "runs" / "cartpole" / "fabric_logs" / "trial-0" / "csv" / "metrics.csv"
     os.killpg(tuner.pid, signal.SIGINT)  # the terminal's Ctrl-C: the tuner and its trial's run hear it
     out, err = tuner.communicate(timeout=120)
