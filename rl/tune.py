@@ -319,8 +319,7 @@ def run_trial(trial: Any, cfg: TuneConfig, training: list[str], space: dict[str,
     if Stop.heard:  # between trials: none is started
         trial.set_user_attr("interrupted", True)
         raise KeyboardInterrupt
-    # The run has a session of its own: a terminal's Ctrl-C reaches this tuner alone, which passes it on. Were it
-    # to reach the run too, this tuner's would be the run's second, which stops it before its checkpoint.
+    # A session of its own: a terminal's Ctrl-C reaches this tuner alone, which passes it on (`stop_children`).
     with (
         log.open("w") as output,
         start_child(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True) as process,
@@ -369,15 +368,23 @@ def stop_interrupted_trial(trial: Any, process: subprocess.Popen, run_dir: Path)
 
 
 def stop_run(process: subprocess.Popen) -> None:
-    """A trial's run checkpoints and stops, as at Ctrl-C. It hears each Ctrl-C pressed (at least one), so that a
-    second stops it at once, as it would stop a run started from the terminal."""
+    """A trial's run checkpoints and stops, as at Ctrl-C."""
+    stop_children([process])
+
+
+def stop_children(processes: list[subprocess.Popen]) -> None:
+    """Ctrl-C to each child (a trial's run, a helper tuner), in a session of its own, until it ends: one, and one
+    more for each further press heard, so that a second stops a run at once, as it stops a run started from the
+    terminal. Were a terminal's Ctrl-C to reach a child too, this one would be its second: the run would stop
+    without the checkpoint the first asked for."""
     passed_on = 0
-    while process.poll() is None:
+    while running := [process for process in processes if process.poll() is None]:
         if passed_on < max(1, Stop.ctrl_c_presses):
-            process.send_signal(signal.SIGINT)
+            for process in running:
+                process.send_signal(signal.SIGINT)
             passed_on += 1
         with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=POLL_SECONDS)
+            running[0].wait(timeout=POLL_SECONDS)
 
 
 def follow_evaluations(trial: Any, process: subprocess.Popen, metrics: Path, heartbeat: float) -> bool:
@@ -720,15 +727,16 @@ def create_study(cfg: TuneConfig) -> optuna.Study:
 def tune_in_every_process(cfg: TuneConfig, argv: list[str], training: list[str], space: dict[str, Any]) -> None:
     """This tuning process and --workers - 1 more, each running trials of the study."""
     own = argv[: argv.index("--")] if "--" in argv else argv
-    helpers = [
-        start_child([sys.executable, "-m", "rl.tune", *own, "--worker", str(index), "--", *training])
+    helpers = [  # each in a session of its own: a terminal's Ctrl-C reaches this process alone, which passes it on
+        start_child(
+            [sys.executable, "-m", "rl.tune", *own, "--worker", str(index), "--", *training], start_new_session=True
+        )
         for index in range(1, cfg.workers)
     ]
     try:
         tune(cfg, training, space)
     except KeyboardInterrupt:
-        for helper in helpers:  # a terminal's Ctrl-C reached them too; a kill -INT of this process did not
-            helper.send_signal(signal.SIGINT)
+        stop_children(helpers)
         raise
     finally:
         for helper in helpers:
