@@ -178,7 +178,9 @@ def test_ctrl_c_stops_the_tuner_and_its_trial_which_the_study_does_not_count(tmp
     # passed Ctrl-C on, which must then be the only one the run hears (a second would stop it without one).
     tuner = tuner_in_its_first_trial(tmp_path, training=("--num-steps", "1024"))
     metrics = tmp_path / "runs" / "cartpole" / "fabric_logs" / "trial-0" / "csv" / "metrics.csv"
-    os.killpg(tuner.pid, signal.SIGINT)  # the terminal's Ctrl-C: the tuner and its trial's run hear it
+    os.killpg(
+        tuner.pid, signal.SIGINT
+    )  # the terminal's Ctrl-C: the tuner hears it (its run, in a session of its own, does not)
     out, err = tuner.communicate(timeout=120)
     assert tuner.returncode == 130 and "Traceback" not in err, err[-3000:]
     assert out.splitlines() == [
@@ -191,6 +193,21 @@ def test_ctrl_c_stops_the_tuner_and_its_trial_which_the_study_does_not_count(tmp
     # shorter.
     again = tune(tmp_path, "--trials", "1")
     assert again.returncode == 0 and again.stdout.startswith("trial 1: greedy return "), again.stdout
+
+
+def test_a_second_ctrl_c_stops_the_trials_run_at_once_and_the_tuner_says_no_checkpoint_was_written(tmp_path):
+    # Iterations of 8,192 steps: the second press reaches the run (through the tuner) before its checkpoint.
+    tuner = tuner_in_its_first_trial(tmp_path, training=("--num-steps", "1024"))
+    os.killpg(tuner.pid, signal.SIGINT)
+    time.sleep(0.2)
+    os.killpg(tuner.pid, signal.SIGINT)
+    out, err = tuner.communicate(timeout=120)
+    assert tuner.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert out.splitlines()[0] == (
+        "trial 0: interrupted (Ctrl-C); its run stopped before its first checkpoint (runs/cartpole/fabric_logs/trial-0)"
+    )
+    log = (tmp_path / "runs" / "cartpole" / "trial-0.log").read_text()
+    assert "interrupted (Ctrl-C) twice during training: stopped at once" in log, log[-3000:]
 
 
 @pytest.mark.parametrize(
