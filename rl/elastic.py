@@ -79,14 +79,40 @@ _round_prefix: str | None = None  # this round's key space in torchrun's store, 
 
 def job_store_client(timeout_seconds: float) -> dist.Store:
     """A client of the job's rendezvous store (`MASTER_ADDR:MASTER_PORT`) on a connection of its own,
-    in this round's key space where the store outlives the rounds."""
-    store = dist.TCPStore(
-        os.environ["MASTER_ADDR"],
-        int(os.environ["MASTER_PORT"]),
-        is_master=False,
-        timeout=timedelta(seconds=timeout_seconds),
-    )
+    in this round's key space where the store outlives the rounds.
+
+    Connected in short tries from Python: torch's own connect retries in C++ until its timeout,
+    where no signal handler runs, so a rank whose launcher (the store's host) was killed
+    meanwhile would wait out the whole timeout instead of hearing that its launcher ended.
+    """
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+        wait_until_listening(host, port, deadline)
+        try:  # the store may close between the look and the connect: then this try times out, and it looks again
+            store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=STORE_CONNECT_TRY_SECONDS))
+            break
+        except dist.DistNetworkError:
+            if time.monotonic() > deadline:
+                raise
+    store.set_timeout(timedelta(seconds=timeout_seconds))
     return store if _round_prefix is None else dist.PrefixStore(_round_prefix, store)
+
+
+STORE_CONNECT_TRY_SECONDS = 2.0
+
+
+def wait_until_listening(host: str, port: int, deadline: float) -> None:
+    """Return once `host:port` takes a connection (closed at once, which the store ignores); raise
+    `DistNetworkError` at `deadline`. Signal handlers run between the looks."""
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=STORE_CONNECT_TRY_SECONDS).close()
+            return
+        except OSError as error:
+            if time.monotonic() > deadline:
+                raise dist.DistNetworkError(f"no rendezvous store answered at {host}:{port}: {error}") from None
+        time.sleep(ROUND_POLL_SECONDS * 10)
 
 
 def agree_on_round(store: dist.Store, rank: int, world_size: int, timeout_seconds: float) -> str:

@@ -36,7 +36,15 @@ from conftest import (
 
 from rl.cli import parse_config
 from rl.config import validate
-from rl.elastic import Journal, RoundRecord, agree_on_round, describe_end, same_failure, this_jobs_rounds
+from rl.elastic import (
+    Journal,
+    RoundRecord,
+    agree_on_round,
+    describe_end,
+    job_store_client,
+    same_failure,
+    this_jobs_rounds,
+)
 from rl.errors import UsageError
 
 QUICK_PPO = ["--update-epochs", "2", "--eval-episodes", "0", "--no-progress-bar"]
@@ -461,6 +469,48 @@ def test_a_rank_waiting_for_its_round_hears_ctrl_c_at_once():
     finally:
         rank_1.kill()
     assert "KeyboardInterrupt" in stderr, stderr[-2000:]
+
+
+CONNECT_TO_A_GONE_STORE = """
+from rl.elastic import job_store_client
+print("connecting", flush=True)
+job_store_client(timeout_seconds=60)
+"""
+
+
+def test_a_rank_connecting_to_a_store_that_is_gone_hears_signals_at_once():
+    """A launcher killed outright takes the store it hosts with it. Its ranks hear of that by a signal (parent
+    death), which must reach them while they connect, not once the connect's 60 s timeout has passed."""
+    port = free_port()  # nothing listens there: the store's host is gone
+    rank = subprocess.Popen(
+        [str(BIN / "python"), "-c", CONNECT_TO_A_GONE_STORE],
+        env={**child_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert rank.stdout.readline() == "connecting\n"
+        time.sleep(1)
+        rank.send_signal(signal.SIGINT)
+        _, stderr = rank.communicate(timeout=10)
+    finally:
+        rank.kill()
+    assert "KeyboardInterrupt" in stderr, stderr[-2000:]
+
+
+def test_a_store_client_waits_for_a_store_that_comes_up_late_and_keeps_its_full_timeout(monkeypatch):
+    port = free_port()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    with ThreadPoolExecutor(1) as pool:
+        client = pool.submit(job_store_client, 30)
+        time.sleep(1)
+        assert not client.done()
+        server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5))
+        store = client.result(timeout=20)
+    store.set("key", "value")
+    assert server.get("key") == b"value" and store.timeout == timedelta(seconds=30)
 
 
 # --- The journal ---------------------------------------------------------------------------------
