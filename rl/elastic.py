@@ -28,6 +28,8 @@ JOURNAL_FILENAME = "elastic.jsonl"
 REACHED_FILENAME = "elastic.step"  # the step the current round has reached, rewritten in place every iteration
 ROUND_KEYS = "rl/round"
 ROUND_POLL_SECONDS = 0.005
+STORE_CONNECT_TRY_SECONDS = 2.0  # one try at connecting to the job's store: how late a rank hears a signal then
+STORE_LOOK_SECONDS = 0.05  # between looks for a store that is not listening (yet, or any more)
 
 
 def under_torchelastic() -> bool:
@@ -99,9 +101,6 @@ def job_store_client(timeout_seconds: float) -> dist.Store:
     return store if _round_prefix is None else dist.PrefixStore(_round_prefix, store)
 
 
-STORE_CONNECT_TRY_SECONDS = 2.0
-
-
 def wait_until_listening(host: str, port: int, deadline: float) -> None:
     """Return once `host:port` takes a connection (closed at once, which the store ignores); raise
     `DistNetworkError` at `deadline`. Signal handlers run between the looks."""
@@ -112,7 +111,7 @@ def wait_until_listening(host: str, port: int, deadline: float) -> None:
         except OSError as error:
             if time.monotonic() > deadline:
                 raise dist.DistNetworkError(f"no rendezvous store answered at {host}:{port}: {error}") from None
-        time.sleep(ROUND_POLL_SECONDS * 10)
+        time.sleep(STORE_LOOK_SECONDS)
 
 
 def agree_on_round(store: dist.Store, rank: int, world_size: int, timeout_seconds: float) -> str:
