@@ -174,8 +174,8 @@ def tuner_in_its_first_trial(
 
 
 def test_ctrl_c_stops_the_tuner_and_its_trial_which_the_study_does_not_count(tmp_path):
-    # Iterations of 8,192 steps: the run reaches its checkpoint seconds after Ctrl-C, long after the tuner has
-    # passed Ctrl-C on, which must then be the only one the run hears (a second would stop it without one).
+    # Iterations of 4,096 steps (4 envs): the run reaches its checkpoint a second or more after Ctrl-C, after the
+    # tuner has passed Ctrl-C on, which must then be the only one the run hears (a second would stop it without one).
     tuner = tuner_in_its_first_trial(tmp_path, training=("--num-steps", "1024"))
     metrics = tmp_path / "runs" / "cartpole" / "fabric_logs" / "trial-0" / "csv" / "metrics.csv"
     os.killpg(
@@ -196,8 +196,9 @@ def test_ctrl_c_stops_the_tuner_and_its_trial_which_the_study_does_not_count(tmp
 
 
 def test_a_second_ctrl_c_stops_the_trials_run_at_once_and_the_tuner_says_no_checkpoint_was_written(tmp_path):
-    # Iterations of 8,192 steps: the second press reaches the run (through the tuner) before its checkpoint.
-    tuner = tuner_in_its_first_trial(tmp_path, training=("--num-steps", "1024"))
+    # The tuner passes the second press on a poll (0.5 s) after the first. Iterations of 16,384 steps (4 envs, some
+    # 4 s here) make sure the second reaches the run before its checkpoint at the iteration's end.
+    tuner = tuner_in_its_first_trial(tmp_path, training=("--num-steps", "4096"))
     os.killpg(tuner.pid, signal.SIGINT)
     time.sleep(0.2)
     os.killpg(tuner.pid, signal.SIGINT)
