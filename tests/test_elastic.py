@@ -450,30 +450,37 @@ agree_on_round(store, 1, 2, timeout_seconds=60)
 """
 
 
-def test_a_rank_waiting_for_its_round_hears_ctrl_c_at_once():
-    """A terminal's Ctrl-C during the rendezvous reaches every rank: one left waiting in C++ for a rank 0 that
-    Ctrl-C already ended would hold on until the launcher kills it, 30 s later."""
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=20))  # no rank 0 comes
-    rank_1 = subprocess.Popen(
-        [str(BIN / "python"), "-c", WAIT_FOR_RANK_0, str(server.port)],
-        env=child_env(),
+def ctrl_c_while_waiting(script: str, *args: str, env: dict[str, str] | None = None) -> str:
+    """Run `script`, which prints "waiting" before it blocks, and press Ctrl-C once it waits: its stderr, which
+    it must close within 10 s."""
+    process = subprocess.Popen(
+        [str(BIN / "python"), "-c", script, *args],
+        env={**child_env(), **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
-        assert rank_1.stdout.readline() == "waiting\n"
-        time.sleep(0.5)
-        rank_1.send_signal(signal.SIGINT)
-        _, stderr = rank_1.communicate(timeout=10)
+        assert process.stdout.readline() == "waiting\n"
+        time.sleep(1)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=10)
     finally:
-        rank_1.kill()
+        process.kill()
+    return stderr
+
+
+def test_a_rank_waiting_for_its_round_hears_ctrl_c_at_once():
+    """A terminal's Ctrl-C during the rendezvous reaches every rank: one left waiting in C++ for a rank 0 that
+    Ctrl-C already ended would hold on until the launcher kills it, 30 s later."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=20))  # no rank 0 comes
+    stderr = ctrl_c_while_waiting(WAIT_FOR_RANK_0, str(server.port))
     assert "KeyboardInterrupt" in stderr, stderr[-2000:]
 
 
 CONNECT_TO_A_GONE_STORE = """
 from rl.elastic import job_store_client
-print("connecting", flush=True)
+print("waiting", flush=True)
 job_store_client(timeout_seconds=60)
 """
 
@@ -482,20 +489,7 @@ def test_a_rank_connecting_to_a_store_that_is_gone_hears_signals_at_once():
     """A launcher killed outright takes the store it hosts with it. Its ranks hear of that by a signal (parent
     death), which must reach them while they connect, not once the connect's 60 s timeout has passed."""
     port = free_port()  # nothing listens there: the store's host is gone
-    rank = subprocess.Popen(
-        [str(BIN / "python"), "-c", CONNECT_TO_A_GONE_STORE],
-        env={**child_env(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert rank.stdout.readline() == "connecting\n"
-        time.sleep(1)
-        rank.send_signal(signal.SIGINT)
-        _, stderr = rank.communicate(timeout=10)
-    finally:
-        rank.kill()
+    stderr = ctrl_c_while_waiting(CONNECT_TO_A_GONE_STORE, env={"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     assert "KeyboardInterrupt" in stderr, stderr[-2000:]
 
 
