@@ -507,6 +507,14 @@ def test_a_store_client_waits_for_a_store_that_comes_up_late_and_keeps_its_full_
     assert server.get("key") == b"value" and store.timeout == timedelta(seconds=30)
 
 
+def test_a_store_client_names_the_address_where_no_store_answered(monkeypatch):
+    port = free_port()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    with pytest.raises(dist.DistNetworkError, match=f"no rendezvous store answered at 127.0.0.1:{port}"):
+        job_store_client(1)
+
+
 # --- The journal ---------------------------------------------------------------------------------
 
 
