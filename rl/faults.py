@@ -319,7 +319,6 @@ def name_a_stalled_env_when_stopped(
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 LINUX = sys.platform.startswith("linux")
-PARENT_ENDED = signal.SIGRTMAX if LINUX else None  # a signal only the system sends here
 # Looked up once: a child between fork and exec (`ended_with_this_process`) should only call it.
 _prctl = ctypes.CDLL(None, use_errno=True).prctl if LINUX else None
 
@@ -336,27 +335,33 @@ def ended_with_this_process(signum: int) -> Callable[[], None]:
     return functools.partial(signal_when_parent_dies, signum)
 
 
+PARENT_LOOK_SECONDS = 0.1  # how often a process looks whether its parent has ended
+
+
 @contextmanager
-def stopped_with_parent(stop: Callable[[], None]) -> Iterator[None]:
-    """Within this context, `stop` (which ends this process) runs the moment this process's parent ends, however it
-    ends; where the system cannot say so, never. Set from the main thread."""
-    parent = os.getppid()
+def stopped_with_parent(stop: Callable[[], None], parent: int | None = None) -> Iterator[None]:
+    """Within this context, `stop` (which ends this process, from any thread) runs once `parent` (by default this
+    process's parent now) has ended, however it ended (SIGKILL and the out-of-memory killer included).
 
-    def parent_ended(signum: int, frame: object) -> None:
-        if os.getppid() != parent:  # the end of the thread that started this process sends it too
-            stop()
+    A thread of its own looks, not a signal handler: Python runs those on the main thread only, which may be blocked
+    in native code that a signal does not end (an env's step, a collective) or, in the moment between the handler
+    and the call it returns to, miss the signal altogether."""
+    parent = os.getppid() if parent is None else parent
+    leaving = threading.Event()
 
-    if PARENT_ENDED is None:
-        yield
-        return
-    previous = signal.signal(PARENT_ENDED, parent_ended)
+    def watch() -> None:
+        while os.getppid() == parent:
+            if leaving.wait(PARENT_LOOK_SECONDS):
+                return
+        stop()
+
+    watcher = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    watcher.start()
     try:
-        if signal_when_parent_dies(PARENT_ENDED) and os.getppid() != parent:
-            stop()  # it ended before the request was made
         yield
     finally:
-        signal_when_parent_dies(0)
-        signal.signal(PARENT_ENDED, previous)
+        leaving.set()
+        watcher.join()
 
 
 def on_main_thread() -> bool:

@@ -216,8 +216,39 @@ def kill_outright(job: subprocess.Popen, children: list[int]) -> tuple[str, list
     """SIGKILL `job` alone, as kill -9 or the out-of-memory killer would: its stderr to the end (which children it
     started hold open too), and those of `children` still running after it."""
     job.kill()
-    _, stderr = job.communicate(timeout=60)
+    try:
+        _, stderr = job.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        holders = sorted({job.pid, *children, *process_group(job.pid)})
+        raise AssertionError(f"60 s after the SIGKILL, the job's pipes are still open: {described(holders)}") from None
     return stderr, still_running(children)
+
+
+def process_group(pgid: int) -> list[int]:
+    """The processes in process group `pgid`."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
+                members.append(int(entry.name))
+    return members
+
+
+def described(pids: list[int]) -> str:
+    """Each process's command, and the state of each of its threads with the kernel function it waits in: what a
+    failure that leaves a process behind is diagnosed from."""
+    lines = []
+    for pid in pids:
+        try:
+            command = " ".join(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().split())[:160]
+            threads = []
+            for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+                state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                threads.append(f"{task.name} {state} {(task / 'wchan').read_text() or '-'}")
+            lines.append(f"{pid} ({command}): {', '.join(threads)}")
+        except OSError:
+            lines.append(f"{pid}: gone")
+    return "\n".join(lines)
 
 
 def still_running(pids: list[int], seconds: float = 10) -> list[int]:

@@ -308,3 +308,49 @@ def test_ranks_stop_with_a_line_once_their_launcher_is_killed_outright(tmp_path,
     lost = "stopped because it lost the launcher (fabric run or torchrun): its process ended; its checkpoints are kept"
     errors = sorted(line for line in stderr.splitlines() if line.startswith("error: "))
     assert errors == sorted(f"error: {role}: {lost}" for role in roles), stderr[-3000:]
+
+
+BLOCKED_IN_NATIVE_CODE = """
+import ctypes, os
+from rl.faults import stopped_with_parent
+
+
+def lost():
+    os.write(2, b"its parent ended\\n")
+    os._exit(3)
+
+
+mutex = ctypes.create_string_buffer(64)  # zeroed: an unlocked mutex of the default kind
+lock = ctypes.CDLL(None).pthread_mutex_lock
+with stopped_with_parent(lost):
+    print("waiting", flush=True)
+    lock(mutex)
+    lock(mutex)  # it waits for itself: a wait in native code that no signal ends
+"""
+
+STARTS_A_CHILD = """
+import subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", sys.argv[1]])
+time.sleep(600)
+"""
+
+
+def test_a_process_blocked_in_native_code_stops_once_its_parent_is_killed_outright():
+    # What a rank or Hogwild worker must do when its launcher or supervisor gets SIGKILL while it waits in native code
+    # (an env's step in a simulator, a collective), where Python's signal handlers cannot run.
+    parent = subprocess.Popen(
+        [sys.executable, "-c", STARTS_A_CHILD, BLOCKED_IN_NATIVE_CODE],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert parent.stdout.readline() == "waiting\n"  # the child's line, on the pipe it shares with its parent
+        (child,) = child_pids(parent.pid)
+        time.sleep(0.5)  # into its wait
+        stderr, left = kill_outright(parent, [child])
+    finally:
+        kill_process_group(parent)
+    assert stderr == "its parent ended\n" and not left

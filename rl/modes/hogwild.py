@@ -265,9 +265,7 @@ def run_worker(
     # or one in an env call that never returns would run on alone.
     lost = functools.partial(supervisor_lost, index, algorithm.cfg.collective_timeout)
     try:
-        with stopped_with_parent(lost):
-            if os.getppid() != channel.supervisor:  # it ended before this worker could hear of it
-                lost()
+        with stopped_with_parent(lost, parent=channel.supervisor):  # it may have ended while this worker started
             WorkerLoop(index, algorithm, shared, channel, run_dir, resume).run(callbacks)
     except TrainingDiverged as error:
         print_error(f"error: {worker_name(index)}: training stopped: {error}")
@@ -290,8 +288,7 @@ def sigterm_asks_the_workers_to_stop(channel: Channel) -> bool:
 
 def supervisor_lost(index: int, collective_timeout: float) -> NoReturn:
     """End this worker, whose supervisor has ended, with one line; it leads with an env call that had stalled (what
-    the supervisor may have been killed over). Workers check at each report too (`WorkerLoop.check_supervisor`),
-    where the system cannot tell them at once."""
+    the supervisor may have been killed over)."""
     stall = stalled_env_call(stall_seconds(collective_timeout))
     lead = f"{worker_name(index)}: {stall}; " if stall else f"{worker_name(index)}: "
     print_error(f"error: {lead}the supervising process was lost; stopping")
@@ -409,18 +406,12 @@ class WorkerLoop:
         self.sink.log_scalars(scalars, all_frames)
         self.progress.advance(all_frames - self.reported_frames, steps_per_second, scalars.get(EPISODE_RETURN))
         self.reported_frames = all_frames
-        self.check_supervisor()
         return scalars
 
     def frame_counts(self) -> dict[str, float]:
         """Env steps per worker and in all, logged by worker 0 (the x-axis is the global count)."""
         counts = self.shared.frames.tolist()
         return {"Frames/global": float(sum(counts))} | {f"Frames/worker_{k}": float(n) for k, n in enumerate(counts)}
-
-    def check_supervisor(self) -> None:
-        """A worker whose supervisor is gone (killed) stops: nobody would save or stop it."""
-        if os.getppid() != self.channel.supervisor:
-            supervisor_lost(self.index, self.cfg.collective_timeout)
 
     def agree(self, iteration: int, wanted: Requests) -> Requests:
         """Workers meet at checkpoints only: at a step interval, at their last iteration, or at a stop. There
