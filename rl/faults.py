@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import itertools
 import os
 import signal
 import socket
@@ -319,6 +320,7 @@ def name_a_stalled_env_when_stopped(
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 LINUX = sys.platform.startswith("linux")
+PARENT_ENDED = signal.SIGRTMAX if LINUX else None  # a signal only the system sends here
 # Looked up once: a child between fork and exec (`ended_with_this_process`) should only call it.
 _prctl = ctypes.CDLL(None, use_errno=True).prctl if LINUX else None
 
@@ -335,33 +337,49 @@ def ended_with_this_process(signum: int) -> Callable[[], None]:
     return functools.partial(signal_when_parent_dies, signum)
 
 
-PARENT_LOOK_SECONDS = 0.1  # how often a process looks whether its parent has ended
+PARENT_LOOK_SECONDS = 0.1  # how often a process's own thread looks whether its parent has ended
 
 
 @contextmanager
 def stopped_with_parent(stop: Callable[[], None], parent: int | None = None) -> Iterator[None]:
-    """Within this context, `stop` (which ends this process, from any thread) runs once `parent` (by default this
-    process's parent now) has ended, however it ended (SIGKILL and the out-of-memory killer included).
+    """Within this context, `stop` (which ends this process) runs once `parent` (by default this process's parent now)
+    has ended, however it ended (SIGKILL and the out-of-memory killer included). Set from the main thread.
 
-    A thread of its own looks, not a signal handler: Python runs those on the main thread only, which may be blocked
-    in native code that a signal does not end (an env's step, a collective) or, in the moment between the handler
-    and the call it returns to, miss the signal altogether."""
+    Linux's parent-death signal runs it at once where the main thread runs Python. A thread of its own looks too, for
+    where the signal's handler cannot run: on a main thread blocked in native code that a signal does not end (a
+    simulator's step, a wait), or on one the signal reached between a handler and the call it returns to."""
     parent = os.getppid() if parent is None else parent
+    tickets = itertools.count()  # next() on it is atomic
     leaving = threading.Event()
+
+    def stop_once() -> None:
+        if next(tickets) > 0:  # the handler and the thread both heard it: the first one is ending this process
+            threading.Event().wait()
+        stop()
+
+    def parent_ended(signum: int, frame: object) -> None:
+        if os.getppid() != parent:  # the end of the thread that started this process sends it too
+            stop_once()
 
     def watch() -> None:
         while os.getppid() == parent:
             if leaving.wait(PARENT_LOOK_SECONDS):
                 return
-        stop()
+        stop_once()
 
+    previous = signal.signal(PARENT_ENDED, parent_ended) if PARENT_ENDED is not None else None
+    if PARENT_ENDED is not None:
+        signal_when_parent_dies(PARENT_ENDED)
     watcher = threading.Thread(target=watch, name="parent-watch", daemon=True)
-    watcher.start()
+    watcher.start()  # it also finds a parent that ended before the signal was asked for
     try:
         yield
     finally:
         leaving.set()
         watcher.join()
+        if PARENT_ENDED is not None:
+            signal_when_parent_dies(0)
+            signal.signal(PARENT_ENDED, previous)
 
 
 def on_main_thread() -> bool:
