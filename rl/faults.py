@@ -338,6 +338,19 @@ def ended_with_this_process(signum: int) -> Callable[[], None]:
 
 
 PARENT_LOOK_SECONDS = 0.1  # how often a process's own thread looks whether its parent has ended
+# An ending process closes its sockets a moment before its children are told: an error from a dropped connection
+# comes first. Within this, it is told.
+PARENT_END_HEARD_SECONDS = 0.5
+
+
+def ends_within(parent: int, seconds: float) -> bool:
+    """Whether this process's parent `parent` has ended, or is seen to end within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while os.getppid() == parent:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 @contextmanager
@@ -347,7 +360,8 @@ def stopped_with_parent(stop: Callable[[], None], parent: int | None = None) -> 
 
     Linux's parent-death signal runs it at once where the main thread runs Python. A thread of its own looks too, for
     where the signal's handler cannot run: on a main thread blocked in native code that a signal does not end (a
-    simulator's step, a wait), or on one the signal reached between a handler and the call it returns to."""
+    simulator's step, a wait), or on one the signal reached between a handler and the call it returns to. An error
+    raised within, once the parent is seen to have ended, is taken for a symptom of its end."""
     parent = os.getppid() if parent is None else parent
     tickets = itertools.count()  # next() on it is atomic
     leaving = threading.Event()
@@ -374,6 +388,10 @@ def stopped_with_parent(stop: Callable[[], None], parent: int | None = None) -> 
     watcher.start()  # it also finds a parent that ended before the signal was asked for
     try:
         yield
+    except Exception:
+        if ends_within(parent, PARENT_END_HEARD_SECONDS):  # what failed was talking to it (the store it hosted)
+            stop_once()
+        raise
     finally:
         leaving.set()
         watcher.join()

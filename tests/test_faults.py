@@ -354,3 +354,50 @@ def test_a_process_blocked_in_native_code_stops_once_its_parent_is_killed_outrig
     finally:
         kill_process_group(parent)
     assert stderr == "its parent ended\n" and not left
+
+
+LOSES_ITS_PARENTS_CONNECTION = """
+import os, socket, sys
+from rl.faults import stopped_with_parent
+
+
+def lost():
+    os.write(2, b"its parent ended\\n")
+    os._exit(3)
+
+
+connection = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+with stopped_with_parent(lost):
+    print("waiting", flush=True)
+    if not connection.recv(1):
+        raise ConnectionError("its parent closed the connection")
+"""
+
+CLOSES_A_CONNECTION_AND_THEN_ENDS = """
+import os, socket, subprocess, sys, time
+server = socket.create_server(("127.0.0.1", 0))
+subprocess.Popen([sys.executable, "-c", sys.argv[1], str(server.getsockname()[1])])
+connection, _ = server.accept()
+sys.stdin.readline()
+connection.close()
+time.sleep(0.2)  # as an ending process closes its sockets (a launcher, the store it hosts) before its children hear
+os._exit(0)
+"""
+
+
+def test_an_error_from_a_connection_the_parent_closed_as_it_ended_is_taken_for_its_end():
+    parent = subprocess.Popen(
+        [sys.executable, "-c", CLOSES_A_CONNECTION_AND_THEN_ENDS, LOSES_ITS_PARENTS_CONNECTION],
+        env=child_env(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert parent.stdout.readline() == "waiting\n"
+        _, stderr = parent.communicate("go\n", timeout=60)
+    finally:
+        kill_process_group(parent)
+    assert stderr == "its parent ended\n"  # not the ConnectionError's traceback
