@@ -310,16 +310,19 @@ def test_ranks_stop_with_a_line_once_their_launcher_is_killed_outright(tmp_path,
     assert errors == sorted(f"error: {role}: {lost}" for role in roles), stderr[-3000:]
 
 
-BLOCKED_IN_NATIVE_CODE = """
-import ctypes, os
+CHILD_STOPPED_WITH_ITS_PARENT = """
+import ctypes, os, socket, sys
 from rl.faults import stopped_with_parent
 
 
 def lost():
     os.write(2, b"its parent ended\\n")
     os._exit(3)
+"""
 
-
+BLOCKED_IN_NATIVE_CODE = (
+    CHILD_STOPPED_WITH_ITS_PARENT
+    + """
 mutex = ctypes.create_string_buffer(64)  # zeroed: an unlocked mutex of the default kind
 lock = ctypes.CDLL(None).pthread_mutex_lock
 with stopped_with_parent(lost):
@@ -327,6 +330,7 @@ with stopped_with_parent(lost):
     lock(mutex)
     lock(mutex)  # it waits for itself: a wait in native code that no signal ends
 """
+)
 
 STARTS_A_CHILD = """
 import subprocess, sys, time
@@ -335,17 +339,23 @@ time.sleep(600)
 """
 
 
-def test_a_process_blocked_in_native_code_stops_once_its_parent_is_killed_outright():
-    # What a rank or Hogwild worker must do when its launcher or supervisor gets SIGKILL while it waits in native code
-    # (an env's step in a simulator, a collective), where Python's signal handlers cannot run.
-    parent = subprocess.Popen(
-        [sys.executable, "-c", STARTS_A_CHILD, BLOCKED_IN_NATIVE_CODE],
+def parent_and_child(parent: str, child: str) -> subprocess.Popen:
+    """A process running the code `parent`, which starts one running `child` (its first argument) on its own pipes."""
+    return subprocess.Popen(
+        [sys.executable, "-c", parent, child],
         env=child_env(),
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
+
+
+def test_a_process_blocked_in_native_code_stops_once_its_parent_is_killed_outright():
+    # What a rank or Hogwild worker must do when its launcher or supervisor gets SIGKILL while it waits in native code
+    # (an env's step in a simulator, a collective), where Python's signal handlers cannot run.
+    parent = parent_and_child(STARTS_A_CHILD, BLOCKED_IN_NATIVE_CODE)
     try:
         assert parent.stdout.readline() == "waiting\n"  # the child's line, on the pipe it shares with its parent
         (child,) = child_pids(parent.pid)
@@ -356,22 +366,16 @@ def test_a_process_blocked_in_native_code_stops_once_its_parent_is_killed_outrig
     assert stderr == "its parent ended\n" and not left
 
 
-LOSES_ITS_PARENTS_CONNECTION = """
-import os, socket, sys
-from rl.faults import stopped_with_parent
-
-
-def lost():
-    os.write(2, b"its parent ended\\n")
-    os._exit(3)
-
-
+LOSES_ITS_PARENTS_CONNECTION = (
+    CHILD_STOPPED_WITH_ITS_PARENT
+    + """
 connection = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
 with stopped_with_parent(lost):
     print("waiting", flush=True)
     if not connection.recv(1):
         raise ConnectionError("its parent closed the connection")
 """
+)
 
 CLOSES_A_CONNECTION_AND_THEN_ENDS = """
 import os, socket, subprocess, sys, time
@@ -386,15 +390,7 @@ os._exit(0)
 
 
 def test_an_error_from_a_connection_the_parent_closed_as_it_ended_is_taken_for_its_end():
-    parent = subprocess.Popen(
-        [sys.executable, "-c", CLOSES_A_CONNECTION_AND_THEN_ENDS, LOSES_ITS_PARENTS_CONNECTION],
-        env=child_env(),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    parent = parent_and_child(CLOSES_A_CONNECTION_AND_THEN_ENDS, LOSES_ITS_PARENTS_CONNECTION)
     try:
         assert parent.stdout.readline() == "waiting\n"
         _, stderr = parent.communicate("go\n", timeout=60)
