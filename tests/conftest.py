@@ -272,6 +272,15 @@ def wait_until_the_run_opens(cwd: Path, jobs: list[subprocess.Popen], seconds: f
         time.sleep(0.2)
 
 
+def reached_step(cwd: Path) -> int:
+    """The step a run launched by `fabric run` or torchrun has reached, as rank 0 tells the journal after each
+    iteration (-1 before it says)."""
+    for file in cwd.glob("logs/*/*/elastic.step"):
+        with contextlib.suppress(OSError, ValueError):
+            return int(file.read_text().strip())
+    return -1
+
+
 def rank_pid(launcher_pid: int, rank: int) -> int | None:
     """The pid of the launcher's child that runs as `rank`."""
     for pid in child_pids(launcher_pid):

@@ -23,6 +23,7 @@ from conftest import (
     launch_together,
     load_agent,
     rank_pid,
+    reached_step,
     refusal_line,
     run_dir,
     run_ranks,
@@ -346,11 +347,15 @@ def wait_for(predicate, seconds: float) -> None:
 
 
 def ctrl_c_once_training(job: subprocess.Popen, tmp_path: Path) -> tuple[str, str, list[int]]:
-    """Send SIGINT to the launcher a little after training started; its output, and the ranks it had."""
+    """Send SIGINT to the launcher once training has begun (its first iteration done: every rank is past its start-up,
+    which can take a minute where CI runs three tests at once); its output, and the ranks it had."""
     ranks = []
     try:
         wait_until_the_run_opens(tmp_path, [job])
-        time.sleep(2)
+        deadline = time.monotonic() + 240
+        while reached_step(tmp_path) <= 0:
+            assert job.poll() is None and time.monotonic() < deadline, "training did not begin"
+            time.sleep(0.05)
         ranks = child_pids(job.pid)
         job.send_signal(signal.SIGINT)
         stdout, stderr = job.communicate(timeout=60)

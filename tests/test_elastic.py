@@ -28,6 +28,7 @@ from conftest import (
     launch,
     load_agent,
     rank_pid,
+    reached_step,
     read_scalars,
     refusal_line,
     run_dir,
@@ -89,14 +90,6 @@ def start(command: list[str], cwd: Path) -> subprocess.Popen:
 def newest_step(cwd: Path) -> int:
     steps = [int(path.stem.split("_")[1]) for path in cwd.glob("logs/*/*/checkpoints/step_*.ckpt")]
     return max(steps, default=-1)
-
-
-def reached_step(cwd: Path) -> int:
-    """The step the current round has reached, as it tells the journal (-1 before it says)."""
-    for file in cwd.glob("logs/*/*/elastic.step"):
-        with contextlib.suppress(OSError, ValueError):
-            return int(file.read_text().strip())
-    return -1
 
 
 def kill_ranks_at_random(job: subprocess.Popen, cwd: Path, kills: int, nproc: int, seed: int) -> list[int]:
