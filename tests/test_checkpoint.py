@@ -346,9 +346,12 @@ def wait_for(predicate, seconds: float) -> None:
         time.sleep(0.2)
 
 
+JOURNALED = ["--run-name", "ctrl-c"]  # a run in a fixed folder journals the step it has reached
+
+
 def ctrl_c_once_training(job: subprocess.Popen, tmp_path: Path) -> tuple[str, str, list[int]]:
-    """Send SIGINT to the launcher once training has begun (its first iteration done: every rank is past its start-up,
-    which can take a minute where CI runs three tests at once); its output, and the ranks it had."""
+    """Send SIGINT to the launcher of a `JOURNALED` run once training has begun (its first iteration done: every rank
+    is past its start-up, which can take a minute where CI runs three tests at once); its output, and its ranks."""
     ranks = []
     try:
         wait_until_the_run_opens(tmp_path, [job])
@@ -366,7 +369,8 @@ def ctrl_c_once_training(job: subprocess.Popen, tmp_path: Path) -> tuple[str, st
 
 
 def test_ctrl_c_on_the_launcher_writes_a_checkpoint_and_exits_cleanly(tmp_path):
-    job = start("fabric run", SCRIPTS["fabric"], [*QUICK, "--total-timesteps", "100000000"], tmp_path, nproc=2)
+    args = [*QUICK, *JOURNALED, "--total-timesteps", "100000000"]
+    job = start("fabric run", SCRIPTS["fabric"], args, tmp_path, nproc=2)
     stdout, stderr, ranks = ctrl_c_once_training(job, tmp_path)
     assert "interrupted at step" in stdout, stderr[-3000:]
     assert not [line for line in stderr.splitlines() if line.startswith("[rank")]  # no rank traceback
@@ -695,7 +699,7 @@ def test_ctrl_c_while_hogwild_workers_start_checkpoints_once_they_have(tmp_path)
 def test_ctrl_c_on_asynchronous_decoupled_players_checkpoints_and_stops(tmp_path):
     """Two players that run ahead of the trainers agree on where to stop, and the run resumes."""
     players = ["--num-players", "2"]
-    args = [*QUICK, "--total-timesteps", "100000000", *players, "--async", "--max-policy-lag", "2"]
+    args = [*QUICK, *JOURNALED, "--total-timesteps", "100000000", *players, "--async", "--max-policy-lag", "2"]
     job = start("fabric run", SCRIPTS["decoupled"], args, tmp_path, nproc=3)
     stdout, stderr, ranks = ctrl_c_once_training(job, tmp_path)
     assert "interrupted at step" in stdout, stderr[-3000:]
@@ -725,7 +729,7 @@ def test_ctrl_c_stops_sac_between_two_reports(tmp_path, script, nproc, extra):
     30 s are up, which SAC's 1,000 steps between reports can exceed where steps are slow."""
     args = ["sac", "--env-id", "Pendulum-v1", "--batch-size", "64", "--learning-starts", "100", *extra]
     args += ["--log-every", "1000000", "--total-timesteps", "100000000", "--eval-episodes", "0", "--no-progress-bar"]
-    job = start("fabric run", SCRIPTS[script], args, tmp_path, nproc=nproc)
+    job = start("fabric run", SCRIPTS[script], [*args, *JOURNALED], tmp_path, nproc=nproc)
     stdout, stderr, ranks = ctrl_c_once_training(job, tmp_path)
     assert "interrupted at step" in stdout, stderr[-3000:]
     assert not [line for line in stderr.splitlines() if line.startswith(("[rank", "error: "))], stderr[-3000:]
