@@ -273,8 +273,8 @@ def wait_until_the_run_opens(cwd: Path, jobs: list[subprocess.Popen], seconds: f
 
 
 def reached_step(cwd: Path) -> int:
-    """The step a run launched by `fabric run` or torchrun has reached, as rank 0 tells the journal after each
-    iteration (-1 before it says)."""
+    """The step a run in a fixed folder (`--run-name`), launched by `fabric run` or torchrun, has reached, as rank 0
+    tells its journal after each iteration (-1 before it says)."""
     for file in cwd.glob("logs/*/*/elastic.step"):
         with contextlib.suppress(OSError, ValueError):
             return int(file.read_text().strip())
