@@ -384,7 +384,7 @@ subprocess.Popen([sys.executable, "-c", sys.argv[1], str(server.getsockname()[1]
 connection, _ = server.accept()
 sys.stdin.readline()
 connection.close()
-time.sleep(0.2)  # as an ending process closes its sockets (a launcher, the store it hosts) before its children hear
+time.sleep(0.05)  # as an ending process closes its sockets (a launcher, the store it hosts) before its children hear
 os._exit(0)
 """
 
