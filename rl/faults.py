@@ -381,8 +381,9 @@ def stopped_with_parent(stop: Callable[[], None], parent: int | None = None) -> 
                 return
         stop_once()
 
-    previous = signal.signal(PARENT_ENDED, parent_ended) if PARENT_ENDED is not None else None
+    previous = None
     if PARENT_ENDED is not None:
+        previous = signal.signal(PARENT_ENDED, parent_ended)
         signal_when_parent_dies(PARENT_ENDED)
     watcher = threading.Thread(target=watch, name="parent-watch", daemon=True)
     watcher.start()  # it also finds a parent that ended before the signal was asked for
