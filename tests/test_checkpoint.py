@@ -719,15 +719,23 @@ def test_ctrl_c_on_asynchronous_decoupled_players_checkpoints_and_stops(tmp_path
     assert resumed.returncode == 0, resumed.stderr[-3000:]
 
 
+TWO_PLAYERS = ["--num-players", "2"]
+
+
 @pytest.mark.parametrize(
     ("script", "nproc", "extra"),
-    [("fabric", 2, []), pytest.param("decoupled", 4, ["--num-players", "2"], marks=pytest.mark.slow)],
-    ids=["coupled", "decoupled-two-players"],
+    [
+        ("fabric", 2, ["--learning-starts", "100"]),
+        pytest.param("decoupled", 4, [*TWO_PLAYERS, "--learning-starts", "100"], marks=pytest.mark.slow),
+        pytest.param("decoupled", 4, [*TWO_PLAYERS, "--learning-starts", "10000000"], marks=pytest.mark.slow),
+    ],
+    ids=["coupled", "decoupled-two-players", "decoupled-two-players-before-learning-starts"],
 )
 def test_ctrl_c_stops_sac_between_two_reports(tmp_path, script, nproc, extra):
     """A report a million steps away: the stop comes at a check between reports, long before the launcher's
-    30 s are up, which SAC's 1,000 steps between reports can exceed where steps are slow."""
-    args = ["sac", "--env-id", "Pendulum-v1", "--batch-size", "64", "--learning-starts", "100", *extra]
+    30 s are up, which SAC's 1,000 steps between reports can exceed where steps are slow. Decoupled players that
+    have sent no batch yet (before learning starts) are held together by no lag bound, yet stop there too."""
+    args = ["sac", "--env-id", "Pendulum-v1", "--batch-size", "64", *extra]
     args += ["--log-every", "1000000", "--total-timesteps", "100000000", "--eval-episodes", "0", "--no-progress-bar"]
     job = start("fabric run", SCRIPTS[script], [*args, *JOURNALED], tmp_path, nproc=nproc)
     stdout, stderr, ranks = ctrl_c_once_training(job, tmp_path)

@@ -200,6 +200,7 @@ class Player:
             drawn_by_job=cfg.progress_bar,
         )
         self.batches_sent = 0
+        self.every_player_sent = False  # the players meet at each stop check until they all send batches
         # The iterations of the batches whose updates may not have come back yet (at most the lag bound's).
         self.sent_at: deque[int] = deque(maxlen=lag.updates + 1)
         # The updates' statistics stay where their messages arrive until a report reads them: the largest policy
@@ -290,20 +291,24 @@ class Player:
 
     def agree(self, iteration: int, wanted: Requests) -> Requests:
         """Checkpoints fall at the same iterations for every player; a stop is agreed through the job's store."""
+        if not self.every_player_sent:
+            self.every_player_sent = self.meet_the_other_players()
         stop = self.stop.check(iteration, wanted, self.next_check)
         return Requests(interrupt=stop == INTERRUPT, checkpoint=wanted.checkpoint, finish=stop == FINISH)
+
+    def meet_the_other_players(self) -> bool:
+        """Wait here for every player; whether each has sent a batch. Until then (SAC's --learning-starts) no lag
+        bound holds a player near the others, so they meet at each stop check: none can pass a stop that one of them
+        proposed at the check before."""
+        not_yet_sent = torch.tensor([float(self.batches_sent == 0)], device=self.topology.device)
+        return self.players_sum(not_yet_sent).item() == 0
 
     def ended(self, iteration: int) -> None:
         return
 
     def next_check(self, iteration: int) -> int:
-        """The first iteration from `iteration` on at which every player's loop checks for a stop. Until it sends
-        batches (SAC's --learning-starts) a player is bound to the others only where they meet, at reports: a stop
-        it proposes then falls on one, which a player ahead cannot have passed."""
-        if self.batches_sent == 0:
-            stop_check_every = self.report_every
-        else:
-            stop_check_every = stop_check_interval(self.report_every, self.steps_per_iteration)
+        """The first iteration from `iteration` on at which every player's loop checks for a stop."""
+        stop_check_every = stop_check_interval(self.report_every, self.steps_per_iteration)
         return next_check(iteration, self.report_every, stop_check_every, self.num_iterations)
 
     @property

@@ -340,8 +340,9 @@ class StopAgreement:
     the job's store.
 
     The first player to see a stop proposes an iteration no player can have passed yet: a player
-    runs at most `lag + 1` iterations ahead of the slowest, whose batches it needs (before batches
-    flow, at most to the next report, where the players meet). Ctrl-C wins over a request to finish.
+    runs at most `lag + 1` iterations ahead of the slowest, whose batches it needs (before every
+    player sends batches, at most to the next stop check, where they meet). Ctrl-C wins over a
+    request to finish.
     A SIGTERM that reached a trainer or the evaluator alone (`StopAsker`) asks the players for the stop that
     Ctrl-C asks for, as their own does: they find it in the store at their stop checks.
     """
