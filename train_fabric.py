@@ -5,6 +5,10 @@ fabric run --accelerator=cpu --devices=2 train_fabric.py sac --env-id Pendulum-v
 python train_fabric.py [sac] ...   # one process
 """
 
+from rl.errors import ctrl_c_ends_start_up
+
+ctrl_c_ends_start_up()  # first: the imports below take seconds
+
 from rl.cli import prepare, run_main
 from rl.modes.coupled import train_coupled
 from rl.runtime import FabricRuntime

@@ -5,6 +5,10 @@ fabric run --devices=3 train_fabric_decoupled.py sac --env-id Pendulum-v1 [--pip
 fabric run --devices=3 train_fabric_decoupled.py --cuda [--player-on-gpu]
 """
 
+from rl.errors import ctrl_c_ends_start_up
+
+ctrl_c_ends_start_up()  # first: the imports below take seconds
+
 from rl.cli import prepare, run_main
 from rl.modes.decoupled import LOG_SUBDIR, train_decoupled
 

@@ -4,6 +4,10 @@ python train_hogwild.py --workers 2 --sync synced --sync-every 4            # PP
 python train_hogwild.py sac --env-id Pendulum-v1 --workers 2 --sync shared
 """
 
+from rl.errors import ctrl_c_ends_start_up
+
+ctrl_c_ends_start_up()  # first: the imports below take seconds
+
 from rl.cli import prepare, run_main
 from rl.modes.hogwild import train_hogwild
 from rl.runtime import LocalRuntime

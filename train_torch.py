@@ -4,6 +4,10 @@ torchrun --nproc_per_node=2 --standalone train_torch.py --env-id CartPole-v1
 torchrun --nproc_per_node=2 --standalone train_torch.py sac --env-id Pendulum-v1
 """
 
+from rl.errors import ctrl_c_ends_start_up
+
+ctrl_c_ends_start_up()  # first: the imports below take seconds
+
 from rl.cli import prepare, run_main
 from rl.modes.coupled import train_coupled
 from rl.runtime import TorchRuntime

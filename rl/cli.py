@@ -6,6 +6,7 @@ import dataclasses
 import importlib.util
 import os
 import re
+import signal
 import sys
 from collections.abc import Callable
 from typing import Literal, NoReturn
@@ -54,6 +55,7 @@ from rl.elastic import (
 from rl.envs import EnvSpaces, env_family, has_display, inspect_env, is_atari, space_summary
 from rl.errors import (
     INTERRUPTED_EXIT_CODE,
+    INTERRUPTED_STARTING,
     RunStopped,
     UsageError,
     counted,
@@ -540,15 +542,18 @@ def check_windows_can_open(cfg: RunConfig) -> None:
 
 
 def when_interrupted(interrupt: KeyboardInterrupt) -> str:
-    """When a Ctrl-C that ends the process came, and what it leaves."""
+    """The line of a Ctrl-C that ends the process: when it came, and what it leaves."""
     if isinstance(interrupt, CtrlCAgain):
-        return "twice during training: stopped at once, and the checkpoints written before are kept"
+        return (
+            "interrupted (Ctrl-C) twice during training: stopped at once, and the checkpoints written before are kept"
+        )
     if InterruptFlag.heard_in_this_process:
-        return "after training: its final checkpoint is written"
-    return "before training began"
+        return "interrupted (Ctrl-C) after training: its final checkpoint is written"
+    return INTERRUPTED_STARTING
 
 
 def run_main(main: Callable[[list[str]], None]) -> None:
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # from the entry script's `ctrl_c_ends_start_up`
     with exit_on_usage_error():
         try:
             main(sys.argv[1:])
@@ -569,7 +574,7 @@ def run_main(main: Callable[[list[str]], None]) -> None:
             os._exit(1)  # nothing to tear down: any peer still running learns of it as a lost process
         except KeyboardInterrupt as interrupt:  # in training, Ctrl-C is the loop's to turn into a checkpoint and a stop
             if os.environ.get("RANK", "0") == "0":
-                print_error(f"interrupted (Ctrl-C) {when_interrupted(interrupt)}")
+                print_error(when_interrupted(interrupt))
             os._exit(INTERRUPTED_EXIT_CODE)
         except Exception as error:
             usage = compile_failure(error)

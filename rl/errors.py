@@ -174,6 +174,22 @@ def exit_on_usage_error(prefix: str = "error") -> Iterator[None]:
         sys.exit(USAGE_EXIT_CODE)
 
 
+INTERRUPTED_STARTING = "interrupted (Ctrl-C) before training began"
+
+
+def ctrl_c_ends_start_up() -> None:
+    """Until `rl.cli.run_main` takes Ctrl-C over, it ends the process at once, with one line from rank 0. An entry
+    script's imports take seconds, and a KeyboardInterrupt raised in one prints a traceback on every rank (or leaves a
+    module half imported, for the code that catches it to fail on)."""
+    signal.signal(signal.SIGINT, _interrupted_starting)
+
+
+def _interrupted_starting(signum: int, frame: object) -> None:
+    if os.environ.get("RANK", "0") == "0":
+        print_error(INTERRUPTED_STARTING)
+    os._exit(INTERRUPTED_EXIT_CODE)
+
+
 @contextmanager
 def exit_on_ctrl_c() -> Iterator[None]:
     """Ctrl-C ends a tool (`rl.evaluate`, `rl.export`, `rl.tune`) in one line, with the shell's status for SIGINT,

@@ -631,6 +631,28 @@ def test_ctrl_c_while_a_run_starts_ends_it_with_one_line(tmp_path):
     assert stderr.strip().splitlines() == ["interrupted (Ctrl-C) before training began"]
 
 
+SLOW_TORCH_IMPORT = """import runpy, sys, time
+class SlowTorchImport:  # says when torch's import begins, then holds it there: a Ctrl-C lands inside the import
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            print("importing torch", file=sys.stderr, flush=True)
+            time.sleep(120)
+sys.meta_path.insert(0, SlowTorchImport())
+sys.argv[0] = {script!r}
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("script", ["fabric", "torch", "decoupled", "hogwild"])
+def test_ctrl_c_while_an_entry_script_imports_ends_it_with_one_line(tmp_path, script):
+    entry = tmp_path / "slow_import.py"
+    entry.write_text(SLOW_TORCH_IMPORT.format(script=str(SCRIPTS[script])))
+    job = start("python", entry, ["--no-progress-bar"], tmp_path, nproc=1)
+    _, stderr = ctrl_c_when(job, job.stderr, "importing torch")
+    assert job.returncode == 130, stderr[-3000:]
+    assert stderr.strip().splitlines() == ["interrupted (Ctrl-C) before training began"]
+
+
 def test_sigterm_while_ranks_start_names_the_rank_that_ended_without_calling_it_the_cause(tmp_path):
     """A starting rank ends at SIGTERM at once. Where the whole job had the signal, one ends first and another finds
     it gone, so a lost rank is not what stopped the others: their line says that they had the signal."""
