@@ -31,7 +31,7 @@ from torch import Tensor
 
 from rl.elastic import job_store_client, name_this_process, record_fault, under_torchelastic
 from rl.env_faults import stalled_env_call
-from rl.errors import RunStopped, listed, print_error
+from rl.errors import INTERRUPTED_EXIT_CODE, RunStopped, listed, print_error
 from rl.optim import TrainingDiverged
 
 LOST_CONNECTION = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out", "timed out")
@@ -146,12 +146,34 @@ def spans_nodes(process_ids: Tensor) -> bool:
     return len(set(process_ids[:, 0].tolist())) > 1
 
 
+_ctrl_c_heard = False  # this process has had Ctrl-C (SIGINT, which the launchers pass on to every rank)
+
+
+def hear_ctrl_c(*_: object) -> None:
+    """Note that this process has had Ctrl-C, whatever it does about it (a signal handler as it is, or called from
+    one): a peer lost after it may have ended by it, as a process that is still starting does."""
+    global _ctrl_c_heard
+    _ctrl_c_heard = True
+
+
+def ctrl_c_only_noted() -> None:
+    """For a role that leaves Ctrl-C to others (they checkpoint, then stop it): note it, and go on."""
+    signal.signal(signal.SIGINT, hear_ctrl_c)
+    signal.siginterrupt(signal.SIGINT, False)  # a system call under way goes on, as it did while SIGINT was ignored
+
+
 def report_failed_collective(role: str, known_lost: str, error: Exception) -> bool:
     """Print and record what ended this process's collective, if it was a peer; False if it was not.
 
     Once a peer is gone, whatever failed here follows from that: name the lost peer (`known_lost`,
     empty if none is known), never this process's symptom as if it were the cause."""
-    if known_lost:
+    if known_lost and _ctrl_c_heard:  # the processes reached training at different times: one was still starting
+        record_fault(role, "stopped", f"Ctrl-C; then lost {known_lost}")
+        print_error(
+            f"interrupted (Ctrl-C): {role} then lost {known_lost}, as a process still starting ends at once; the "
+            "checkpoints written before are kept"
+        )
+    elif known_lost:
         record_fault(role, "lost", known_lost)
         print_error(f"error: {role}: lost {known_lost}")
     elif isinstance(error, PeerLost) and error.timed_out:  # alive, as far as can be seen, but late
@@ -504,7 +526,7 @@ def report_lost_peers(
     except Exception as error:
         if not report_failed_collective(role, lost(), error):
             raise
-        os._exit(1)  # the process group is broken: skip its teardown, which could block
+        os._exit(INTERRUPTED_EXIT_CODE if _ctrl_c_heard else 1)  # the process group is broken: skip its teardown
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -23,7 +23,13 @@ import torch
 from rl import PROCESS_STARTED
 from rl.compiling import compile_seconds
 from rl.config import RunConfig
-from rl.faults import on_main_thread, sigterm_asks_for_a_stop, sigterm_stop_agreed, take_back_an_unanswered_sigterm
+from rl.faults import (
+    hear_ctrl_c,
+    on_main_thread,
+    sigterm_asks_for_a_stop,
+    sigterm_stop_agreed,
+    take_back_an_unanswered_sigterm,
+)
 from rl.logger import MetricsSink
 from rl.run import Run
 from rl.runtime import Runtime
@@ -192,6 +198,7 @@ class InterruptFlag(StopRequest):
         if self.requested:
             raise CtrlCAgain
         self.requested = True
+        hear_ctrl_c()
         if os.environ.get("RANK", "0") == "0":  # os.write: a print could land inside one the handler interrupted
             os.write(2, b"\nCtrl-C: checkpointing, then stopping (Ctrl-C again stops at once, without it)\n")
         if self.on_request is not None:

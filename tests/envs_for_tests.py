@@ -359,13 +359,24 @@ gym.register("SlowToMake-v0", entry_point=SlowToMake, max_episode_steps=500)
 
 class SlowToMakeForTraining(CartPoleEnv):
     """CartPole that takes a minute to make once its process listens for SIGTERM (the run's own handler: the envs it
-    trains on, not those it makes first to look at the env), and says so on stderr: a test stops a run then."""
+    trains on, not those it makes first to look at the env), and says so on stderr: a test stops a run then. Where
+    `on_rank` is given, only in that rank's process; the others say when they take their first step."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_rank: int | None = None) -> None:
         super().__init__()
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            print(f"rank {os.environ.get('RANK', '0')} is making an env to train on", file=sys.stderr, flush=True)
+        rank = os.environ.get("RANK", "0")
+        for_training = signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        slow_here = on_rank is None or rank == str(on_rank)
+        self.says_first_step = for_training and not slow_here
+        if for_training and slow_here:
+            print(f"rank {rank} is making an env to train on", file=sys.stderr, flush=True)
             time.sleep(60)
+
+    def step(self, action):
+        if self.says_first_step:
+            self.says_first_step = False
+            print(f"rank {os.environ.get('RANK', '0')} took its first step", file=sys.stderr, flush=True)
+        return super().step(action)
 
 
 gym.register("SlowToMakeForTraining-v0", entry_point=SlowToMakeForTraining, max_episode_steps=500)

@@ -610,6 +610,9 @@ def test_a_hogwild_checkpoint_resumed_elsewhere_names_its_mode_not_its_flags(tmp
     )
 
 
+TWO_PLAYERS = ["--num-players", "2"]
+
+
 def ctrl_c_when(job: subprocess.Popen, stream, said: str) -> tuple[str, str]:
     """A terminal's Ctrl-C (the whole process group) once the job's `stream` says `said`; its outputs."""
     try:
@@ -651,6 +654,19 @@ def test_ctrl_c_while_an_entry_script_imports_ends_it_with_one_line(tmp_path, sc
     _, stderr = ctrl_c_when(job, job.stderr, "importing torch")
     assert job.returncode == 130, stderr[-3000:]
     assert stderr.strip().splitlines() == ["interrupted (Ctrl-C) before training began"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_as_one_player_trains_and_another_starts_calls_no_end_a_fault(tmp_path):
+    """Player 1 trains while player 0 still makes its envs: Ctrl-C ends player 0 at once, and the processes that lose
+    it say that they had Ctrl-C, rather than an error line that reads as the cause."""
+    slow_lead = ["--env-id", "envs_for_tests:SlowToMakeForTraining-v0", "--env-kwargs", '{"on_rank": 0}']
+    job = start("fabric run", SCRIPTS["decoupled"], [*slow_lead, *TWO_PLAYERS, "--no-progress-bar"], tmp_path, nproc=3)
+    _, stderr = ctrl_c_when(job, job.stderr, "rank 1 took its first step")
+    lines = [line for line in stderr.splitlines() if line.startswith(("interrupted", "error"))]
+    assert "interrupted (Ctrl-C) before training began" in lines, stderr[-3000:]  # player 0's
+    assert any(line.startswith("interrupted (Ctrl-C): player 1 then lost player 0") for line in lines), lines
+    assert not [line for line in lines if line.startswith("error")], lines
 
 
 def test_sigterm_while_ranks_start_names_the_rank_that_ended_without_calling_it_the_cause(tmp_path):
@@ -739,9 +755,6 @@ def test_ctrl_c_on_asynchronous_decoupled_players_checkpoints_and_stops(tmp_path
         nproc=3,
     )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-
-
-TWO_PLAYERS = ["--num-players", "2"]
 
 
 @pytest.mark.parametrize(

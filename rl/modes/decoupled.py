@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
@@ -40,7 +39,7 @@ from rl.config import RunConfig, local_gpu_index, uses_gpu
 from rl.elastic import init_default_process_group, reached, record_end
 from rl.errors import progress_line
 from rl.evaluation import report_evaluation
-from rl.faults import gather_process_ids, peer, report_lost_peers, sigterm_left_to_peers
+from rl.faults import ctrl_c_only_noted, gather_process_ids, peer, report_lost_peers, sigterm_left_to_peers
 from rl.logger import (
     EPISODE_COUNT,
     EPISODE_LENGTH,
@@ -416,7 +415,7 @@ class Player:
 def run_trainer(
     algorithm: Algorithm, topology: Topology, trainer_group: dist.ProcessGroup, resume: TrainingCheckpoint | None
 ) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the players' to handle: they checkpoint and stop us
+    ctrl_c_only_noted()  # Ctrl-C is the players' to handle: they checkpoint and stop us
     cfg = algorithm.cfg
     runtime = FabricRuntime(cfg, topology.world_size, process_group=trainer_group, device=topology.device)
     policy = algorithm.build_policy(runtime.device)

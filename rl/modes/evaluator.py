@@ -13,7 +13,6 @@ closed: no process waits for an evaluation, however long its episodes.
 from __future__ import annotations
 
 import contextlib
-import signal
 import time
 from collections.abc import Callable
 from enum import IntEnum
@@ -27,7 +26,7 @@ from rl.algos.base import Algorithm
 from rl.checkpoint import BestAgent, saved_agent
 from rl.elastic import job_store_client
 from rl.evaluation import EvaluationAbandoned, evaluate_greedy
-from rl.faults import peer, sigterm_held
+from rl.faults import ctrl_c_only_noted, peer, sigterm_held
 from rl.logger import open_sinks
 from rl.normalization import ObservationNormalizer
 from rl.optim import flat_parameters, load_flat_parameters, num_parameters
@@ -108,7 +107,7 @@ class Evaluator:
     def __init__(
         self, algorithm: Algorithm, weights_rank: int, run_dir: str, best: BestAgent, resumed_step: int | None = None
     ) -> None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the player's: it sends the final weights
+        ctrl_c_only_noted()  # Ctrl-C is the player's: it sends the final weights
         self.algorithm, self.cfg, self.weights_rank = algorithm, algorithm.cfg, weights_rank
         self.run_dir = run_dir  # the lead player's run
         self.policy = algorithm.build_policy(torch.device("cpu"))
