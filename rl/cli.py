@@ -6,7 +6,6 @@ import dataclasses
 import importlib.util
 import os
 import re
-import signal
 import sys
 from collections.abc import Callable
 from typing import Literal, NoReturn
@@ -62,6 +61,7 @@ from rl.errors import (
     exit_after_peers_report,
     exit_on_usage_error,
     print_error,
+    start_up_done,
     unrecognized_options,
 )
 from rl.faults import deliver_held_sigterm
@@ -553,7 +553,7 @@ def when_interrupted(interrupt: KeyboardInterrupt) -> str:
 
 
 def run_main(main: Callable[[list[str]], None]) -> None:
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # from the entry script's `ctrl_c_ends_start_up`
+    start_up_done()
     with exit_on_usage_error():
         try:
             main(sys.argv[1:])

@@ -178,10 +178,18 @@ INTERRUPTED_STARTING = "interrupted (Ctrl-C) before training began"
 
 
 def ctrl_c_ends_start_up() -> None:
-    """Until `rl.cli.run_main` takes Ctrl-C over, it ends the process at once, with one line from rank 0. An entry
-    script's imports take seconds, and a KeyboardInterrupt raised in one prints a traceback on every rank (or leaves a
-    module half imported, for the code that catches it to fail on)."""
-    signal.signal(signal.SIGINT, _interrupted_starting)
+    """Until `rl.cli.run_main` takes Ctrl-C over (`start_up_done`), it ends the process at once, with one line from
+    rank 0. An entry script's imports take seconds, and a KeyboardInterrupt raised in one prints a traceback on every
+    rank (or leaves a module half imported, for the code that catches it to fail on). Where this process started
+    with SIGINT ignored (a shell's background job), it stays so."""
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupted_starting)
+
+
+def start_up_done() -> None:
+    """Ctrl-C raises KeyboardInterrupt again, as Python's default has it."""
+    if signal.getsignal(signal.SIGINT) is _interrupted_starting:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _interrupted_starting(signum: int, frame: object) -> None:
