@@ -437,7 +437,7 @@ def this_process() -> str:
 def record_fault(role: str, kind: str, what: str) -> None:
     """Why this process ends: `kind` "failed" (its own error), "lost" (a peer is gone), "timeout" (a peer did not
     reach a collective in time), "stalled" (stopped in an env call that had not returned) or "stopped" (by SIGTERM:
-    torchrun, or from outside)."""
+    torchrun, or from outside; or by Ctrl-C, with a peer lost after it)."""
     if _this_round is None:
         return
     with contextlib.suppress(OSError):  # the folder itself is gone: the error line on stderr still says it

@@ -736,8 +736,7 @@ def test_ctrl_c_while_hogwild_workers_start_checkpoints_once_they_have(tmp_path)
 @pytest.mark.slow
 def test_ctrl_c_on_asynchronous_decoupled_players_checkpoints_and_stops(tmp_path):
     """Two players that run ahead of the trainers agree on where to stop, and the run resumes."""
-    players = ["--num-players", "2"]
-    args = [*QUICK, *JOURNALED, "--total-timesteps", "100000000", *players, "--async", "--max-policy-lag", "2"]
+    args = [*QUICK, *JOURNALED, "--total-timesteps", "100000000", *TWO_PLAYERS, "--async", "--max-policy-lag", "2"]
     job = start("fabric run", SCRIPTS["decoupled"], args, tmp_path, nproc=3)
     stdout, stderr, ranks = ctrl_c_once_training(job, tmp_path)
     assert "interrupted at step" in stdout, stderr[-3000:]
@@ -750,7 +749,7 @@ def test_ctrl_c_on_asynchronous_decoupled_players_checkpoints_and_stops(tmp_path
     resumed = run_ranks(
         "fabric run",
         SCRIPTS["decoupled"],
-        [*QUICK, *players, "--total-timesteps", str(step + 1024), "--resume-from", str(saved)],
+        [*QUICK, *TWO_PLAYERS, "--total-timesteps", str(step + 1024), "--resume-from", str(saved)],
         tmp_path,
         nproc=3,
     )
