@@ -74,3 +74,45 @@ def test_the_site_written_by_hand_stays_within_15000_words():
     pages = [page for page in sorted(DOCS.rglob("*.md")) if page.name not in GENERATED_PAGES]
     words = sum(len(page.read_text().split()) for page in pages)
     assert words <= 15_000, f"the site has {words} words outside its generated pages; at most 15,000"
+
+
+def table_rows(page: str, header_start: str) -> list[list[str]]:
+    """The cells of each row of the Markdown table whose header line starts with `header_start`."""
+    lines = page.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def is_mujoco_or_atari(env: str) -> bool:
+    return env.endswith("-v5") or env.endswith("NoFrameskip-v4")
+
+
+def greedy_mean(cell: str) -> str:
+    return cell.split(" ±")[0]
+
+
+def test_the_readmes_benchmark_table_and_its_tallies_are_the_learning_pages():
+    readme = (DOCS.parent / "README.md").read_text()
+    learning = (DOCS / "benchmarks" / "learning.md").read_text()
+    # algorithm, env, ..., greedy return (5), ..., matched (10)
+    published = [row for row in table_rows(learning, "| algorithm | env | config |") if is_mujoco_or_atari(row[1])]
+    # algorithm, env (and what the variant changes), ..., greedy return (4), ..., matched (7)
+    summarized = table_rows(readme, "| algorithm | env | steps |")
+    assert sorted((row[0], row[1], greedy_mean(row[5]), row[10]) for row in published) == sorted(
+        (row[0], row[1].split(" ")[0], greedy_mean(row[4]), row[7].split(" ")[0]) for row in summarized
+    ), "the README's benchmark table differs from docs/benchmarks/learning.md's MuJoCo and Atari rows"
+
+    every_row = table_rows(learning, "| algorithm | env | config |")
+    matches = sum(row[10] == "yes" for row in every_row)
+    mujoco_atari_matches = sum(row[10] == "yes" for row in published)
+    assert f"**{matches} of the {len(every_row)} rows match by their own rule**" in learning
+    assert f"{mujoco_atari_matches} of the {len(published)} MuJoCo and Atari" in " ".join(learning.split())
+    assert f"{len(published)} MuJoCo and Atari rows, {mujoco_atari_matches} match" in readme
+
+    compute = learning.split("Compute: ")[1].split(" core-hours")[0]
+    assert f"took {compute} core-hours" in readme, "the README's compute differs from the learning page's"
