@@ -116,3 +116,12 @@ def test_the_readmes_benchmark_table_and_its_tallies_are_the_learning_pages():
 
     compute = learning.split("Compute: ")[1].split(" core-hours")[0]
     assert f"took {compute} core-hours" in readme, "the README's compute differs from the learning page's"
+
+
+def test_the_sac_pages_benchmark_is_the_learning_pages_rows_of_its_presets():
+    learning = table_rows((DOCS / "benchmarks" / "learning.md").read_text(), "| algorithm | env | config |")
+    greedy = {
+        row[1]: greedy_mean(row[5]) for row in learning if row[0] == "SAC" and row[2] == row[1].split("-")[0].lower()
+    }
+    sac_page = table_rows((DOCS / "algorithms" / "sac.md").read_text(), "| env | greedy return (3 seeds) |")
+    assert sac_page and all(row[1] == greedy[row[0]] for row in sac_page), "docs/algorithms/sac.md's table is stale"
