@@ -1,5 +1,6 @@
 """The documentation stays true to the code: the flags reference is the command line's own."""
 
+import re
 from pathlib import Path
 
 from rl.config import flag
@@ -116,6 +117,12 @@ def test_the_readmes_benchmark_table_and_its_tallies_are_the_learning_pages():
 
     compute = learning.split("Compute: ")[1].split(" core-hours")[0]
     assert f"took {compute} core-hours" in readme, "the README's compute differs from the learning page's"
+    aggregates = re.findall(
+        r"(PPO MuJoCo|SAC MuJoCo|PPO Atari) (\d\.\d\d(?: \[[\d.]+, [\d.]+\])?)", " ".join(learning.split())
+    )
+    assert len(aggregates) == 3 and all(" ".join(pair) in " ".join(readme.split()) for pair in aggregates), (
+        "the README's aggregate scores differ from the learning page's"
+    )
 
 
 def test_the_sac_pages_benchmark_is_the_learning_pages_rows_of_its_presets():
