@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from conftest import (
     ENVS_STEPPED,
     SCRIPTS,
     all_scalars,
+    child_env,
     kill_outright,
     kill_process_group,
     launch,
@@ -295,6 +297,61 @@ def test_a_worker_lost_under_rl_train_raises_rather_than_ending_the_interpreter(
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "raised: hogwild worker 1 was killed by SIGKILL; the others were stopped" in finished.stdout
     assert finished.stdout.strip().endswith("the interpreter goes on")
+
+
+# A session's own env class and callback class, which a spawned worker cannot import by name. The callback reports
+# through a queue and a tensor in shared memory, which the workers must share with the session, not copy.
+SESSION = """
+import os, queue, gymnasium as gym, torch, torch.multiprocessing as mp, rl
+from gymnasium.envs.classic_control import CartPoleEnv
+
+class SessionCartPole(CartPoleEnv):
+    pass
+
+gym.register("SessionCartPole-v0", entry_point=SessionCartPole, max_episode_steps=100)
+
+class ReportBack(rl.Callback):
+    def __init__(self, pids, steps):
+        self.pids, self.steps = pids, steps
+
+    def on_report(self, state, scalars):
+        self.pids.put(os.getpid())
+        self.steps[state.rank] = state.global_step
+
+if __name__ == "__main__":
+    pids, steps = mp.get_context("spawn").Queue(), torch.zeros(2, dtype=torch.int64).share_memory_()
+    config = rl.preset("cartpole", env_id="SessionCartPole-v0", total_timesteps=2048, num_steps=64, workers=2,
+                       eval_episodes=0, progress_bar=False)
+    result = rl.train(config, mode="hogwild", callbacks=[ReportBack(pids, steps)])
+    reported = set()
+    while True:
+        try:
+            reported.add(pids.get(timeout=5))
+        except queue.Empty:
+            break
+    print("trained", result.global_step, "reports from", len(reported - {os.getpid()}), "workers, last at",
+          steps.tolist())
+"""
+
+
+@pytest.mark.parametrize("session", ["script", "-c", "stdin"])
+def test_a_sessions_own_env_and_callbacks_reach_the_workers_from_a_script_a_notebook_or_stdin(tmp_path, session):
+    """Where no script can be run again in a worker (a notebook, `python -c`, `python -`), the session's own
+    classes travel by value; the queues and shared tensors they hold are still the session's."""
+    script = tmp_path / "session.py"
+    script.write_text(SESSION)
+    command = {"script": [str(script)], "-c": ["-c", SESSION], "stdin": ["-"]}[session]
+    finished = subprocess.run(
+        [sys.executable, *command],
+        input=SESSION if session == "stdin" else None,
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "trained 2048 reports from 2 workers, last at [2048, 2048]" in finished.stdout
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,7 @@ from typing import Any, NoReturn, Protocol
 
 import torch
 import torch.multiprocessing as mp
+from gymnasium.envs.registration import EnvSpec
 from torch import Tensor
 from tqdm import tqdm
 
@@ -85,6 +86,7 @@ from rl.optim import TrainingDiverged
 from rl.precision import float32_state
 from rl.run import ClosedIfItFails, Run, TrainingResult, start_run, training_video_folder
 from rl.runtime import LocalRuntime, configure_torch_threads, core_share, default_torch_threads
+from rl.spawned import ByValue, env_registration, main_module_without_a_missing_file, register_in_this_process
 
 MODE = "hogwild"
 POLL_SECONDS = 0.1
@@ -248,9 +250,11 @@ def run_worker(
     channel: Channel,
     run_dir: str,
     resume: TrainingCheckpoint | None,
-    callbacks: Sequence[Callback] = (),
+    callbacks: ByValue[Sequence[Callback]],
+    env: ByValue[EnvSpec | None],
 ) -> None:
-    """A worker process's body: one line and exit code 1 if training diverges."""
+    """A worker process's body: one line and exit code 1 if training diverges. The callbacks and the env's
+    registration come by value: they may be an interactive session's."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to turn into a checkpoint and a stop
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # born blocked (start_workers); ignored from now on
     name_a_stalled_env_when_stopped(
@@ -266,7 +270,8 @@ def run_worker(
     lost = functools.partial(supervisor_lost, index, algorithm.cfg.collective_timeout)
     try:
         with stopped_with_parent(lost, parent=channel.supervisor):  # it may have ended while this worker started
-            WorkerLoop(index, algorithm, shared, channel, run_dir, resume).run(callbacks)
+            register_in_this_process(env)
+            WorkerLoop(index, algorithm, shared, channel, run_dir, resume).run(callbacks.value)
     except TrainingDiverged as error:
         print_error(f"error: {worker_name(index)}: training stopped: {error}")
         os._exit(1)
@@ -531,11 +536,12 @@ def supervise_run(
 
     context = mp.get_context("spawn")
     channel = Channel(context, cfg.workers)
+    env = env_registration(cfg.env_id)
     processes = [
         context.Process(
             target=run_worker,
             name=worker_name(index),
-            args=(index, algorithm, shared, channel, run.dir, worker_resume(resume, index), callbacks),
+            args=(index, algorithm, shared, channel, run.dir, worker_resume(resume, index), ByValue(callbacks), env),
         )
         for index in range(cfg.workers)
     ]
@@ -606,8 +612,9 @@ def start_workers(processes: list[SpawnProcess]) -> None:
     leaves it to the supervisor. The supervisor's own Ctrl-C waits meanwhile, and reaches it after."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        for process in processes:
-            process.start()
+        with main_module_without_a_missing_file():
+            for process in processes:
+                process.start()
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 

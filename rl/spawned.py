@@ -1,0 +1,87 @@
+"""What a spawned process takes from the process that started it, when that one is an interactive session.
+
+A spawned process is a fresh interpreter: it imports by name what it unpickles, and runs the
+starting script again to find what was defined there. A notebook, `python -c` or `python -` has
+no script to run again, so a callback class defined there, or an env registered there, would be
+missing in the new process. They travel by value instead.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import sys
+from collections import ChainMap
+from collections.abc import Iterator
+from contextlib import contextmanager
+from multiprocessing.reduction import ForkingPickler
+from typing import Generic, TypeVar
+
+import cloudpickle
+import gymnasium as gym
+from gymnasium.envs.registration import EnvSpec
+
+from rl.envs import register_optional_envs
+
+T = TypeVar("T")
+
+
+class ByValue(Generic[T]):
+    """`value`, pickled by cloudpickle: the classes and functions of the starting session travel with it. The
+    reductions that multiprocessing and torch register (tensors in shared memory, queues, pipes) still apply."""
+
+    def __init__(self, value: T) -> None:
+        self.value = value
+
+    def __reduce__(self) -> tuple[object, tuple[bytes]]:
+        buffer = io.BytesIO()
+        _ForkingCloudPickler(buffer).dump(self.value)
+        return _unpickled, (buffer.getvalue(),)
+
+
+class _ForkingCloudPickler(cloudpickle.Pickler):
+    """cloudpickle's pickler with the reductions of multiprocessing's (a ForkingPickler's table)."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        # Set before the pickler is made, which reads its table once.
+        forking_reductions = ForkingPickler(io.BytesIO()).dispatch_table
+        self.dispatch_table = ChainMap(forking_reductions, cloudpickle.Pickler.dispatch_table)
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _unpickled(data: bytes) -> ByValue:
+    return ByValue(pickle.loads(data))
+
+
+def env_registration(env_id: str) -> ByValue[EnvSpec | None]:
+    """This process's registry entry for `env_id`, for a spawned process (None for an id that gymnasium's
+    `module:Env-v0` form imports by itself)."""
+    return ByValue(gym.envs.registry.get(env_id))
+
+
+def register_in_this_process(registration: ByValue[EnvSpec | None]) -> None:
+    """Register the env of `env_registration` here, unless importing this process's modules registered it."""
+    spec = registration.value
+    if spec is None:
+        return
+    register_optional_envs(spec.id)
+    gym.envs.registry.setdefault(spec.id, spec)
+
+
+@contextmanager
+def main_module_without_a_missing_file() -> Iterator[None]:
+    """Hide the main module's file while processes are spawned, where that file does not exist.
+
+    `python -` names it `<stdin>`, which a spawned process would try to run. Without a file the main
+    module is an interactive session's, whose definitions travel by value (`ByValue`)."""
+    main = sys.modules["__main__"]
+    path = getattr(main, "__file__", None)
+    if getattr(main, "__spec__", None) is not None or path is None or os.path.isfile(path):
+        yield  # run as a module (`python -m`, found again by name), interactive, or a script: spawn handles each
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        main.__file__ = path
