@@ -27,6 +27,7 @@ from rl.peer_flags import PeerFlag, peer_flag
 from rl.registry import ALGORITHMS, DEFAULT_ALGORITHM
 from rl.run import TrainingResult
 from rl.runtime import FabricRuntime, LocalRuntime, process_torch_settings_restored
+from rl.spawned import importing_the_script_that_spawned_this_process
 
 FLAG_IN_TEXT = re.compile(r"--[a-z][a-z0-9-]*")  # a command-line flag named in a text
 
@@ -117,22 +118,28 @@ def train(config: RunConfig, callbacks: Sequence[Callback] = (), mode: Mode = "c
     the command line fills them, for the fields a config built by hand does not name: to train on a GPU without
     CUDA graphs, build it with `cuda_graphs=False` (`rl.PPOConfig(cuda=True, cuda_graphs=False)`, `rl.preset(...,
     cuda_graphs=False)`), or set `config.cuda_graphs = False` on any config.
-    In decoupled mode the lead player (rank 0) returns them and the other roles None. Hogwild's
-    callbacks run in its workers, which start by pickling them: define their classes at a module's
-    top level. A Hogwild worker that ends or fails stops the others and raises `rl.RunStopped`, as does a file of
-    the run that the system refuses to write (a full disk), after removing its partial copy, and an env that
-    raises or returns a NaN or infinite value. With `resume_from`, the fields at their defaults that the config's
-    builder did not name take the resumed run's values, as its flags do on the command line. A run that raises (a
-    callback's error, say) closes its envs and logs first. SIGTERM in training stops it with a checkpoint, as Ctrl-C
-    does (in every mode), and reaches this process's own SIGTERM handler once the run has closed. Torch's thread
-    count and cuDNN's determinism, which a run sets for its process (`torch_threads`, `torch_deterministic`), are
-    put back as they were when it returns."""
+    In decoupled mode the lead player (rank 0) returns them and the other roles None. Hogwild's callbacks run in its
+    workers, which receive them pickled (by value where a worker could not import them: a notebook's, a function's
+    own); a script keeps its training under `if __name__ == "__main__":`, as Python's multiprocessing asks. A
+    Hogwild worker that ends or fails stops the others and raises `rl.RunStopped`, as does a file of the run that
+    the system refuses to write (a full disk), after removing its partial copy, and an env that raises or returns a
+    NaN or infinite value. With `resume_from`, the fields at their defaults that the config's builder did not name
+    take the resumed run's values, as its flags do on the command line. A run that raises (a callback's error, say)
+    closes its envs and logs first. SIGTERM in training stops it with a checkpoint, as Ctrl-C does (in every mode),
+    and reaches this process's own SIGTERM handler once the run has closed. Torch's thread count and cuDNN's
+    determinism, which a run sets for its process (`torch_threads`, `torch_deterministic`), are put back as they
+    were when it returns."""
     if not isinstance(config, RunConfig):
         raise TypeError(
             f"train takes a config, such as rl.PPOConfig(), rl.SACConfig() or rl.preset(...); got {config!r}"
         )
     if mode not in get_args(Mode):  # else a misspelt mode would train coupled
         raise ValueError(f"mode must be one of {', '.join(get_args(Mode))}, got {mode!r}")
+    if importing_the_script_that_spawned_this_process():  # a Hogwild worker would train a run of its own
+        raise RuntimeError(
+            "rl.train was called while a process spawned by Hogwild ran the script that started it again: put the "
+            'script\'s training under `if __name__ == "__main__":`'
+        )
     cfg = completed(config, mode)
     with process_torch_settings_restored():  # a run sets them for the process; the caller's stay
         try:

@@ -9,6 +9,7 @@ missing in the new process. They travel by value instead.
 from __future__ import annotations
 
 import io
+import multiprocessing
 import os
 import pickle
 import sys
@@ -85,3 +86,9 @@ def main_module_without_a_missing_file() -> Iterator[None]:
         yield
     finally:
         main.__file__ = path
+
+
+def importing_the_script_that_spawned_this_process() -> bool:
+    """Whether this process was spawned and is running the starting script again (as multiprocessing does, to find
+    what the script defines): what that script starts outside `if __name__ == "__main__":` would run here too."""
+    return bool(getattr(multiprocessing.current_process(), "_inheriting", False))

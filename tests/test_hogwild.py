@@ -354,6 +354,25 @@ def test_a_sessions_own_env_and_callbacks_reach_the_workers_from_a_script_a_note
     assert "trained 2048 reports from 2 workers, last at [2048, 2048]" in finished.stdout
 
 
+def test_a_script_that_trains_outside_a_main_guard_is_told_to_add_one_and_its_workers_train_no_run_of_their_own(
+    tmp_path,
+):
+    """A spawned worker runs the starting script again: a call outside the guard would start a run in it."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        "import rl\n"
+        'config = rl.preset("cartpole", total_timesteps=2048, num_steps=64, eval_episodes=0, progress_bar=False)\n'
+        'rl.train(config, mode="hogwild")\n'
+    )
+    finished = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=240
+    )
+    assert finished.returncode == 1
+    assert 'put the script\'s training under `if __name__ == "__main__":`' in finished.stderr
+    assert "hogwild worker 0 ended with exit code 1" in finished.stderr
+    assert "training loop" not in finished.stdout
+
+
 @pytest.mark.parametrize(
     ("stop", "returncode"),
     [(signal.SIGINT, 0), pytest.param(signal.SIGTERM, -signal.SIGTERM, marks=pytest.mark.slow)],
