@@ -56,9 +56,15 @@ def _unpickled(data: bytes) -> ByValue:
 
 
 def env_registration(env_id: str) -> ByValue[EnvSpec | None]:
-    """This process's registry entry for `env_id`, for a spawned process (None for an id that gymnasium's
-    `module:Env-v0` form imports by itself)."""
-    return ByValue(gym.envs.registry.get(env_id))
+    """This process's registry entry for `env_id`, for a spawned process. None for an id that gymnasium's
+    `module:Env-v0` form imports by itself, and for an entry that cannot be pickled (its keyword arguments hold a
+    lock, say): the spawned process then has only what its imports register."""
+    spec = gym.envs.registry.get(env_id)
+    try:
+        _ForkingCloudPickler(io.BytesIO()).dump(spec)
+    except Exception:  # whatever pickling an object of the user's raises
+        return ByValue(None)
+    return ByValue(spec)
 
 
 def register_in_this_process(registration: ByValue[EnvSpec | None]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import re
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 import torch
 from conftest import (
@@ -30,6 +32,7 @@ from conftest import (
 )
 
 from rl.modes.hogwild import MergedWeights, SharedState
+from rl.spawned import env_registration
 
 PPO_SHORT = ["--total-timesteps", "4096", "--no-progress-bar", "--eval-episodes", "0"]
 SAC_SHORT = [
@@ -352,6 +355,16 @@ def test_a_sessions_own_env_and_callbacks_reach_the_workers_from_a_script_a_note
     )
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "trained 2048 reports from 2 workers, last at [2048, 2048]" in finished.stdout
+
+
+def test_an_env_registration_travels_to_the_workers_unless_it_cannot_be_pickled():
+    """One that cannot (a lock in its keywords) is left to what the workers' imports register, as a script's is."""
+    assert pickle.loads(pickle.dumps(env_registration("CartPole-v1"))).value == gym.spec("CartPole-v1")
+    gym.register("LockedCartPole-v0", "gymnasium.envs.classic_control:CartPoleEnv", kwargs={"lock": threading.Lock()})
+    try:
+        assert env_registration("LockedCartPole-v0").value is None
+    finally:
+        del gym.envs.registry["LockedCartPole-v0"]
 
 
 def test_a_script_that_trains_outside_a_main_guard_is_told_to_add_one_and_its_workers_train_no_run_of_their_own(
