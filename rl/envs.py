@@ -569,7 +569,11 @@ def make_vector_env(
         if mode == "async":
             parent = os.getpid()
             thunks = [functools.partial(_made_in_worker, thunk, parent) for thunk in thunks]
-            envs = WorkerEndsNamed(gym.vector.AsyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP))
+            # Forks, whatever Python's default (forkserver on Linux from 3.14): a worker ends with its parent, the
+            # training process, and starts without importing torch again.
+            envs = WorkerEndsNamed(
+                gym.vector.AsyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, context="fork")
+            )
         else:
             envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)

@@ -25,6 +25,7 @@ from conftest import (
 )
 
 import rl
+from rl.envs import make_vector_env
 
 MISBEHAVES = ["--env-id", "envs_for_tests:Misbehaves-v0"]
 # One env, 64 steps an iteration: its 300th step falls in the iteration after the checkpoint at step 256.
@@ -199,6 +200,21 @@ def test_async_env_workers_end_with_a_training_process_killed_outright(tmp_path,
     assert len(workers) == 2
     assert not left
     assert "Traceback" not in stderr, stderr[-3000:]
+
+
+def test_async_env_workers_are_forks_of_the_training_process_whatever_pythons_default_start_method():
+    # Python 3.14 made forkserver Linux's default: its workers would be the server's children, not this process's.
+    default = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("forkserver", force=True)
+    try:
+        envs = make_vector_env("CartPole-v1", 2, mode="async")
+    finally:
+        multiprocessing.set_start_method(default, force=True)
+    try:
+        workers = [process.pid for process in envs.unwrapped.processes]
+        assert set(workers) <= set(child_pids(os.getpid()))
+    finally:
+        envs.close()
 
 
 @pytest.mark.slow
