@@ -4,8 +4,8 @@
 run` or torchrun launched, every rank calling it with the same config), decoupled (in each rank
 of such a script), or Hogwild (its workers are started from here). It takes the same config
 classes that the command line parses (`PPOConfig`, `SACConfig`), checks them as the command line
-does, and raises `UsageError` for bad input instead of exiting. `callbacks` (`rl.Callback`) run
-on the training loop's events.
+does, and raises `UsageError` for bad input instead of exiting. `callbacks` (`rl.Callback`
+instances, one or a list) run on the training loop's events.
 """
 
 from __future__ import annotations
@@ -111,7 +111,9 @@ def check_no_stray_attributes(cfg: RunConfig) -> None:
 
 
 @field_names_in_errors()
-def train(config: RunConfig, callbacks: Sequence[Callback] = (), mode: Mode = "coupled") -> TrainingResult | None:
+def train(
+    config: RunConfig, callbacks: Sequence[Callback] | Callback = (), mode: Mode = "coupled"
+) -> TrainingResult | None:
     """Train `config` in this process (one rank of the job); its run folder, saved agent and closing evaluation.
 
     Defaults that follow from other fields (CUDA graphs with `cuda=True`, a recurrent minibatch) are filled as
@@ -140,12 +142,28 @@ def train(config: RunConfig, callbacks: Sequence[Callback] = (), mode: Mode = "c
             "rl.train was called while a process spawned by Hogwild ran the script that started it again: put the "
             'script\'s training under `if __name__ == "__main__":`'
         )
+    listed = callback_list(callbacks)
     cfg = completed(config, mode)
     with process_torch_settings_restored():  # a run sets them for the process; the caller's stay
         try:
-            return _train_in_mode(cfg, callbacks, mode)
+            return _train_in_mode(cfg, listed, mode)
         finally:
             deliver_held_sigterm()  # a run stopped by SIGTERM has checkpointed and closed: the caller's handler has it
+
+
+def callback_list(callbacks: Sequence[Callback] | Callback) -> list[Callback]:
+    """`train`'s callbacks as a list (one may come alone), checked before the run starts: anything else would fail
+    at the loop's first event."""
+    if isinstance(callbacks, Callback):
+        return [callbacks]
+    listed = list(callbacks) if isinstance(callbacks, Iterable) and not isinstance(callbacks, str) else [callbacks]
+    for callback in listed:
+        if not isinstance(callback, Callback):
+            raise TypeError(
+                "callbacks are rl.Callback instances (of a subclass that overrides the events it needs), one or a "
+                f"list; got {callback!r}"
+            )
+    return listed
 
 
 def completed(config: RunConfig, mode: Mode) -> RunConfig:

@@ -599,3 +599,23 @@ def test_train_refuses_a_mode_it_does_not_have_and_what_is_no_config_before_trai
         with pytest.raises(TypeError, match=re.escape("train takes a config, such as rl.PPOConfig(), ")):
             rl.train(not_a_config)
     assert not (tmp_path / "fabric_logs").exists()
+
+
+class CountReports(rl.Callback):
+    def __init__(self) -> None:
+        self.reports = 0
+
+    def on_report(self, state: rl.LoopState, scalars: dict[str, float]) -> None:
+        self.reports += 1
+
+
+def test_callbacks_that_are_not_rl_callbacks_are_refused_before_training_and_one_may_come_alone(tmp_path):
+    config = rl.PPOConfig(total_timesteps=256, num_envs=2, num_steps=64, eval_episodes=0, progress_bar=False)
+    config.log_dir = str(tmp_path)
+    for not_callbacks in (lambda state: None, [object()], "on_report"):
+        with pytest.raises(TypeError, match=re.escape("callbacks are rl.Callback instances (of a subclass that ")):
+            rl.train(config, callbacks=not_callbacks)
+    assert not (tmp_path / "fabric_logs").exists()
+    alone = CountReports()
+    rl.train(config, callbacks=alone)
+    assert alone.reports == 2  # 256 steps of 2 envs x 64 steps: two iterations, a report each
