@@ -302,6 +302,13 @@ def test_a_worker_lost_under_rl_train_raises_rather_than_ending_the_interpreter(
     assert finished.stdout.strip().endswith("the interpreter goes on")
 
 
+def run_python(args: list[str], cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """This interpreter run with `args`, as a user runs a script, `python -c` or `python -`."""
+    return subprocess.run(
+        [sys.executable, *args], input=stdin, cwd=cwd, env=child_env(), capture_output=True, text=True, timeout=240
+    )
+
+
 # A session's own env class and callback class, which a spawned worker cannot import by name. The callback reports
 # through a queue and a tensor in shared memory, which the workers must share with the session, not copy.
 SESSION = """
@@ -344,15 +351,7 @@ def test_a_sessions_own_env_and_callbacks_reach_the_workers_from_a_script_a_note
     script = tmp_path / "session.py"
     script.write_text(SESSION)
     command = {"script": [str(script)], "-c": ["-c", SESSION], "stdin": ["-"]}[session]
-    finished = subprocess.run(
-        [sys.executable, *command],
-        input=SESSION if session == "stdin" else None,
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    finished = run_python(command, tmp_path, stdin=SESSION if session == "stdin" else None)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert "trained 2048 reports from 2 workers, last at [2048, 2048]" in finished.stdout
 
@@ -377,9 +376,7 @@ def test_a_script_that_trains_outside_a_main_guard_is_told_to_add_one_and_its_wo
         'config = rl.preset("cartpole", total_timesteps=2048, num_steps=64, eval_episodes=0, progress_bar=False)\n'
         'rl.train(config, mode="hogwild")\n'
     )
-    finished = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=240
-    )
+    finished = run_python([str(script)], tmp_path)
     assert finished.returncode == 1
     assert 'put the script\'s training under `if __name__ == "__main__":`' in finished.stderr
     assert "hogwild worker 0 ended with exit code 1" in finished.stderr
