@@ -32,12 +32,15 @@ class ByValue(Generic[T]):
     """`value`, pickled by cloudpickle: the classes and functions of the starting session travel with it. The
     reductions that multiprocessing and torch register (tensors in shared memory, queues, pipes) still apply."""
 
-    def __init__(self, value: T) -> None:
-        self.value = value
+    def __init__(self, value: T, name: str = "a value") -> None:
+        self.value, self.name = value, name
 
     def __reduce__(self) -> tuple[object, tuple[bytes]]:
         buffer = io.BytesIO()
-        _ForkingCloudPickler(buffer).dump(self.value)
+        try:
+            _ForkingCloudPickler(buffer).dump(self.value)
+        except Exception as error:  # whatever pickling an object of the user's raises: a lock's TypeError, say
+            raise TypeError(f"{self.name} cannot be pickled for a spawned process: {error}") from error
         return _unpickled, (buffer.getvalue(),)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import pickle
 import re
@@ -31,6 +32,7 @@ from conftest import (
     start,
 )
 
+import rl
 from rl.modes.hogwild import MergedWeights, SharedState
 from rl.spawned import env_registration
 
@@ -364,6 +366,20 @@ def test_an_env_registration_travels_to_the_workers_unless_it_cannot_be_pickled(
         assert env_registration("LockedCartPole-v0").value is None
     finally:
         del gym.envs.registry["LockedCartPole-v0"]
+
+
+class HoldsALock(rl.Callback):
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+
+def test_a_callback_that_cannot_be_pickled_for_the_workers_is_named_before_any_starts(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = rl.preset("cartpole", total_timesteps=2048, workers=2, eval_episodes=0, progress_bar=False)
+    cannot = "the callbacks cannot be pickled for a spawned process: cannot pickle '_thread.lock' object"
+    with pytest.raises(TypeError, match=re.escape(cannot)):
+        rl.train(config, mode="hogwild", callbacks=[HoldsALock()])
+    assert not multiprocessing.active_children()
 
 
 def test_a_script_that_trains_outside_a_main_guard_is_told_to_add_one_and_its_workers_train_no_run_of_their_own(

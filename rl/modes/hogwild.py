@@ -536,12 +536,12 @@ def supervise_run(
 
     context = mp.get_context("spawn")
     channel = Channel(context, cfg.workers)
-    env = env_registration(cfg.env_id)
+    env, callbacks_by_value = env_registration(cfg.env_id), ByValue(callbacks, "the callbacks")
     processes = [
         context.Process(
             target=run_worker,
             name=worker_name(index),
-            args=(index, algorithm, shared, channel, run.dir, worker_resume(resume, index), ByValue(callbacks), env),
+            args=(index, algorithm, shared, channel, run.dir, worker_resume(resume, index), callbacks_by_value, env),
         )
         for index in range(cfg.workers)
     ]
