@@ -139,8 +139,8 @@ def train(
         raise ValueError(f"mode must be one of {', '.join(get_args(Mode))}, got {mode!r}")
     if importing_the_script_that_spawned_this_process():  # a Hogwild worker would train a run of its own
         raise RuntimeError(
-            "rl.train was called while a process spawned by Hogwild ran the script that started it again: put the "
-            'script\'s training under `if __name__ == "__main__":`'
+            "rl.train was called while a spawned process (a Hogwild worker, say) ran the script that started it "
+            'again: put the script\'s training under `if __name__ == "__main__":`'
         )
     listed = callback_list(callbacks)
     cfg = completed(config, mode)
