@@ -35,13 +35,23 @@ class ByValue(Generic[T]):
     def __init__(self, value: T, name: str = "a value") -> None:
         self.value, self.name = value, name
 
+    def check(self) -> ByValue[T]:
+        """Raise the TypeError that sending `value` would raise, without sending it: a trial pickling that stands
+        in for the file descriptors of shared tensors and queues (sharing one for nothing would hold it open)."""
+        with _as_if_spawning():
+            self._pickled(_TrialPickler)
+        return self
+
     def __reduce__(self) -> tuple[object, tuple[bytes]]:
+        return _unpickled, (self._pickled(_ForkingCloudPickler),)
+
+    def _pickled(self, pickler: type[cloudpickle.Pickler]) -> bytes:
         buffer = io.BytesIO()
         try:
-            _ForkingCloudPickler(buffer).dump(self.value)
+            pickler(buffer).dump(self.value)
         except Exception as error:  # whatever pickling an object of the user's raises: a lock's TypeError, say
             raise TypeError(f"{self.name} cannot be pickled for a spawned process: {error}") from error
-        return _unpickled, (buffer.getvalue(),)
+        return buffer.getvalue()
 
 
 class _ForkingCloudPickler(cloudpickle.Pickler):
@@ -54,6 +64,39 @@ class _ForkingCloudPickler(cloudpickle.Pickler):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
 
 
+class _TrialPickler(cloudpickle.Pickler):
+    """cloudpickle's pickler with what multiprocessing's would share (tensors, queues, pipes) stood in for."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        shared_types = ForkingPickler(io.BytesIO()).dispatch_table
+        stand_ins = {kind: _stand_in for kind in shared_types}
+        self.dispatch_table = ChainMap(stand_ins, cloudpickle.Pickler.dispatch_table)
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _stand_in(_shared: object) -> tuple[type[None], tuple[()]]:
+    return type(None), ()
+
+
+class _NoChild:
+    """The process being spawned, for a trial pickling: multiprocessing's locks and queues pickle only while
+    one is, and ask it for their file descriptors."""
+
+    @staticmethod
+    def duplicate_for_child(fd: int) -> int:
+        return fd
+
+
+@contextmanager
+def _as_if_spawning() -> Iterator[None]:
+    spawning = multiprocessing.context.get_spawning_popen()
+    multiprocessing.context.set_spawning_popen(_NoChild())
+    try:
+        yield
+    finally:
+        multiprocessing.context.set_spawning_popen(spawning)
+
+
 def _unpickled(data: bytes) -> ByValue:
     return ByValue(pickle.loads(data))
 
@@ -64,7 +107,8 @@ def env_registration(env_id: str) -> ByValue[EnvSpec | None]:
     lock, say): the spawned process then has only what its imports register."""
     spec = gym.envs.registry.get(env_id)
     try:
-        _ForkingCloudPickler(io.BytesIO()).dump(spec)
+        with _as_if_spawning():
+            _TrialPickler(io.BytesIO()).dump(spec)
     except Exception:  # whatever pickling an object of the user's raises
         return ByValue(None)
     return ByValue(spec)

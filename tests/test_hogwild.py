@@ -34,7 +34,7 @@ from conftest import (
 
 import rl
 from rl.modes.hogwild import MergedWeights, SharedState
-from rl.spawned import env_registration
+from rl.spawned import ByValue, env_registration
 
 PPO_SHORT = ["--total-timesteps", "4096", "--no-progress-bar", "--eval-episodes", "0"]
 SAC_SHORT = [
@@ -373,13 +373,33 @@ class HoldsALock(rl.Callback):
         self.lock = threading.Lock()
 
 
-def test_a_callback_that_cannot_be_pickled_for_the_workers_is_named_before_any_starts(tmp_path, monkeypatch):
+def test_a_callback_that_cannot_be_pickled_for_the_workers_is_named_before_any_starts_or_a_run_folder_is_made(
+    tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     config = rl.preset("cartpole", total_timesteps=2048, workers=2, eval_episodes=0, progress_bar=False)
     cannot = "the callbacks cannot be pickled for a spawned process: cannot pickle '_thread.lock' object"
     with pytest.raises(TypeError, match=re.escape(cannot)):
         rl.train(config, mode="hogwild", callbacks=[HoldsALock()])
     assert not multiprocessing.active_children()
+    assert not list((tmp_path / "logs" / "hogwild_logs").iterdir())  # checked writable at the start, and empty
+
+
+class SharesWithTheCaller(rl.Callback):
+    def __init__(self) -> None:
+        spawn = multiprocessing.get_context("spawn")
+        self.queue, self.stop, self.count = spawn.Queue(), spawn.Event(), spawn.Value("i", 0)
+        self.tensor = torch.zeros(3).share_memory_()
+
+
+def test_checking_callbacks_for_the_workers_takes_their_queues_and_shared_tensors_and_holds_no_descriptor_open():
+    """The check pickles them as sending them would, but shares nothing: a queue pickles only while a process is
+    being spawned, and a shared tensor's file descriptor would stay open for a worker that never takes it."""
+    callback = SharesWithTheCaller()
+    descriptors = len(os.listdir("/proc/self/fd"))
+    ByValue([callback], "the callbacks").check()
+    assert len(os.listdir("/proc/self/fd")) == descriptors
+    assert multiprocessing.context.get_spawning_popen() is None
 
 
 def test_a_script_that_trains_outside_a_main_guard_is_told_to_add_one_and_its_workers_train_no_run_of_their_own(

@@ -507,6 +507,7 @@ def train_hogwild(
     """Train with `cfg.workers` worker processes; the run's result (its saved agent unless interrupted)."""
     cfg = algorithm.cfg
     configure_torch_threads(1)  # the supervisor waits; the cores are the workers'
+    callbacks_by_value = ByValue(callbacks, "the callbacks").check()  # before the run folder is made
     runtime = LocalRuntime(0)
     # Worker 0 writes the training's scalars; the supervisor's own (its hyperparameters) go to TensorBoard alone,
     # since one process at a time writes a CSV file or a W&B run: the closing evaluation goes to them after the
@@ -514,7 +515,7 @@ def train_hogwild(
     run = start_run(cfg.with_changes(logger=supervisor_loggers(cfg.logger)), runtime, resume)
     with ClosedIfItFails() as opened:
         opened.add(run.close)
-        return supervise_run(algorithm, run, runtime, resume, callbacks)
+        return supervise_run(algorithm, run, runtime, resume, callbacks_by_value)
 
 
 def supervise_run(
@@ -522,7 +523,7 @@ def supervise_run(
     run: Run,
     runtime: LocalRuntime,
     resume: TrainingCheckpoint | None,
-    callbacks: Sequence[Callback],
+    callbacks: ByValue[Sequence[Callback]],
 ) -> TrainingResult:
     """Start the workers, hand their checkpoints to the writer, and end the run as they end."""
     cfg = algorithm.cfg
@@ -536,12 +537,12 @@ def supervise_run(
 
     context = mp.get_context("spawn")
     channel = Channel(context, cfg.workers)
-    env, callbacks_by_value = env_registration(cfg.env_id), ByValue(callbacks, "the callbacks")
+    env = env_registration(cfg.env_id)
     processes = [
         context.Process(
             target=run_worker,
             name=worker_name(index),
-            args=(index, algorithm, shared, channel, run.dir, worker_resume(resume, index), callbacks_by_value, env),
+            args=(index, algorithm, shared, channel, run.dir, worker_resume(resume, index), callbacks, env),
         )
         for index in range(cfg.workers)
     ]
