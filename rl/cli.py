@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib.util
 import os
 import re
@@ -26,13 +27,16 @@ from rl.compiling import compile_failure
 from rl.config import (
     ALGORITHM_KEY,
     MODE_COMMANDS,
+    NOT_IN_CONFIG_FILES,
     RunConfig,
     UnknownConfigKey,
     config_file_algorithm,
     config_file_of,
     flag,
+    flags_typed,
     iteration_name,
     local_world_size_from_env,
+    other_modes_fields,
     parse_config_flags,
     read_config_file,
     validate_decoupled,
@@ -98,6 +102,7 @@ def parse_config(argv: list[str], mode: Mode | None = None) -> RunConfig:
             or other_algorithms_key(error, name)
             or other_programs_flag(error, name)
             or other_programs_key(error, name)
+            or misspelled_flag(error, name, mode)
             or error
         ) from None
 
@@ -232,6 +237,29 @@ def whose(flag_name: str, name: str) -> str:
 
 def peer_advice(peer: PeerFlag) -> str:
     return peer.advice.format(script=os.path.basename(sys.argv[0]))
+
+
+def misspelled_flag(error: UsageError, name: str, mode: Mode | None) -> UsageError | None:
+    """An unknown flag or `--config` key close to one of this algorithm's (a slip: --num-envz), answered with it."""
+    config_type = ALGORITHMS[name].config_type
+    others = set(other_modes_fields(config_type, mode)) if mode is not None else set()
+    names = [field.name for field in dataclasses.fields(config_type) if field.name not in others]
+    if isinstance(error, UnknownConfigKey):
+        keys = [key for key in names if key not in NOT_IN_CONFIG_FILES]
+        close = difflib.get_close_matches(error.name, keys, n=1, cutoff=SLIP_CUTOFF)
+        return UsageError(error.flag, f"{error.message}: did you mean {close[0]}?") if close else None
+    spellings = [flag(key) for key in names]
+    switches = set(flags_typed(config_type, bool).values())
+    spellings += ["--no-" + spelling.removeprefix("--") for spelling in spellings if spelling in switches]
+    for word in unrecognized_options(error):
+        name = word.partition("=")[0]
+        close = difflib.get_close_matches(name, spellings, n=1, cutoff=SLIP_CUTOFF) if name.startswith("--") else []
+        if close:
+            return UsageError(error.flag, f"{error.message}; did you mean {close[0]}?")
+    return None
+
+
+SLIP_CUTOFF = 0.8  # difflib's similarity ratio above which an unknown name is taken for a slip of a known one
 
 
 def flags_of(config_type: type[RunConfig]) -> set[str]:

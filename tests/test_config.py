@@ -561,6 +561,31 @@ def test_each_flag_another_programs_flag_is_answered_with_is_a_flag_of_the_algor
 
 
 @pytest.mark.parametrize(
+    ("argv", "mode", "told"),
+    [
+        (["--num-envz", "4"], "coupled", "--num-envz: Unrecognized options: --num-envz, 4; did you mean --num-envs?"),
+        (
+            ["sac", "--no-use-sdee"],
+            None,
+            "--no-use-sdee: Unrecognized options: --no-use-sdee; did you mean --no-use-sde?",
+        ),
+        (
+            ["--updat-epochs=3"],
+            None,
+            "--updat-epochs: Unrecognized options: --updat-epochs=3; did you mean --update-epochs?",
+        ),
+        (["--workerz", "2"], "hogwild", "--workerz: Unrecognized options: --workerz, 2; did you mean --workers?"),
+        (["--workerz", "2"], "coupled", "--workerz: Unrecognized options: --workerz, 2"),  # another mode's flag
+        (["--no-such-flag"], None, "--no-such-flag: Unrecognized options: --no-such-flag"),
+    ],
+)
+def test_a_slip_of_a_flags_name_is_answered_with_the_flag_of_this_algorithm_and_mode(argv, mode, told):
+    with pytest.raises(UsageError) as error:
+        parse_config(argv, mode)
+    assert str(error.value) == told
+
+
+@pytest.mark.parametrize(
     ("argv", "values"),
     [
         (["--anneal-lr", "True", "--share-data=false"], {"anneal_lr": True, "share_data": False}),
@@ -797,7 +822,7 @@ def test_the_resolved_config_written_out_is_taken_back_whole(tmp_path, argv):
 @pytest.mark.parametrize(
     ("text", "told"),
     [
-        ("num_envz: 4\n", "sets 'num_envz', which is no flag of PPOConfig"),
+        ("num_envz: 4\n", "sets 'num_envz', which is no flag of PPOConfig: did you mean num_envs?"),
         ("- 1\n", "must map flag names to values"),
         ("a: [1\n", "is not valid YAML"),
         (None, "cannot read"),

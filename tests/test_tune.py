@@ -80,7 +80,7 @@ def test_a_pruned_trial_is_stopped_at_its_first_evaluation(tmp_path):
     ("training", "told"),
     [
         (("--num-envs", "0"), "error: --num-envs: must be positive, got 0"),
-        (("--num-envz", "2"), "error: --num-envz: Unrecognized options: --num-envz, 2"),
+        (("--num-envz", "2"), "error: --num-envz: Unrecognized options: --num-envz, 2; did you mean --num-envs?"),
     ],
 )
 def test_training_flags_that_every_trial_would_fail_on_stop_the_tuner_with_their_line_before_any_trial(
