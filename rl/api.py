@@ -19,7 +19,7 @@ from typing import Any, get_args
 
 from rl.cli import Mode, flags_of, parse_config, peer_advice, prepare_config
 from rl.config import RunConfig, check_field_types, flag, preset_values, resumed_run_values
-from rl.errors import UsageError
+from rl.errors import UsageError, did_you_mean
 from rl.faults import deliver_held_sigterm
 from rl.loop import Callback
 from rl.modes.coupled import train_coupled
@@ -99,9 +99,18 @@ def check_fields(config_type: type[RunConfig], names: Iterable[str]) -> None:
     known = {member.name for member in fields(config_type)}
     for field_name in names:
         if field_name not in known:
-            found = peer_flag([flag(field_name)], config_type.ALGORITHM, flags_of(config_type))
-            instead = "" if found is None else f": {found[1].program}'s name; {python_advice(found[1], config_type)}"
+            instead = instead_of(field_name, config_type)
             raise UsageError(field_name, f"{config_type.__name__} has no such field{instead}")
+
+
+def instead_of(field_name: str, config_type: type[RunConfig]) -> str:
+    """What to give for `field_name`, no field of `config_type`: the field another program's name is here, or the
+    field it is a slip of; empty where neither."""
+    found = peer_flag([flag(field_name)], config_type.ALGORITHM, flags_of(config_type))
+    if found is not None:
+        return f": {found[1].program}'s name; {python_advice(found[1], config_type)}"
+    slip = did_you_mean(field_name, [member.name for member in fields(config_type)])
+    return f": {slip}" if slip else ""
 
 
 def check_no_stray_attributes(cfg: RunConfig) -> None:

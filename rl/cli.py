@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import importlib.util
 import os
 import re
@@ -62,6 +61,7 @@ from rl.errors import (
     RunStopped,
     UsageError,
     counted,
+    did_you_mean,
     exit_after_peers_report,
     exit_on_usage_error,
     print_error,
@@ -245,21 +245,17 @@ def misspelled_flag(error: UsageError, name: str, mode: Mode | None) -> UsageErr
     others = set(other_modes_fields(config_type, mode)) if mode is not None else set()
     names = [field.name for field in dataclasses.fields(config_type) if field.name not in others]
     if isinstance(error, UnknownConfigKey):
-        keys = [key for key in names if key not in NOT_IN_CONFIG_FILES]
-        close = difflib.get_close_matches(error.name, keys, n=1, cutoff=SLIP_CUTOFF)
-        return UsageError(error.flag, f"{error.message}: did you mean {close[0]}?") if close else None
+        slip = did_you_mean(error.name, [key for key in names if key not in NOT_IN_CONFIG_FILES])
+        return UsageError(error.flag, f"{error.message}: {slip}") if slip else None
     spellings = [flag(key) for key in names]
     switches = set(flags_typed(config_type, bool).values())
     spellings += ["--no-" + spelling.removeprefix("--") for spelling in spellings if spelling in switches]
     for word in unrecognized_options(error):
-        name = word.partition("=")[0]
-        close = difflib.get_close_matches(name, spellings, n=1, cutoff=SLIP_CUTOFF) if name.startswith("--") else []
-        if close:
-            return UsageError(error.flag, f"{error.message}; did you mean {close[0]}?")
+        option = word.partition("=")[0]
+        slip = did_you_mean(option, spellings) if option.startswith("--") else ""
+        if slip:
+            return UsageError(error.flag, f"{error.message}; {slip}")
     return None
-
-
-SLIP_CUTOFF = 0.8  # difflib's similarity ratio above which an unknown name is taken for a slip of a known one
 
 
 def flags_of(config_type: type[RunConfig]) -> set[str]:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
 import io
 import json
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
@@ -43,6 +44,15 @@ def counted(count: int, noun: str, plural: str | None = None) -> str:
 def how_it_ended(exitcode: int) -> str:
     """A process's end, as its exit code tells it: "was killed by SIGSEGV", "ended with exit code 3"."""
     return f"was killed by {signal.Signals(-exitcode).name}" if exitcode < 0 else f"ended with exit code {exitcode}"
+
+
+SLIP_CUTOFF = 0.8  # difflib's similarity ratio above which an unknown name is taken for a slip of a known one
+
+
+def did_you_mean(word: str, names: Iterable[str]) -> str:
+    """ "did you mean num_envs?" where `word` is a slip of one of `names` (the closest); empty otherwise."""
+    close = difflib.get_close_matches(word, list(names), n=1, cutoff=SLIP_CUTOFF)
+    return f"did you mean {close[0]}?" if close else ""
 
 
 def listed(names: list[str]) -> str:

@@ -299,7 +299,7 @@ def test_an_agent_asked_onto_a_gpu_this_machine_lacks_is_refused_naming_the_devi
             {"vector_mode": "fast"},
             "vector_mode (--vector-mode): 'fast' is not one of auto, sync, async, native, envpool",
         ),
-        ("cartpole", {"num_env": 4}, "num_env: PPOConfig has no such field"),
+        ("cartpole", {"num_env": 4}, "num_env: PPOConfig has no such field: did you mean num_envs?"),
         (
             "sac/pendulum",
             {"learning_rate": 1e-3},
@@ -336,7 +336,7 @@ def test_a_preset_with_a_value_of_another_type_or_no_such_field_is_refused_namin
     ("preset", "attribute", "told"),
     [
         ("sac/pendulum", "learning_rate", "learning_rate: SACConfig has no such field: Stable-Baselines3's name"),
-        ("cartpole", "total_timestep", "total_timestep: PPOConfig has no such field"),
+        ("cartpole", "total_timestep", "total_timestep: PPOConfig has no such field: did you mean total_timesteps?"),
     ],
 )
 def test_an_attribute_set_on_a_config_that_is_none_of_its_fields_is_refused_not_ignored(preset, attribute, told):
