@@ -53,6 +53,7 @@ from rl.errors import (
     INTERRUPTED_EXIT_CODE,
     UsageError,
     counted,
+    did_you_mean,
     exit_on_ctrl_c,
     exit_on_usage_error,
     print_error,
@@ -145,7 +146,10 @@ def search_space(cfg: TuneConfig, algorithm: str) -> dict[str, dict[str, Any]]:
     flags = {member.name for member in fields(ALGORITHMS[algorithm].config_type)}
     for name, domain in space.items():
         if str(name).replace("-", "_") not in flags:
-            raise UsageError("--space", f"{cfg.space}: {name} is no flag of {algorithm.upper()}")
+            slip = did_you_mean(str(name).replace("-", "_"), flags)
+            raise UsageError(
+                "--space", f"{cfg.space}: {name} is no flag of {algorithm.upper()}{': ' if slip else ''}{slip}"
+            )
         space[name] = checked_domain(domain, f"{cfg.space}: {name}")
     return space
 
