@@ -32,7 +32,7 @@ from rl.config import (
     config_file_algorithm,
     config_file_of,
     flag,
-    flags_typed,
+    flag_spellings,
     iteration_name,
     local_world_size_from_env,
     other_modes_fields,
@@ -64,6 +64,7 @@ from rl.errors import (
     did_you_mean,
     exit_after_peers_report,
     exit_on_usage_error,
+    misspelled_option,
     print_error,
     start_up_done,
     unrecognized_options,
@@ -242,20 +243,12 @@ def peer_advice(peer: PeerFlag) -> str:
 def misspelled_flag(error: UsageError, name: str, mode: Mode | None) -> UsageError | None:
     """An unknown flag or `--config` key close to one of this algorithm's (a slip: --num-envz), answered with it."""
     config_type = ALGORITHMS[name].config_type
-    others = set(other_modes_fields(config_type, mode)) if mode is not None else set()
-    names = [field.name for field in dataclasses.fields(config_type) if field.name not in others]
-    if isinstance(error, UnknownConfigKey):
-        slip = did_you_mean(error.name, [key for key in names if key not in NOT_IN_CONFIG_FILES])
-        return UsageError(error.flag, f"{error.message}: {slip}") if slip else None
-    spellings = [flag(key) for key in names]
-    switches = set(flags_typed(config_type, bool).values())
-    spellings += ["--no-" + spelling.removeprefix("--") for spelling in spellings if spelling in switches]
-    for word in unrecognized_options(error):
-        option = word.partition("=")[0]
-        slip = did_you_mean(option, spellings) if option.startswith("--") else ""
-        if slip:
-            return UsageError(error.flag, f"{error.message}; {slip}")
-    return None
+    others = other_modes_fields(config_type, mode) if mode is not None else []
+    if not isinstance(error, UnknownConfigKey):
+        return misspelled_option(error, flag_spellings(config_type, leave_out=others))
+    keys = [field.name for field in dataclasses.fields(config_type) if field.name not in others]
+    slip = did_you_mean(error.name, [key for key in keys if key not in NOT_IN_CONFIG_FILES])
+    return UsageError(error.flag, f"{error.message}: {slip}") if slip else None
 
 
 def flags_of(config_type: type[RunConfig]) -> set[str]:

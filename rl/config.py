@@ -993,7 +993,7 @@ TRUE_WORDS = ("y", "yes", "t", "true", "on", "1")
 FALSE_WORDS = ("n", "no", "f", "false", "off", "0")
 
 
-def flags_typed(config_type: type[RunConfig], kind: type) -> dict[str, str]:
+def flags_typed(config_type: type, kind: type) -> dict[str, str]:
     """The flags of `config_type`'s fields of type `kind` (or `kind | None`), by each spelling the parser takes
     (`--anneal-lr`, `--anneal_lr`), to the flag's own."""
     hints = typing.get_type_hints(config_type, include_extras=True)
@@ -1005,6 +1005,13 @@ def flags_typed(config_type: type[RunConfig], kind: type) -> dict[str, str]:
             name = flag(member.name)
             typed[name] = typed["--" + name[2:].replace("-", "_")] = name
     return typed
+
+
+def flag_spellings(config_type: type, leave_out: Iterable[str] = ()) -> list[str]:
+    """The flags of `config_type`'s fields but `leave_out`, and each switch's --no- form."""
+    switches = set(flags_typed(config_type, bool).values())
+    spellings = [flag(member.name) for member in fields(config_type) if member.name not in set(leave_out)]
+    return spellings + ["--no-" + spelling.removeprefix("--") for spelling in spellings if spelling in switches]
 
 
 def respelled(argv: list[str], flags: dict[str, str], spell: Callable[[str, str], str | None]) -> list[str]:

@@ -55,6 +55,17 @@ def did_you_mean(word: str, names: Iterable[str]) -> str:
     return f"did you mean {close[0]}?" if close else ""
 
 
+def misspelled_option(error: UsageError, spellings: Iterable[str]) -> UsageError | None:
+    """A parse `error` for an unknown option that is a slip of one of `spellings` (--num-envz), with that one
+    named; None for any other error."""
+    for word in unrecognized_options(error):
+        option = word.partition("=")[0]
+        slip = did_you_mean(option, spellings) if option.startswith("--") else ""
+        if slip:
+            return UsageError(error.flag, f"{error.message}; {slip}")
+    return None
+
+
 def listed(names: list[str]) -> str:
     """Names as a sentence lists them: "a", "a and b", "a, b and c"."""
     return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]]))

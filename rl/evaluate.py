@@ -22,10 +22,10 @@ import tyro
 from rl.agent import load_agent
 from rl.checkpoint import CHECKPOINT_DIR
 from rl.cli import check_video_support
-from rl.config import check_seed, flag, parse_dataclass
+from rl.config import check_seed, flag, flag_spellings, parse_dataclass
 from rl.env_faults import EnvFault
 from rl.envs import Preprocessing, has_display, make_env, video_folder
-from rl.errors import UsageError, exit_on_ctrl_c, exit_on_usage_error, print_error, refused_writes
+from rl.errors import UsageError, exit_on_ctrl_c, exit_on_usage_error, misspelled_option, print_error, refused_writes
 from rl.logger import LoggerName, check_loggers_installed, open_sinks, quiet_tensorboard_writer_threads
 from rl.peer_flags import EVALUATION_PEER_FLAGS, tools_peer_flag
 from rl.runtime import configure_torch_threads
@@ -60,7 +60,8 @@ def parse(argv: list[str]) -> EvalConfig:
         return parse_dataclass(EvalConfig, argv)
     except UsageError as error:
         flags_here = {flag(member.name) for member in fields(EvalConfig)}
-        raise tools_peer_flag(error, EVALUATION_PEER_FLAGS, flags_here) or error from None
+        peers = tools_peer_flag(error, EVALUATION_PEER_FLAGS, flags_here)
+        raise peers or misspelled_option(error, flag_spellings(EvalConfig)) or error from None
 
 
 def run_folder(checkpoint: str) -> Path:

@@ -38,9 +38,9 @@ import tyro
 from torch import Tensor, nn
 
 from rl.agent import Agent, load_agent
-from rl.config import parse_dataclass
+from rl.config import flag_spellings, parse_dataclass
 from rl.envs import EnvActions, Preprocessing, is_image_space
-from rl.errors import UsageError, exit_on_ctrl_c, exit_on_usage_error, refused_writes
+from rl.errors import UsageError, exit_on_ctrl_c, exit_on_usage_error, misspelled_option, refused_writes
 from rl.multi_input import KeyInput, MultiInputLayout, packed_layout
 from rl.normalization import CLIP, ObservationNormalizer
 
@@ -249,7 +249,10 @@ def write(module: Exported, example: tuple[Tensor, ...], out: str, format: Expor
 
 
 def main(argv: list[str]) -> None:
-    cfg = parse_dataclass(ExportConfig, argv)
+    try:
+        cfg = parse_dataclass(ExportConfig, argv)
+    except UsageError as error:
+        raise misspelled_option(error, flag_spellings(ExportConfig)) or error from None
     agent = load_agent(cfg.checkpoint, flag="CHECKPOINT")
     module, example = greedy_policy(agent)
     export(module, example, cfg.out, cfg.chosen_format)

@@ -18,8 +18,8 @@ from typing import Annotated, Literal
 
 import tyro
 
-from rl.config import RunConfig, flag, parse_dataclass, uses_gpu
-from rl.errors import UsageError, exit_on_usage_error
+from rl.config import RunConfig, flag, flag_spellings, parse_dataclass, uses_gpu
+from rl.errors import UsageError, exit_on_usage_error, misspelled_option
 from rl.peer_flags import SBATCH_PEER_FLAGS, tools_peer_flag
 
 
@@ -204,7 +204,8 @@ def main(argv: list[str]) -> None:
         cfg = parse_dataclass(SlurmConfig, argv, description=__doc__)
     except UsageError as error:
         slurm_flags = {flag(member.name) for member in fields(SlurmConfig)}
-        raise tools_peer_flag(error, SBATCH_PEER_FLAGS, slurm_flags) or error from None
+        peers = tools_peer_flag(error, SBATCH_PEER_FLAGS, slurm_flags)
+        raise peers or misspelled_option(error, flag_spellings(SlurmConfig)) or error from None
     script = render(cfg)
     check_training_flags(cfg)
     sys.stdout.write(script)

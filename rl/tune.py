@@ -46,6 +46,7 @@ from rl.config import (
     check_seed,
     config_file_algorithm,
     flag,
+    flag_spellings,
     newest_checkpoint,
     parse_dataclass,
 )
@@ -56,6 +57,7 @@ from rl.errors import (
     did_you_mean,
     exit_on_ctrl_c,
     exit_on_usage_error,
+    misspelled_option,
     print_error,
     unrecognized_options,
 )
@@ -638,7 +640,10 @@ def parse(argv: list[str]) -> tuple[TuneConfig, list[str]]:
         cfg = parse_dataclass(TuneConfig, argv[:split])
     except UsageError as error:
         raise (
-            tools_peer_flag(error, TUNING_PEER_FLAGS, TUNING_FLAGS) or training_flag_before_dashes(error) or error
+            tools_peer_flag(error, TUNING_PEER_FLAGS, TUNING_FLAGS)
+            or training_flag_before_dashes(error)
+            or misspelled_option(error, flag_spellings(TuneConfig))
+            or error
         ) from None
     for name in ("trials", "workers", "eval_every", "heartbeat"):
         if getattr(cfg, name) <= 0:

@@ -17,7 +17,10 @@ from rl.errors import PEER_GRACE_SECONDS, UsageError
 from rl.evaluate import EvalConfig
 from rl.evaluate import parse as parse_evaluation
 from rl.export import ExportConfig
+from rl.export import main as export_main
 from rl.peer_flags import EVALUATION_PEER_FLAGS
+from rl.slurm import main as slurm_main
+from rl.tune import parse as tune_parse
 
 BAD_INPUTS = [
     (["--env-id", "NoSuchEnv-v0"], "--env-id"),
@@ -128,6 +131,35 @@ def test_the_tools_refuse_a_bad_flag_in_one_line(tmp_path, tool):
     )
     assert done.returncode == 2
     assert done.stderr.strip() == "error: --bogus: Unrecognized options: --bogus"
+
+
+@pytest.mark.parametrize(
+    ("main", "argv", "told"),
+    [
+        (
+            parse_evaluation,
+            ["run/agent.ckpt", "--episdes", "3"],
+            "--episdes: Unrecognized options: --episdes, 3; did you mean --episodes?",
+        ),
+        (
+            parse_evaluation,
+            ["run/agent.ckpt", "--no-deterministc"],
+            "--no-deterministc; did you mean --no-deterministic?",
+        ),
+        (
+            export_main,
+            ["run/agent.ckpt", "--out", "p.onnx", "--formt", "onnx"],
+            "--formt, onnx; did you mean --format?",
+        ),
+        (slurm_main, ["--nodez", "2"], "--nodez: Unrecognized options: --nodez, 2; did you mean --nodes?"),
+        (tune_parse, ["--trails", "3"], "--trails: Unrecognized options: --trails, 3; did you mean --trials?"),
+        (tune_parse, ["--num-envs", "3"], "--num-envs: a training flag: give it after --"),  # not taken for a slip
+    ],
+)
+def test_the_tools_answer_a_slip_of_a_flags_name_with_the_flag(main, argv, told):
+    with pytest.raises(UsageError) as error:
+        main(argv)
+    assert told in str(error.value)
 
 
 def parse_export(argv: list[str]) -> ExportConfig:
