@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from dataclasses import fields
 from typing import Any, get_args
 
-from rl.cli import Mode, flags_of, parse_config, peer_advice, prepare_config
-from rl.config import RunConfig, check_field_types, flag, preset_values, resumed_run_values
+from rl.cli import Mode, flags_of, other_modes_value, parse_config, peer_advice, prepare_config
+from rl.config import MODE_COMMANDS, RunConfig, check_field_types, flag, preset_values, resumed_run_values
 from rl.errors import UsageError, did_you_mean
 from rl.faults import deliver_held_sigterm
 from rl.loop import Callback
@@ -181,6 +181,7 @@ def completed(config: RunConfig, mode: Mode) -> RunConfig:
     cfg = copy.deepcopy(config)
     check_no_stray_attributes(cfg)
     check_field_types(cfg)
+    check_mode_fields(cfg, mode)
     defaults = type(cfg)()
     given = {field.name for field in fields(cfg) if getattr(cfg, field.name) != getattr(defaults, field.name)}
     given |= cfg.named_when_built  # built by hand: the fields its caller named, at their default values or not
@@ -191,6 +192,20 @@ def completed(config: RunConfig, mode: Mode) -> RunConfig:
                 given.add(name)
     cfg.fill_defaults(given)
     return cfg
+
+
+def check_mode_fields(cfg: RunConfig, mode: Mode) -> None:
+    """Refuse a field of another mode than `mode` at other than its default, naming the mode that takes it."""
+    found = other_modes_value(cfg, mode)
+    if found is None:
+        return
+    name, owner = found
+    default = getattr(type(cfg)(), name)
+    owners_name, modes_name = (MODE_COMMANDS[each].partition(":")[0] for each in (owner, mode))
+    raise UsageError(
+        flag(name),
+        f'belongs to {owners_name}: rl.train(config, mode="{owner}"); {modes_name} takes its default, {default!r}',
+    )
 
 
 def _train_in_mode(cfg: RunConfig, callbacks: Sequence[Callback], mode: Mode) -> TrainingResult | None:

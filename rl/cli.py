@@ -191,7 +191,7 @@ def is_peer_key(key_flag: str, name: str) -> bool:
 
 def all_keys_of(path: str, algorithm: str) -> bool:
     """Whether every key of the `--config` file at `path` is a flag of `algorithm`."""
-    keys = {flag(str(key).replace("-", "_")) for key in read_config_file(path) if key != ALGORITHM_KEY}
+    keys = {flag(key) for key in config_file_keys(path) if key != ALGORITHM_KEY}
     return keys <= flags_of(ALGORITHMS[algorithm].config_type)
 
 
@@ -482,14 +482,35 @@ def check_values_for_job(cfg: RunConfig, mode: Mode, world_size: int) -> None:
     check_mode_flags(cfg, mode)
 
 
-def check_mode_flags(cfg: RunConfig, mode: Mode) -> None:
-    """Refuse another mode's flag (a config built in Python has them all), or a value the chosen mode would
-    silently ignore."""
+def other_modes_value(cfg: RunConfig, mode: Mode) -> tuple[str, str] | None:
+    """The first field of another mode than `mode` that `cfg` sets to other than its default, and that mode's name;
+    None where there is none."""
     defaults = type(cfg)()
     for other, names in cfg.MODE_FIELDS.items():
         for name in names:
             if other != mode and getattr(cfg, name) != getattr(defaults, name):
-                raise mode_flag_error(flag(name), other, mode)
+                return name, other
+    return None
+
+
+def config_file_keys(path: str) -> set[str]:
+    """The fields a `--config` file names (dashes read as underscores)."""
+    return {str(key).replace("-", "_") for key in read_config_file(path)}
+
+
+def check_mode_flags(cfg: RunConfig, mode: Mode) -> None:
+    """Refuse another mode's flag (a config built in Python has them all), or a value the chosen mode would
+    silently ignore."""
+    found = other_modes_value(cfg, mode)
+    if found is not None:
+        name, owner = found
+        if cfg.config is not None and name in config_file_keys(cfg.config):  # the file set it, not a flag
+            raise UsageError(
+                "--config",
+                f"{cfg.config} sets {name}: {getattr(cfg, name)!r}, which belongs to {MODE_COMMANDS[owner]}; "
+                f"drop it from the file to train in {mode} mode",
+            )
+        raise mode_flag_error(flag(name), owner, mode)
     if mode != "hogwild":
         return
     if cfg.checkpoint_seconds:
@@ -498,7 +519,7 @@ def check_mode_flags(cfg: RunConfig, mode: Mode) -> None:
         raise UsageError("--cuda", "Hogwild workers share their networks in CPU memory; train without --cuda")
     if cfg.share_data:
         raise UsageError("--share-data", "Hogwild workers train on their own data; drop --share-data")
-    if cfg.sync == "shared" and cfg.sync_every != defaults.sync_every:
+    if cfg.sync == "shared" and cfg.sync_every != type(cfg)().sync_every:
         raise UsageError("--sync-every", "sets how often --sync synced merges each worker's copy; add --sync synced")
 
 

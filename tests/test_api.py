@@ -347,6 +347,32 @@ def test_an_attribute_set_on_a_config_that_is_none_of_its_fields_is_refused_not_
         rl.train(config)
 
 
+@pytest.mark.parametrize(
+    ("changes", "mode", "told"),
+    [
+        (
+            {"workers": 2},
+            "coupled",
+            'workers (--workers): belongs to Hogwild mode: rl.train(config, mode="hogwild"); coupled mode takes its '
+            "default, 1",
+        ),
+        (
+            {"pipeline": True},
+            "hogwild",
+            'pipeline (--pipeline): belongs to decoupled mode: rl.train(config, mode="decoupled"); Hogwild mode takes '
+            "its default, False",
+        ),
+    ],
+)
+def test_a_field_of_another_mode_is_refused_with_the_mode_to_train_it_in(tmp_path, monkeypatch, changes, mode, told):
+    monkeypatch.chdir(tmp_path)
+    config = rl.preset("cartpole", total_timesteps=512, eval_episodes=0, progress_bar=False, **changes)
+    with pytest.raises(rl.UsageError) as error:
+        rl.train(config, mode=mode)
+    assert str(error.value) == told
+    assert not (tmp_path / "logs").exists()
+
+
 def test_a_config_file_loads_as_its_algorithms_config_with_overrides_as_the_command_line_reads_it(tmp_path):
     from rl.config import write_config_file
 

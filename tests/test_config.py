@@ -13,7 +13,7 @@ import pytest
 
 from rl.algos.ppo.config import PPOConfig
 from rl.algos.sac.config import SACConfig
-from rl.cli import flags_of, parse_config
+from rl.cli import check_mode_flags, flags_of, parse_config
 from rl.config import RunConfig, flag, local_gpu_index, uses_gpu, validate, validate_decoupled
 from rl.envs import inspect_env
 from rl.errors import UsageError
@@ -941,6 +941,34 @@ def test_each_entry_script_takes_its_own_modes_flags_and_names_the_mode_of_anoth
                 parse_config(MODE_FLAG_EXAMPLES[name], mode)
             assert error.value.flag == flag(name)
     assert {"--seed", "--env-id", "--checkpoint-every"} <= listed  # every mode's
+
+
+@pytest.mark.parametrize(
+    ("text", "mode", "told"),
+    [
+        (
+            "workers: 2\n",
+            "coupled",
+            "sets workers: 2, which belongs to Hogwild mode: python train_hogwild.py ...; drop",
+        ),
+        ("eval_every: 500\n", "hogwild", "sets eval_every: 500, which belongs to coupled mode: fabric run ... train"),
+        ("evaluator: true\n", "coupled", "sets evaluator: True, which belongs to decoupled mode: fabric run ... train"),
+    ],
+)
+def test_a_config_files_key_of_another_mode_is_named_as_the_files_not_as_a_flag(tmp_path, text, mode, told):
+    """A run folder's config.yaml holds every mode's flags: another mode's run's file sets its own."""
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    cfg = parse_config(["--config", str(path)], mode)
+    with pytest.raises(UsageError) as error:
+        check_mode_flags(cfg, mode)
+    assert error.value.flag == "--config"
+    assert str(error.value).startswith(f"--config: {path} {told}")
+    assert str(error.value).endswith(f"drop it from the file to train in {mode} mode")
+    cfg.config = None  # the same value given another way (in Python) is named as the flag it is
+    with pytest.raises(UsageError) as error:
+        check_mode_flags(cfg, mode)
+    assert error.value.flag != "--config"
 
 
 @pytest.mark.parametrize(
