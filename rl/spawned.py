@@ -86,6 +86,10 @@ class _NoChild:
     def duplicate_for_child(fd: int) -> int:
         return fd
 
+    @staticmethod
+    def DupFd(fd: int) -> int:  # the name multiprocessing calls
+        return fd
+
 
 @contextmanager
 def _as_if_spawning() -> Iterator[None]:
