@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import inspect
 import os
 import re
 import signal
@@ -20,7 +21,7 @@ import torch
 
 from rl import masked_cartpole, pixel_cartpole, two_cues  # noqa: F401  (register rl/MaskedCartPole-v1 and others)
 from rl.env_faults import WorkerEndsNamed, env_frames, own_frames, summary
-from rl.errors import UsageError, print_error
+from rl.errors import UsageError, did_you_mean, listed, print_error
 from rl.faults import signal_when_parent_dies
 from rl.multi_input import (
     MultiInputLayout,
@@ -266,7 +267,7 @@ def inspect_env(env_id: str, preprocessing: Preprocessing = ATARI_PREPROCESSING)
     except TypeError as error:
         if not preprocessing.env_kwargs:
             raise
-        raise UsageError("--env-kwargs", f"{env_id} does not take {dict(preprocessing.env_kwargs)}: {error}") from None
+        raise env_keywords_refusal(env_id, dict(preprocessing.env_kwargs), error) from None
     except ImportError as error:
         raise (
             refusal_for_missing_module(env_id, error)
@@ -281,6 +282,36 @@ def inspect_env(env_id: str, preprocessing: Preprocessing = ATARI_PREPROCESSING)
         return EnvSpaces(env_id, _obs_dim(obs_space), action_space, obs_space, preprocessing, is_atari(env_id))
     finally:
         env.close()
+
+
+def env_keywords_refusal(env_id: str, given: dict[str, Any], error: TypeError) -> UsageError:
+    """Why the env refused the keyword arguments `given`: the first that it does not take, with the one that is a
+    slip of and those it takes, where its creator's signature tells; else the error the env raised."""
+    taken = env_keywords(env_id)
+    unknown = [key for key in given if taken is not None and key not in taken | MAKE_KEYWORDS]
+    if taken is None or not unknown:
+        return UsageError("--env-kwargs", f"{env_id} does not take {given}: {error}")
+    slip = did_you_mean(unknown[0], taken | MAKE_KEYWORDS)
+    refused = f"{env_id} takes no keyword {unknown[0]!r}" + (f" ({slip})" if slip else "")
+    return UsageError("--env-kwargs", f"{refused}: it takes {listed(sorted(taken)) if taken else 'none'}")
+
+
+MAKE_KEYWORDS = frozenset({"max_episode_steps", "disable_env_checker"})  # gym.make's own, not the env's
+
+
+def env_keywords(env_id: str) -> frozenset[str] | None:
+    """The keyword arguments the env's creator takes, read off its signature; None where it takes any (`**kwargs`)
+    or cannot be read."""
+    entry_point = getattr(registered_spec(env_id), "entry_point", None)
+    try:
+        creator = entry_point if callable(entry_point) else gym.envs.registration.load_env_creator(entry_point)
+        parameters = inspect.signature(creator).parameters.values()
+    except (AttributeError, ImportError, TypeError, ValueError, gym.error.Error):
+        return None
+    if any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters):
+        return None
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return frozenset(parameter.name for parameter in parameters if parameter.kind in named)
 
 
 TRUSTED_ENV_PACKAGES = ("gymnasium", "ale_py", "rl")  # their envs keep the API; checking them costs start-up time

@@ -1,5 +1,6 @@
 """Your own env: `--env-id module:Env-v0`, its keyword arguments (`--env-kwargs`, `--env-kwarg`), and the API check."""
 
+import json
 import os
 import re
 import signal
@@ -18,6 +19,7 @@ import rl
 from rl import PPOConfig
 from rl.cli import parse_config
 from rl.config import check_field_types
+from rl.envs import inspect_env
 from rl.export import greedy_policy
 
 OWN_ENV = [
@@ -65,8 +67,8 @@ def test_keyword_arguments_may_be_a_dict_in_python_and_in_a_config_file(tmp_path
         (["--env-kwargs", "{length: 3}"], "--env-kwargs", "is not JSON"),
         (["--env-kwargs", "[3]"], "--env-kwargs", "must be a JSON object"),
         (["--env-kwarg", "length"], "--env-kwarg", "takes key=value"),
-        ([*OWN_ENV, "--env-kwarg", "width=3"], "--env-kwarg", "does not take {'width': 3}"),  # the flag given
-        ([*OWN_ENV, "--env-kwargs", '{"width": 3}'], "--env-kwargs", "does not take {'width': 3}"),
+        ([*OWN_ENV, "--env-kwarg", "width=3"], "--env-kwarg", "takes no keyword 'width': it takes length"),  # as given
+        ([*OWN_ENV, "--env-kwargs", '{"width": 3}'], "--env-kwargs", "takes no keyword 'width': it takes length"),
         (
             ["--env-kwarg", "sutton_barto_reward=true", "--vector-mode", "native"],
             "--vector-mode",
@@ -78,6 +80,49 @@ def test_keyword_arguments_may_be_a_dict_in_python_and_in_a_config_file(tmp_path
 def test_bad_keyword_arguments_end_with_one_line_naming_the_flag(tmp_path, args, flag, says):
     line = refusal_line("fabric", args, tmp_path)
     assert line.startswith(f"error: {flag}: ") and says in line
+
+
+class TakesAnyKeyword(gym.Env):
+    observation_space = gym.spaces.Box(0.0, 1.0, (2,), dtype=np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, **options: object) -> None:
+        if options:
+            raise TypeError(f"no options, got {sorted(options)}")
+
+
+@pytest.mark.parametrize(
+    ("env_id", "kwargs", "told"),
+    [
+        (
+            "rl/TwoCues-v0",
+            {"kes": "image"},
+            "rl/TwoCues-v0 takes no keyword 'kes' (did you mean keys?): it takes continuous, keys and size",
+        ),
+        (
+            "CartPole-v1",
+            {"max_episode_step": 9},
+            "takes no keyword 'max_episode_step' (did you mean max_episode_steps?)",
+        ),
+        # a keyword it takes, of a value it refuses: the env's own error
+        ("rl/TwoCues-v0", {"size": "abc"}, "rl/TwoCues-v0 does not take {'size': 'abc'}: Expected all Box shape"),
+        # a creator that takes any keyword: its signature tells nothing, its error tells it all
+        (
+            "TakesAnyKeyword-v0",
+            {"width": 3},
+            "TakesAnyKeyword-v0 does not take {'width': 3}: no options, got ['width']",
+        ),
+    ],
+)
+def test_a_keyword_the_env_does_not_take_is_named_with_those_it_takes(env_id, kwargs, told):
+    gym.register("TakesAnyKeyword-v0", TakesAnyKeyword)
+    try:
+        with pytest.raises(rl.UsageError) as error:
+            inspect_env(env_id, PPOConfig(env_id=env_id, env_kwargs=json.dumps(kwargs)).preprocessing())
+    finally:
+        del gym.envs.registry["TakesAnyKeyword-v0"]
+    assert error.value.flag == "--env-kwargs"
+    assert told in str(error.value)
 
 
 def test_an_env_of_your_own_trains_with_its_keyword_arguments_and_evaluates_with_them_again(tmp_path):
