@@ -98,6 +98,7 @@ def parse_config(argv: list[str], mode: Mode | None = None) -> RunConfig:
     except UsageError as error:
         raise (
             misplaced_algorithm(error)
+            or misspelled_algorithm(error, argv)
             or other_modes_flag(error, mode)
             or other_algorithms_flag(error, name)
             or other_algorithms_key(error, name)
@@ -134,6 +135,16 @@ def misplaced_algorithm(error: UsageError) -> UsageError | None:
         return None
     script = os.path.basename(sys.argv[0])
     return UsageError("command line", f"the algorithm goes first, before any flag: {script} {misplaced} --...")
+
+
+def misspelled_algorithm(error: UsageError, argv: list[str]) -> UsageError | None:
+    """A first word that the parser refused and that is a slip of an algorithm's name (`sak`, `ppo2`)."""
+    first = argv[0] if argv else ""
+    # A three-letter name with one letter off is as close as a long one with two.
+    slip = did_you_mean(first, ALGORITHMS, cutoff=0.6) if first in unrecognized_options(error) else ""
+    if not slip:
+        return None
+    return UsageError("command line", f"there is no algorithm {first!r} ({slip}); name one of {', '.join(ALGORITHMS)}")
 
 
 def other_modes_flag(error: UsageError, mode: Mode | None) -> UsageError | None:

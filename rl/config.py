@@ -33,7 +33,7 @@ import tyro
 from rl.compiling import CompileMode, check_compiler
 from rl.encoders import EncoderKind
 from rl.envs import Preprocessing, VectorMode
-from rl.errors import UsageError, counted
+from rl.errors import UsageError, counted, did_you_mean
 from rl.logger import LoggerName
 from rl.precision import (
     DEFAULT_PRECISION,
@@ -1091,7 +1091,9 @@ def flag_value(argv: list[str], name: str) -> str | None:
 def preset_values(config_type: type[RunConfig], name: str) -> dict[str, Any]:
     if name not in config_type.PRESETS:
         choices = ", ".join(config_type.PRESETS) or "none exist"
-        raise UsageError("--preset", f"there is no preset {name!r} for this algorithm; choose from {choices}")
+        slip = did_you_mean(name, config_type.PRESETS)
+        refused = f"there is no preset {name!r} for this algorithm" + (f" ({slip})" if slip else "")
+        raise UsageError("--preset", f"{refused}; choose from {choices}")
     return {"preset": name, **config_type.PRESETS[name]}
 
 

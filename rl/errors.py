@@ -49,9 +49,9 @@ def how_it_ended(exitcode: int) -> str:
 SLIP_CUTOFF = 0.8  # difflib's similarity ratio above which an unknown name is taken for a slip of a known one
 
 
-def did_you_mean(word: str, names: Iterable[str]) -> str:
+def did_you_mean(word: str, names: Iterable[str], cutoff: float = SLIP_CUTOFF) -> str:
     """ "did you mean num_envs?" where `word` is a slip of one of `names` (the closest); empty otherwise."""
-    close = difflib.get_close_matches(word, list(names), n=1, cutoff=SLIP_CUTOFF)
+    close = difflib.get_close_matches(word, list(names), n=1, cutoff=cutoff)
     return f"did you mean {close[0]}?" if close else ""
 
 

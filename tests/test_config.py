@@ -577,12 +577,29 @@ def test_each_flag_another_programs_flag_is_answered_with_is_a_flag_of_the_algor
         (["--workerz", "2"], "hogwild", "--workerz: Unrecognized options: --workerz, 2; did you mean --workers?"),
         (["--workerz", "2"], "coupled", "--workerz: Unrecognized options: --workerz, 2"),  # another mode's flag
         (["--no-such-flag"], None, "--no-such-flag: Unrecognized options: --no-such-flag"),
+        (
+            ["sak", "--seed", "3"],
+            None,
+            "command line: there is no algorithm 'sak' (did you mean sac?); name one of ppo, sac",
+        ),
+        (["ppo2"], "coupled", "command line: there is no algorithm 'ppo2' (did you mean ppo?); name one of ppo, sac"),
+        (["xyz"], None, "command line: Unrecognized options: xyz"),  # no slip of an algorithm's name
     ],
 )
 def test_a_slip_of_a_flags_name_is_answered_with_the_flag_of_this_algorithm_and_mode(argv, mode, told):
     with pytest.raises(UsageError) as error:
         parse_config(argv, mode)
     assert str(error.value) == told
+
+
+def test_a_slip_of_a_presets_name_is_answered_with_the_preset_and_every_choice():
+    with pytest.raises(UsageError) as error:
+        parse_config(["sac", "--preset", "hoper"])
+    choices = ", ".join(ALGORITHMS["sac"].config_type.PRESETS)
+    slip = "there is no preset 'hoper' for this algorithm (did you mean hopper?)"
+    assert str(error.value) == f"--preset: {slip}; choose from {choices}"
+    with pytest.raises(UsageError, match=r"there is no preset 'zzz' for this algorithm; choose from"):
+        parse_config(["--preset", "zzz"])
 
 
 @pytest.mark.parametrize(
