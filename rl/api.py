@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import re
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import fields
@@ -163,16 +164,54 @@ def train(
 def callback_list(callbacks: Sequence[Callback] | Callback) -> list[Callback]:
     """`train`'s callbacks as a list (one may come alone), checked before the run starts: anything else would fail
     at the loop's first event."""
-    if isinstance(callbacks, Callback):
-        return [callbacks]
-    listed = list(callbacks) if isinstance(callbacks, Iterable) and not isinstance(callbacks, str) else [callbacks]
+    if isinstance(callbacks, Callback) or not isinstance(callbacks, Iterable) or isinstance(callbacks, str):
+        listed = [callbacks]
+    else:
+        listed = list(callbacks)
     for callback in listed:
         if not isinstance(callback, Callback):
             raise TypeError(
                 "callbacks are rl.Callback instances (of a subclass that overrides the events it needs), one or a "
                 f"list; got {callback!r}"
             )
+        warn_of_methods_never_called(type(callback))
     return listed
+
+
+CALLBACK_EVENTS = tuple(name for name in vars(Callback) if name.startswith("on_"))
+# Stable-Baselines3's callback methods, and the event that comes nearest here.
+SB3_CALLBACK_EVENTS = {
+    "on_step": "on_iteration_end",
+    "on_rollout_start": "on_iteration_start",
+    "on_rollout_end": "on_iteration_end",
+    "on_training_start": "on_iteration_start",
+    "on_training_end": "on_finish",
+}
+
+
+def warn_of_methods_never_called(kind: type[Callback]) -> None:
+    """Warn of a method of a callback class that looks meant for an event but is none (a slip, `on_reprot`, or
+    Stable-Baselines3's `_on_step`), which the loop would never call; other methods are the class's own."""
+    own = {name for klass in kind.__mro__[: kind.__mro__.index(Callback)] for name in vars(klass)}
+    for name in sorted(own):
+        event = name.removeprefix("_")
+        if name in CALLBACK_EVENTS or not callable(getattr(kind, name)):
+            continue
+        nearest = SB3_CALLBACK_EVENTS.get(event)
+        if nearest is not None:
+            advice = f"Stable-Baselines3's {name}; here the nearest event is {nearest}"
+        else:
+            advice = did_you_mean(event, CALLBACK_EVENTS)
+        if advice:
+            message = (
+                f"{kind.__name__}.{name} is no event of rl.Callback and is never called ({advice}); its events: "
+                f"{', '.join(CALLBACK_EVENTS)}"
+            )
+            code = getattr(getattr(kind, name), "__code__", None)
+            if code is None:  # not a plain function: the warning points at the call that passed the callback
+                warnings.warn(message, stacklevel=5)
+            else:  # at the method itself
+                warnings.warn_explicit(message, UserWarning, code.co_filename, code.co_firstlineno, kind.__module__)
 
 
 def completed(config: RunConfig, mode: Mode) -> RunConfig:

@@ -257,7 +257,9 @@ class Callback:
     Every process that runs the loop calls its callbacks (each rank when coupled, each player when
     decoupled, each Hogwild worker); `state.is_main` tells the one that logs. `state.request_stop()`
     from any event, on any process, ends the run on all of them at the report where it was asked
-    (the next one if asked between reports), as a finished run. Override the events you need.
+    (the next one if asked between reports), as a finished run. Override the events you need; a
+    method that looks meant for one but is none (`on_reprot`, Stable-Baselines3's `_on_step`) is
+    warned of when the run starts, since the loop never calls it.
     Each Hogwild worker calls a copy of its own: what it gathers reaches the caller through what
     processes share (a `multiprocessing` queue, a tensor in shared memory)."""
 

@@ -8,6 +8,7 @@ import pickle
 import re
 import subprocess
 import sys
+import warnings
 from datetime import datetime
 from pathlib import Path
 
@@ -645,3 +646,36 @@ def test_callbacks_that_are_not_rl_callbacks_are_refused_before_training_and_one
     alone = CountReports()
     rl.train(config, callbacks=alone)
     assert alone.reports == 2  # 256 steps of 2 envs x 64 steps: two iterations, a report each
+
+
+class Misspelt(rl.Callback):
+    def on_reprot(self, state, scalars):  # a slip of on_report
+        raise AssertionError("never called")
+
+
+class FromStableBaselines(Misspelt):
+    def _on_step(self) -> bool:  # SB3's event
+        return True
+
+    def on_new_best(self) -> None:  # a helper of its own, called from an event: no warning
+        pass
+
+
+def test_a_callback_method_that_looks_meant_for_an_event_but_is_none_is_warned_of_at_its_line(tmp_path):
+    """The loop would never call it, in silence; the warning names the event nearest, and points at the method."""
+    config = rl.PPOConfig(total_timesteps=128, num_envs=2, num_steps=64, eval_episodes=0, progress_bar=False)
+    config.log_dir = str(tmp_path)
+    with pytest.warns(UserWarning) as warned:
+        rl.train(config, callbacks=FromStableBaselines())
+    events = "its events: on_iteration_start, on_iteration_end, on_report, on_evaluation, on_checkpoint, on_finish"
+    assert sorted(str(warning.message) for warning in warned) == [
+        "FromStableBaselines._on_step is no event of rl.Callback and is never called (Stable-Baselines3's _on_step; "
+        f"here the nearest event is on_iteration_end); {events}",
+        "FromStableBaselines.on_reprot is no event of rl.Callback and is never called (did you mean on_report?); "
+        + events,
+    ]
+    assert {Path(warning.filename).name for warning in warned} == {"test_api.py"}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rl.train(config, callbacks=[CountReports()])  # a callback of events alone: no such warning
+    assert not [warning for warning in caught if "is no event of rl.Callback" in str(warning.message)]
