@@ -285,10 +285,10 @@ def inspect_env(env_id: str, preprocessing: Preprocessing = ATARI_PREPROCESSING)
 
 
 def env_keywords_refusal(env_id: str, given: dict[str, Any], error: TypeError) -> UsageError:
-    """Why the env refused the keyword arguments `given`: the first that it does not take, with the one that is a
+    """Why the env refused the keyword arguments `given`: the first that it does not take, with the one it is a
     slip of and those it takes, where its creator's signature tells; else the error the env raised."""
     taken = env_keywords(env_id)
-    unknown = [key for key in given if taken is not None and key not in taken | MAKE_KEYWORDS]
+    unknown = [] if taken is None else [key for key in given if key not in taken | MAKE_KEYWORDS]
     if taken is None or not unknown:
         return UsageError("--env-kwargs", f"{env_id} does not take {given}: {error}")
     slip = did_you_mean(unknown[0], taken | MAKE_KEYWORDS)
