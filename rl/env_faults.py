@@ -11,6 +11,7 @@ call that never returns is named by the process it holds once that process is st
 from __future__ import annotations
 
 import os
+import sysconfig
 import threading
 import time
 import traceback
@@ -31,6 +32,13 @@ if TYPE_CHECKING:
 # own code (numpy's too, where the checker calls it).
 PLUMBING = tuple(os.path.dirname(os.path.abspath(path)) + os.sep for path in (__file__, gym.__file__, np.__file__))
 GYMNASIUM_ENVS = os.path.join(os.path.dirname(gym.__file__), "envs") + os.sep  # its own envs are env code
+# Python's own modules (functools, where gymnasium dispatches on a space's type) are no env's code either; installed
+# packages may lie below them, where Python runs without a virtual environment.
+STANDARD_LIBRARY = os.path.join(sysconfig.get_paths()["stdlib"], "")
+INSTALLED = tuple(os.path.join(sysconfig.get_paths()[key], "") for key in ("purelib", "platlib"))
+# gymnasium's batching of the envs' observations into the vector env's arrays: it fails only on an observation
+# of another shape or type than the observation space's.
+BATCHING = os.path.join(os.path.dirname(gym.__file__), "vector", "utils") + os.sep
 
 
 class EnvFault(RunStopped):
@@ -58,7 +66,11 @@ class EnvCall:
         self.began.pop(threading.get_ident(), None)
         if error is None or not isinstance(error, Exception) or isinstance(error, EnvFault):
             return  # KeyboardInterrupt and the like are the loop's to handle
-        raise EnvFault(f"{self.call} raised {summary(error)}", env_frames(tb)) from error
+        frames = env_frames(tb)
+        if not frames and any(frame.filename.startswith(BATCHING) for frame in traceback.extract_tb(tb)):
+            what = f"{self.call} returned an observation its space does not hold (batching it raised"
+            raise EnvFault(f"{what} {summary(error)})") from error
+        raise EnvFault(f"{self.call} raised {summary(error)}", frames) from error
 
 
 ENV_STEP, ENV_RESET = EnvCall("step"), EnvCall("reset")
@@ -164,7 +176,12 @@ def own_frames(tb: TracebackType | None) -> list[traceback.FrameSummary]:
 
 
 def is_env_code(filename: str) -> bool:
-    return filename.startswith(GYMNASIUM_ENVS) or not filename.startswith(PLUMBING)
+    """Whether a frame's file is an env's: gymnasium's envs, and any file but the plumbing's and Python's own."""
+    if filename.startswith(GYMNASIUM_ENVS):
+        return True
+    if filename.startswith(PLUMBING):
+        return False
+    return filename.startswith(INSTALLED) or not filename.startswith(STANDARD_LIBRARY)
 
 
 def check_finite(

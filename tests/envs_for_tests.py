@@ -452,7 +452,8 @@ gym.register("ImageAndText-v0", entry_point=ImageAndText)
 
 class Misbehaves(gym.Env):
     """From its `after`th step on (counted over the env's life), `fault`: "raise" (a RuntimeError from a helper),
-    "nan_observation", "nan_last_observation" (NaN only in an episode's last observation), "inf_reward", "hang" (a
+    "nan_observation", "nan_last_observation" (NaN only in an episode's last observation), "inf_reward",
+    "wrong_shape" (an observation of 4 values, where its space holds 3), "hang" (a
     step that never returns, after touching the file HANG_MARKER names), "die_once" (the first env to get there,
     the one that creates the file DIE_MARKER names, kills its own process), "raise_on_close" (its close raises),
     or "as_asked" (the fault that MISBEHAVE
@@ -480,6 +481,8 @@ class Misbehaves(gym.Env):
                 self.lose_contact()
             if fault == "nan_observation" or (fault == "nan_last_observation" and self.steps >= 20):
                 obs[2] = np.nan
+            if fault == "wrong_shape":
+                obs = np.append(obs, 0.5).astype(np.float32)
             if fault == "inf_reward":
                 reward = float("inf")
             if fault == "hang":

@@ -3,6 +3,7 @@ env's call and what it did; one that raised shows its own frames above that line
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import re
@@ -11,6 +12,8 @@ import subprocess
 import sys
 import time
 
+import envs_for_tests
+import gymnasium as gym
 import pytest
 from conftest import (
     SCRIPTS,
@@ -25,6 +28,7 @@ from conftest import (
 )
 
 import rl
+from rl.env_faults import INSTALLED, is_env_code
 from rl.envs import make_vector_env
 
 MISBEHAVES = ["--env-id", "envs_for_tests:Misbehaves-v0"]
@@ -87,6 +91,25 @@ def test_a_non_finite_value_from_the_env_is_named_before_it_reaches_the_learner(
     assert str(stopped.value) == (
         f"--env-id: the env's step returned {what}; the run stopped, and the checkpoints written so far are kept"
     )
+
+
+def test_an_observation_its_space_does_not_hold_is_named_as_what_the_env_returned_not_as_an_error_it_raised(tmp_path):
+    """The vector env fails to batch it, in gymnasium's frames alone: the env returned it, and raised nothing."""
+    with pytest.raises(rl.RunStopped) as stopped:
+        rl.train(misbehaving(tmp_path, "wrong_shape"))
+    assert str(stopped.value) == (
+        "--env-id: the env's step returned an observation its space does not hold (batching it raised ValueError: "
+        "Output array is the wrong shape); the run stopped, and the checkpoints written so far are kept"
+    )
+    assert stopped.value.context == ""  # no frames of the env's to show
+
+
+def test_frames_of_pythons_own_modules_and_of_the_plumbing_are_not_the_envs_but_an_installed_packages_are():
+    assert not is_env_code(functools.__file__)  # gymnasium dispatches on a space's type through it
+    assert not is_env_code(gym.vector.utils.__file__) and not is_env_code(rl.__file__)
+    assert is_env_code(gym.envs.classic_control.cartpole.__file__)
+    assert is_env_code(envs_for_tests.__file__)
+    assert is_env_code(os.path.join(INSTALLED[0], "some_package", "env.py"))
 
 
 def test_an_async_env_whose_process_dies_is_named_with_how_and_the_other_workers_are_stopped(tmp_path, monkeypatch):
