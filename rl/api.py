@@ -194,9 +194,10 @@ def warn_of_methods_never_called(kind: type[Callback]) -> None:
     Stable-Baselines3's `_on_step`), which the loop would never call; other methods are the class's own."""
     own = {name for klass in kind.__mro__[: kind.__mro__.index(Callback)] for name in vars(klass)}
     for name in sorted(own):
-        event = name.removeprefix("_")
-        if name in CALLBACK_EVENTS or not callable(getattr(kind, name)):
+        code = getattr(getattr(kind, name), "__code__", None)  # a method's (the warning points at its line)
+        if name in CALLBACK_EVENTS or code is None:
             continue
+        event = name.removeprefix("_")
         nearest = SB3_CALLBACK_EVENTS.get(event)
         if nearest is not None:
             advice = f"Stable-Baselines3's {name}; here the nearest event is {nearest}"
@@ -207,11 +208,7 @@ def warn_of_methods_never_called(kind: type[Callback]) -> None:
                 f"{kind.__name__}.{name} is no event of rl.Callback and is never called ({advice}); its events: "
                 f"{', '.join(CALLBACK_EVENTS)}"
             )
-            code = getattr(getattr(kind, name), "__code__", None)
-            if code is None:  # not a plain function: the warning points at the call that passed the callback
-                warnings.warn(message, stacklevel=5)
-            else:  # at the method itself
-                warnings.warn_explicit(message, UserWarning, code.co_filename, code.co_firstlineno, kind.__module__)
+            warnings.warn_explicit(message, UserWarning, code.co_filename, code.co_firstlineno, kind.__module__)
 
 
 def completed(config: RunConfig, mode: Mode) -> RunConfig:
