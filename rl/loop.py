@@ -113,7 +113,10 @@ def report_resources(
     runtime: Runtime, run: Run, loop_seconds: float, steps: int, global_step: int, env_seconds: float
 ) -> None:
     """Loop speed over this launch's `steps`, rank 0's time in its envs' steps, and each rank's process time and
-    peak memory, printed and logged by rank 0 at `global_step` (past the resumed step, where a run resumed)."""
+    peak memory, printed and logged by rank 0 at `global_step` (past the resumed step, where a run resumed). A launch
+    that trained no step (a relaunch of a finished run) has no speed to report, and reports nothing."""
+    if steps == 0:  # the same on every rank: none of them joins the gather
+        return
     process_seconds = time.monotonic() - PROCESS_STARTED
     per_rank = runtime.all_gather_rows(torch.tensor([[own_peak_rss_mb(), process_seconds]], dtype=torch.float64))
     peak_rss = per_rank[:, 0].tolist()

@@ -331,6 +331,18 @@ def all_scalars(directory: Path, tag: str) -> dict[int, float]:
     return values
 
 
+def scalar_steps_per_file(directory: Path, tag: str) -> list[list[int]]:
+    """The steps at which each event file of a run folder (one per launch) logged `tag`."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    steps = []
+    for events_file in sorted(glob.glob(str(directory / "events.*"))):
+        events = EventAccumulator(events_file)
+        events.Reload()
+        steps.append([event.step for event in events.Scalars(tag)] if tag in events.Tags()["scalars"] else [])
+    return steps
+
+
 def wandb_record(directory: Path, role: str | None = None) -> bytes:
     """W&B's own offline logs (history and config) of the run in `directory`, or of its process with that role:
     those of every launch that continued it, one after the other."""

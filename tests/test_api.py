@@ -27,6 +27,7 @@ from conftest import (
     refusal_line,
     run_dir,
     run_ranks,
+    scalar_steps_per_file,
 )
 
 import rl
@@ -162,22 +163,26 @@ def test_a_run_after_a_named_one_in_the_same_process_leaves_that_runs_journal_al
     assert [path.read_text() for path in journal] == before
 
 
-def test_a_named_run_launched_again_after_it_finished_says_it_trains_nothing(tmp_path, capsys):
+@pytest.mark.parametrize("mode", ["coupled", "hogwild"])
+def test_a_named_run_launched_again_after_it_finished_says_it_trains_nothing(tmp_path, capfd, mode):
     config = rl.PPOConfig(
         num_envs=2, num_steps=64, total_timesteps=256, eval_episodes=1, progress_bar=False, run_name="same"
     )
     config.log_dir = str(tmp_path / "logs")
-    first = rl.train(config)
-    capsys.readouterr()
-    # Launched again, say with another learning rate: it only evaluates again, and says so.
-    again = rl.train(dataclasses.replace(config, learning_rate=0.1))
+    first = rl.train(config, mode=mode)
+    assert "training loop: 256 steps in" in capfd.readouterr().out
+    # Launched again, say with another learning rate: it only evaluates again, and says so; with no step trained,
+    # it has no loop speed to print or log.
+    again = rl.train(dataclasses.replace(config, learning_rate=0.1), mode=mode)
     assert again.global_step == first.global_step == 256
-    printed = capsys.readouterr().out.splitlines()
+    printed = [line for line in capfd.readouterr().out.splitlines() if not line.startswith("hogwild: ")]
     assert printed[0] == (
         "this run already trained to step 256: nothing is left to train but its closing evaluation "
         "(a larger --total-timesteps trains on)"
     )
-    assert printed[-1].startswith("evaluation over 1 greedy episode")
+    assert len(printed) == 2 and printed[1].startswith("evaluation over 1 greedy episode")
+    speeds = [steps for steps in scalar_steps_per_file(Path(first.run_dir), "Perf/loop_steps_per_second") if steps]
+    assert speeds == [[256]]  # the first launch's alone
 
 
 def test_a_named_run_that_stopped_at_its_target_return_launched_again_trains_nothing_unless_the_target_rises(

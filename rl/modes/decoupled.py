@@ -379,9 +379,11 @@ class Player:
             self.evaluator.finish(global_step, policy, source.obs_normalizer)
         loop_seconds = self.loop_clock.seconds(self.trainer_compile_seconds)
         steps = global_step - self.start_step
-        waited = self.inbox.wait_seconds
-        print(summary_line(steps, loop_seconds, env_seconds=source.env_seconds, update_wait_seconds=waited), flush=True)
-        run.sink.log_scalars(loop_figures(steps, loop_seconds, source.env_seconds), global_step)  # its own
+        if steps:  # a relaunch of a finished run trains none, and has no speed to report
+            waited = self.inbox.wait_seconds
+            line = summary_line(steps, loop_seconds, env_seconds=source.env_seconds, update_wait_seconds=waited)
+            print(line, flush=True)
+            run.sink.log_scalars(loop_figures(steps, loop_seconds, source.env_seconds), global_step)  # its own
         self.final_step = global_step
         if state.interrupted:
             print(f"interrupted at step {global_step}: checkpoint written to {run.dir}", flush=True)

@@ -583,15 +583,14 @@ def supervise_run(
         raise RuntimeError("the workers ended without handing in their final checkpoint")
     step = final.counters.global_step
     if interrupted:
-        print(writer.loop_report, flush=True)
-        run.sink.log_scalars(writer.loop_figures, step)
+        report_loop(writer, run, step)
         print(f"interrupted at step {step}: checkpoint written to {run.dir}", flush=True)
         record_end(step, interrupted=True)
         run.close()
         return TrainingResult(os.path.abspath(run.dir), None, None, step)
     log_to_every_logger(run, cfg.logger)
-    run.sink.log_scalars(writer.loop_figures, step)
-    evaluation = finish(algorithm, final, writer.loop_report, run)
+    report_loop(writer, run, step)
+    evaluation = finish(algorithm, final, run)
     record_end(step, interrupted=False)
     run.close()
     return TrainingResult(os.path.abspath(run.dir), os.path.abspath(agent_path(run.dir)), evaluation, step)
@@ -724,6 +723,8 @@ class CheckpointWriter:
         steps = sum(part["frames_this_run"] for part in parts)
         env_seconds = sum(part["env_seconds"] for part in parts) / len(parts)  # each worker's, on average
         peak_rss_mb = [part["peak_rss_mb"] for part in parts]
+        if steps == 0:  # a relaunch of a finished run trains none, and has no speed to report
+            return
         self.loop_report = summary_line(steps, loop_seconds, peak_rss_mb, env_seconds=env_seconds)
         self.loop_figures = loop_figures(steps, loop_seconds, env_seconds, peak_rss_mb)
         if self.algorithm.cfg.compile:
@@ -731,11 +732,17 @@ class CheckpointWriter:
             self.loop_report += f"; torch.compile: {compiling} s compiling per worker (left out of the env steps/s)"
 
 
-def finish(algorithm: Algorithm, final: TrainingCheckpoint, loop_report: str, run: Run) -> dict[str, float] | None:
+def report_loop(writer: CheckpointWriter, run: Run, step: int) -> None:
+    """The workers' loop figures of the final checkpoint, printed and logged: none where they trained no step."""
+    if writer.loop_report:
+        print(writer.loop_report, flush=True)
+        run.sink.log_scalars(writer.loop_figures, step)
+
+
+def finish(algorithm: Algorithm, final: TrainingCheckpoint, run: Run) -> dict[str, float] | None:
     """The saved agent and the closing greedy evaluation (its scalars), from the final global weights."""
     agent = final.saved_agent()
     write_file(agent_path(run.dir), agent)
-    print(loop_report, flush=True)
     policy, normalizer = restored_agent(algorithm, agent)
     return report_evaluation(
         algorithm.cfg, algorithm.spaces.env_id, policy, normalizer, run, final.counters.global_step
