@@ -59,10 +59,12 @@ def test_an_env_that_raises_shows_its_frames_then_one_line_and_keeps_the_checkpo
     lines = done.stderr.strip().splitlines()
     assert lines[-1] == RAISED
     frames = lines[lines.index("the env raised in these frames:") + 1 : -1]
-    # From the env's step down to where it raised: none of the vector env's or this project's frames.
-    assert "envs_for_tests.py" in frames[0] and frames[0].endswith(", in step"), frames
+    # From the env's step down to where it raised: none of the vector env's or this project's frames (Python 3.13
+    # adds a line of carets under a call).
+    functions = [line.rsplit(", in ", 1)[1] for line in frames if line.startswith('  File "')]
+    assert functions == ["step", "lose_contact"], frames
+    assert "envs_for_tests.py" in frames[0], frames
     assert frames[-1].strip().startswith('raise RuntimeError("lost contact'), frames
-    assert len(frames) == 4, frames
     checkpoints = sorted(path.name for path in (run_dir(tmp_path, "fabric") / "checkpoints").iterdir())
     assert checkpoints == ["step_000000000128.ckpt", "step_000000000256.ckpt"]
 
