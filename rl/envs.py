@@ -710,7 +710,8 @@ def check_envpool_has(env_id: str) -> None:
     try:
         import envpool
     except ImportError:
-        raise UsageError("--vector-mode", "envpool needs the envpool extra: pip install -e '.[envpool]'") from None
+        extra = "envpool needs the envpool extra, on Python 3.11 or newer: pip install -e '.[envpool]'"
+        raise UsageError("--vector-mode", extra) from None
     if envpool_task(env_id) not in envpool.list_all_envs():
         raise UsageError(
             "--vector-mode",

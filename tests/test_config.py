@@ -441,7 +441,9 @@ def test_envpool_without_its_extra_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "envpool", None)  # as where the envpool extra is not installed
     with pytest.raises(UsageError) as refused:
         choose_vector_mode("envpool", "CartPole-v1", False, None)
-    assert str(refused.value) == "--vector-mode: envpool needs the envpool extra: pip install -e '.[envpool]'"
+    assert str(refused.value) == (
+        "--vector-mode: envpool needs the envpool extra, on Python 3.11 or newer: pip install -e '.[envpool]'"
+    )
 
 
 def test_envpool_asked_for_an_env_it_lacks_names_what_it_holds():
