@@ -343,13 +343,18 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
     # anew, and a learner among several steps aside from graphs that came by default, as that is not yet measured
     # on several GPUs), and the following fields that were chosen, which keep their values. InitVars rather than
     # fields (no flag, no key of a config file), which `dataclasses.replace` passes on to the copy as it does fields.
-    followed: InitVar[Annotated[frozenset, tyro.conf.Suppress]] = frozenset()  # (field name, value by default)
-    chosen_defaults: InitVar[Annotated[frozenset, tyro.conf.Suppress]] = frozenset()  # field names
+    # Annotated with objects rather than this module's strings: Python 3.10's `typing.get_type_hints` (which tyro
+    # calls) refuses a string that names an InitVar.
+    __annotations__["followed"] = InitVar[Annotated[frozenset, tyro.conf.Suppress]]
+    followed = frozenset()  # (field name, value by default)
+    __annotations__["chosen_defaults"] = InitVar[Annotated[frozenset, tyro.conf.Suppress]]
+    chosen_defaults = frozenset()  # field names
     # The fields that the caller who built this config by hand named (or set on it since, for the following ones),
     # until fill_defaults takes them into account, so that one given its default value (`cuda_graphs=False` with
     # `cuda=True`) counts as chosen (`rl.api.completed`); set by `__new__`, which sees the caller's arguments, and
     # passed on by `dataclasses.replace`, which names every field.
-    named_when_built: InitVar[Annotated[frozenset, tyro.conf.Suppress]] = frozenset()
+    __annotations__["named_when_built"] = InitVar[Annotated[frozenset, tyro.conf.Suppress]]
+    named_when_built = frozenset()
 
     def __new__(cls, *args: Any, **kwargs: Any) -> RunConfig:
         config = super().__new__(cls)
