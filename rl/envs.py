@@ -710,7 +710,7 @@ def check_envpool_has(env_id: str) -> None:
     try:
         import envpool
     except ImportError:
-        extra = "envpool needs the envpool extra, on Python 3.11 or newer: pip install -e '.[envpool]'"
+        extra = "envpool needs the envpool extra (Python 3.11+): pip install -e '.[envpool]'"
         raise UsageError("--vector-mode", extra) from None
     if envpool_task(env_id) not in envpool.list_all_envs():
         raise UsageError(
