@@ -11,12 +11,13 @@ ctrl_c_ends_start_up()  # first: the imports below take seconds
 
 from rl.cli import prepare, run_main
 from rl.modes.coupled import train_coupled
+from rl.run import TrainingResult
 from rl.runtime import FabricRuntime
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str]) -> TrainingResult | None:
     algorithm, world_size, resume = prepare(argv, FabricRuntime.log_subdir)
-    train_coupled(algorithm, FabricRuntime(algorithm.cfg, world_size), resume)
+    return train_coupled(algorithm, FabricRuntime(algorithm.cfg, world_size), resume)
 
 
 if __name__ == "__main__":

@@ -11,11 +11,12 @@ ctrl_c_ends_start_up()  # first: the imports below take seconds
 
 from rl.cli import prepare, run_main
 from rl.modes.decoupled import LOG_SUBDIR, train_decoupled
+from rl.run import TrainingResult
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str]) -> TrainingResult | None:
     algorithm, world_size, resume = prepare(argv, LOG_SUBDIR, mode="decoupled")
-    train_decoupled(algorithm, world_size, resume)
+    return train_decoupled(algorithm, world_size, resume)
 
 
 if __name__ == "__main__":

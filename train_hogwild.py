@@ -10,12 +10,13 @@ ctrl_c_ends_start_up()  # first: the imports below take seconds
 
 from rl.cli import prepare, run_main
 from rl.modes.hogwild import train_hogwild
+from rl.run import TrainingResult
 from rl.runtime import LocalRuntime
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str]) -> TrainingResult | None:
     algorithm, _, resume = prepare(argv, LocalRuntime.log_subdir, mode="hogwild")
-    train_hogwild(algorithm, resume)
+    return train_hogwild(algorithm, resume)
 
 
 if __name__ == "__main__":

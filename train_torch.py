@@ -10,12 +10,13 @@ ctrl_c_ends_start_up()  # first: the imports below take seconds
 
 from rl.cli import prepare, run_main
 from rl.modes.coupled import train_coupled
+from rl.run import TrainingResult
 from rl.runtime import TorchRuntime
 
 
-def main(argv: list[str]) -> None:
+def main(argv: list[str]) -> TrainingResult | None:
     algorithm, world_size, resume = prepare(argv, TorchRuntime.log_subdir)
-    train_coupled(algorithm, TorchRuntime(algorithm.cfg, world_size), resume)
+    return train_coupled(algorithm, TorchRuntime(algorithm.cfg, world_size), resume)
 
 
 if __name__ == "__main__":

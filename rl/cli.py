@@ -76,7 +76,7 @@ from rl.optim import TrainingDiverged
 from rl.peer_flags import PeerFlag, peer_flag
 from rl.precision import DEFAULT_PRECISION
 from rl.registry import ALGORITHMS, DEFAULT_ALGORITHM, algorithm_type
-from rl.run import check_run_folder_free, fixed_run_dir, run_folder_flag
+from rl.run import TrainingResult, check_run_folder_free, fixed_run_dir, run_folder_flag
 from rl.runtime import configure_torch_threads
 
 Mode = Literal["coupled", "decoupled", "hogwild"]
@@ -601,11 +601,11 @@ def when_interrupted(interrupt: KeyboardInterrupt) -> str:
     return INTERRUPTED_STARTING
 
 
-def run_main(main: Callable[[list[str]], None]) -> None:
+def run_main(main: Callable[[list[str]], TrainingResult | None]) -> None:
     start_up_done()
     with exit_on_usage_error():
         try:
-            main(sys.argv[1:])
+            say_where_the_agent_is(main(sys.argv[1:]))
             deliver_held_sigterm()  # a run stopped by SIGTERM has checkpointed and closed: now it ends by the signal
         except (TrainingDiverged, FloatingPointError) as error:
             record_fault(this_process(), "failed", str(error))
@@ -633,6 +633,23 @@ def run_main(main: Callable[[list[str]], None]) -> None:
             record_fault(this_process(), "failed", f"{type(error).__name__}: {first_line}")
             raise  # with its traceback
     exit_without_teardown()
+
+
+def say_where_the_agent_is(result: TrainingResult | None) -> None:
+    """Name a finished run's saved agent, once (rank 0: the lead player, the Hogwild supervisor): the file that
+    `rl.evaluate`, `rl.export` and `rl.load_agent` take. An interrupted run named its checkpoint instead."""
+    if result is None or result.agent_path is None or int(os.environ.get("RANK", "0")) != 0:
+        return
+    line = f"agent saved to {as_given_here(result.agent_path)}"
+    if result.best_agent_path is not None:
+        line += f" (and its best evaluation's, {os.path.basename(result.best_agent_path)}, beside it)"
+    print(line, flush=True)
+
+
+def as_given_here(path: str) -> str:
+    """`path` relative to the working folder where it lies below it (as the run folder is, by default)."""
+    relative = os.path.relpath(path)
+    return path if relative == os.pardir or relative.startswith(os.pardir + os.sep) else relative
 
 
 def exit_without_teardown() -> None:

@@ -145,6 +145,24 @@ def test_log_dir_moves_the_run_folder(tmp_path):
     assert not (tmp_path / "logs").exists()
 
 
+@pytest.mark.parametrize(
+    ("launcher", "mode", "extra"),
+    [
+        ("fabric run", "fabric", ["--eval-every", "1024"]),
+        ("fabric run", "decoupled", []),
+        ("python", "hogwild", ["--workers", "2"]),
+    ],
+)
+def test_a_finished_run_names_its_saved_agent_once_below_the_working_folder(tmp_path, launcher, mode, extra):
+    finished = run_ranks(launcher, SCRIPTS[mode], [*SHORT_RUN, "--num-envs", "2", *extra], tmp_path)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    agent = run_dir(tmp_path, mode).relative_to(tmp_path) / "agent.ckpt"
+    named = [line for line in finished.stdout.splitlines() if line.startswith("agent saved to ")]
+    best = " (and its best evaluation's, best.ckpt, beside it)" if "--eval-every" in extra else ""
+    assert named == [f"agent saved to {agent}{best}"]
+    assert finished.stdout.splitlines()[-1] == named[0]
+
+
 def test_a_run_ends_at_the_first_periodic_evaluation_that_reaches_the_target(tmp_path):
     """--stop-at-return: rank 0's evaluation ends every rank's loop, which then closes as at its last step."""
     args = [
