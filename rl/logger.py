@@ -38,6 +38,9 @@ class MetricsSink(Protocol):
     def close(self) -> None: ...
 
 
+EVENTS_PREFIX = "events.out.tfevents."  # then the second its writer opened, its host, process and number
+
+
 def mark_resumed_in_tensorboard(log_dir: str, resumed_step: int) -> None:
     """Hide, in TensorBoard, what earlier launches logged in `log_dir` past the checkpoint at `resumed_step` (the
     steps now done again); what they logged up to it, its own step's included, stays.
@@ -50,14 +53,26 @@ def mark_resumed_in_tensorboard(log_dir: str, resumed_step: int) -> None:
     from tensorboard.compat.proto.event_pb2 import Event, SessionLog
     from tensorboard.summary.writer.record_writer import RecordWriter
 
-    now, step = time.time(), resumed_step + 1
     os.makedirs(log_dir, exist_ok=True)  # a resumed run may log into a new folder (--run-name, --log-dir)
-    path = os.path.join(log_dir, f"events.out.tfevents.{int(now):010d}.!resumed-at-{resumed_step}")
+    # An earlier file named in this very second would sort after the marker ("!" comes before a host's name) and
+    # escape it: name the marker in a later second (a relaunch within a second of the run's start waits for it).
+    wait = newest_events_second(log_dir) + 1 - time.time()
+    if wait > 0:
+        time.sleep(wait)
+    now, step = time.time(), resumed_step + 1
+    path = os.path.join(log_dir, f"{EVENTS_PREFIX}{int(now):010d}.!resumed-at-{resumed_step}")
     with open(path, "wb") as file:
         records = RecordWriter(file)
         records.write(Event(wall_time=now, step=step, file_version="brain.Event:2").SerializeToString())
         restart = Event(wall_time=now, step=step, session_log=SessionLog(status=SessionLog.START))
         records.write(restart.SerializeToString())
+
+
+def newest_events_second(log_dir: str) -> int:
+    """The second in the name of the folder's newest TensorBoard event file (writers name them by when they open);
+    0 where there is none."""
+    seconds = [name.split(".")[3] for name in os.listdir(log_dir) if name.startswith(EVENTS_PREFIX)]
+    return max((int(second) for second in seconds if second.isdigit()), default=0)
 
 
 class FabricSink:

@@ -3,6 +3,7 @@
 import csv
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,24 @@ def test_csv_and_tensorboard_log_the_same_points_and_a_resume_keeps_the_rows_bef
     # The closing figures of each launch at its last step: the first launch's, past the checkpoint, are dropped.
     assert [int(row["step"]) for row in csv_rows(directory) if row["Perf/loop_steps_per_second"]] == [3072]
     assert [step for step, _ in read_scalars(directory)["Perf/loop_steps_per_second"]] == [3072]
+
+
+def test_a_relaunch_within_the_second_its_run_started_still_hides_what_it_logged_past_the_checkpoint(tmp_path):
+    from torch.utils.tensorboard import SummaryWriter
+
+    from rl.logger import mark_resumed_in_tensorboard
+
+    time.sleep(1 - time.time() % 1)  # the start of a second: all below happens within it, but for the wait
+    before = SummaryWriter(str(tmp_path))  # the first launch, which logged past its checkpoint at step 2
+    for step in (1, 2, 3, 4):
+        before.add_scalar("Loss/x", float(step), step)
+    before.close()
+    mark_resumed_in_tensorboard(str(tmp_path), resumed_step=2)
+    after = SummaryWriter(str(tmp_path))  # the relaunch, from the checkpoint on
+    for step in (3, 4):
+        after.add_scalar("Loss/x", 10.0 * step, step)
+    after.close()
+    assert read_scalars(tmp_path)["Loss/x"] == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]
 
 
 @pytest.mark.slow
