@@ -10,6 +10,7 @@ import envs_for_tests  # noqa: F401  (registers the tests' envs)
 import gymnasium as gym
 import numpy as np
 import pytest
+from conftest import needs_envpool
 
 from rl.algos.ppo.config import PPOConfig
 from rl.algos.sac.config import SACConfig
@@ -360,6 +361,7 @@ def test_an_unknown_preset_is_named_with_the_choices(argv):
     assert "choose from" in str(error.value) and argv[-1] in str(error.value)
 
 
+@needs_envpool
 def test_envpool_envs_are_made_without_warnings_the_user_cannot_act_on():
     """envpool gives its float32 spaces float64 bounds, which gymnasium warns of when the spaces are first made."""
     from rl.envs import make_vector_env
@@ -457,6 +459,7 @@ def test_envpool_without_its_extra_names_the_extra(monkeypatch):
     )
 
 
+@needs_envpool
 def test_envpool_asked_for_an_env_it_lacks_names_what_it_holds():
     from rl.envs import choose_vector_mode
 

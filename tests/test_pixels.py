@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import SCRIPTS, load_agent, read_scalars, run_dir, run_ranks
+from conftest import SCRIPTS, load_agent, needs_envpool, read_scalars, run_dir, run_ranks
 
 from rl.algos.ppo.algorithm import PPO
 from rl.algos.ppo.config import PPOConfig
@@ -103,10 +103,11 @@ def test_pixel_rollouts_stay_uint8_and_travel_as_one_byte_a_pixel():
 @pytest.mark.parametrize(
     ("changes", "flag", "says"),
     [
-        (
+        pytest.param(
             {"env_id": "rl/PixelCartPole-v1", "vector_mode": "envpool"},
             "--vector-mode",
             "envpool has no rl/PixelCartPole",
+            marks=needs_envpool,
         ),
         ({"env_id": "CarRacing-v3", "vector_mode": "native"}, "--vector-mode", "no native vector env"),
         ({"env_id": "CartPole-v1", "encoder": "cnn"}, "--encoder", "cnn needs image observations"),
@@ -120,6 +121,7 @@ def test_pixel_flags_that_cannot_work_are_refused_naming_the_flag(changes, flag,
     assert error.value.flag == flag
 
 
+@needs_envpool
 def test_a_backend_whose_frames_differ_from_gymnasiums_is_refused_naming_the_flag():
     cfg = PPOConfig(env_id="CarRacing-v3", vector_mode="envpool")  # envpool's CarRacing: raw 96 x 96 colour
     algorithm = PPO(cfg, inspect_env(cfg.env_id, cfg.preprocessing()))
@@ -278,7 +280,7 @@ def test_the_learner_sees_lives_and_clipped_rewards_while_the_game_score_is_logg
     assert as_played.buffer.terminated[:, 0].nonzero().flatten().tolist() == [8]
 
 
-@pytest.mark.parametrize("mode", ["sync", "native", "envpool"])
+@pytest.mark.parametrize("mode", ["sync", "native", pytest.param("envpool", marks=needs_envpool)])
 def test_atari_runs_in_every_vector_mode_with_lives_for_the_learner(mode):
     cfg = PPOConfig(env_id="ALE/Breakout-v5", vector_mode=mode, num_envs=2, num_steps=32)
     algorithm = PPO(cfg, inspect_env(cfg.env_id, cfg.preprocessing()))

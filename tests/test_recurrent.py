@@ -9,6 +9,7 @@ from conftest import (
     all_scalars,
     launch_together,
     load_agent,
+    needs_envpool,
     read_scalars,
     refusal_line,
     run_dir,
@@ -155,7 +156,7 @@ def test_a_rollout_keeps_each_envs_start_state_and_where_its_episodes_start():
     assert torch.equal(batch.starts, source.buffer.starts.T)
 
 
-@pytest.mark.parametrize("vector_mode", ["native", "envpool"])
+@pytest.mark.parametrize("vector_mode", ["native", pytest.param("envpool", marks=needs_envpool)])
 def test_envs_that_reset_a_step_late_zero_the_state_on_the_first_observation_not_the_last(vector_mode):
     """Native and envpool CartPoles return an ended episode's last observation, then a step later (a step that
     trains nothing) the next episode's first: the state carries to the last observation and zeroes on the first."""
