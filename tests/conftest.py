@@ -52,7 +52,7 @@ ENVS_STEPPED = re.compile(
 )
 # envpool has no wheel for Python 3.10: its extra installs nothing there, and the tests that step its envs skip.
 needs_envpool = pytest.mark.skipif(
-    importlib.util.find_spec("envpool") is None, reason="envpool is not installed (no wheel for Python 3.10)"
+    importlib.util.find_spec("envpool") is None, reason="envpool is not installed (its extra starts at Python 3.11)"
 )
 LOG_SUBDIRS = {
     "fabric": "fabric_logs",
@@ -324,28 +324,23 @@ def load_agent(directory: Path) -> dict:
 
 
 def all_scalars(directory: Path, tag: str) -> dict[int, float]:
-    """A tag's values by step over every event file of a run folder (a resumed run adds one)."""
+    """A tag's values by step over every event file of a run folder (a resumed run adds one); a later file's value
+    of a step replaces an earlier one's."""
+    return {step: value for points in scalars_per_file(directory, tag) for step, value in points}
+
+
+def scalars_per_file(directory: Path, tag: str) -> list[list[tuple[int, float]]]:
+    """The (step, value) points of `tag` in each event file of a run folder, in the files' name order (one per
+    launch, by the second it opened)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    values = {}
-    for events_file in glob.glob(str(directory / "events.*")):
-        events = EventAccumulator(events_file)
-        events.Reload()
-        if tag in events.Tags()["scalars"]:
-            values |= {event.step: event.value for event in events.Scalars(tag)}
-    return values
-
-
-def scalar_steps_per_file(directory: Path, tag: str) -> list[list[int]]:
-    """The steps at which each event file of a run folder (one per launch) logged `tag`."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    steps = []
+    points = []
     for events_file in sorted(glob.glob(str(directory / "events.*"))):
         events = EventAccumulator(events_file)
         events.Reload()
-        steps.append([event.step for event in events.Scalars(tag)] if tag in events.Tags()["scalars"] else [])
-    return steps
+        logged = tag in events.Tags()["scalars"]
+        points.append([(event.step, event.value) for event in events.Scalars(tag)] if logged else [])
+    return points
 
 
 def wandb_record(directory: Path, role: str | None = None) -> bytes:

@@ -27,7 +27,7 @@ from conftest import (
     refusal_line,
     run_dir,
     run_ranks,
-    scalar_steps_per_file,
+    scalars_per_file,
 )
 
 import rl
@@ -181,8 +181,8 @@ def test_a_named_run_launched_again_after_it_finished_says_it_trains_nothing(tmp
         "(a larger --total-timesteps trains on)"
     )
     assert len(printed) == 2 and printed[1].startswith("evaluation over 1 greedy episode")
-    speeds = [steps for steps in scalar_steps_per_file(Path(first.run_dir), "Perf/loop_steps_per_second") if steps]
-    assert speeds == [[256]]  # the first launch's alone
+    speeds = [points for points in scalars_per_file(Path(first.run_dir), "Perf/loop_steps_per_second") if points]
+    assert [[step for step, _ in points] for points in speeds] == [[256]]  # the first launch's alone
 
 
 def test_a_named_run_that_stopped_at_its_target_return_launched_again_trains_nothing_unless_the_target_rises(

@@ -719,12 +719,12 @@ class CheckpointWriter:
         prune_checkpoints(self.run_dir, self.algorithm.cfg.keep_last)
         self.last = checkpoint
         reached(global_step, is_main=True)  # the supervisor journals its progress by the checkpoints it writes
-        loop_seconds = max(part["loop_seconds"] for part in parts)
         steps = sum(part["frames_this_run"] for part in parts)
-        env_seconds = sum(part["env_seconds"] for part in parts) / len(parts)  # each worker's, on average
-        peak_rss_mb = [part["peak_rss_mb"] for part in parts]
         if steps == 0:  # a relaunch of a finished run trains none, and has no speed to report
             return
+        loop_seconds = max(part["loop_seconds"] for part in parts)
+        env_seconds = sum(part["env_seconds"] for part in parts) / len(parts)  # each worker's, on average
+        peak_rss_mb = [part["peak_rss_mb"] for part in parts]
         self.loop_report = summary_line(steps, loop_seconds, peak_rss_mb, env_seconds=env_seconds)
         self.loop_figures = loop_figures(steps, loop_seconds, env_seconds, peak_rss_mb)
         if self.algorithm.cfg.compile:
