@@ -35,6 +35,7 @@ from conftest import (
 import rl.checkpoint
 from rl.checkpoint import newest_checkpoint, save_file_atomically
 from rl.cli import parse_config
+from rl.loop import STOP_CHECK_STEPS
 
 QUICK = ["--update-epochs", "2", "--eval-episodes", "0", "--no-progress-bar"]
 
@@ -349,14 +350,16 @@ def wait_for(predicate, seconds: float) -> None:
 JOURNALED = ["--run-name", "ctrl-c"]  # a run in a fixed folder journals the step it has reached
 
 
-def ctrl_c_once_training(job: subprocess.Popen, tmp_path: Path) -> tuple[str, str, list[int]]:
-    """Send SIGINT to the launcher of a `JOURNALED` run once training has begun (its first iteration done: every rank
-    is past its start-up, which can take a minute where CI runs three tests at once); its output, and its ranks."""
+def ctrl_c_once_training(job: subprocess.Popen, tmp_path: Path, past_step: int = 0) -> tuple[str, str, list[int]]:
+    """Send SIGINT to the launcher of a `JOURNALED` run once every rank trains (start-up can take a minute where CI
+    runs three tests at once): once rank 0's journal is past `past_step`, a step it cannot pass without a collective
+    every rank joins from its training loop (0: its first iteration, whose update all-reduces gradients). A rank still
+    starting ends at once, with nothing to checkpoint. Its output, and its ranks."""
     ranks = []
     try:
         wait_until_the_run_opens(tmp_path, [job])
         deadline = time.monotonic() + 240
-        while reached_step(tmp_path) <= 0:
+        while reached_step(tmp_path) <= past_step:
             assert job.poll() is None and time.monotonic() < deadline, "training did not begin"
             time.sleep(0.05)
         ranks = child_pids(job.pid)
@@ -772,7 +775,8 @@ def test_ctrl_c_stops_sac_between_two_reports(tmp_path, script, nproc, extra):
     args = ["sac", "--env-id", "Pendulum-v1", "--batch-size", "64", *extra]
     args += ["--log-every", "1000000", "--total-timesteps", "100000000", "--eval-episodes", "0", "--no-progress-bar"]
     job = start("fabric run", SCRIPTS[script], [*args, *JOURNALED], tmp_path, nproc=nproc)
-    stdout, stderr, ranks = ctrl_c_once_training(job, tmp_path)
+    # Before learning starts, no update joins the ranks: the first stop check does, STOP_CHECK_STEPS in.
+    stdout, stderr, ranks = ctrl_c_once_training(job, tmp_path, past_step=STOP_CHECK_STEPS)
     assert "interrupted at step" in stdout, stderr[-3000:]
     assert not [line for line in stderr.splitlines() if line.startswith(("[rank", "error: "))], stderr[-3000:]
     assert all(not Path(f"/proc/{pid}").exists() for pid in ranks)
