@@ -350,18 +350,24 @@ def wait_for(predicate, seconds: float) -> None:
 JOURNALED = ["--run-name", "ctrl-c"]  # a run in a fixed folder journals the step it has reached
 
 
-def ctrl_c_once_training(job: subprocess.Popen, tmp_path: Path, past_step: int = 0) -> tuple[str, str, list[int]]:
-    """Send SIGINT to the launcher of a `JOURNALED` run once every rank trains (start-up can take a minute where CI
-    runs three tests at once): once rank 0's journal is past `past_step`, a step it cannot pass without a collective
-    every rank joins from its training loop (0: its first iteration, whose update all-reduces gradients). A rank still
-    starting ends at once, with nothing to checkpoint. Its output, and its ranks."""
+def ctrl_c_once_training(job: subprocess.Popen, tmp_path: Path) -> tuple[str, str, list[int]]:
+    """Send SIGINT to the launcher of a `JOURNALED` run once every rank trains: once rank 0 has passed a stop check,
+    which every rank joins from its training loop. Its first iteration is not enough: before SAC's learning starts no
+    update joins the ranks, and a rank still starting ends at once, with nothing to checkpoint. Its output, and its
+    ranks."""
     ranks = []
     try:
         wait_until_the_run_opens(tmp_path, [job])
-        deadline = time.monotonic() + 240
-        while reached_step(tmp_path) <= past_step:
-            assert job.poll() is None and time.monotonic() < deadline, "training did not begin"
-            time.sleep(0.05)
+        deadline = time.monotonic() + 240  # start-up can take a minute where CI runs three tests at once
+
+        def wait_past(step: int) -> int:
+            while (reached := reached_step(tmp_path)) <= step:
+                assert job.poll() is None and time.monotonic() < deadline, "training did not begin"
+                time.sleep(0.05)
+            return reached
+
+        # A stop check comes at every iteration, or within the first STOP_CHECK_STEPS; rank 0 journals the next one.
+        wait_past(max(wait_past(0), STOP_CHECK_STEPS))
         ranks = child_pids(job.pid)
         job.send_signal(signal.SIGINT)
         stdout, stderr = job.communicate(timeout=60)
@@ -775,8 +781,7 @@ def test_ctrl_c_stops_sac_between_two_reports(tmp_path, script, nproc, extra):
     args = ["sac", "--env-id", "Pendulum-v1", "--batch-size", "64", *extra]
     args += ["--log-every", "1000000", "--total-timesteps", "100000000", "--eval-episodes", "0", "--no-progress-bar"]
     job = start("fabric run", SCRIPTS[script], [*args, *JOURNALED], tmp_path, nproc=nproc)
-    # Before learning starts, no update joins the ranks: the first stop check does, STOP_CHECK_STEPS in.
-    stdout, stderr, ranks = ctrl_c_once_training(job, tmp_path, past_step=STOP_CHECK_STEPS)
+    stdout, stderr, ranks = ctrl_c_once_training(job, tmp_path)
     assert "interrupted at step" in stdout, stderr[-3000:]
     assert not [line for line in stderr.splitlines() if line.startswith(("[rank", "error: "))], stderr[-3000:]
     assert all(not Path(f"/proc/{pid}").exists() for pid in ranks)
