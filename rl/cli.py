@@ -29,6 +29,7 @@ from rl.config import (
     NOT_IN_CONFIG_FILES,
     RunConfig,
     UnknownConfigKey,
+    as_given_here,
     config_file_algorithm,
     config_file_of,
     flag,
@@ -644,12 +645,6 @@ def say_where_the_agent_is(result: TrainingResult | None) -> None:
     if result.best_agent_path is not None:
         line += f" (and its best evaluation's, {os.path.basename(result.best_agent_path)}, beside it)"
     print(line, flush=True)
-
-
-def as_given_here(path: str) -> str:
-    """`path` relative to the working folder where it lies below it (as the run folder is, by default)."""
-    relative = os.path.relpath(path)
-    return path if relative == os.pardir or relative.startswith(os.pardir + os.sep) else relative
 
 
 def exit_without_teardown() -> None:

@@ -814,9 +814,16 @@ CHECKPOINT_DIR = "checkpoints"  # a run folder's training checkpoints
 
 def run_dir_of(checkpoint: str) -> str | None:
     """The run folder a checkpoint was written into (…/<run>/checkpoints/step_*.ckpt); None for one moved out of
-    it, whose resumed run takes a folder of its own rather than write into whatever folder holds the file's."""
+    it, whose resumed run takes a folder of its own rather than write into whatever folder holds the file's. Named
+    as a new run's folder is: relative to the working folder where it lies below it."""
     folder = Path(checkpoint).resolve().parent
-    return str(folder.parent) if folder.name == CHECKPOINT_DIR else None
+    return as_given_here(str(folder.parent)) if folder.name == CHECKPOINT_DIR else None
+
+
+def as_given_here(path: str) -> str:
+    """`path` relative to the working folder where it lies below it (as the run folder is, by default)."""
+    relative = os.path.relpath(path)
+    return path if relative == os.pardir or relative.startswith(os.pardir + os.sep) else relative
 
 
 def newest_checkpoint(run_dir: str) -> str | None:

@@ -1,6 +1,7 @@
 """Config parsing and validation: each bad input names its flag."""
 
 import dataclasses
+import os
 import re
 import sys
 import typing
@@ -15,7 +16,7 @@ from conftest import needs_envpool
 from rl.algos.ppo.config import PPOConfig
 from rl.algos.sac.config import SACConfig
 from rl.cli import check_mode_flags, flags_of, parse_config
-from rl.config import RunConfig, flag, local_gpu_index, uses_gpu, validate, validate_decoupled
+from rl.config import RunConfig, flag, local_gpu_index, run_dir_of, uses_gpu, validate, validate_decoupled
 from rl.envs import inspect_env
 from rl.errors import UsageError
 from rl.peer_flags import PEER_FLAGS, alternatives
@@ -1053,3 +1054,16 @@ def test_an_entry_scripts_help_describes_its_algorithm(argv, describes, capsys):
     with pytest.raises(SystemExit):
         parse_config(argv, mode="hogwild")
     assert describes in capsys.readouterr().out
+
+
+def test_a_checkpoints_run_folder_is_named_as_a_new_runs_folder_is(tmp_path, monkeypatch):
+    """Relative to the working folder where it lies below it, however the checkpoint was named: a relaunch of a named
+    run (which resumes from its newest checkpoint) prints the folder its first launch printed."""
+    monkeypatch.chdir(tmp_path)
+    below = os.path.join("logs", "fabric_logs", "named")
+    for checkpoint in (tmp_path / below / "checkpoints" / "step_1.ckpt", f"{below}/checkpoints/step_1.ckpt"):
+        assert run_dir_of(str(checkpoint)) == below
+    elsewhere = tmp_path.parent / "elsewhere"
+    assert run_dir_of(str(elsewhere / "checkpoints" / "step_1.ckpt")) == str(elsewhere)
+    assert run_dir_of("../elsewhere/checkpoints/step_1.ckpt") == str(elsewhere)
+    assert run_dir_of(str(tmp_path / "step_1.ckpt")) is None  # moved out of its run: resumed in a folder of its own

@@ -237,6 +237,18 @@ def test_async_players_never_exceed_the_policy_lag_bound(tmp_path):
     assert lags and 0 < max(lags) <= 3
 
 
+def test_a_finished_run_launched_again_only_evaluates_and_reports_no_figures_of_its_own(tmp_path):
+    args = [*SHORT, "--run-name", "same"]
+    first = run_ranks("fabric run", SCRIPTS["decoupled"], args, tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "peak RSS per rank (MB): " in first.stdout
+    again = run_ranks("fabric run", SCRIPTS["decoupled"], args, tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    printed = again.stdout.splitlines()
+    assert printed[0].startswith("this run already trained to step 2,048: nothing is left to train")
+    assert not [line for line in printed if line.startswith(("training loop", "peak RSS"))], again.stdout
+
+
 def test_one_process_is_refused_with_the_command_that_launches_more(tmp_path):
     finished = launch("python", SCRIPTS["decoupled"], [], tmp_path)
     assert finished.returncode == 2

@@ -159,16 +159,18 @@ def test_failed_trials_count_so_a_study_whose_runs_all_fail_ends_and_says_where_
 def tuner_in_its_first_trial(
     tmp_path, workers: int = 1, *flags: str, training: tuple[str, ...] = ()
 ) -> subprocess.Popen:
-    """A tuner of one trial, as a shell's foreground job, returned once its trial's run has evaluated."""
+    """A tuner of one trial per worker, as a shell's foreground job, returned once each trial's run has evaluated."""
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     longer = ["--total-timesteps", "100000"]  # still training when it is stopped
     command = [sys.executable, "-m", "rl.tune", "--storage", storage, "--study-name", "cartpole", "--out", "runs"]
     command += ["--eval-every", "512", "--trials", "1", "--workers", str(workers), *flags, *TRAINING, *longer]
     command += training
     tuner = start_as_foreground_job(command, tmp_path)
-    metrics = tmp_path / "runs" / "cartpole" / "fabric_logs" / "trial-0" / "csv" / "metrics.csv"
-    deadline = time.monotonic() + 120
-    while not (metrics.exists() and "Eval/" in metrics.read_text()) and time.monotonic() < deadline:
+    logs = tmp_path / "runs" / "cartpole" / "fabric_logs"
+    every_metrics = [logs / f"trial-{number}" / "csv" / "metrics.csv" for number in range(workers)]
+    deadline = time.monotonic() + 240  # each tuner imports and starts its run: a minute or more under CI's load
+    while not all(metrics.exists() and "Eval/" in metrics.read_text() for metrics in every_metrics):
+        assert tuner.poll() is None and time.monotonic() < deadline, "a trial's run did not reach its evaluation"
         time.sleep(0.2)
     return tuner
 

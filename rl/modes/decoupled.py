@@ -179,6 +179,7 @@ class Player:
         self.first_iteration = 1
         self.closing_step: int | None = None  # the step of the saved agent that the closing evaluation scores
         self.final_step = 0  # where the loop ended
+        self.trained_steps = 0  # by this launch: none where a relaunch finds its run finished
         if resume:
             self._restore(resume)
         self.rows = self.codec.empty_rows(num_rows, topology.device)
@@ -378,7 +379,7 @@ class Player:
         if self.evaluator is not None:
             self.evaluator.finish(global_step, policy, source.obs_normalizer)
         loop_seconds = self.loop_clock.seconds(self.trainer_compile_seconds)
-        steps = global_step - self.start_step
+        steps = self.trained_steps = global_step - self.start_step
         if steps:  # a relaunch of a finished run trains none, and has no speed to report
             waited = self.inbox.wait_seconds
             line = summary_line(steps, loop_seconds, env_seconds=source.env_seconds, update_wait_seconds=waited)
@@ -400,9 +401,10 @@ class Player:
         """The lead's end of the run once the job's process group is closed (no process waits for it then): every
         rank's peak memory, the saved agent's closing evaluation, and the run's logs closed."""
         assert self.run is not None
-        roles = (f"{self.topology.role_name(rank)}: {mb:.0f}" for rank, mb in enumerate(peak_rss_mb))
-        print(f"peak RSS per rank (MB): {', '.join(roles)}", flush=True)
-        self.run.sink.log_scalars(peak_rss_figure(peak_rss_mb), self.final_step)
+        if self.trained_steps:  # a relaunch of a finished run trains none: no figures of its own
+            roles = (f"{self.topology.role_name(rank)}: {mb:.0f}" for rank, mb in enumerate(peak_rss_mb))
+            print(f"peak RSS per rank (MB): {', '.join(roles)}", flush=True)
+            self.run.sink.log_scalars(peak_rss_figure(peak_rss_mb), self.final_step)
         if self.closing_step is None:
             self.run.close()
             return result
