@@ -46,8 +46,11 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    # what tab completion and help(rl) offer: the library's names, which load only on first use
-    return sorted([*globals(), *LIBRARY])
+    # What tab completion offers: the library's names, which load only on first use, the submodules loaded so far
+    # and the dunders; not the names this file uses itself (os, time, LIBRARY, PROCESS_STARTED).
+    dunders = [name for name in globals() if name.startswith("__")]
+    submodules = [name for name, value in globals().items() if getattr(value, "__name__", "") == f"{__name__}.{name}"]
+    return sorted([*dunders, *submodules, *LIBRARY])
 
 
 __all__ = list(LIBRARY)

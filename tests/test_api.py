@@ -282,6 +282,8 @@ def test_presets_and_bad_configs_as_the_command_line_has_them():
 def test_the_librarys_names_are_listed_for_tab_completion_and_a_star_import_though_they_load_on_first_use():
     names = {"train", "preset", "load_config", "load_agent", "PPOConfig", "SACConfig", "Callback", "UsageError"}
     assert names <= set(dir(rl))
+    assert not {"os", "time", "LIBRARY", "PROCESS_STARTED"} & set(dir(rl))  # what the package uses itself
+    assert "cli" in dir(rl)  # a submodule, loaded by now
     star: dict = {}
     exec("from rl import *", star)
     assert names <= set(star) and star["train"] is rl.train
