@@ -350,24 +350,28 @@ def wait_for(predicate, seconds: float) -> None:
 JOURNALED = ["--run-name", "ctrl-c"]  # a run in a fixed folder journals the step it has reached
 
 
+def wait_until_every_rank_trains(job: subprocess.Popen, tmp_path: Path) -> None:
+    """Wait for a `JOURNALED` run's rank 0 to pass a stop check, which every rank joins from its training loop. Its
+    first iteration is not enough: before SAC's learning starts no update joins the ranks, and a rank still starting
+    (making its envs, say) ends at Ctrl-C at once, with nothing to checkpoint."""
+    wait_until_the_run_opens(tmp_path, [job])
+    deadline = time.monotonic() + 240  # start-up can take a minute where CI runs three tests at once
+
+    def wait_past(step: int) -> int:
+        while (reached := reached_step(tmp_path)) <= step:
+            assert job.poll() is None and time.monotonic() < deadline, "training did not begin"
+            time.sleep(0.05)
+        return reached
+
+    # A stop check comes at every iteration, or within the first STOP_CHECK_STEPS; rank 0 journals the next one.
+    wait_past(max(wait_past(0), STOP_CHECK_STEPS))
+
+
 def ctrl_c_once_training(job: subprocess.Popen, tmp_path: Path) -> tuple[str, str, list[int]]:
-    """Send SIGINT to the launcher of a `JOURNALED` run once every rank trains: once rank 0 has passed a stop check,
-    which every rank joins from its training loop. Its first iteration is not enough: before SAC's learning starts no
-    update joins the ranks, and a rank still starting ends at once, with nothing to checkpoint. Its output, and its
-    ranks."""
+    """Send SIGINT to the launcher of a `JOURNALED` run once every rank trains; its output, and its ranks."""
     ranks = []
     try:
-        wait_until_the_run_opens(tmp_path, [job])
-        deadline = time.monotonic() + 240  # start-up can take a minute where CI runs three tests at once
-
-        def wait_past(step: int) -> int:
-            while (reached := reached_step(tmp_path)) <= step:
-                assert job.poll() is None and time.monotonic() < deadline, "training did not begin"
-                time.sleep(0.05)
-            return reached
-
-        # A stop check comes at every iteration, or within the first STOP_CHECK_STEPS; rank 0 journals the next one.
-        wait_past(max(wait_past(0), STOP_CHECK_STEPS))
+        wait_until_every_rank_trains(job, tmp_path)
         ranks = child_pids(job.pid)
         job.send_signal(signal.SIGINT)
         stdout, stderr = job.communicate(timeout=60)
@@ -401,11 +405,10 @@ def test_ctrl_c_on_the_launcher_writes_a_checkpoint_and_exits_cleanly(tmp_path):
 )
 def test_ctrl_c_in_a_terminal_checkpoints_a_run_whose_envs_step_in_processes_of_their_own(tmp_path, algorithm):
     # The terminal sends SIGINT to the env workers too: they step on while the run checkpoints, and stop after.
-    args = [*algorithm, "--vector-mode", "async", "--num-envs", "2", "--total-timesteps", "100000000"]
+    args = [*algorithm, "--vector-mode", "async", "--num-envs", "2", "--total-timesteps", "100000000", *JOURNALED]
     job = start_as_foreground_job([sys.executable, str(SCRIPTS["fabric"]), *args, "--no-progress-bar"], tmp_path)
     try:
-        wait_until_the_run_opens(tmp_path, [job])
-        time.sleep(2)
+        wait_until_every_rank_trains(job, tmp_path)  # its envs made, and stepping
         os.killpg(job.pid, signal.SIGINT)
         stdout, stderr = job.communicate(timeout=60)
     finally:
