@@ -438,97 +438,121 @@ def stopped_while_stalled(known_lost: str) -> str:
     return "stopped by SIGTERM (a kill, scancel or shutdown); its checkpoints are kept"
 
 
+def sigterm_stop_record(role: str, stall: str, known_lost: str, held: HeldSigterm) -> tuple[str, str, str]:
+    """How a SIGTERM that ends this process at once is recorded (the fault's kind and detail) and told (its line):
+    by what the process knows then, the most telling first."""
+    if stall:  # what the others waited for, if they gave up: this process's env
+        return "stalled", stall, f"error: {role}: {stall}; {stopped_while_stalled(known_lost)}"
+    if known_lost and not held.started:  # a SIGTERM to the whole job ends starting processes at once: one went first
+        while_starting = f"while it started, it had lost {known_lost}"
+        line = f"error: {role}: stopped by SIGTERM, from the launcher or sent to the job; {while_starting}"
+        return "stopped", f"stopped by SIGTERM; {while_starting}", line
+    if known_lost:
+        return "lost", known_lost, f"error: {role}: stopped by the launcher because it lost {known_lost}"
+    if held.heard:  # held, and no stop agreed in time
+        line = (
+            f"error: {role}: stopped by SIGTERM before its checkpoint: the processes did not agree on a stop within "
+            f"{SIGTERM_STOP_SECONDS:.0f} s; the earlier checkpoints are kept"
+        )
+        return "stopped", f"stopped by SIGTERM: no stop agreed within {SIGTERM_STOP_SECONDS:.0f} s", line
+    if under_torchelastic():  # torchrun also restarts every worker when a node joins the job
+        line = (
+            f"error: {role}: stopped by SIGTERM, from the launcher or sent to the job; no process of the job is known "
+            "to be lost"
+        )
+        return "stopped", "stopped by SIGTERM with no process of the job known to be lost", line
+    # no launcher: a kill, SLURM's scancel or time limit, a shutdown
+    return (
+        "stopped",
+        "stopped by SIGTERM",
+        f"error: {role}: stopped by SIGTERM (a kill, scancel or shutdown); its checkpoints are kept",
+    )
+
+
+class PeerWatch:
+    """What this process can tell of its peers' ends (their processes on this node, their heartbeats across nodes),
+    and how it ends itself when one is gone, when SIGTERM comes, or when its launcher is gone: with a line naming
+    what happened."""
+
+    def __init__(
+        self, own_rank: int, name: Callable[[int], str], process_ids: Tensor, collective_timeout: float
+    ) -> None:
+        self.own_rank, self.name, self.process_ids = own_rank, name, process_ids
+        self.role = name(own_rank)
+        self.stall_seconds = stall_seconds(collective_timeout)
+        self.heartbeat = Heartbeat(own_rank, len(process_ids)) if spans_nodes(process_ids) else None
+        self.held = HeldSigterm(self.role)
+
+    def lost(self) -> str:
+        """The peers known to be gone, and how that is known; empty if none is."""
+        gone = ended_ranks(self.process_ids, self.own_rank)
+        if gone:  # seen on this node
+            processes = "its process" if len(gone) == 1 else "their processes"
+            return f"{listed([self.name(rank) for rank in gone])}: {processes} ended"
+        if self.heartbeat is None:
+            return ""
+        silent = self.heartbeat.silent_ranks()
+        if silent is None:
+            return "the node hosting the rendezvous store (node 0): the store is unreachable"
+        if not silent:
+            return ""
+        their = "its" if len(silent) == 1 else "their"
+        return f"{listed([self.name(rank) for rank in silent])} on another node: {their} heartbeat stopped"
+
+    def stopped_by_sigterm(self, signum: int, frame: object) -> None:
+        """SIGTERM's handler: held for a stop with a checkpoint where one can come, else the end at once."""
+        if self.held.agreed.is_set():  # the stop is under way: the process ends by this signal once its run has closed
+            self.held.heard = True
+            return
+        stall = stalled_env_call(self.stall_seconds)
+        # Only this node's processes are looked at here: the heartbeat's look takes seconds, and stops this beat.
+        if stall or ended_ranks(self.process_ids, self.own_rank) or not self.held.hold(give_up=self.stop_at_once):
+            self.stop_at_once()
+
+    def stop_at_once(self) -> None:
+        kind, detail, line = sigterm_stop_record(
+            self.role, stalled_env_call(self.stall_seconds), self.lost(), self.held
+        )
+        record_fault(self.role, kind, detail)
+        print_error(line)
+        os._exit(1)
+
+    def launcher_lost(self) -> None:
+        stall = stalled_env_call(self.stall_seconds)
+        record_fault(self.role, "stalled" if stall else "stopped", stall or "the launcher's process ended")
+        print_error(
+            f"error: {self.role}: {stall + '; ' if stall else ''}stopped because it lost the launcher (fabric run or "
+            "torchrun): its process ended; its checkpoints are kept"
+        )
+        os._exit(1)
+
+    def stop_beating(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stopped.set()
+
+
 @contextmanager
 def report_lost_peers(
     own_rank: int, name: Callable[[int], str], process_ids: Tensor, collective_timeout: float
 ) -> Iterator[None]:
     """End this process with a line naming what failed, instead of hanging or a traceback."""
-    role = name(own_rank)
-    name_this_process(role)
-    heartbeat = Heartbeat(own_rank, len(process_ids)) if spans_nodes(process_ids) else None
-
-    def lost() -> str:
-        """The peers known to be gone, and how that is known; empty if none is."""
-        gone = ended_ranks(process_ids, own_rank)
-        if gone:  # seen on this node
-            processes = "its process" if len(gone) == 1 else "their processes"
-            return f"{listed([name(rank) for rank in gone])}: {processes} ended"
-        if heartbeat is None:
-            return ""
-        silent = heartbeat.silent_ranks()
-        if silent is None:
-            return "the node hosting the rendezvous store (node 0): the store is unreachable"
-        if not silent:
-            return ""
-        return (
-            f"{listed([name(rank) for rank in silent])} on another node: {'its' if len(silent) == 1 else 'their'} "
-            "heartbeat stopped"
-        )
-
-    def stopped_by_sigterm(signum: int, frame: object) -> None:
-        if held.agreed.is_set():  # the stop is under way: the process ends by this signal once its run has closed
-            held.heard = True
-            return
-        stall = stalled_env_call(stall_seconds(collective_timeout))
-        # Only this node's processes are looked at here: the heartbeat's look takes seconds, and stops this beat.
-        if stall or ended_ranks(process_ids, own_rank) or not held.hold(give_up=stopped_at_once):
-            stopped_at_once()
-
-    def stopped_at_once() -> None:
-        stall = stalled_env_call(stall_seconds(collective_timeout))
-        known = lost()
-        if stall:  # what the others waited for, if they gave up: this process's env
-            record_fault(role, "stalled", stall)
-            print_error(f"error: {role}: {stall}; {stopped_while_stalled(known)}")
-        elif known and not held.started:  # a SIGTERM to the whole job ends starting processes at once: one went first
-            while_starting = f"while it started, it had lost {known}"
-            record_fault(role, "stopped", f"stopped by SIGTERM; {while_starting}")
-            print_error(f"error: {role}: stopped by SIGTERM, from the launcher or sent to the job; {while_starting}")
-        elif known:
-            record_fault(role, "lost", known)
-            print_error(f"error: {role}: stopped by the launcher because it lost {known}")
-        elif held.heard:  # held, and no stop agreed in time
-            record_fault(role, "stopped", f"stopped by SIGTERM: no stop agreed within {SIGTERM_STOP_SECONDS:.0f} s")
-            print_error(
-                f"error: {role}: stopped by SIGTERM before its checkpoint: the processes did not agree on a stop "
-                f"within {SIGTERM_STOP_SECONDS:.0f} s; the earlier checkpoints are kept"
-            )
-        elif under_torchelastic():  # torchrun also restarts every worker when a node joins the job
-            record_fault(role, "stopped", "stopped by SIGTERM with no process of the job known to be lost")
-            print_error(
-                f"error: {role}: stopped by SIGTERM, from the launcher or sent to the job; no process of the job "
-                "is known to be lost"
-            )
-        else:  # no launcher: a kill, SLURM's scancel or time limit, a shutdown
-            record_fault(role, "stopped", "stopped by SIGTERM")
-            print_error(f"error: {role}: stopped by SIGTERM (a kill, scancel or shutdown); its checkpoints are kept")
-        os._exit(1)
-
-    def launcher_lost() -> None:
-        stall = stalled_env_call(stall_seconds(collective_timeout))
-        record_fault(role, "stalled" if stall else "stopped", stall or "the launcher's process ended")
-        print_error(
-            f"error: {role}: {stall + '; ' if stall else ''}stopped because it lost the launcher (fabric run or "
-            "torchrun): its process ended; its checkpoints are kept"
-        )
-        os._exit(1)
-
     global _held_sigterm
-    held = _held_sigterm = HeldSigterm(role)
-    previous = signal.signal(signal.SIGTERM, stopped_by_sigterm) if on_main_thread() else None
+    name_this_process(name(own_rank))
+    watch = PeerWatch(own_rank, name, process_ids, collective_timeout)
+    _held_sigterm = watch.held
+    previous = signal.signal(signal.SIGTERM, watch.stopped_by_sigterm) if on_main_thread() else None
     # A launcher killed outright (SIGKILL) cannot stop its ranks: they stop themselves, or they would train on alone.
     launched = on_main_thread() and "TORCHELASTIC_RUN_ID" in os.environ
     try:
-        with stopped_with_parent(launcher_lost) if launched else contextlib.nullcontext():
+        with stopped_with_parent(watch.launcher_lost) if launched else contextlib.nullcontext():
             yield
     except (TrainingDiverged, RunStopped):
         raise  # it names what happened, whether or not a peer has already exited over it
     except Exception as error:
-        if not report_failed_collective(role, lost(), error):
+        if not report_failed_collective(watch.role, watch.lost(), error):
             raise
         os._exit(INTERRUPTED_EXIT_CODE if _ctrl_c_heard else 1)  # the process group is broken: skip its teardown
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-        if heartbeat is not None:
-            heartbeat.stopped.set()
+        watch.stop_beating()
