@@ -526,6 +526,21 @@ def supervise_run(
     callbacks: ByValue[Sequence[Callback]],
 ) -> TrainingResult:
     """Start the workers, hand their checkpoints to the writer, and end the run as they end."""
+    shared = learner_in_shared_memory(algorithm, runtime, resume)
+    context = mp.get_context("spawn")
+    channel = Channel(context, algorithm.cfg.workers)
+    processes = worker_processes(context, algorithm, shared, channel, run, resume, callbacks)
+    writer = CheckpointWriter(algorithm, run.dir)
+    train_workers(processes, channel, writer, run, algorithm.cfg.sync)
+    interrupted = channel.stop_requested.is_set()
+    release(processes, channel)
+    return end_run(algorithm, writer, run, interrupted)
+
+
+def learner_in_shared_memory(
+    algorithm: Algorithm, runtime: LocalRuntime, resume: TrainingCheckpoint | None
+) -> SharedState:
+    """The learner every worker trains, in shared memory: resumed from the checkpoint's, where there is one."""
     cfg = algorithm.cfg
     policy = algorithm.build_policy(runtime.device)
     learner = algorithm.make_learner(policy, runtime, DataShard(algorithm.batch_rows(1)), env_ranks=cfg.workers)
@@ -533,20 +548,35 @@ def supervise_run(
     if resume is not None:
         restore_run_state(worker_resume(resume, 0), 0, policy, learner, None)
         frames = torch.tensor([worker.frames for worker in resume.workers or []], dtype=torch.int64)
-    shared = share_learner(learner, cfg.sync, frames)
+    return share_learner(learner, cfg.sync, frames)
 
-    context = mp.get_context("spawn")
-    channel = Channel(context, cfg.workers)
-    env = env_registration(cfg.env_id)
-    processes = [
+
+def worker_processes(
+    context: SpawnContext,
+    algorithm: Algorithm,
+    shared: SharedState,
+    channel: Channel,
+    run: Run,
+    resume: TrainingCheckpoint | None,
+    callbacks: ByValue[Sequence[Callback]],
+) -> list[SpawnProcess]:
+    """The workers, not yet started."""
+    env = env_registration(algorithm.cfg.env_id)
+    return [
         context.Process(
             target=run_worker,
             name=worker_name(index),
             args=(index, algorithm, shared, channel, run.dir, worker_resume(resume, index), callbacks, env),
         )
-        for index in range(cfg.workers)
+        for index in range(algorithm.cfg.workers)
     ]
-    writer = CheckpointWriter(algorithm, run.dir)
+
+
+def train_workers(
+    processes: list[SpawnProcess], channel: Channel, writer: CheckpointWriter, run: Run, sync: str
+) -> None:
+    """Start the workers and supervise them until each has ended with its final checkpoint; on a worker lost, a
+    second Ctrl-C or a SIGTERM whose stop did not come in time, stop the others and raise."""
     # The workers hear of Ctrl-C and SIGTERM (a kill, scancel) from the channel.
     with (
         InterruptFlag(on_request=channel.stop_requested.set),
@@ -555,8 +585,8 @@ def supervise_run(
         try:
             start_workers(processes)
             pids = ", ".join(str(process.pid) for process in processes)
-            workers = counted(cfg.workers, "worker")
-            print(f"hogwild: {workers} ({cfg.sync}), process ids {pids}; run folder {run.dir}", flush=True)
+            workers = counted(len(processes), "worker")
+            print(f"hogwild: {workers} ({sync}), process ids {pids}; run folder {run.dir}", flush=True)
             supervise(processes, channel, writer.add, sigterm)
         except WorkerLost as lost:
             release(processes, channel)
@@ -576,8 +606,10 @@ def supervise_run(
             stop_workers(processes, channel)
             release(processes, channel)
             raise
-    interrupted = channel.stop_requested.is_set()
-    release(processes, channel)
+
+
+def end_run(algorithm: Algorithm, writer: CheckpointWriter, run: Run, interrupted: bool) -> TrainingResult:
+    """The run's end once every worker has ended: its figures, and its saved agent's evaluation if it finished."""
     final = writer.last
     if final is None:  # every worker ended without a checkpoint: cannot happen, each ends with one
         raise RuntimeError("the workers ended without handing in their final checkpoint")
@@ -588,7 +620,7 @@ def supervise_run(
         record_end(step, interrupted=True)
         run.close()
         return TrainingResult(os.path.abspath(run.dir), None, None, step)
-    log_to_every_logger(run, cfg.logger)
+    log_to_every_logger(run, algorithm.cfg.logger)
     report_loop(writer, run, step)
     evaluation = finish(algorithm, final, run)
     record_end(step, interrupted=False)
