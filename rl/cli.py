@@ -289,21 +289,46 @@ def prepare_config(
     if mode == "hogwild":
         check_hogwild_not_launched()
     world_size = cfg.workers if mode == "hogwild" else world_size_from_env()
+    found, automatic = find_resume_in_a_free_folder(cfg, log_subdir, mode, world_size)
+    env_ranks = cfg.num_players if mode == "decoupled" else world_size
+    check_job(cfg, mode, world_size, env_ranks)
+    algorithm = checked_algorithm(cfg, mode, world_size, env_ranks)
+    resume = None
+    if found is not None:
+        resume = checked_resume(found, automatic, cfg, algorithm, mode, world_size, env_ranks)
+    say_total_rounded_down(cfg, env_ranks)
+    begin_this_round(cfg, log_subdir, resume, env_ranks, automatic)
+    configure_torch_threads(cfg.torch_threads, algorithm.cnn)
+    torch.backends.cudnn.deterministic = cfg.torch_deterministic
+    return algorithm, world_size, resume
+
+
+def find_resume_in_a_free_folder(
+    cfg: RunConfig, log_subdir: str, mode: Mode, world_size: int
+) -> tuple[SavedAgent | None, bool]:
+    """`find_resume`, once the run's fixed folder (if it has one) is known to be no other live run's."""
     named_folder = fixed_run_dir(cfg, log_subdir)
     if named_folder is not None:  # before its checkpoints and journal are read as this run's
         check_run_folder_free(named_folder, run_folder_flag(cfg, log_subdir, named_folder))
     found, automatic = find_resume(cfg, log_subdir)
     if isinstance(found, TrainingCheckpoint) and under_torchelastic() and mode == "coupled":
         keep_global_batch(cfg, found, world_size)
+    return found, automatic
+
+
+def check_job(cfg: RunConfig, mode: Mode, world_size: int, env_ranks: int) -> None:
+    """The flags against the job's processes and this machine: its GPUs, display and installed extras."""
     gpu_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    decoupled = mode == "decoupled"
-    env_ranks = cfg.num_players if decoupled else world_size
     check_values_for_job(cfg, mode, world_size)
-    validate_hardware(cfg, world_size, gpu_count, env_ranks, decoupled)
+    validate_hardware(cfg, world_size, gpu_count, env_ranks, mode == "decoupled")
     if cfg.capture_video:
         check_video_support()
     check_loggers_installed(cfg.logger)
     check_windows_can_open(cfg)
+
+
+def checked_algorithm(cfg: RunConfig, mode: Mode, world_size: int, env_ranks: int) -> Algorithm:
+    """The algorithm on the env's spaces, once both agree and its memory fits; a preset's hint where one applies."""
     spaces = env_spaces(cfg)
     kind = algorithm_type(cfg)
     kind.check_spaces(spaces)
@@ -313,29 +338,46 @@ def prepare_config(
     if hint and int(os.environ.get("RANK", "0")) == 0:
         print(hint, flush=True)
     env_processes_here = {"decoupled": cfg.num_players, "hogwild": world_size}.get(mode, local_world_size_from_env())
-    acting_on_gpu = cfg.cuda and (not decoupled or cfg.player_on_gpu)
+    acting_on_gpu = cfg.cuda and (mode != "decoupled" or cfg.player_on_gpu)
     algorithm.check_memory(env_ranks, env_processes_here, acting_on_gpu)
-    resume = None
-    if found is not None:
-        processes_flag = "--workers" if mode == "hogwild" else "--devices"
-        new_world_allowed = under_torchelastic() and mode == "coupled"
-        resume = check_resumable(
-            found,
-            cfg,
-            None if new_world_allowed else world_size,
-            spaces.env_id,
-            mode,
-            algorithm.name,
-            env_ranks,
-            processes_flag,
-            finished_ok=automatic,
-            found_by="--run-name" if automatic and cfg.run_name else "--resume-from",
-        )
-        if len(resume.rank_states) == env_ranks:  # else every rank starts from fresh resets, restoring none
-            algorithm.check_rank_states(resume.rank_states, env_ranks)
-        say_precision_change(resume, cfg)
-        say_nothing_left_to_train(resume, cfg, env_ranks)
-    say_total_rounded_down(cfg, env_ranks)
+    return algorithm
+
+
+def checked_resume(
+    found: SavedAgent,
+    automatic: bool,
+    cfg: RunConfig,
+    algorithm: Algorithm,
+    mode: Mode,
+    world_size: int,
+    env_ranks: int,
+) -> TrainingCheckpoint:
+    """The checkpoint found, once it is known to resume this run; what changes from it, said."""
+    new_world_allowed = under_torchelastic() and mode == "coupled"
+    resume = check_resumable(
+        found,
+        cfg,
+        None if new_world_allowed else world_size,
+        algorithm.spaces.env_id,
+        mode,
+        algorithm.name,
+        env_ranks,
+        "--workers" if mode == "hogwild" else "--devices",
+        finished_ok=automatic,
+        found_by="--run-name" if automatic and cfg.run_name else "--resume-from",
+    )
+    if len(resume.rank_states) == env_ranks:  # else every rank starts from fresh resets, restoring none
+        algorithm.check_rank_states(resume.rank_states, env_ranks)
+    say_precision_change(resume, cfg)
+    say_nothing_left_to_train(resume, cfg, env_ranks)
+    return resume
+
+
+def begin_this_round(
+    cfg: RunConfig, log_subdir: str, resume: TrainingCheckpoint | None, env_ranks: int, automatic: bool
+) -> None:
+    """Check that the run can write where it will, and put this round on record in its folder's journal (where it
+    has a fixed folder); a resumed run that is not a restart says where it resumes."""
     run_dir = fixed_run_dir(cfg, log_subdir)
     # the run's own checkpoint folder where it is known now; else the folder its run folder will go into
     check_writable(
@@ -348,9 +390,6 @@ def prepare_config(
     )
     if resume is not None and not is_restart:  # a restart says where it resumes in its own line
         say_where_it_resumes(resume, cfg, env_ranks, automatic)
-    configure_torch_threads(cfg.torch_threads, algorithm.cnn)
-    torch.backends.cudnn.deterministic = cfg.torch_deterministic
-    return algorithm, world_size, resume
 
 
 def write_resolved_config(cfg: RunConfig, path: str) -> NoReturn:
