@@ -165,7 +165,7 @@ def _train_coupled(
     callbacks: Sequence[Callback],
     opened: ClosedIfItFails,
 ) -> TrainingResult:
-    cfg, env_id = algorithm.cfg, algorithm.spaces.env_id
+    cfg = algorithm.cfg
     run = start_run(cfg, runtime, resume)
     opened.add(run.close)
     rank = CoupledRank(algorithm, runtime, run, resume)
@@ -198,24 +198,36 @@ def _train_coupled(
     steps = rank.global_step - rank.start_step
     report_resources(runtime, run, rank.loop_seconds, steps, rank.global_step, rank.source.env_seconds)
     if state.interrupted:
-        if runtime.is_main:
-            print(f"interrupted at step {rank.global_step}: checkpoint written to {run.dir}", flush=True)
-            record_end(rank.global_step, interrupted=True)
-        run.close()
-        runtime.shutdown()
-        return TrainingResult(os.path.abspath(run.dir), None, None, rank.global_step)
+        return end_interrupted(rank)
+    return end_finished(rank)
 
+
+def end_interrupted(rank: CoupledRank) -> TrainingResult:
+    """An interrupted run's end: its checkpoint is written; it saves no agent."""
+    run, runtime = rank.run, rank.runtime
+    if runtime.is_main:
+        print(f"interrupted at step {rank.global_step}: checkpoint written to {run.dir}", flush=True)
+        record_end(rank.global_step, interrupted=True)
+    run.close()
+    runtime.shutdown()
+    return TrainingResult(os.path.abspath(run.dir), None, None, rank.global_step)
+
+
+def end_finished(rank: CoupledRank) -> TrainingResult:
+    """A finished run's end: its agent saved, then rank 0's closing evaluation."""
+    cfg, run, runtime = rank.cfg, rank.run, rank.runtime
     if runtime.is_main:
         report_compile_time(cfg, rank.loop_clock.compile_seconds(), "rank 0")
     rank.learner.raise_if_diverged()
     assert_finite(rank.policy)
-    agent = agent_of(algorithm, rank.policy, rank.source)
+    agent = agent_of(rank.algorithm, rank.policy, rank.source)
     runtime.write_on_main(lambda: write_file(agent_path(run.dir), agent))
     # Leave before rank 0's closing evaluation: a rank waiting for it in a collective would give up after
     # --collective-timeout, which a long evaluation (a greedy Atari game, say) outlasts.
     runtime.shutdown()
     evaluation = None
     if runtime.is_main:
+        env_id = rank.algorithm.spaces.env_id
         evaluation = report_evaluation(cfg, env_id, rank.policy, rank.source.obs_normalizer, run, rank.global_step)
         record_end(rank.global_step, interrupted=False)
     run.close()
