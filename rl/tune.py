@@ -299,23 +299,7 @@ def run_trial(trial: Any, cfg: TuneConfig, training: list[str], space: dict[str,
 
     folder = Path(cfg.out) / cfg.study_name
     name = f"trial-{trial.number}"
-    command = [
-        sys.executable,
-        str(REPO / "train_fabric.py"),
-        *training,
-        *suggest(trial, space),
-        "--logger",
-        "csv",
-        "--eval-every",
-        str(cfg.eval_every),
-        "--run-name",
-        name,
-        "--log-dir",
-        str(folder),
-        "--no-progress-bar",
-        "--torch-threads",
-        "1",
-    ]
+    command = trial_command([*training, *suggest(trial, space)], cfg.eval_every, name, folder)
     run_dir = folder / TRIALS_FOLDER / name
     trial.set_user_attr("run_dir", str(run_dir))
     trial.set_user_attr("tuner_pid", os.getpid())
@@ -342,14 +326,27 @@ def run_trial(trial: Any, cfg: TuneConfig, training: list[str], space: dict[str,
             raise
     if pruned:
         raise optuna.TrialPruned()
+    return closing_return(trial, name, log, process.returncode)
+
+
+def trial_command(flags: list[str], eval_every: int, name: str, folder: Path) -> list[str]:
+    """The trial's run: `flags` (the study's training flags, then the trial's suggestions), evaluated every
+    `eval_every` steps into a CSV the tuner follows, in `folder` as `name`, on one thread."""
+    command = [sys.executable, str(REPO / "train_fabric.py"), *flags, "--logger", "csv"]
+    command += ["--eval-every", str(eval_every), "--run-name", name, "--log-dir", str(folder)]
+    return [*command, "--no-progress-bar", "--torch-threads", "1"]
+
+
+def closing_return(trial: Any, name: str, log: Path, returncode: int) -> float:
+    """The closing greedy return that a trial's run printed into `log`; its refusal or failure raised."""
     printed = log.read_text()
     errors = [line for line in printed.splitlines() if line.startswith("error: ")]
-    if process.returncode == USAGE_ERROR_EXIT:  # the flags, not the trial's luck: every trial would end so
+    if returncode == USAGE_ERROR_EXIT:  # the flags, not the trial's luck: every trial would end so
         refusal = errors[-1] if errors else printed.strip()
         raise UsageError("rl.tune", f"the training flags of {name} were refused: {refusal}")
     closing = EVALUATION.search(printed)
-    if process.returncode != 0 or closing is None:
-        failure = f"exit {process.returncode}, its output in {log}"
+    if returncode != 0 or closing is None:
+        failure = f"exit {returncode}, its output in {log}"
         trial.set_user_attr("failure", failure)
         raise TrialFailed(f"{name} failed ({failure})")
     return float(closing.group(1))
