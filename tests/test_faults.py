@@ -30,7 +30,7 @@ from torch import nn
 
 from rl.algos.sac.config import SACConfig
 from rl.errors import listed
-from rl.faults import SIGTERM_STOP_SECONDS, process_ended
+from rl.faults import SIGTERM_STOP_SECONDS, HeldSigterm, process_ended, sigterm_stop_record
 from rl.optim import FlatGradients
 from rl.runtime import TorchRuntime
 
@@ -397,3 +397,27 @@ def test_an_error_from_a_connection_the_parent_closed_as_it_ended_is_taken_for_i
     finally:
         kill_process_group(parent)
     assert stderr == "its parent ended\n"  # not the ConnectionError's traceback
+
+
+def test_a_sigterm_that_ends_a_process_at_once_names_the_most_telling_cause_it_knows(monkeypatch):
+    """A stalled env call first (what the others waited for), then a lost peer, then a stop not agreed in time, then
+    the signal alone, which torchrun's jobs are told may come from the launcher."""
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    training, starting, timed_out = HeldSigterm("rank 1"), HeldSigterm("rank 1"), HeldSigterm("rank 1")
+    training.started = timed_out.started = True
+    timed_out.heard = True
+    lost = "rank 0: its process ended"
+    kinds = [
+        sigterm_stop_record("rank 1", "env 0's step has not returned for 30 s", lost, training)[0],
+        sigterm_stop_record("rank 1", "", lost, starting)[0],
+        sigterm_stop_record("rank 1", "", lost, training)[0],
+        sigterm_stop_record("rank 1", "", "", timed_out)[0],
+    ]
+    assert kinds == ["stalled", "stopped", "lost", "stopped"]
+    assert "while it started, it had lost rank 0" in sigterm_stop_record("rank 1", "", lost, starting)[2]
+    assert "did not agree on a stop within" in sigterm_stop_record("rank 1", "", "", timed_out)[2]
+    alone = sigterm_stop_record("rank 1", "", "", training)[2]
+    assert alone == "error: rank 1: stopped by SIGTERM (a kill, scancel or shutdown); its checkpoints are kept"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+    launched = sigterm_stop_record("rank 1", "", "", training)[2]
+    assert launched.endswith("from the launcher or sent to the job; no process of the job is known to be lost")
