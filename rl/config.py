@@ -1109,6 +1109,18 @@ def preset_values(config_type: type[RunConfig], name: str) -> dict[str, Any]:
     return {"preset": name, **config_type.PRESETS[name]}
 
 
+STATED_DEFAULT = re.compile(r"\s*\(default: ([^()]*)\)")
+
+
+def stated_default(doc: str) -> tuple[str, str | None]:
+    """A field's help without the default it states in words, "(default: the one it was trained on)", and that
+    default: a field whose value by default is None, meaning "worked out at run time", says what it works out."""
+    stated = STATED_DEFAULT.search(doc)
+    if stated is None:
+        return doc, None
+    return doc[: stated.start()] + doc[stated.end() :], stated.group(1)
+
+
 def field_docstrings(config_type: type) -> dict[str, str]:
     """The docstring under each field, from the class and its bases (a subclass's own wins)."""
     docs: dict[str, str] = {}
@@ -1145,7 +1157,11 @@ def with_one_line_help(config_type: type[Config]) -> type[Config]:
             default = field(default=member.default)
         else:
             default = field(default_factory=member.default_factory)
-        helped.append((member.name, Annotated[hints[member.name], tyro.conf.arg(help=docs[member.name])], default))
+        help_text, default_in_words = stated_default(docs[member.name])
+        # tyro's "(default: None)" would follow the default the help states in words
+        hint = None if default_in_words is None else f"(default: {default_in_words})"
+        helped_arg = tyro.conf.arg(help=help_text, help_behavior_hint=hint)
+        helped.append((member.name, Annotated[hints[member.name], helped_arg], default))
     view = dataclasses.make_dataclass(config_type.__name__, helped, bases=(config_type,))
     view.__doc__ = config_type.__doc__  # --help's description
     setattr(view, VIEW_MARK, True)

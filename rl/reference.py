@@ -13,7 +13,7 @@ import inspect
 import typing
 from typing import Any
 
-from rl.config import RunConfig, field_docstrings, flag
+from rl.config import RunConfig, field_docstrings, flag, stated_default
 from rl.registry import ALGORITHMS
 
 
@@ -32,7 +32,9 @@ def _type_text(hint: Any) -> str:
     return " or ".join(names)
 
 
-def _default_text(field: dataclasses.Field) -> str:
+def _default_text(field: dataclasses.Field, default_in_words: str | None) -> str:
+    if default_in_words is not None:
+        return default_in_words
     if field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
         value = field.default_factory()  # type: ignore[misc]
         return "none" if not value else repr(value)
@@ -50,8 +52,9 @@ def flags_table(config_type: type[RunConfig]) -> str:
             name, takes = f"{name}, --no-{name.removeprefix('--')}", "a switch"
         else:
             takes = _type_text(hint)
-        meaning = docs.get(field.name, "").replace("|", "\\|")
-        lines.append(f"| `{name}` | {takes} | {_default_text(field)} | {meaning} |")
+        meaning, default_in_words = stated_default(docs.get(field.name, ""))
+        cells = [f"`{name}`", takes, _default_text(field, default_in_words), meaning.replace("|", "\\|")]
+        lines.append(f"| {' | '.join(cells)} |")
     return "\n".join(lines)
 
 

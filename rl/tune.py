@@ -111,7 +111,7 @@ class TuneConfig:
     study_name: str = "tuning"
     """the study's name in the storage"""
     space: str | None = None
-    """a YAML file of the search space (name: {low, high[, log]} or {choices: [...]}); default: PPO's or SAC's"""
+    """a YAML file of the search space (name: {low, high[, log]} or {choices: [...]}) (default: PPO's or SAC's)"""
     sampler: Literal["tpe", "random"] = "tpe"
     """how the next trial's values are drawn"""
     pruner: Literal["median", "none"] = "median"

@@ -16,7 +16,18 @@ from conftest import needs_envpool
 from rl.algos.ppo.config import PPOConfig
 from rl.algos.sac.config import SACConfig
 from rl.cli import check_mode_flags, flags_of, parse_config
-from rl.config import RunConfig, flag, local_gpu_index, run_dir_of, uses_gpu, validate, validate_decoupled
+from rl.config import (
+    RunConfig,
+    field_docstrings,
+    flag,
+    local_gpu_index,
+    parse_dataclass,
+    run_dir_of,
+    stated_default,
+    uses_gpu,
+    validate,
+    validate_decoupled,
+)
 from rl.envs import inspect_env
 from rl.errors import UsageError
 from rl.peer_flags import PEER_FLAGS, alternatives
@@ -1067,3 +1078,32 @@ def test_a_checkpoints_run_folder_is_named_as_a_new_runs_folder_is(tmp_path, mon
     assert run_dir_of(str(elsewhere / "checkpoints" / "step_1.ckpt")) == str(elsewhere)
     assert run_dir_of("../elsewhere/checkpoints/step_1.ckpt") == str(elsewhere)
     assert run_dir_of(str(tmp_path / "step_1.ckpt")) is None  # moved out of its run: resumed in a folder of its own
+
+
+@pytest.mark.parametrize("command", ["ppo", "sac", "evaluate", "export", "slurm", "tune"])
+def test_a_default_stated_in_words_is_the_only_default_help_gives(command, capsys):
+    """A flag whose value by default is None, worked out at run time, says in its help what it works out; tyro's own
+    "(default: None)" beside it would contradict it. The flags page shows that default in its default column."""
+    from rl.evaluate import EvalConfig
+    from rl.export import ExportConfig
+    from rl.slurm import SlurmConfig
+    from rl.tune import TuneConfig
+
+    commands = {"ppo": PPOConfig, "sac": SACConfig, "evaluate": EvalConfig, "export": ExportConfig}
+    config_type = {**commands, "slurm": SlurmConfig, "tune": TuneConfig}[command]
+    with pytest.raises(SystemExit):
+        parse_dataclass(config_type, ["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for doc in field_docstrings(config_type).values():
+        meaning, default = stated_default(doc)
+        if default is not None:
+            assert f"{' '.join(meaning.split())} (default: {default})" in help_text
+            assert f"(default: {default}) (default: " not in help_text
+
+
+def test_the_flags_page_shows_a_default_stated_in_words_in_its_default_column():
+    from rl.reference import reference
+
+    run_name = next(line for line in reference().splitlines() if line.startswith("| `--run-name`"))
+    cells = [cell.strip() for cell in run_name.split(" | ")]
+    assert cells[2].startswith("experiment, env, seed and start time") and "(default:" not in run_name
