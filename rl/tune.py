@@ -168,8 +168,22 @@ def checked_domain(domain: dict[str, Any], where: str) -> dict[str, Any]:
         raise UsageError("--space", f"{where}: low and high must be numbers, got {domain}") from None
     low, high = bounds
     if not low < high or (domain.get("log") and low <= 0):
-        raise UsageError("--space", f"{where}: needs low < high (and 0 < low with log), got {domain}")
+        raise UsageError("--space", f"{where}: needs low < high (and 0 < low with log), got low {low}, high {high}")
     return domain | {"low": low, "high": high}
+
+
+def check_space_values(space: dict[str, dict[str, Any]], training: list[str], where: str) -> None:
+    """Each choice of the space, and each bound, with the training flags, as a trial would be given it: a value no
+    run takes (a choice the flag has not, a gamma above 1) stops the tuner before any trial, named."""
+    from rl.cli import check_values_for_job, parse_config
+
+    for name, domain in space.items():
+        for value in domain["choices"] if "choices" in domain else (domain["low"], domain["high"]):
+            try:
+                cfg = parse_config([*training, flag(name.replace("-", "_")), str(value)], "coupled")
+                check_values_for_job(cfg, "coupled", world_size=1)
+            except UsageError as refusal:
+                raise UsageError("--space", f"{where}: {name} {value}: {refusal}") from None
 
 
 def distribution(domain: dict[str, Any]) -> Any:
@@ -669,6 +683,7 @@ def main(argv: list[str]) -> None:
     # flags (how --total-timesteps rounds, say) is not said: each trial suggests flags of its own.
     with contextlib.redirect_stdout(io.StringIO()):
         algorithm, _, _ = prepare(training, TRIALS_FOLDER)
+        check_space_values(space, training, cfg.space or f"{training_algorithm(training).upper()}'s default space")
     Path(cfg.out, cfg.study_name).mkdir(parents=True, exist_ok=True)
     # the study exists before the other processes open it, so that they never race to create it
     study = create_study(cfg)

@@ -273,6 +273,11 @@ def test_a_space_file_the_random_sampler_and_the_timeout_shape_the_study(tmp_pat
         ("learning_rate: {low: 1e-3, high: 1e-5}\n", "{space}: learning_rate: needs low < high"),
         ("tau: {choices: [0.01]}\n", "{space}: tau is no flag of PPO"),
         ("ent_coeff: {low: 0.0, high: 0.01}\n", "{space}: ent_coeff is no flag of PPO: did you mean ent_coef?"),
+        (
+            "activation_function: {choices: [tanh, gelu]}\n",
+            "{space}: activation_function gelu: --activation-function: invalid choice 'gelu'",
+        ),
+        ("gamma: {low: 0.9, high: 1.5}\n", "{space}: gamma 1.5: --gamma: must be in (0, 1], got 1.5"),
     ],
 )
 def test_a_bad_space_file_is_refused_in_one_line_before_any_trial(tmp_path, text, told):
