@@ -650,8 +650,8 @@ def validate_decoupled(cfg: RunConfig, world_size: int) -> None:
     if num_trainers < 1:
         raise UsageError(
             "--num-players",
-            f"{cfg.num_players} players leave no trainer among {world_size} processes"
-            f"{' (one is the evaluator)' if cfg.evaluator else ''}; launch more processes (--devices)",
+            f"{world_size} processes leave no trainer beside {counted(cfg.num_players, 'player')}"
+            f"{' and the evaluator' if cfg.evaluator else ''}; launch more processes (--devices)",
         )
     if cfg.asynchronous and cfg.pipeline:
         raise UsageError("--pipeline", "is --async with a lag of exactly 1 update; give one of them")

@@ -23,7 +23,7 @@ from rl.envs import (
     stored_as_bytes,
     video_folder,
 )
-from rl.errors import print_error
+from rl.errors import counted, print_error
 from rl.experience import Policy
 from rl.loop import checkpoint_due
 from rl.multi_input import packed_layout
@@ -272,7 +272,7 @@ class PeriodicEvaluation:
         self.run.sink.log_scalars(scalars, global_step)
         print(
             f"step {global_step}: greedy return {scalars['Eval/return_mean']:.2f} ± {scalars['Eval/return_std']:.2f} "
-            f"over {len(returns)} episodes",
+            f"over {counted(len(returns), 'episode')}",
             flush=True,
         )
         return scalars

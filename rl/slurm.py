@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 import tyro
 
 from rl.config import RunConfig, flag, flag_spellings, parse_dataclass, uses_gpu
-from rl.errors import UsageError, exit_on_usage_error, misspelled_option
+from rl.errors import UsageError, counted, exit_on_usage_error, misspelled_option
 from rl.peer_flags import SBATCH_PEER_FLAGS, tools_peer_flag
 
 
@@ -194,8 +194,8 @@ def check_gpus_per_node(cfg: SlurmConfig, run: RunConfig, decoupled: bool) -> No
     if needed > cfg.gpus_per_node:
         raise UsageError(
             "--gpus-per-node",
-            f"{cfg.gpus_per_node} cannot serve the {needed} processes per node that compute on a GPU: request "
-            f"{needed} (or fewer --processes-per-node)",
+            f"{cfg.gpus_per_node} cannot serve {counted(needed, 'process', 'processes')} per node computing on a GPU: "
+            f"request {needed} (or fewer --processes-per-node)",
         )
 
 

@@ -246,8 +246,13 @@ def test_decoupled_needs_a_trainer_and_a_row_per_trainer():
 @pytest.mark.parametrize(
     ("fields", "world_size", "flag", "says"),
     [
-        ({"num_players": 3}, 3, "--num-players", "3 players leave no trainer among 3 processes"),
-        ({"num_players": 2, "evaluator": True}, 3, "--num-players", "(one is the evaluator)"),
+        ({"num_players": 3}, 3, "--num-players", "3 processes leave no trainer beside 3 players;"),
+        (
+            {"num_players": 2, "evaluator": True},
+            3,
+            "--num-players",
+            "3 processes leave no trainer beside 2 players and the evaluator;",
+        ),
         ({"asynchronous": True, "pipeline": True}, 3, "--pipeline", "is --async with a lag of exactly 1"),
         ({"max_policy_lag": 4}, 3, "--max-policy-lag", "add --async"),
     ],
@@ -565,6 +570,8 @@ def test_stable_baselines3s_gradient_steps_of_minus_one_is_answered_with_the_cou
         "--gradient-steps: takes a count: Stable-Baselines3's -1, a step per env step, is --gradient-steps 8 here "
         "(--train-freq 2 x 4 envs)"
     )
+    with pytest.raises(UsageError, match=re.escape("(--train-freq 1 x 1 env)")):
+        parse_config(["sac", "--gradient-steps", "-1"]).validate_algorithm()
 
 
 @pytest.mark.parametrize("argv", [["--alpha", "0.2"], ["sac", "--norm-adv"], ["sac", "--normalize"]])

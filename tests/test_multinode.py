@@ -258,11 +258,11 @@ def test_a_slurm_script_needs_an_entry_script():
         (["--", "train_fabric.py", "--precision", "16-mixed"], "--precision: 16-mixed needs a CUDA GPU (--cuda)"),
         (
             ["--gpus-per-node", "2", "--processes-per-node", "4", "--", "train_fabric.py"],
-            "--gpus-per-node: 2 cannot serve the 4 processes per node that compute on a GPU: request 4",
+            "--gpus-per-node: 2 cannot serve 4 processes per node computing on a GPU: request 4",
         ),
         (
             ["--processes-per-node", "2", "--", "train_fabric.py", "--cuda"],
-            "--gpus-per-node: 0 cannot serve the 2 processes per node that compute on a GPU: request 2",
+            "--gpus-per-node: 0 cannot serve 2 processes per node computing on a GPU: request 2",
         ),
         (["-N", "4", "--", "train_fabric.py"], "-N: sbatch's flag, not this program's: --nodes"),
         (["--gres", "gpu:4"], "--gres: sbatch's flag, not this program's: --gpus-per-node N"),

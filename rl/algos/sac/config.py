@@ -7,7 +7,7 @@ from typing import Literal
 
 from rl.algos.sac.presets import SAC_PRESETS
 from rl.config import RunConfig, check_signs
-from rl.errors import UsageError
+from rl.errors import UsageError, counted
 
 AUTO = "auto"
 ENT_COEF_FORMS = "must be a positive number, 'auto' or 'auto_' and a positive start (auto_0.1)"
@@ -108,7 +108,8 @@ class SACConfig(RunConfig):
         if self.gradient_steps == -1:
             phase = self.train_freq * self.num_envs
             message = f"takes a count: Stable-Baselines3's -1, a step per env step, is --gradient-steps {phase} here"
-            raise UsageError("--gradient-steps", message + f" (--train-freq {self.train_freq} x {self.num_envs} envs)")
+            envs = counted(self.num_envs, "env")
+            raise UsageError("--gradient-steps", message + f" (--train-freq {self.train_freq} x {envs})")
         check_signs(
             self,
             positive=(
