@@ -446,6 +446,12 @@ def nothing_left_message(step: int, cfg: RunConfig, env_ranks: int) -> str:
     )
 
 
+def keep_checkpoint(run_dir: str, global_step: int, checkpoint: TrainingCheckpoint, keep_last: int) -> None:
+    """Write a run's training checkpoint at `global_step`, then delete all but its newest `keep_last`."""
+    write_file(checkpoint_path(run_dir, global_step), checkpoint)
+    prune_checkpoints(run_dir, keep_last)
+
+
 def prune_checkpoints(run_dir: str, keep_last: int) -> None:
     """Delete all but the newest `keep_last` checkpoints of a run."""
     folder = Path(run_dir) / CHECKPOINT_DIR

@@ -18,8 +18,7 @@ from rl.checkpoint import (
     agent_of,
     agent_path,
     assert_finite,
-    checkpoint_path,
-    prune_checkpoints,
+    keep_checkpoint,
     restore_run_state,
     training_checkpoint,
     write_file,
@@ -152,10 +151,9 @@ class CoupledRank:
         checkpoint = training_checkpoint(
             agent, self.learner.state_dict(), counters, rank_states, MODE, self.runtime.world_size
         )
-        path = checkpoint_path(self.run.dir, self.global_step)
-        self.runtime.write_on_main(lambda: write_file(path, checkpoint))
-        if self.runtime.is_main:
-            prune_checkpoints(self.run.dir, self.cfg.keep_last)
+        self.runtime.write_on_main(
+            lambda: keep_checkpoint(self.run.dir, self.global_step, checkpoint, self.cfg.keep_last)
+        )
 
 
 def _train_coupled(

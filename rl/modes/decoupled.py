@@ -29,8 +29,7 @@ from rl.checkpoint import (
     agent_of,
     agent_path,
     assert_finite,
-    checkpoint_path,
-    prune_checkpoints,
+    keep_checkpoint,
     restore_run_state,
     training_checkpoint,
     write_file,
@@ -368,8 +367,7 @@ class Player:
         checkpoint = training_checkpoint(
             agent, learner_state, Counters(step, iteration), [player_state, *others], MODE, topology.world_size
         )
-        write_file(checkpoint_path(self.run.dir, step), checkpoint)
-        prune_checkpoints(self.run.dir, self.cfg.keep_last)
+        keep_checkpoint(self.run.dir, step, checkpoint, self.cfg.keep_last)
 
     def finish(self, state: LoopState) -> TrainingResult:
         """The lead player's end of the run: the evaluator's last weights, then the saved agent and its evaluation."""

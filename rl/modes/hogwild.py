@@ -45,9 +45,8 @@ from rl.checkpoint import (
     WorkerState,
     agent_of,
     agent_path,
-    checkpoint_path,
     from_file,
-    prune_checkpoints,
+    keep_checkpoint,
     restore_run_state,
     restored_agent,
     training_checkpoint,
@@ -747,8 +746,7 @@ class CheckpointWriter:
         workers = [WorkerState(float32_state(part["learner"]), part["iteration"], part["frames"]) for part in parts]
         agent = from_file(parts[0]["agent"])
         checkpoint = training_checkpoint(agent, parts[0]["learner"], counters, rank_states, MODE, self.workers, workers)
-        write_file(checkpoint_path(self.run_dir, global_step), checkpoint)
-        prune_checkpoints(self.run_dir, self.algorithm.cfg.keep_last)
+        keep_checkpoint(self.run_dir, global_step, checkpoint, self.algorithm.cfg.keep_last)
         self.last = checkpoint
         reached(global_step, is_main=True)  # the supervisor journals its progress by the checkpoints it writes
         steps = sum(part["frames_this_run"] for part in parts)
