@@ -298,6 +298,9 @@ def prepare_config(
         resume = checked_resume(found, automatic, cfg, algorithm, mode, world_size, env_ranks)
     say_total_rounded_down(cfg, env_ranks)
     begin_this_round(cfg, log_subdir, resume, env_ranks, automatic)
+    hint = preset_hint(cfg, algorithm.spaces)  # once the run is known to start: a refused one gets its error alone
+    if hint and int(os.environ.get("RANK", "0")) == 0:
+        print(hint, flush=True)
     configure_torch_threads(cfg.torch_threads, algorithm.cnn)
     torch.backends.cudnn.deterministic = cfg.torch_deterministic
     return algorithm, world_size, resume
@@ -328,15 +331,12 @@ def check_job(cfg: RunConfig, mode: Mode, world_size: int, env_ranks: int) -> No
 
 
 def checked_algorithm(cfg: RunConfig, mode: Mode, world_size: int, env_ranks: int) -> Algorithm:
-    """The algorithm on the env's spaces, once both agree and its memory fits; a preset's hint where one applies."""
+    """The algorithm on the env's spaces, once both agree and its memory fits."""
     spaces = env_spaces(cfg)
     kind = algorithm_type(cfg)
     kind.check_spaces(spaces)
     check_env_steps_apply(cfg, spaces)
     algorithm = kind(cfg, spaces)
-    hint = preset_hint(cfg, spaces)
-    if hint and int(os.environ.get("RANK", "0")) == 0:
-        print(hint, flush=True)
     env_processes_here = {"decoupled": cfg.num_players, "hogwild": world_size}.get(mode, local_world_size_from_env())
     acting_on_gpu = cfg.cuda and (mode != "decoupled" or cfg.player_on_gpu)
     algorithm.check_memory(env_ranks, env_processes_here, acting_on_gpu)

@@ -11,6 +11,7 @@ import envs_for_tests  # noqa: F401  (registers the tests' envs)
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 from conftest import needs_envpool
 
 from rl.algos.ppo.config import PPOConfig
@@ -1114,3 +1115,18 @@ def test_the_flags_page_shows_a_default_stated_in_words_in_its_default_column():
     run_name = next(line for line in reference().splitlines() if line.startswith("| `--run-name`"))
     cells = [cell.strip() for cell in run_name.split(" | ")]
     assert cells[2].startswith("experiment, env, seed and start time") and "(default:" not in run_name
+
+
+def test_a_rollout_that_cannot_fit_is_refused_before_allocation_and_a_refused_run_prints_no_hint(tmp_path, capsys):
+    """PPO allocates its rollout whole as the run starts, as SAC does its replay buffer: one this machine cannot hold
+    is refused in one line naming --num-steps, not by the allocator's traceback. A refused run prints its error alone,
+    without the preset hint that a run which starts prints."""
+    from rl.cli import prepare
+
+    acrobot = ["--env-id", "Acrobot-v1", "--log-dir", str(tmp_path), "--torch-threads", str(torch.get_num_threads())]
+    too_long = ["--num-steps", str(10**10), "--total-timesteps", str(10**11)]
+    with pytest.raises(UsageError, match=r"^--num-steps: 1 rollout of 20,000,000,000 env steps needs \d+\.\d GiB, but"):
+        prepare([*acrobot, *too_long], "fabric_logs")
+    assert "hint:" not in capsys.readouterr().out
+    prepare(acrobot, "fabric_logs")
+    assert "hint: --preset acrobot is tuned for Acrobot-v1" in capsys.readouterr().out

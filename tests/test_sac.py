@@ -122,8 +122,11 @@ def test_a_saved_buffer_holds_its_filled_rows_only(tmp_path):
 
 
 def test_a_buffer_that_cannot_fit_is_refused_before_allocation():
-    with pytest.raises(UsageError, match="lower --buffer-size") as error:
+    with pytest.raises(
+        UsageError, match=r"^--buffer-size: 2 replay buffers of 10,000,000,000,000 transitions need"
+    ) as error:
         check_buffer_fits(10**13, {"obs": Column((100,))}, processes_here=2)
+    assert str(error.value).endswith("GiB available; lower --buffer-size")
     assert error.value.flag == "--buffer-size"
     check_buffer_fits(1000, {"obs": Column((100,))}, processes_here=2)
 

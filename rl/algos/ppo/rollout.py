@@ -14,7 +14,7 @@ from torch import Tensor
 
 from rl.algos.ppo.policy import ActorCritic, action_noise, action_shape_and_dtype
 from rl.algos.ppo.recurrent import Memory, RecurrentActorCritic, initial_memory
-from rl.batch import TensorBatch
+from rl.batch import Column, TensorBatch
 from rl.cuda_graphs import captured_function
 from rl.envs import EnvSpaces
 from rl.experience import GAME_SIGNAL, Collector, EnvStep, EpisodeLog, StateDependentExploration, TrainingSignal
@@ -60,6 +60,19 @@ class Rollout:
             view["raw_obs"] = view["obs"]  # one buffer without observation normalization, as in this rollout
         return Rollout(**view)
 
+    @staticmethod
+    def step_columns(spaces: EnvSpaces, normalizes_obs: bool) -> dict[str, Column]:
+        """What a rollout holds for each env step: its buffers but a recurrent one's starts and memory (and without
+        observation normalization, `raw_obs`, which is then `obs` itself)."""
+        action_shape, action_dtype = action_shape_and_dtype(spaces.action_space)
+        number, flag = Column(()), Column((), torch.bool)
+        columns = {"obs": Column(spaces.obs_shape, spaces.obs_dtype), "actions": Column(action_shape, action_dtype)}
+        columns |= {"logprobs": number, "values": number, "rewards": number, "terminated": flag, "truncated": flag}
+        columns |= {"final_values": number, "discounted_returns": number, "is_transition": flag}
+        if normalizes_obs:
+            columns["raw_obs"] = Column(spaces.obs_shape)
+        return columns
+
     @classmethod
     def allocate(
         cls,
@@ -70,28 +83,19 @@ class Rollout:
         normalizes_obs: bool,
         memory_shape: tuple[int, int] | None = None,
     ) -> Rollout:
-        action_shape, action_dtype = action_shape_and_dtype(spaces.action_space)
         steps = (num_steps, num_envs)
-
-        def zeros(*shape: int, dtype: torch.dtype = torch.float32) -> Tensor:
-            return torch.zeros(shape, dtype=dtype, device=device)
-
-        obs = zeros(*steps, *spaces.obs_shape, dtype=spaces.obs_dtype)
+        buffers = {
+            name: torch.zeros((*steps, *column.shape), dtype=column.dtype, device=device)
+            for name, column in cls.step_columns(spaces, normalizes_obs).items()
+        }
+        buffers.setdefault("raw_obs", buffers["obs"])  # the same buffer without observation normalization
         return cls(
-            obs=obs,
-            actions=zeros(*steps, *action_shape, dtype=action_dtype),
-            logprobs=zeros(*steps),
-            values=zeros(*steps),
-            rewards=zeros(*steps),
-            terminated=zeros(*steps, dtype=torch.bool),
-            truncated=zeros(*steps, dtype=torch.bool),
-            final_values=zeros(*steps),
-            raw_obs=zeros(*steps, *spaces.obs_shape) if normalizes_obs else obs,  # the same without normalization
-            discounted_returns=zeros(*steps),
-            is_transition=zeros(*steps, dtype=torch.bool),
+            **buffers,
             # On the host, where the envs report them: training plans its sequences' segments from them there.
-            starts=torch.zeros(steps, dtype=torch.bool) if memory_shape else zeros(0),
-            memory=zeros(num_envs, 2, *memory_shape) if memory_shape else zeros(0),
+            starts=torch.zeros(steps, dtype=torch.bool) if memory_shape else torch.zeros(0, device=device),
+            memory=torch.zeros((num_envs, 2, *memory_shape), device=device)
+            if memory_shape
+            else torch.zeros(0, device=device),
         )
 
 

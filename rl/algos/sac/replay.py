@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
@@ -10,6 +9,7 @@ from torch import Tensor
 
 from rl.batch import Column
 from rl.errors import UsageError
+from rl.memory import check_storage_fits, storage_bytes
 
 
 class ReplayBuffer:
@@ -73,38 +73,9 @@ def check_buffer_holds(saved_rows: int, capacity: int) -> None:
         raise UsageError("--buffer-size", message)
 
 
-def buffer_bytes(capacity: int, columns: dict[str, Column]) -> int:
-    row = sum(column.width * torch.empty((), dtype=column.dtype).element_size() for column in columns.values())
-    return capacity * row
-
-
-def available_memory_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (None where there is no such file)."""
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    pages = os.sysconf("SC_AVPHYS_PAGES") if hasattr(os, "sysconf") else None
-    return pages * os.sysconf("SC_PAGE_SIZE") if pages else None
-
-
 def check_buffer_fits(capacity: int, columns: dict[str, Column], processes_here: int, on_gpu: bool = False) -> None:
-    """Refuse, before anything is allocated, a buffer that this machine's memory cannot hold.
-
-    On the GPU each process has a device of its own; on the CPU the processes here share the memory.
-    """
-    if on_gpu:
-        available, holders, where = torch.cuda.mem_get_info()[0], 1, "its GPU has"
-    else:
-        available, holders, where = available_memory_bytes(), processes_here, "this machine has"
-    needed = buffer_bytes(capacity, columns) * holders
-    if available is not None and needed > available:
-        gib = 2**30
-        raise UsageError(
-            "--buffer-size",
-            f"{holders} replay buffer(s) of {capacity:,} transitions need {needed / gib:.1f} GiB, "
-            f"but {where} {available / gib:.1f} GiB available; lower --buffer-size",
-        )
+    """Refuse, before anything is allocated, a buffer that this machine's memory (or a GPU's) cannot hold."""
+    storage = ("replay buffer", f"of {capacity:,} transitions")
+    check_storage_fits(
+        storage_bytes(capacity, columns), processes_here, on_gpu, "--buffer-size", storage, "lower --buffer-size"
+    )
