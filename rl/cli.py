@@ -35,10 +35,12 @@ from rl.config import (
     flag,
     flag_spellings,
     iteration_name,
+    local_gpu_index,
     local_world_size_from_env,
     other_modes_fields,
     parse_config_flags,
     read_config_file,
+    uses_gpu,
     validate_decoupled,
     validate_hardware,
     validate_values,
@@ -282,6 +284,18 @@ def prepare(
     return prepare_config(cfg, log_subdir, mode)
 
 
+def storage_gpu(cfg: RunConfig, mode: Mode, world_size: int) -> int | None:
+    """The GPU on this machine whose memory the storage of a rank that runs envs is checked against (None: the
+    host's): this rank's own where it computes on one, so that checking it opens no GPU it does not use; for a rank
+    that computes on none (the evaluator), the first player's."""
+    decoupled = mode == "decoupled"
+    if not cfg.cuda or (decoupled and not cfg.player_on_gpu):
+        return None
+    rank = int(os.environ.get("RANK", "0"))
+    holder = rank if uses_gpu(cfg, rank, world_size, decoupled) else 0
+    return local_gpu_index(cfg, holder, world_size, decoupled)
+
+
 def prepare_config(
     cfg: RunConfig, log_subdir: str, mode: Mode = "coupled"
 ) -> tuple[Algorithm, int, TrainingCheckpoint | None]:
@@ -338,8 +352,7 @@ def checked_algorithm(cfg: RunConfig, mode: Mode, world_size: int, env_ranks: in
     check_env_steps_apply(cfg, spaces)
     algorithm = kind(cfg, spaces)
     env_processes_here = {"decoupled": cfg.num_players, "hogwild": world_size}.get(mode, local_world_size_from_env())
-    acting_on_gpu = cfg.cuda and (mode != "decoupled" or cfg.player_on_gpu)
-    algorithm.check_memory(env_ranks, env_processes_here, acting_on_gpu)
+    algorithm.check_memory(env_ranks, env_processes_here, storage_gpu(cfg, mode, world_size))
     return algorithm
 
 

@@ -33,15 +33,16 @@ def available_memory_bytes() -> int | None:
 
 
 def check_storage_fits(
-    bytes_each: int, processes_here: int, on_gpu: bool, flag: str, storage: tuple[str, str], fix: str
+    bytes_each: int, processes_here: int, gpu: int | None, flag: str, storage: tuple[str, str], fix: str
 ) -> None:
     """Refuse storage of `bytes_each` per process that its memory cannot hold. `storage`: what it is, as a noun and
     what follows it ("replay buffer", "of 1,000 transitions"); `fix`: what to do ("lower --buffer-size").
 
-    On the GPU each process has a device of its own; on the CPU the `processes_here` share this machine's memory.
+    On a GPU (`gpu`, this machine's index of it) each process has a device of its own; on the CPU (None) the
+    `processes_here` share this machine's memory.
     """
-    if on_gpu:
-        available, holders, where = torch.cuda.mem_get_info()[0], 1, "its GPU has"
+    if gpu is not None:
+        available, holders, where = torch.cuda.mem_get_info(gpu)[0], 1, "its GPU has"
     else:
         available, holders, where = available_memory_bytes(), processes_here, "this machine has"
     needed, (noun, detail) = bytes_each * holders, storage

@@ -743,6 +743,32 @@ def test_decoupled_roles_on_the_cpu_take_no_gpu(
         validate(cfg, world_size, gpus_needed - 1, env_ranks=players, decoupled=True)
 
 
+@pytest.mark.parametrize(
+    ("mode", "fields", "rank", "local_rank", "expected"),
+    [
+        ("coupled", {"cuda": False}, 0, 0, None),  # the host's memory
+        ("coupled", {}, 2, 2, 2),  # each rank its own GPU, not GPU 0 for all
+        ("coupled", {}, 6, 2, 2),  # the second node's third rank
+        ("decoupled", {"num_players": 2}, 0, 0, None),  # CPU players' storage is in the host's memory
+        ("decoupled", {"num_players": 2, "player_on_gpu": True, "evaluator": True}, 1, 1, 1),
+        ("decoupled", {"num_players": 2, "player_on_gpu": True, "evaluator": True}, 3, 3, 0),  # the evaluator: none
+    ],
+    ids=["cpu", "coupled-rank", "second-node", "cpu-players", "gpu-player", "evaluator"],
+)
+def test_the_storage_check_reads_the_memory_of_the_gpu_a_rank_computes_on(
+    monkeypatch, mode, fields, rank, local_rank, expected
+):
+    """A rank that asked GPU 0 for its free memory would hold a context on it for its whole life, and check the
+    wrong card: each rank asks its own, and one that computes on none (the evaluator) the first player's."""
+    from rl.cli import storage_gpu
+
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    cfg = PPOConfig(**{"cuda": True, "total_timesteps": 4096, **fields})
+    assert storage_gpu(cfg, mode, world_size=8 if rank > 3 else 4) == expected
+
+
 def test_fabric_run_on_gpus_without_cuda_is_refused_and_the_script_flag_chooses_the_device(monkeypatch):
     monkeypatch.setenv("LT_ACCELERATOR", "cuda")
     with pytest.raises(UsageError, match="fabric run --accelerator=cuda was given, but without --cuda") as error:

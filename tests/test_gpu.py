@@ -370,3 +370,17 @@ def test_a_step_captured_among_learners_averages_between_its_graphs_as_the_eager
             assert torch.equal(ours, theirs), (ours - theirs).abs().max()
     for ours, theirs in zip(ranks[0][True][0], ranks[1][True][0], strict=True):
         assert torch.equal(ours, theirs)  # averaged gradients: the learners stay in step
+
+
+def test_the_storage_check_reads_the_memory_of_the_gpu_it_names():
+    from rl.algos.sac.replay import check_buffer_fits
+    from rl.batch import Column
+    from rl.errors import UsageError
+
+    last = torch.cuda.device_count() - 1
+    with pytest.raises(UsageError, match="its GPU has"):
+        check_buffer_fits(10**13, {"obs": Column((100,))}, processes_here=4, gpu=last)
+    fits_once = int(torch.cuda.mem_get_info(last)[0] * 0.4) // 400  # 40% of its free memory; 4 buffers would not fit
+    check_buffer_fits(
+        fits_once, {"obs": Column((100,))}, processes_here=4, gpu=last
+    )  # each process has a GPU of its own

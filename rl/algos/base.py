@@ -126,10 +126,11 @@ class Algorithm(ABC):
         """Refuse an env this algorithm cannot train on, with a `UsageError` that says what to do instead."""
         return  # every env `inspect_env` accepts, by default
 
-    def check_memory(self, env_ranks: int, processes_here: int, on_gpu: bool) -> None:
+    def check_memory(self, env_ranks: int, processes_here: int, gpu: int | None) -> None:
         """Refuse, before anything is allocated, storage this machine cannot hold.
 
-        `processes_here` ranks on this machine run envs; `on_gpu`: their storage is on their GPUs.
+        `processes_here` ranks on this machine run envs; `gpu`: the GPU here their storage goes onto, one each (None:
+        they share the host's memory).
         """
         return  # nothing large is allocated, by default
 

@@ -209,11 +209,11 @@ class PPO(Algorithm):
                 "it normalizes vector observations, not a Dict observation with images; drop the flag",
             )
 
-    def check_memory(self, env_ranks: int, processes_here: int, on_gpu: bool) -> None:
+    def check_memory(self, env_ranks: int, processes_here: int, gpu: int | None) -> None:
         steps = self.cfg.rollout_steps_per_rank  # the learner's batches and statistics come on top: a lower bound
         rollout = storage_bytes(steps, Rollout.step_columns(self.spaces, self.cfg.normalize_observations))
         storage, fix = ("rollout", f"of {steps:,} env steps"), "lower --num-steps or --num-envs"
-        check_storage_fits(rollout, processes_here, on_gpu, "--num-steps", storage, fix)
+        check_storage_fits(rollout, processes_here, gpu, "--num-steps", storage, fix)
 
     def build_policy(self, device: torch.device) -> nn.Module:
         torch.manual_seed(self.cfg.seed)  # the same initial weights on every rank and in every mode

@@ -53,8 +53,8 @@ class SAC(Algorithm):
                 f"({action_space}); wrap the env with finite bounds (gymnasium's RescaleAction), or use PPO",
             )
 
-    def check_memory(self, env_ranks: int, processes_here: int, on_gpu: bool) -> None:
-        check_buffer_fits(self.capacity_per_rank(env_ranks), transition_columns(self.spaces), processes_here, on_gpu)
+    def check_memory(self, env_ranks: int, processes_here: int, gpu: int | None) -> None:
+        check_buffer_fits(self.capacity_per_rank(env_ranks), transition_columns(self.spaces), processes_here, gpu)
 
     def check_rank_states(self, rank_states: list[dict[str, Any]], env_ranks: int) -> None:
         capacity = self.capacity_per_rank(env_ranks)

@@ -73,9 +73,9 @@ def check_buffer_holds(saved_rows: int, capacity: int) -> None:
         raise UsageError("--buffer-size", message)
 
 
-def check_buffer_fits(capacity: int, columns: dict[str, Column], processes_here: int, on_gpu: bool = False) -> None:
+def check_buffer_fits(capacity: int, columns: dict[str, Column], processes_here: int, gpu: int | None = None) -> None:
     """Refuse, before anything is allocated, a buffer that this machine's memory (or a GPU's) cannot hold."""
     storage = ("replay buffer", f"of {capacity:,} transitions")
     check_storage_fits(
-        storage_bytes(capacity, columns), processes_here, on_gpu, "--buffer-size", storage, "lower --buffer-size"
+        storage_bytes(capacity, columns), processes_here, gpu, "--buffer-size", storage, "lower --buffer-size"
     )
