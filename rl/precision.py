@@ -47,9 +47,16 @@ def check_precision_device(name: str, cuda: bool) -> None:
         )
 
 
+def gpu_computes_in_bf16() -> bool:
+    """Whether this machine's GPUs compute in bf16 (Ampere or newer, or AMD's), asked of their properties, which
+    opens no context on a GPU. `torch.cuda.is_bf16_supported()` says yes to older GPUs as well, where a bf16 tensor
+    can be made but not every product computed, and learns it by allocating one on GPU 0."""
+    return bool(torch.version.hip) or torch.cuda.get_device_capability(0)[0] >= 8
+
+
 def check_precision_on_this_gpu(name: str, cuda: bool) -> None:
     """Refuse a bf16 precision that this machine's GPU cannot run, naming `--precision`."""
-    if name.startswith("bf16") and cuda and not torch.cuda.is_bf16_supported():
+    if name.startswith("bf16") and cuda and not gpu_computes_in_bf16():
         raise UsageError("--precision", f"{name} needs a GPU with bf16 support (Ampere or newer); use 16-mixed")
 
 

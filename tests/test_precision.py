@@ -61,6 +61,27 @@ def test_trunks_compute_at_the_precision_and_heads_in_float32(name, precision):
     assert any(not torch.equal(got, want) for got, want in zip(low_outputs, full_outputs, strict=True))
 
 
+@pytest.mark.parametrize(
+    ("capability", "hip", "refused"), [((7, 0), None, True), ((8, 0), None, False), ((9, 0), "6.2", False)]
+)
+def test_bf16_is_refused_on_a_gpu_older_than_ampere_though_torch_calls_it_supported(
+    monkeypatch, capability, hip, refused
+):
+    """On a V100 `torch.cuda.is_bf16_supported()` is True (a bf16 tensor can be made there), yet its products are
+    not all computed: the check reads the GPU's compute capability (AMD's GPUs all compute in bf16)."""
+    from rl.errors import UsageError
+    from rl.precision import check_precision_on_this_gpu
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.version, "hip", hip)
+    if refused:
+        with pytest.raises(UsageError, match="bf16-mixed needs a GPU with bf16 support"):
+            check_precision_on_this_gpu("bf16-mixed", cuda=True)
+    else:
+        check_precision_on_this_gpu("bf16-mixed", cuda=True)
+    check_precision_on_this_gpu("16-mixed", cuda=True)
+
+
 def test_our_autocast_is_fabrics():
     from lightning.fabric.plugins import MixedPrecision
 
