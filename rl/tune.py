@@ -147,11 +147,16 @@ def search_space(cfg: TuneConfig, algorithm: str) -> dict[str, dict[str, Any]]:
 
     flags = {member.name for member in fields(ALGORITHMS[algorithm].config_type)}
     for name, domain in space.items():
-        if str(name).replace("-", "_") not in flags:
-            slip = did_you_mean(str(name).replace("-", "_"), flags)
+        key = str(name).replace("-", "_")
+        if key not in flags:
+            slip = did_you_mean(key, flags)
             raise UsageError(
                 "--space", f"{cfg.space}: {name} is no flag of {algorithm.upper()}{': ' if slip else ''}{slip}"
             )
+        if key in (*TRIAL_BOOKKEEPING, *NOT_IN_CONFIG_FILES, *NOT_IN_RUN_FOLDER_CONFIG):
+            # a trial's command sets it after the values drawn, which would be recorded but never trained with
+            tuners = " (the tuner's own --eval-every sets it)" if key == "eval_every" else ""
+            raise UsageError("--space", f"{cfg.space}: {name} is set for each trial's run, not searched{tuners}")
         space[name] = checked_domain(domain, f"{cfg.space}: {name}")
     return space
 

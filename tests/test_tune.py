@@ -278,6 +278,7 @@ def test_a_space_file_the_random_sampler_and_the_timeout_shape_the_study(tmp_pat
             "{space}: activation_function gelu: --activation-function: invalid choice 'gelu'",
         ),
         ("gamma: {low: 0.9, high: 1.5}\n", "{space}: gamma 1.5: --gamma: must be in (0, 1], got 1.5"),
+        ("eval_every: {choices: [256, 512]}\n", "{space}: eval_every is set for each trial's run, not searched"),
     ],
 )
 def test_a_bad_space_file_is_refused_in_one_line_before_any_trial(tmp_path, text, told):
