@@ -448,13 +448,16 @@ TIME_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def checkpoint_interval(text: str) -> tuple[int, float]:
-    """`--checkpoint-every` as (env steps, seconds), one of them 0: "8192" is steps, "90s", "10m", "2h" a time."""
+    """`--checkpoint-every` as (env steps, seconds), one of them 0: "8192" (or "1e5", as the whole-number flags take
+    it) is steps, "90s", "10m", "2h" a time."""
     value = str(text).strip().lower()
     try:
         if value[-1:] in TIME_UNITS:
             seconds = float(value[:-1]) * TIME_UNITS[value[-1]]
             if seconds > 0:
                 return 0, seconds
+        elif WHOLE_NUMBER_IN_EXPONENT_FORM.fullmatch(value) and float(value).is_integer():
+            return int(float(value)), 0.0
         elif int(value) >= 0:
             return int(value), 0.0
     except ValueError:

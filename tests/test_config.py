@@ -1156,3 +1156,21 @@ def test_a_rollout_that_cannot_fit_is_refused_before_allocation_and_a_refused_ru
     assert "hint:" not in capsys.readouterr().out
     prepare(acrobot, "fabric_logs")
     assert "hint: --preset acrobot is tuned for Acrobot-v1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("text", "interval"),
+    [("8192", (8192, 0.0)), ("1e5", (100_000, 0.0)), ("2.5E4", (25_000, 0.0)), ("90s", (0, 90.0)), ("2h", (0, 7200.0))],
+)
+def test_a_checkpoint_interval_is_env_steps_in_either_form_the_whole_number_flags_take_or_a_time(text, interval):
+    from rl.config import checkpoint_interval
+
+    assert checkpoint_interval(text) == interval
+
+
+@pytest.mark.parametrize("text", ["1.5", "1.5e0", "-5", "0s", "10x", "10min"])
+def test_a_checkpoint_interval_that_is_no_count_of_steps_nor_a_positive_time_is_refused(text):
+    from rl.config import checkpoint_interval
+
+    with pytest.raises(UsageError, match=r"^--checkpoint-every: give env steps \(8192\) or a positive time"):
+        checkpoint_interval(text)
