@@ -618,7 +618,7 @@ def check_checkpoint_steps(cfg: RunConfig, env_ranks: int) -> None:
         shorter = f"; or report more often with {cfg.REPORT_FLAG}" if cfg.REPORT_FLAG else ""
         raise UsageError(
             "--checkpoint-every",
-            f"{cfg.checkpoint_steps} steps is finer than the run's reports, every "
+            f"{counted(cfg.checkpoint_steps, 'step')} is finer than the run's reports, every "
             f"{report} env steps, which is when checkpoints are written: give {report} or more"
             f"{shorter}",
         )

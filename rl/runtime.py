@@ -22,7 +22,7 @@ from torch import Tensor
 
 from rl.config import RunConfig, local_world_size_from_env
 from rl.elastic import init_default_process_group, under_torchelastic
-from rl.errors import RunStopped, UsageError, print_error
+from rl.errors import RunStopped, UsageError, counted, print_error
 from rl.logger import FabricSink, MetricsSink, SummaryWriterSink
 from rl.precision import grad_scaler
 
@@ -84,9 +84,10 @@ def configure_torch_threads(requested: int, cnn: bool = False) -> int:
     torch.set_num_threads(threads)
     processes = local_world_size_from_env()
     if threads > core_share(processes) and os.environ.get("LOCAL_RANK", "0") == "0":
+        here = counted(processes, "process", "processes")
         print_error(
-            f"warning: --torch-threads {threads} for each of {processes} process(es) here is more threads than this "
-            f"machine's {available_cores()} cores: they wait on each other and slow training"
+            f"warning: --torch-threads {threads} x {here} here is more threads than this machine's "
+            f"{available_cores()} cores: they wait on each other and slow training"
         )
     return threads
 

@@ -66,8 +66,8 @@ def test_more_threads_than_the_cores_hold_are_taken_with_a_warning(monkeypatch, 
     assert capfd.readouterr().err == ""
     assert configure_torch_threads(share + 1) == share + 1
     assert capfd.readouterr().err == (
-        f"warning: --torch-threads {share + 1} for each of {local_ranks} process(es) here is more threads than this "
-        f"machine's {cores} cores: they wait on each other and slow training\n"
+        f"warning: --torch-threads {share + 1} x {local_ranks} process{'es' if local_ranks > 1 else ''} here is more "
+        f"threads than this machine's {cores} cores: they wait on each other and slow training\n"
     )
     monkeypatch.setenv("LOCAL_RANK", "1")  # once per machine
     configure_torch_threads(share + 1)

@@ -200,5 +200,6 @@ class PPOConfig(RunConfig):
             )
         if self.rollout_steps_per_rank < num_trainers:
             raise UsageError(
-                "--num-steps", f"a rollout of {self.rollout_steps_per_rank} rows cannot feed {num_trainers} trainers"
+                "--num-steps",
+                f"a rollout of {counted(self.rollout_steps_per_rank, 'row')} cannot feed {num_trainers} trainers",
             )
