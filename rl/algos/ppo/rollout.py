@@ -89,14 +89,12 @@ class Rollout:
             for name, column in cls.step_columns(spaces, normalizes_obs).items()
         }
         buffers.setdefault("raw_obs", buffers["obs"])  # the same buffer without observation normalization
-        return cls(
-            **buffers,
-            # On the host, where the envs report them: training plans its sequences' segments from them there.
-            starts=torch.zeros(steps, dtype=torch.bool) if memory_shape else torch.zeros(0, device=device),
-            memory=torch.zeros((num_envs, 2, *memory_shape), device=device)
-            if memory_shape
-            else torch.zeros(0, device=device),
-        )
+        if memory_shape is None:
+            starts, memory = torch.zeros(0, device=device), torch.zeros(0, device=device)
+        else:  # starts on the host, where the envs report them: training plans its sequences' segments from them there
+            starts = torch.zeros(steps, dtype=torch.bool)
+            memory = torch.zeros((num_envs, 2, *memory_shape), device=device)
+        return cls(**buffers, starts=starts, memory=memory)
 
 
 class RolloutCollector(Collector):
