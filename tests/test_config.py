@@ -242,6 +242,8 @@ def test_decoupled_needs_a_trainer_and_a_row_per_trainer():
         validate_decoupled(PPOConfig(recurrent=True, num_envs=1), world_size=3)
     assert error.value.flag == "--num-envs"
     validate_decoupled(PPOConfig(), world_size=3)
+    with pytest.raises(UsageError, match="a rollout of 1 row cannot feed 2 trainers"):
+        validate_decoupled(PPOConfig(num_envs=1, num_steps=1, per_rank_batch_size=1), world_size=3)
 
 
 @pytest.mark.parametrize(
@@ -826,6 +828,8 @@ def test_a_checkpoint_interval_finer_than_the_reports_is_refused(args, report):
     with pytest.raises(UsageError, match=f"finer than the run's reports, every {report} env steps"):
         validate(parse_config(args), world_size=1, gpu_count=0)
     validate(parse_config([*args[:-1], str(report)]), world_size=1, gpu_count=0)
+    with pytest.raises(UsageError, match=r"^--checkpoint-every: 1 step is finer than the run's reports"):
+        validate(parse_config([*args[:-1], "1"]), world_size=1, gpu_count=0)
 
 
 def test_a_config_file_sets_flags_that_the_command_line_overrides(tmp_path):

@@ -15,7 +15,7 @@ import yaml
 from conftest import child_env, child_pids, start_as_foreground_job, still_running
 
 from rl.cli import parse_config
-from rl.tune import close_abandoned_trials
+from rl.tune import DEFAULT_SPACES, check_space_values, close_abandoned_trials
 
 TRAINING = ["--", "--preset", "cartpole", "--total-timesteps", "2048", "--eval-episodes", "2"]
 
@@ -453,3 +453,12 @@ def test_a_tuner_stopped_past_the_heartbeats_limit_stops_its_trials_run_and_goes
     assert re.search(
         r"^interrupted at step [\d,]+: checkpoint written", (tmp_path / "runs/cartpole/trial-0.log").read_text(), re.M
     )
+
+
+def test_the_default_space_is_checked_with_the_training_flags_too():
+    """SAC's default space draws batches of up to 512: a buffer that cannot hold one is refused before any trial."""
+    from rl.errors import UsageError
+
+    with pytest.raises(UsageError, match=r"^--space: SAC's default space: batch_size 512: --buffer-size: 300 cannot"):
+        check_space_values(DEFAULT_SPACES["sac"], ["sac", "--buffer-size", "300"], "SAC's default space")
+    check_space_values(DEFAULT_SPACES["sac"], ["sac", "--buffer-size", "1000"], "SAC's default space")
