@@ -154,7 +154,7 @@ class RunFlags:
     """how many of the newest training checkpoints to keep"""
     resume_from: str | None = None
     """continue the run saved in this training checkpoint, with the run's own flags where none are given (same envs,
-    network and process count)"""
+    network, seed and process count)"""
     run_name: str | None = None
     """the run folder's name under --log-dir (default: experiment, env, seed and start time, then _2, _3 for runs
     started in the same second; under torchrun, the job's --rdzv-id instead of the time); a run whose folder holds a
@@ -235,8 +235,9 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
     # Tuned starting points by name (`--preset`), each a mapping of field names to values.
     PRESETS: ClassVar[dict[str, dict[str, Any]]] = {}
     REPORT_FLAG: ClassVar[str | None] = None  # the flag that sets the steps between reports, where there is one
-    # Fields a resumed run must share with its checkpoint: they shape the envs or the networks.
+    # Fields a resumed run must share with its checkpoint: they shape the envs, the networks or the random streams.
     IMMUTABLE = (
+        "seed",
         "env_id",
         "env_kwargs",
         "env_kwarg",
