@@ -45,6 +45,7 @@ from rl.config import (
     RunConfig,
     check_seed,
     config_file_algorithm,
+    fields_on_command_line,
     flag,
     flag_spellings,
     newest_checkpoint,
@@ -189,6 +190,21 @@ def check_space_values(space: dict[str, dict[str, Any]], training: list[str], wh
                 check_values_for_job(cfg, "coupled", world_size=1)
             except UsageError as refusal:
                 raise UsageError("--space", f"{where}: {name} {value}: {refusal}") from None
+
+
+def check_searched_not_given(space: dict[str, dict[str, Any]], training: list[str], where: str, default: bool) -> None:
+    """A flag both searched and given after --: each trial's drawn value would replace the given one unsaid."""
+    from rl.registry import ALGORITHMS
+
+    given = fields_on_command_line(ALGORITHMS[training_algorithm(training)].config_type, training)
+    for name in space:
+        if name.replace("-", "_") in given:
+            way_out = "give a --space without it" if default else "leave it out of one of them"
+            raise UsageError(
+                "--space",
+                f"{where}: {name} is searched, and given after -- as well: the values drawn would replace the one "
+                f"given; {way_out}",
+            )
 
 
 def distribution(domain: dict[str, Any]) -> Any:
@@ -688,7 +704,9 @@ def main(argv: list[str]) -> None:
     # flags (how --total-timesteps rounds, say) is not said: each trial suggests flags of its own.
     with contextlib.redirect_stdout(io.StringIO()):
         algorithm, _, _ = prepare(training, TRIALS_FOLDER)
-        check_space_values(space, training, cfg.space or f"{training_algorithm(training).upper()}'s default space")
+        where = cfg.space or f"{training_algorithm(training).upper()}'s default space"
+        check_searched_not_given(space, training, where, default=cfg.space is None)
+        check_space_values(space, training, where)
     Path(cfg.out, cfg.study_name).mkdir(parents=True, exist_ok=True)
     # the study exists before the other processes open it, so that they never race to create it
     study = create_study(cfg)

@@ -15,7 +15,7 @@ import yaml
 from conftest import child_env, child_pids, start_as_foreground_job, still_running
 
 from rl.cli import parse_config
-from rl.tune import DEFAULT_SPACES, check_space_values, close_abandoned_trials
+from rl.tune import DEFAULT_SPACES, check_searched_not_given, check_space_values, close_abandoned_trials
 
 TRAINING = ["--", "--preset", "cartpole", "--total-timesteps", "2048", "--eval-episodes", "2"]
 
@@ -289,6 +289,35 @@ def test_a_bad_space_file_is_refused_in_one_line_before_any_trial(tmp_path, text
     (line,) = refused.stderr.strip().splitlines()
     assert line.startswith("error: --space: " + told.format(space=space))
     assert not (tmp_path / "study.db").exists()
+
+
+def test_a_flag_both_searched_and_given_after_the_dashes_is_refused_before_any_trial(tmp_path):
+    space = tmp_path / "space.yaml"
+    space.write_text("learning_rate: {low: 1e-4, high: 1e-2, log: true}\n")
+    refused = tune(tmp_path, "--space", str(space), training=("--learning-rate", "0.001"))
+    assert refused.returncode == 2
+    (line,) = refused.stderr.strip().splitlines()
+    assert line == (
+        f"error: --space: {space}: learning_rate is searched, and given after -- as well: the values drawn would "
+        "replace the one given; leave it out of one of them"
+    )
+    assert not (tmp_path / "study.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("training", "searched"),
+    [(["--gamma=0.98"], "gamma"), (["sac", "--batch-size", "64"], "batch_size"), (["--num-envs", "4"], None)],
+)
+def test_the_default_space_refuses_a_flag_given_after_the_dashes_and_keeps_the_others(training, searched):
+    from rl.errors import UsageError
+
+    algorithm = training[0] if training[0] == "sac" else "ppo"
+    where = f"{algorithm.upper()}'s default space"
+    if searched is None:  # a flag the space does not search is the trials' own
+        check_searched_not_given(DEFAULT_SPACES[algorithm], ["--preset", "cartpole", *training], where, default=True)
+        return
+    with pytest.raises(UsageError, match=rf"^--space: {where}: {searched} is searched, .* give a --space without it$"):
+        check_searched_not_given(DEFAULT_SPACES[algorithm], training, where, default=True)
 
 
 @pytest.mark.parametrize(
