@@ -200,11 +200,8 @@ def check_searched_not_given(space: dict[str, dict[str, Any]], training: list[st
     for name in space:
         if name.replace("-", "_") in given:
             way_out = "give a --space without it" if default else "leave it out of one of them"
-            raise UsageError(
-                "--space",
-                f"{where}: {name} is searched, and given after -- as well: the values drawn would replace the one "
-                f"given; {way_out}",
-            )
+            unsaid = f"the values drawn would replace the one given; {way_out}"
+            raise UsageError("--space", f"{where}: {name} is searched, and given after -- as well: {unsaid}")
 
 
 def distribution(domain: dict[str, Any]) -> Any:
