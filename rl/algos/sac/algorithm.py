@@ -44,7 +44,7 @@ class SAC(Algorithm):
             raise UsageError(
                 "--env-id",
                 f"SAC needs continuous (Box) actions, but {env_id} has {action_space}; "
-                "train it with PPO instead (drop the 'sac' subcommand)",
+                "train it with PPO instead (no 'sac' subcommand, or a PPOConfig)",
             )
         if not (np.isfinite(action_space.low).all() and np.isfinite(action_space.high).all()):
             raise UsageError(
