@@ -209,7 +209,7 @@ def report_evaluation(
     }
     run.sink.log_scalars(summary, global_step)
     print(
-        f"evaluation over {cfg.eval_episodes} greedy episode{'s' if cfg.eval_episodes > 1 else ''}: return "
+        f"evaluation over {counted(cfg.eval_episodes, 'greedy episode')}: return "
         f"{summary['Test/return_mean']:.2f} ± {summary['Test/return_std']:.2f}, "
         f"length {summary['Test/length_mean']:.1f}",
         flush=True,
