@@ -1200,10 +1200,45 @@ def parse_dataclass(
         unknown = unknown_option(config_type, argv) if MISSING_POSITIONAL.match(message) else None
         if unknown is not None:
             raise UsageError(unknown, f"Unrecognized options: {unknown}") from None
-        raise UsageError(named, message) from None
+        raise switch_given_a_word(config_type, argv, message) or UsageError(
+            named, value_not_of_type(config_type, named, message)
+        ) from None
 
 
 MISSING_POSITIONAL = re.compile(r"Missing value for argument '\w")  # a flag's name starts with a dash
+# Python's words for a value a flag's type does not take, as the parser passes them on
+VALUE_NOT_READ = re.compile(
+    r"Error parsing (--[\w-]+): (?:(?:invalid literal for int\(\) with base 10|could not convert string to float): "
+    r"'(?P<one>.*)'|Could not parse arguments \[(?P<many>.*)\] into .*)"
+)
+
+
+def value_not_of_type(config_type: type, named: str, message: str) -> str:
+    """The parser's `Error parsing --num-envs: invalid literal for int() with base 10: '2.5'` as a config file's
+    value is refused: `'2.5' is not a whole number`; any other message as it is."""
+    refused = VALUE_NOT_READ.fullmatch(message)
+    hints = typing.get_type_hints(config_type, include_extras=True)
+    field_name = named[2:].replace("-", "_")
+    if refused is None or field_name not in hints:
+        return message
+    value = refused["one"] if refused["one"] is not None else " ".join(re.findall(r"'(.*?)'", refused["many"]))
+    return f"{value!r} is not {type_name(hints[field_name])}"
+
+
+def switch_given_a_word(config_type: type, argv: list[str], message: str) -> UsageError | None:
+    """`--anneal-lr maybe`: the parser finds the word after a switch an unknown argument; name the switch."""
+    word = message.removeprefix("Unrecognized options: ")
+    switches = flags_typed(config_type, bool)
+    given_to = [before for before, after in itertools.pairwise(argv) if after == word]
+    given_to += [arg.partition("=")[0] for arg in argv if arg.partition("=")[2] == word]
+    if word == message or " " in word or not given_to or given_to[0] not in switches:
+        return None
+    switch = switches[given_to[0]]
+    return UsageError(
+        switch, f"a switch takes no value, or true or false; got {word!r}: give {switch} or --no-{switch[2:]}"
+    )
+
+
 NUMBER = re.compile(r"-?\d+(\.\d*)?([eE][-+]?\d+)?")
 
 

@@ -658,11 +658,29 @@ def test_switches_and_whole_numbers_take_the_values_other_programs_and_config_fi
     assert {name: getattr(cfg, name) for name in values} == values
 
 
-def test_a_switch_given_a_word_that_is_no_truth_value_is_refused_naming_it():
-    with pytest.raises(UsageError, match="Unrecognized options: maybe"):
-        parse_config(["--anneal-lr", "maybe"])
-    with pytest.raises(UsageError, match="invalid literal for int"):
-        parse_config(["--total-timesteps", "1.5e0"])  # not a whole number
+@pytest.mark.parametrize("argv", [["--anneal-lr", "maybe"], ["--num-envs", "2", "--anneal-lr=maybe"]])
+def test_a_switch_given_a_word_that_is_no_truth_value_is_refused_naming_it(argv):
+    with pytest.raises(UsageError) as error:
+        parse_config(argv)
+    assert str(error.value) == (
+        "--anneal-lr: a switch takes no value, or true or false; got 'maybe': give --anneal-lr or --no-anneal-lr"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "told"),
+    [
+        (["--total-timesteps", "1.5e0"], "--total-timesteps: '1.5e0' is not a whole number"),
+        (["--num-envs", "2.0"], "--num-envs: '2.0' is not a whole number"),
+        (["--learning-rate", "1/2"], "--learning-rate: '1/2' is not a number"),
+        (["sac", "--net-arch", "64", "x"], "--net-arch: '64 x' is not a list of 2, each a whole number"),
+        (["--num-envs", "2", "maybe"], "command line: Unrecognized options: maybe"),  # after no switch: no value
+    ],
+)
+def test_a_value_its_flags_type_does_not_take_is_refused_as_a_config_files_value_is(argv, told):
+    with pytest.raises(UsageError) as error:
+        parse_config(argv)
+    assert str(error.value) == told
 
 
 def test_an_algorithms_name_as_a_flags_value_is_no_misplaced_algorithm():
