@@ -429,10 +429,10 @@ def check_resumable(
 
 
 def setting(field: str, value: Any) -> str:
-    """How a run was trained as to one field: `with --recurrent`, `without --recurrent`, `with 64`."""
+    """How a run was trained as to one field: `with --recurrent`, `without --recurrent`, `with --num-envs 4`."""
     if isinstance(value, bool):
         return f"{'with' if value else 'without'} {flag(field)}"
-    return f"with {value!r}"
+    return f"with {flag(field)} {value!r}"
 
 
 def nothing_left_message(step: int, cfg: RunConfig, env_ranks: int) -> str:

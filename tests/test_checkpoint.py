@@ -164,6 +164,9 @@ def test_a_resume_names_the_flag_that_found_the_checkpoint_and_a_switch_by_its_f
         "error: --normalize-observations: the checkpoint was trained without --normalize-observations; it cannot "
         "change on resume"
     )
+    assert refusal_line("fabric", ["--total-timesteps", "4096", "--seed", "2", *given], tmp_path) == (
+        "error: --seed: the checkpoint was trained with --seed 42; it cannot change on resume"
+    )
 
 
 def test_a_run_folder_is_held_for_its_runs_life_and_let_go_after(tmp_path):
