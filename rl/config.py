@@ -40,6 +40,7 @@ from rl.precision import (
     PrecisionName,
     check_precision_device,
     check_precision_on_this_gpu,
+    full_precision_name,
     warn_of_emulated_bf16,
 )
 
@@ -69,9 +70,9 @@ class RunFlags:
     torch_deterministic: bool = True
     """use deterministic torch algorithms (cudnn.deterministic)"""
     precision: PrecisionName = DEFAULT_PRECISION
-    """the networks' numeric precision (Lightning Fabric's names): 32-true, bf16-mixed (bf16 autocast, float32
-    weights), 16-mixed (fp16 autocast and loss scaling; CUDA only), bf16-true (bf16 weights); the heads, losses,
-    statistics, buffers and checkpoints stay float32 in every one"""
+    """the networks' numeric precision (Lightning Fabric's names; its short ones bf16, 16 and 32 too): 32-true,
+    bf16-mixed (bf16 autocast, float32 weights), 16-mixed (fp16 autocast and loss scaling; CUDA only), bf16-true
+    (bf16 weights); the heads, losses, statistics, buffers and checkpoints stay float32 in every one"""
     compile: bool = False
     """torch.compile the acting forward and the update's losses (the compile time is reported on its own line and
     left out of the env steps/s)"""
@@ -777,7 +778,7 @@ def config_file_values(config_type: type[RunConfig], path: str, others: bool = F
                 continue
             raise UnknownConfigKey(path, key, name, config_type)
         try:
-            result[name] = typed_value(hints[name], value)
+            result[name] = typed_value(hints[name], full_precision_name(value) if name == "precision" else value)
         except (TypeError, ValueError):
             if others:
                 continue
@@ -844,7 +845,7 @@ def check_field_types(cfg: RunConfig) -> None:
     for member in fields(cfg):
         value = getattr(cfg, member.name)
         try:
-            typed = typed_value(hints[member.name], value)
+            typed = typed_value(hints[member.name], full_precision_name(value) if member.name == "precision" else value)
         except (TypeError, ValueError):
             raise UsageError(flag(member.name), not_of_type_message(member.name, value, hints[member.name])) from None
         if typed is not value:  # set only what changes: setting a following field names it (`__setattr__`)
@@ -1068,7 +1069,14 @@ def command_line_spellings(config_type: type[RunConfig], argv: list[str]) -> lis
     takes it: a switch given a value, as the Lightning example's argparse takes one (`--anneal-lr True`), and a
     whole number in exponent form (`--total-timesteps 1e6`). A value that is neither is left for the parser."""
     argv = respelled(argv, flags_typed(config_type, bool), as_switch)
+    argv = respelled(argv, {"--precision": "--precision"}, as_full_precision_name)
     return respelled(argv, flags_typed(config_type, int), as_whole_number)
+
+
+def as_full_precision_name(name: str, value: str) -> str | None:
+    """`--precision bf16`, Fabric's short name, as `--precision=bf16-mixed`; None for any other value."""
+    full = full_precision_name(value)
+    return None if full == value else f"{name}={full}"
 
 
 def fields_on_command_line(config_type: type[RunConfig], argv: list[str]) -> set[str]:
@@ -1085,7 +1093,7 @@ def fields_on_command_line(config_type: type[RunConfig], argv: list[str]) -> set
 def launcher_precision() -> PrecisionName | None:
     """`fabric run` takes a `--precision` anywhere on its command line as its own option, even after the
     script, and hands it to the ranks as LT_PRECISION: it is the run's --precision all the same."""
-    name = os.environ.get("LT_PRECISION")
+    name = full_precision_name(os.environ.get("LT_PRECISION"))
     if name is None:
         return None
     if name not in get_args(PrecisionName):
@@ -1206,21 +1214,28 @@ def parse_dataclass(
 
 
 MISSING_POSITIONAL = re.compile(r"Missing value for argument '\w")  # a flag's name starts with a dash
-# Python's words for a value a flag's type does not take, as the parser passes them on
+# The parser's and Python's words for a value a flag's type does not take
 VALUE_NOT_READ = re.compile(
     r"Error parsing (--[\w-]+): (?:(?:invalid literal for int\(\) with base 10|could not convert string to float): "
     r"'(?P<one>.*)'|Could not parse arguments \[(?P<many>.*)\] into .*)"
+    r"|invalid choice '(?P<choice>.*)' for argument '--[\w-]+'\. Expected one of \((?P<choices>.*)\)\."
 )
 
 
 def value_not_of_type(config_type: type, named: str, message: str) -> str:
     """The parser's `Error parsing --num-envs: invalid literal for int() with base 10: '2.5'` as a config file's
-    value is refused: `'2.5' is not a whole number`; any other message as it is."""
+    value is refused: `'2.5' is not a whole number` (a choice's slip: `did you mean async?`); any other message
+    as it is."""
     refused = VALUE_NOT_READ.fullmatch(message)
     hints = typing.get_type_hints(config_type, include_extras=True)
     field_name = named[2:].replace("-", "_")
     if refused is None or field_name not in hints:
         return message
+    if refused["choice"] is not None:  # one word of the value, for a list of choices (--logger)
+        hint = hints[field_name]
+        choice = typing.get_args(hint)[0] if typing.get_origin(hint) in (tuple, list) else hint
+        slip = did_you_mean(refused["choice"], re.findall(r"'(.*?)'", refused["choices"]))
+        return f"{refused['choice']!r} is not {type_name(choice)}{'; ' if slip else ''}{slip}"
     value = refused["one"] if refused["one"] is not None else " ".join(re.findall(r"'(.*?)'", refused["many"]))
     return f"{value!r} is not {type_name(hints[field_name])}"
 

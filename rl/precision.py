@@ -32,9 +32,16 @@ from rl.errors import UsageError, print_error
 
 PrecisionName = Literal["32-true", "bf16-mixed", "16-mixed", "bf16-true"]
 DEFAULT_PRECISION: PrecisionName = "32-true"
+# The short names Fabric's `precision` and `fabric run --precision` still take, for the names above
+PRECISION_SHORT_NAMES: dict[str, PrecisionName] = {"32": "32-true", "16": "16-mixed", "bf16": "bf16-mixed"}
 _LOW_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16, "bf16-true": torch.bfloat16}
 
 Output = TypeVar("Output")
+
+
+def full_precision_name(value: Any) -> Any:
+    """A precision by its full name where `value` is a short one (`bf16`, or YAML's number 16); else `value`."""
+    return value if isinstance(value, bool) else PRECISION_SHORT_NAMES.get(str(value), value)
 
 
 def check_precision_device(name: str, cuda: bool) -> None:

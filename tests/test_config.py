@@ -674,6 +674,15 @@ def test_a_switch_given_a_word_that_is_no_truth_value_is_refused_naming_it(argv)
         (["--num-envs", "2.0"], "--num-envs: '2.0' is not a whole number"),
         (["--learning-rate", "1/2"], "--learning-rate: '1/2' is not a number"),
         (["sac", "--net-arch", "64", "x"], "--net-arch: '64 x' is not a list of 2, each a whole number"),
+        (["--vector-mode", "fast"], "--vector-mode: 'fast' is not one of auto, sync, async, native, envpool"),
+        (
+            ["--vector-mode", "asynch"],
+            "--vector-mode: 'asynch' is not one of auto, sync, async, native, envpool; did you mean async?",
+        ),
+        (
+            ["--logger", "csv", "wandbb"],
+            "--logger: 'wandbb' is not one of tensorboard, csv, wandb; did you mean wandb?",
+        ),
         (["--num-envs", "2", "maybe"], "command line: Unrecognized options: maybe"),  # after no switch: no value
     ],
 )

@@ -3,6 +3,7 @@
 import glob
 import os
 import platform
+import warnings
 from pathlib import Path
 
 import pytest
@@ -92,6 +93,28 @@ def test_our_autocast_is_fabrics():
     with MixedPrecision("bf16-mixed", "cpu").forward_context():
         fabrics = network.actor_body(obs)
     assert ours.dtype == torch.bfloat16 and torch.equal(ours, fabrics)
+
+
+@pytest.mark.parametrize(("short", "full"), [("bf16", "bf16-mixed"), ("16", "16-mixed"), ("32", "32-true")])
+def test_fabrics_short_precision_names_are_taken_wherever_a_precision_is_given(tmp_path, monkeypatch, short, full):
+    from lightning.fabric.connector import _convert_precision_to_unified_args
+
+    from rl import PPOConfig
+    from rl.cli import parse_config
+    from rl.config import check_field_types
+
+    with warnings.catch_warnings():  # Fabric warns that the short names are kept for old code
+        warnings.simplefilter("ignore")
+        assert _convert_precision_to_unified_args(short) == full  # Fabric's own reading of the short name
+    assert parse_config(["--precision", short]).precision == full
+    assert parse_config([f"--precision={short}"]).precision == full
+    (tmp_path / "flags.yaml").write_text(f"precision: {short}\n")  # YAML reads 16 and 32 as numbers
+    assert parse_config(["--config", str(tmp_path / "flags.yaml")]).precision == full
+    built = PPOConfig(precision=short)
+    check_field_types(built)
+    assert built.precision == full
+    monkeypatch.setenv("LT_PRECISION", short)  # `fabric run --precision bf16 ...`
+    assert parse_config([]).precision == full
 
 
 def test_checkpoint_state_is_float32_whatever_the_precision():

@@ -275,7 +275,7 @@ def test_a_space_file_the_random_sampler_and_the_timeout_shape_the_study(tmp_pat
         ("ent_coeff: {low: 0.0, high: 0.01}\n", "{space}: ent_coeff is no flag of PPO: did you mean ent_coef?"),
         (
             "activation_function: {choices: [tanh, gelu]}\n",
-            "{space}: activation_function gelu: --activation-function: invalid choice 'gelu'",
+            "{space}: activation_function gelu: --activation-function: 'gelu' is not one of relu, tanh",
         ),
         ("gamma: {low: 0.9, high: 1.5}\n", "{space}: gamma 1.5: --gamma: must be in (0, 1], got 1.5"),
         ("eval_every: {choices: [256, 512]}\n", "{space}: eval_every is set for each trial's run, not searched"),
