@@ -392,7 +392,7 @@ def check_resumable(
 
     `env_ranks`: the processes that step envs, whose global iteration --total-timesteps is rounded down to.
 
-    `world_size` None: any number of processes may resume it (torchrun's changing membership),
+    `world_size` None: any number of processes may resume it (coupled ranks),
     each with its share of the per-rank fields, which are then checked as the shares they are.
     """
     if not isinstance(state, TrainingCheckpoint):

@@ -328,9 +328,17 @@ def find_resume_in_a_free_folder(
     if named_folder is not None:  # before its checkpoints and journal are read as this run's
         check_run_folder_free(named_folder, run_folder_flag(cfg, log_subdir, named_folder))
     found, automatic = find_resume(cfg, log_subdir)
-    if isinstance(found, TrainingCheckpoint) and under_torchelastic() and mode == "coupled":
+    if shares_out(found, cfg, mode, world_size):  # before the checks of the values: they check each rank's share
         keep_global_batch(cfg, found, world_size)
     return found, automatic
+
+
+def shares_out(found: SavedAgent | None, cfg: RunConfig, mode: Mode, world_size: int) -> bool:
+    """Whether coupled ranks resume `found` with each rank's share of its envs and batch: where they are more or
+    fewer than wrote it, or may be (a torchrun job's rounds)."""
+    if not isinstance(found, TrainingCheckpoint) or found.algorithm != cfg.ALGORITHM:
+        return False  # not a checkpoint this run resumes: the checks name why
+    return found.mode == mode == "coupled" and (under_torchelastic() or found.world_size != world_size)
 
 
 def check_job(cfg: RunConfig, mode: Mode, world_size: int, env_ranks: int) -> None:
@@ -366,11 +374,10 @@ def checked_resume(
     env_ranks: int,
 ) -> TrainingCheckpoint:
     """The checkpoint found, once it is known to resume this run; what changes from it, said."""
-    new_world_allowed = under_torchelastic() and mode == "coupled"
     resume = check_resumable(
         found,
         cfg,
-        None if new_world_allowed else world_size,
+        None if shares_out(found, cfg, mode, world_size) else world_size,
         algorithm.spaces.env_id,
         mode,
         algorithm.name,
@@ -511,8 +518,9 @@ def say_total_rounded_down(cfg: RunConfig, env_ranks: int) -> None:
 
 
 def keep_global_batch(cfg: RunConfig, resume: TrainingCheckpoint, world_size: int) -> None:
-    """Resuming at another world size under torchrun: each rank takes its share of the checkpoint's global
-    envs and batch, so the learning sees the same global batch whatever the number of ranks."""
+    """Coupled ranks resuming at another world size (or under torchrun, whose rounds may each have another): each
+    takes its share of the checkpoint's global envs and batch, whatever its command line gives, so the learning sees
+    the same global batch whatever the number of ranks."""
     saved_world = resume.world_size
     for name in cfg.PER_RANK:
         total = resume.config[name] * saved_world

@@ -155,7 +155,7 @@ class RunFlags:
     """how many of the newest training checkpoints to keep"""
     resume_from: str | None = None
     """continue the run saved in this training checkpoint, with the run's own flags where none are given (same envs,
-    network, seed and process count)"""
+    network and seed; coupled ranks may change in number)"""
     run_name: str | None = None
     """the run folder's name under --log-dir (default: experiment, env, seed and start time, then _2, _3 for runs
     started in the same second; under torchrun, the job's --rdzv-id instead of the time); a run whose folder holds a
@@ -253,7 +253,7 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
         "frame_stack",
         "frame_skip",
     )
-    # Fields that hold one rank's share: a run resumed at another world size rescales them (torchrun).
+    # Fields that hold one rank's share: coupled ranks resumed at another world size rescale them.
     PER_RANK: ClassVar[tuple[str, ...]] = ("num_envs",)
     POSITIVE = (
         "num_envs",

@@ -3,6 +3,7 @@
 import collections
 import io
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -136,10 +137,10 @@ def test_checkpoints_are_written_every_n_steps_and_the_last_ones_kept(runs):
     ],
 )
 def test_a_field_that_cannot_change_is_named(runs, tmp_path, args, flag):
-    # The fields of the config are checked before the process count: one process names them as both ranks
-    # would. Two of them are launched, to see both ranks say so.
+    # One process, resuming the 2 ranks' checkpoint, names a field as both ranks would. --num-envs needs both (one
+    # process takes both ranks' envs, whatever it is given), and two more are launched to see both ranks say so.
     base = ["--total-timesteps", "4096", "--resume-from", str(runs["fabric_half_checkpoint"])]
-    if flag not in ("--env-id", "--total-timesteps"):
+    if flag not in ("--env-id", "--num-envs", "--total-timesteps"):
         assert refusal_line("fabric", [*base, *args], tmp_path).startswith(f"error: {flag}: ")
         return
     finished = run_ranks("fabric run", SCRIPTS["fabric"], [*base, *args], tmp_path)
@@ -280,10 +281,36 @@ def test_a_refused_resume_leaves_the_run_folder_as_it_was(tmp_path, refused):
     assert {path: path.read_bytes() for path in directory.rglob("*") if path.is_file()} == before
 
 
-def test_a_different_process_count_is_refused(runs, tmp_path):
+def test_coupled_ranks_resume_at_another_process_count_with_the_same_global_envs_and_batch(runs, tmp_path):
+    """A checkpoint of 2 ranks resumes in 1 process, which runs both ranks' envs and batch from fresh resets."""
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    loose = shutil.copy(runs["fabric_half_checkpoint"], downloads)
+    saved = torch.load(loose, weights_only=True)
+    assert saved["world_size"] == 2
+    flags = [*QUICK, "--total-timesteps", "4096", "--resume-from", loose]
+    finished = run_ranks("python", SCRIPTS["fabric"], flags, tmp_path, 1)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    envs = 2 * saved["config"]["num_envs"]
+    assert (
+        f"warning: the checkpoint of 2 ranks resumes on 1: every rank's envs restart from fresh resets ({envs} per "
+        "rank)" in finished.stderr
+    )
+    (last,) = sorted((run_dir(tmp_path, "fabric") / "checkpoints").glob("step_*.ckpt"))[-1:]
+    resumed = torch.load(last, weights_only=True)
+    assert resumed["world_size"] == 1 and resumed["counters"] == {"global_step": 4096, "iteration": 8}  # as 2 ranks
+    assert resumed["config"]["num_envs"] == envs
+    assert resumed["config"]["per_rank_batch_size"] == 2 * saved["config"]["per_rank_batch_size"]
+
+
+def test_a_share_of_the_checkpoints_envs_that_is_not_whole_is_refused_by_every_rank(runs, tmp_path):
     resume = ["--total-timesteps", "4096", "--resume-from", str(runs["fabric_half_checkpoint"])]
-    line = refusal_line("fabric", resume, tmp_path)
-    assert line.startswith("error: --devices: the checkpoint was written by 2 processes, not 1")
+    refused = run_ranks("fabric run", SCRIPTS["fabric"], resume, tmp_path, 3)
+    lines = [line for line in refused.stderr.splitlines() if line.startswith("error: ")]
+    assert refused.returncode != 0 and len(lines) == 3, refused.stderr[-3000:]
+    assert len(set(lines)) == 1 and re.fullmatch(
+        r"error: --num-envs: the checkpoint's 2 ranks ran \d+ in all, which 3 ranks cannot share evenly", lines[0]
+    )
 
 
 def bad_files(runs, folder: Path) -> dict[str, Path]:
