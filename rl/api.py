@@ -19,7 +19,15 @@ from dataclasses import fields
 from typing import Any, get_args
 
 from rl.cli import Mode, flags_of, other_modes_value, parse_config, peer_advice, prepare_config
-from rl.config import MODE_COMMANDS, RunConfig, check_field_types, flag, preset_values, resumed_run_values
+from rl.config import (
+    MODE_COMMANDS,
+    RunConfig,
+    check_field_types,
+    flag,
+    named_runs_newest_checkpoint,
+    preset_values,
+    resumed_run_values,
+)
 from rl.errors import UsageError, did_you_mean
 from rl.faults import deliver_held_sigterm
 from rl.loop import Callback
@@ -221,8 +229,10 @@ def completed(config: RunConfig, mode: Mode) -> RunConfig:
     defaults = type(cfg)()
     given = {field.name for field in fields(cfg) if getattr(cfg, field.name) != getattr(defaults, field.name)}
     given |= cfg.named_when_built  # built by hand: the fields its caller named, at their default values or not
-    if cfg.resume_from is not None:  # as on the command line: the run's own values where the config has defaults
-        for name, value in resumed_run_values(type(cfg), cfg.resume_from, mode).items():
+    # as on the command line: a resumed run's own values where the config has defaults
+    checkpoint = cfg.resume_from or named_runs_newest_checkpoint(cfg.run_name, cfg.log_dir, log_subdir(mode))
+    if checkpoint is not None:
+        for name, value in resumed_run_values(type(cfg), checkpoint, mode).items():
             if name not in given:
                 setattr(cfg, name, value)
                 given.add(name)
@@ -244,17 +254,26 @@ def check_mode_fields(cfg: RunConfig, mode: Mode) -> None:
     )
 
 
+def log_subdir(mode: Mode) -> str:
+    """The folder under `log_dir` of the run folders of `mode`."""
+    if mode == "decoupled":
+        from rl.modes.decoupled import LOG_SUBDIR
+
+        return LOG_SUBDIR
+    return LocalRuntime.log_subdir if mode == "hogwild" else FabricRuntime.log_subdir
+
+
 def _train_in_mode(cfg: RunConfig, callbacks: Sequence[Callback], mode: Mode) -> TrainingResult | None:
     """`cfg`, checked and completed, trained in `mode` in this process."""
     if mode == "decoupled":
-        from rl.modes.decoupled import LOG_SUBDIR, train_decoupled
+        from rl.modes.decoupled import train_decoupled
 
-        algorithm, world_size, resume = prepare_config(cfg, LOG_SUBDIR, "decoupled")
+        algorithm, world_size, resume = prepare_config(cfg, log_subdir(mode), "decoupled")
         return train_decoupled(algorithm, world_size, resume, callbacks)
     if mode == "hogwild":
         from rl.modes.hogwild import train_hogwild
 
-        algorithm, _, resume = prepare_config(cfg, LocalRuntime.log_subdir, "hogwild")
+        algorithm, _, resume = prepare_config(cfg, log_subdir(mode), "hogwild")
         return train_hogwild(algorithm, resume, callbacks)
-    algorithm, world_size, resume = prepare_config(cfg, FabricRuntime.log_subdir)
+    algorithm, world_size, resume = prepare_config(cfg, log_subdir(mode))
     return train_coupled(algorithm, FabricRuntime(algorithm.cfg, world_size), resume, callbacks)

@@ -85,19 +85,20 @@ from rl.runtime import configure_torch_threads
 Mode = Literal["coupled", "decoupled", "hogwild"]
 
 
-def parse_config(argv: list[str], mode: Mode | None = None) -> RunConfig:
+def parse_config(argv: list[str], mode: Mode | None = None, log_subdir: str | None = None) -> RunConfig:
     """`[ALGORITHM] [FLAGS]`: a leading algorithm name (`ppo`, `sac`) picks its config; else the `--config`
     file's `algorithm`; else PPO.
 
     Without a name the whole command line is PPO's, so the Lightning example's commands run
     unchanged, and `--help` shows PPO's flags (its description names the other algorithms).
     `mode`: the entry script's mode, whose flags it takes, and not the other modes' (None: every flag).
+    `log_subdir`: its folder under --log-dir, where a named run that resumes has its own flags (None: not read).
     """
     named, flags = (argv[0], argv[1:]) if argv and argv[0] in ALGORITHMS else (None, argv)
     name = chosen_algorithm(named, flags)
     program = f"{os.path.basename(sys.argv[0])} {name}"
     try:
-        return parse_config_flags(ALGORITHMS[name].config_type, flags, prog=program, mode=mode)
+        return parse_config_flags(ALGORITHMS[name].config_type, flags, program, mode, log_subdir)
     except UsageError as error:
         raise (
             misplaced_algorithm(error)
@@ -278,7 +279,7 @@ def prepare(
     same one-line error, before a collective could leave one of them waiting. `log_subdir`
     is the mode's folder under --log-dir.
     """
-    cfg = parse_config(argv, mode)
+    cfg = parse_config(argv, mode, log_subdir)
     if cfg.write_config is not None:
         write_resolved_config(cfg, cfg.write_config)
     return prepare_config(cfg, log_subdir, mode)

@@ -159,7 +159,7 @@ class RunFlags:
     run_name: str | None = None
     """the run folder's name under --log-dir (default: experiment, env, seed and start time, then _2, _3 for runs
     started in the same second; under torchrun, the job's --rdzv-id instead of the time); a run whose folder holds a
-    checkpoint resumes from its newest"""
+    checkpoint resumes from its newest, with the run's own flags where none are given"""
     torch_threads: int = 0
     """torch threads per process; 0: one for an MLP, and for a CNN the machine's cores divided by the local
     processes"""
@@ -696,12 +696,21 @@ def mode_view(config_type: type[RunConfigT], mode: str | None) -> type[RunConfig
 
 
 def parse_config_flags(
-    config_type: type[RunConfigT], argv: list[str], prog: str | None = None, mode: str | None = None
+    config_type: type[RunConfigT],
+    argv: list[str],
+    prog: str | None = None,
+    mode: str | None = None,
+    log_subdir: str | None = None,
 ) -> RunConfigT:
-    """A run config from the command line; `--preset NAME` replaces the defaults with the preset's values.
+    """A run config from the command line; `--preset NAME` replaces the defaults with the preset's values, and a
+    resumed run's own flags (`--resume-from`'s, or those of the run `--run-name` names in `log_subdir`) the
+    defaults and the preset's.
 
     `mode`: the flags of that mode's entry script (its own, and those every mode shares)."""
-    config_path, checkpoint = flag_value(argv, "--config"), flag_value(argv, "--resume-from")
+    config_path = flag_value(argv, "--config")
+    checkpoint = flag_value(argv, "--resume-from") or named_runs_newest_checkpoint(
+        flag_value(argv, "--run-name"), flag_value(argv, "--log-dir") or RunFlags.log_dir, log_subdir
+    )
     if config_path is not None:
         from_file = config_file_values(config_type, config_path)
     else:  # a resumed run's own flags, where it has them
@@ -721,6 +730,13 @@ def parse_config_flags(
     check_given_alone(cfg, on_command_line)
     cfg.fill_defaults(set(base) | on_command_line)
     return cfg
+
+
+def named_runs_newest_checkpoint(run_name: str | None, log_dir: str, log_subdir: str | None) -> str | None:
+    """The newest checkpoint of the run `--run-name` names, which the run resumes from; None for a new run."""
+    if run_name is None or log_subdir is None or os.sep in run_name or run_name in (os.curdir, os.pardir):
+        return None  # a name that is no folder's is refused with the other flags
+    return newest_checkpoint(os.path.join(log_dir, log_subdir, run_name))
 
 
 def check_one_preset(name: str | None, from_file: dict[str, Any], flags_file: str | None) -> None:

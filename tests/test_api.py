@@ -130,6 +130,16 @@ def test_a_resumed_config_takes_the_runs_own_values_where_it_leaves_the_defaults
     assert resumed.checkpoint_path.endswith("step_000000000512.ckpt")
 
 
+def test_a_named_run_resumed_by_its_name_takes_its_own_values_where_the_config_leaves_the_defaults(tmp_path):
+    quick = {"eval_episodes": 0, "progress_bar": False, "log_dir": str(tmp_path / "logs"), "run_name": "mine"}
+    rl.train(rl.PPOConfig(num_envs=2, num_steps=64, gamma=0.95, total_timesteps=256, **quick))
+    resumed = rl.train(rl.PPOConfig(total_timesteps=512, learning_rate=1e-3, **quick))
+    assert resumed.global_step == 512 and Path(resumed.run_dir).name == "mine"
+    config = torch.load(resumed.checkpoint_path, weights_only=True)["config"]
+    assert (config["num_envs"], config["num_steps"], config["gamma"]) == (2, 64, 0.95)  # the run's own
+    assert config["learning_rate"] == 1e-3  # given here
+
+
 def test_a_config_built_by_hand_keeps_the_fields_its_builder_named_at_their_default_values(tmp_path):
     """`rl.SACConfig(cuda=True, cuda_graphs=False)` trains without graphs, as `--cuda --no-cuda-graphs` does, also
     once copied; a field it leaves unnamed follows `cuda`. On resume, a field named at its default value stands

@@ -170,6 +170,19 @@ def test_a_resume_names_the_flag_that_found_the_checkpoint_and_a_switch_by_its_f
     )
 
 
+def test_a_named_run_resumed_by_its_name_takes_its_own_flags_where_the_command_line_gives_none(tmp_path):
+    named = [*QUICK, "--run-name", "mine"]
+    first = run_ranks(
+        "python", SCRIPTS["fabric"], [*named, "--gamma", "0.95", "--total-timesteps", "1024"], tmp_path, 1
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = run_ranks("python", SCRIPTS["fabric"], [*named, "--total-timesteps", "2048"], tmp_path, 1)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming from run mine's newest checkpoint, step 1,024" in again.stdout
+    newest = torch.load(checkpoints(tmp_path)[-1], weights_only=True)
+    assert newest["counters"]["global_step"] == 2048 and newest["config"]["gamma"] == 0.95
+
+
 def test_a_run_folder_is_held_for_its_runs_life_and_let_go_after(tmp_path):
     from rl.errors import UsageError
     from rl.run import RunFolderLock, check_run_folder_free
