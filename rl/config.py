@@ -526,7 +526,7 @@ def validate_values(cfg: RunConfig, env_ranks: int) -> None:
         longest = f"{LONGEST_TIMEOUT_SECONDS:.0f}"
         raise UsageError("--collective-timeout", f"must be at most {longest} seconds, got {cfg.collective_timeout}")
     checkpoint_interval(cfg.checkpoint_every)
-    if cfg.run_name is not None and (not cfg.run_name.strip() or os.sep in cfg.run_name or cfg.run_name in (".", "..")):
+    if cfg.run_name is not None and not is_folder_name(cfg.run_name):
         raise UsageError("--run-name", f"must be a folder name, without {os.sep}; got {cfg.run_name!r}")
     if not 0.0 < cfg.gamma <= 1.0:
         raise UsageError("--gamma", f"must be in (0, 1], got {cfg.gamma}")
@@ -732,9 +732,14 @@ def parse_config_flags(
     return cfg
 
 
+def is_folder_name(name: str) -> bool:
+    """Whether `name` names one folder inside another: not blank, no path, not `.` or `..`."""
+    return bool(name.strip()) and os.sep not in name and name not in (os.curdir, os.pardir)
+
+
 def named_runs_newest_checkpoint(run_name: str | None, log_dir: str, log_subdir: str | None) -> str | None:
     """The newest checkpoint of the run `--run-name` names, which the run resumes from; None for a new run."""
-    if run_name is None or log_subdir is None or os.sep in run_name or run_name in (os.curdir, os.pardir):
+    if run_name is None or log_subdir is None or not is_folder_name(run_name):
         return None  # a name that is no folder's is refused with the other flags
     return newest_checkpoint(os.path.join(log_dir, log_subdir, run_name))
 

@@ -22,12 +22,14 @@ from rl.config import (
     field_docstrings,
     flag,
     local_gpu_index,
+    named_runs_newest_checkpoint,
     parse_dataclass,
     run_dir_of,
     stated_default,
     uses_gpu,
     validate,
     validate_decoupled,
+    validate_values,
 )
 from rl.envs import inspect_env
 from rl.errors import UsageError
@@ -1205,3 +1207,14 @@ def test_a_checkpoint_interval_that_is_no_count_of_steps_nor_a_positive_time_is_
 
     with pytest.raises(UsageError, match=r"^--checkpoint-every: give env steps \(8192\) or a positive time"):
         checkpoint_interval(text)
+
+
+@pytest.mark.parametrize("name", ["../elsewhere", "a/b", ".", "..", " "])
+def test_a_run_name_that_is_no_folder_name_is_refused_and_read_nowhere(tmp_path, name):
+    for folder in ("logs/fabric_logs/checkpoints", "logs/checkpoints"):  # what `.` and `..` would find checkpoints in
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "step_000000000512.ckpt").touch()
+    assert named_runs_newest_checkpoint(name, str(tmp_path / "logs"), "fabric_logs") is None
+    with pytest.raises(UsageError) as refused:
+        validate_values(PPOConfig(run_name=name), env_ranks=1)
+    assert str(refused.value) == f"--run-name: must be a folder name, without {os.sep}; got {name!r}"
