@@ -76,6 +76,15 @@ POLL_SECONDS = 0.5
 USAGE_ERROR_EXIT = 2  # a training command's exit code for bad input
 # What the tuner adds to a trial's run, left out of the best config: a run from it is a new run of its own.
 TRIAL_BOOKKEEPING = ("run_name", "log_dir", "logger", "eval_every", "progress_bar", "torch_threads")
+# Why a training flag that the tuner sets for each trial is not taken after --, where it would be replaced unsaid
+# (the progress bar, which changes no result, is left off without a word)
+SET_BY_THE_TUNER = {
+    "run_name": "the tuner names each trial's run (trial-N)",
+    "log_dir": "the tuner puts each trial's run under its --out",
+    "logger": "the tuner has each trial log to CSV, which it reads",
+    "eval_every": "the tuner's own --eval-every, before --, sets it for each trial",
+    "torch_threads": "the tuner gives each trial's run one thread (--workers runs more trials at once)",
+}
 STUDY_TRAINING = "training"  # the study's attribute that holds the training flags its trials share
 
 # What a trial may change when no --space is given: SB3's and rl-zoo's usual ranges.
@@ -192,11 +201,22 @@ def check_space_values(space: dict[str, dict[str, Any]], training: list[str], wh
                 raise UsageError("--space", f"{where}: {name} {value}: {refusal}") from None
 
 
-def check_searched_not_given(space: dict[str, dict[str, Any]], training: list[str], where: str, default: bool) -> None:
-    """A flag both searched and given after --: each trial's drawn value would replace the given one unsaid."""
+def given_training_fields(training: list[str]) -> set[str]:
+    """The fields of the training config whose flags are given after --."""
     from rl.registry import ALGORITHMS
 
-    given = fields_on_command_line(ALGORITHMS[training_algorithm(training)].config_type, training)
+    return fields_on_command_line(ALGORITHMS[training_algorithm(training)].config_type, training)
+
+
+def check_tuner_sets_alone(training: list[str]) -> None:
+    """A training flag that the tuner sets for each trial, given after --, where the tuner's would replace it."""
+    for name in sorted(given_training_fields(training) & set(SET_BY_THE_TUNER)):
+        raise UsageError(flag(name), f"{SET_BY_THE_TUNER[name]}: leave it out after --")
+
+
+def check_searched_not_given(space: dict[str, dict[str, Any]], training: list[str], where: str, default: bool) -> None:
+    """A flag both searched and given after --: each trial's drawn value would replace the given one unsaid."""
+    given = given_training_fields(training)
     for name in space:
         if name.replace("-", "_") in given:
             way_out = "give a --space without it" if default else "leave it out of one of them"
@@ -697,6 +717,7 @@ def main(argv: list[str]) -> None:
         return
     from rl.cli import prepare
 
+    check_tuner_sets_alone(training)
     # Bad training flags (or env) stop here, in one line, before any trial. What else a run would say of these
     # flags (how --total-timesteps rounds, say) is not said: each trial suggests flags of its own.
     with contextlib.redirect_stdout(io.StringIO()):

@@ -15,7 +15,13 @@ import yaml
 from conftest import child_env, child_pids, start_as_foreground_job, still_running
 
 from rl.cli import parse_config
-from rl.tune import DEFAULT_SPACES, check_searched_not_given, check_space_values, close_abandoned_trials
+from rl.tune import (
+    DEFAULT_SPACES,
+    check_searched_not_given,
+    check_space_values,
+    check_tuner_sets_alone,
+    close_abandoned_trials,
+)
 
 TRAINING = ["--", "--preset", "cartpole", "--total-timesteps", "2048", "--eval-episodes", "2"]
 
@@ -302,6 +308,28 @@ def test_a_flag_both_searched_and_given_after_the_dashes_is_refused_before_any_t
         "replace the one given; leave it out of one of them"
     )
     assert not (tmp_path / "study.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("training", "told"),
+    [
+        (["--eval-every", "1000"], "--eval-every: the tuner's own --eval-every, before --, sets it for each trial"),
+        (["sac", "--logger=tensorboard"], "--logger: the tuner has each trial log to CSV, which it reads"),
+        (["--run-name", "mine"], "--run-name: the tuner names each trial's run (trial-N)"),
+        (["--log-dir", "runs"], "--log-dir: the tuner puts each trial's run under its --out"),
+        (["--torch-threads", "2"], "--torch-threads: the tuner gives each trial's run one thread"),
+        (["--no-progress-bar", "--num-envs", "4"], None),  # no result depends on the bar: no refusal
+    ],
+)
+def test_a_training_flag_the_tuner_sets_for_each_trial_is_refused_after_the_dashes(training, told):
+    from rl.errors import UsageError
+
+    if told is None:
+        check_tuner_sets_alone(training)
+        return
+    with pytest.raises(UsageError) as refused:
+        check_tuner_sets_alone(training)
+    assert str(refused.value).startswith(told) and str(refused.value).endswith(": leave it out after --")
 
 
 @pytest.mark.parametrize(
