@@ -165,8 +165,8 @@ def search_space(cfg: TuneConfig, algorithm: str) -> dict[str, dict[str, Any]]:
             )
         if key in (*TRIAL_BOOKKEEPING, *NOT_IN_CONFIG_FILES, *NOT_IN_RUN_FOLDER_CONFIG):
             # a trial's command sets it after the values drawn, which would be recorded but never trained with
-            tuners = " (the tuner's own --eval-every sets it)" if key == "eval_every" else ""
-            raise UsageError("--space", f"{cfg.space}: {name} is set for each trial's run, not searched{tuners}")
+            why = f" ({SET_BY_THE_TUNER[key]})" if key in SET_BY_THE_TUNER else ""
+            raise UsageError("--space", f"{cfg.space}: {name} is set for each trial's run, not searched{why}")
         space[name] = checked_domain(domain, f"{cfg.space}: {name}")
     return space
 
