@@ -410,8 +410,7 @@ def check_resumable(
             f"this checkpoint was written in {state.mode} mode, not {mode} mode: "
             f"resume it in {MODE_COMMANDS[state.mode]}",
         )
-    # a field newer than the checkpoint had its default then
-    saved = type(cfg)().to_dict() | state.config | {"env_id": state.env_id}
+    saved = config_as_trained(state, type(cfg)) | {"env_id": state.env_id}
     current = cfg.to_dict() | {"env_id": env_id}
     for field in cfg.IMMUTABLE:
         if world_size is None and field in cfg.PER_RANK:
@@ -426,6 +425,12 @@ def check_resumable(
     if state.counters.global_step >= cfg.trained_timesteps(env_ranks) and not finished_ok:
         raise UsageError("--total-timesteps", nothing_left_message(state.counters.global_step, cfg, env_ranks))
     return state
+
+
+def config_as_trained(state: TrainingCheckpoint, config_type: type[RunConfig]) -> dict[str, Any]:
+    """The config the checkpoint was trained with; a field newer than the checkpoint at its default, which it had
+    then."""
+    return config_type().to_dict() | state.config
 
 
 def setting(field: str, value: Any) -> str:

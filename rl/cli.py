@@ -18,6 +18,7 @@ from rl.checkpoint import (
     SavedAgent,
     TrainingCheckpoint,
     check_resumable,
+    config_as_trained,
     load_checkpoint,
     newest_checkpoint,
     resumed_step,
@@ -522,9 +523,9 @@ def keep_global_batch(cfg: RunConfig, resume: TrainingCheckpoint, world_size: in
     """Coupled ranks resuming at another world size (or under torchrun, whose rounds may each have another): each
     takes its share of the checkpoint's global envs and batch, whatever its command line gives, so the learning sees
     the same global batch whatever the number of ranks."""
-    saved_world = resume.world_size
+    saved_world, trained = resume.world_size, config_as_trained(resume, type(cfg))
     for name in cfg.PER_RANK:
-        total = resume.config[name] * saved_world
+        total = trained[name] * saved_world
         if total % world_size:
             raise UsageError(
                 flag(name),
