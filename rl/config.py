@@ -1238,7 +1238,8 @@ MISSING_POSITIONAL = re.compile(r"Missing value for argument '\w")  # a flag's n
 # The parser's and Python's words for a value a flag's type does not take
 VALUE_NOT_READ = re.compile(
     r"Error parsing (--[\w-]+): (?:(?:invalid literal for int\(\) with base 10|could not convert string to float): "
-    r"'(?P<one>.*)'|Could not parse arguments \[(?P<many>.*)\] into .*)"
+    r"'(?P<one>.*)'|Could not parse arguments \[(?P<many>.*)\] into .*"
+    r"|no type matching .* could be instantiated from \[(?P<optional>.*?)\]\. Got errors: .*)"
     r"|invalid choice '(?P<choice>.*)' for argument '--[\w-]+'\. Expected one of \((?P<choices>.*)\)\."
 )
 
@@ -1257,8 +1258,22 @@ def value_not_of_type(config_type: type, named: str, message: str) -> str:
         choice = typing.get_args(hint)[0] if typing.get_origin(hint) in (tuple, list) else hint
         slip = did_you_mean(refused["choice"], re.findall(r"'(.*?)'", refused["choices"]))
         return f"{refused['choice']!r} is not {type_name(choice)}{'; ' if slip else ''}{slip}"
-    value = refused["one"] if refused["one"] is not None else " ".join(re.findall(r"'(.*?)'", refused["many"]))
-    return f"{value!r} is not {type_name(hints[field_name])}"
+    if refused["one"] is not None:
+        value = refused["one"]
+    else:  # the words given, of a list or of an optional value (which the command line leaves out by no flag)
+        value = " ".join(re.findall(r"'(.*?)'", refused["many"] or refused["optional"]))
+    return f"{value!r} is not {type_name(without_none(hints[field_name]))}"
+
+
+def without_none(hint: Any) -> Any:
+    """An optional field's type but None (`float | None`: float), for what a flag given a value takes; a union of
+    more types as it is."""
+    if typing.get_origin(hint) is Annotated:
+        return without_none(typing.get_args(hint)[0])
+    if typing.get_origin(hint) not in (typing.Union, types.UnionType):
+        return hint
+    kept = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+    return kept[0] if len(kept) == 1 else hint
 
 
 def switch_given_a_word(config_type: type, argv: list[str], message: str) -> UsageError | None:

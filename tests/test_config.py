@@ -675,6 +675,7 @@ def test_a_switch_given_a_word_that_is_no_truth_value_is_refused_naming_it(argv)
         (["--total-timesteps", "1.5e0"], "--total-timesteps: '1.5e0' is not a whole number"),
         (["--num-envs", "2.0"], "--num-envs: '2.0' is not a whole number"),
         (["--learning-rate", "1/2"], "--learning-rate: '1/2' is not a number"),
+        (["--target-kl", "abc"], "--target-kl: 'abc' is not a number"),  # an optional value
         (["sac", "--net-arch", "64", "x"], "--net-arch: '64 x' is not a list of 2, each a whole number"),
         (["--vector-mode", "fast"], "--vector-mode: 'fast' is not one of auto, sync, async, native, envpool"),
         (
