@@ -1230,7 +1230,7 @@ def parse_dataclass(
         if unknown is not None:
             raise UsageError(unknown, f"Unrecognized options: {unknown}") from None
         raise switch_given_a_word(config_type, argv, message) or UsageError(
-            named, value_not_of_type(config_type, named, message)
+            named, value_not_of_type(config_type, named, values_missing(message))
         ) from None
 
 
@@ -1242,6 +1242,19 @@ VALUE_NOT_READ = re.compile(
     r"|no type matching .* could be instantiated from \[(?P<optional>.*?)\]\. Got errors: .*)"
     r"|invalid choice '(?P<choice>.*)' for argument '--[\w-]+'\. Expected one of \((?P<choices>.*)\)\."
 )
+
+
+MISSING_VALUES = re.compile(r"Missing value for argument '--[\w-]+'\. Expected (\d+) values?\.")
+
+
+def values_missing(message: str) -> str:
+    """The parser's `Missing value for argument '--seed'. Expected 1 values.` as `needs a value`; any other message
+    as it is."""
+    missing = MISSING_VALUES.fullmatch(message)
+    if missing is None:
+        return message
+    count = int(missing[1])
+    return "needs a value" if count == 1 else f"needs {count} values"
 
 
 def value_not_of_type(config_type: type, named: str, message: str) -> str:

@@ -676,6 +676,8 @@ def test_a_switch_given_a_word_that_is_no_truth_value_is_refused_naming_it(argv)
         (["--num-envs", "2.0"], "--num-envs: '2.0' is not a whole number"),
         (["--learning-rate", "1/2"], "--learning-rate: '1/2' is not a number"),
         (["--target-kl", "abc"], "--target-kl: 'abc' is not a number"),  # an optional value
+        (["--seed"], "--seed: needs a value"),
+        (["sac", "--net-arch", "64"], "--net-arch: needs 2 values"),
         (["sac", "--net-arch", "64", "x"], "--net-arch: '64 x' is not a list of 2, each a whole number"),
         (["--vector-mode", "fast"], "--vector-mode: 'fast' is not one of auto, sync, async, native, envpool"),
         (
@@ -689,7 +691,7 @@ def test_a_switch_given_a_word_that_is_no_truth_value_is_refused_naming_it(argv)
         (["--num-envs", "2", "maybe"], "command line: Unrecognized options: maybe"),  # after no switch: no value
     ],
 )
-def test_a_value_its_flags_type_does_not_take_is_refused_as_a_config_files_value_is(argv, told):
+def test_a_value_the_parser_cannot_take_is_named_in_the_users_words_as_a_config_files_is(argv, told):
     with pytest.raises(UsageError) as error:
         parse_config(argv)
     assert str(error.value) == told
