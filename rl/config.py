@@ -1229,8 +1229,10 @@ def parse_dataclass(
         unknown = unknown_option(config_type, argv) if MISSING_POSITIONAL.match(message) else None
         if unknown is not None:
             raise UsageError(unknown, f"Unrecognized options: {unknown}") from None
-        raise switch_given_a_word(config_type, argv, message) or UsageError(
-            named, value_not_of_type(config_type, named, values_missing(message))
+        raise (
+            switch_given_a_word(config_type, argv, message)
+            or required_missing(message)
+            or UsageError(named, value_not_of_type(config_type, named, values_missing(message)))
         ) from None
 
 
@@ -1242,6 +1244,23 @@ VALUE_NOT_READ = re.compile(
     r"|no type matching .* could be instantiated from \[(?P<optional>.*?)\]\. Got errors: .*)"
     r"|invalid choice '(?P<choice>.*)' for argument '--[\w-]+'\. Expected one of \((?P<choices>.*)\)\."
 )
+
+
+MISSING_REQUIRED = re.compile(r"Missing from (?P<program>.+?): (?P<wanted>.+)")
+# one required argument in that list: its name, its type's placeholder for a flag (STR), its help
+REQUIRED = re.compile(r"(--[\w-]+|[A-Z][A-Z_]*)\s+(?:[A-Z]+\s+)?(.*?)\s+\(required\)")
+
+
+def required_missing(message: str) -> UsageError | None:
+    """The parser's `Missing from python -m rl.export: CHECKPOINT the file to export (required) --out STR ...` as
+    `CHECKPOINT: missing: python -m rl.export needs CHECKPOINT (the file to export) and --out (...)`; None for any
+    other message."""
+    missing = MISSING_REQUIRED.fullmatch(message)
+    wanted = REQUIRED.findall(missing["wanted"]) if missing else []
+    if not wanted:
+        return None
+    needs = " and ".join(f"{name} ({meaning})" for name, meaning in wanted)
+    return UsageError(wanted[0][0], f"missing: {missing['program']} needs {needs}")
 
 
 MISSING_VALUES = re.compile(r"Missing value for argument '--[\w-]+'\. Expected (\d+) values?\.")
