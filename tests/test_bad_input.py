@@ -235,3 +235,15 @@ def test_a_tool_names_itself_as_it_was_run_not_by_its_files_path(tmp_path):
     )
     assert done.returncode == 2
     assert done.stderr.strip() == "error: --out: missing: python -m rl.export needs --out (the file to write)"
+
+
+def test_every_missing_required_argument_is_named_with_what_it_is():
+    from rl.config import parse_dataclass
+    from rl.export import ExportConfig
+
+    with pytest.raises(UsageError) as refused:
+        parse_dataclass(ExportConfig, ["--format", "onnx"], prog="python -m rl.export")
+    assert (refused.value.flag, refused.value.message) == (
+        "CHECKPOINT",
+        "missing: python -m rl.export needs CHECKPOINT (the file to export) and --out (the file to write)",
+    )
