@@ -1192,13 +1192,32 @@ def with_one_line_help(config_type: type[Config]) -> type[Config]:
             default = field(default_factory=member.default_factory)
         help_text, default_in_words = stated_default(docs[member.name])
         # tyro's "(default: None)" would follow the default the help states in words
+        if default_in_words is None and member.default is None:
+            default_in_words = "none"
         hint = None if default_in_words is None else f"(default: {default_in_words})"
-        helped_arg = tyro.conf.arg(help=help_text, help_behavior_hint=hint)
+        helped_arg = tyro.conf.arg(
+            help=help_text, help_behavior_hint=hint, metavar=optional_metavar(hints[member.name])
+        )
         helped.append((member.name, Annotated[hints[member.name], helped_arg], default))
     view = dataclasses.make_dataclass(config_type.__name__, helped, bases=(config_type,))
     view.__doc__ = config_type.__doc__  # --help's description
     setattr(view, VIEW_MARK, True)
     return view
+
+
+SCALAR_METAVARS = {str: "STR", int: "INT", float: "FLOAT"}
+
+
+def optional_metavar(hint: Any) -> str | None:
+    """An optional value's placeholder in --help as its type's alone (`--run-name STR`, where tyro shows
+    `{None}|STR`; `--preset {cartpole,...}`); None for any other type, which tyro names itself."""
+    bare = typing.get_args(hint)[0] if typing.get_origin(hint) is Annotated else hint
+    if type(None) not in typing.get_args(bare):
+        return None
+    kept = without_none(bare)
+    if typing.get_origin(kept) is Literal:
+        return "{" + ",".join(str(choice) for choice in typing.get_args(kept)) + "}"
+    return SCALAR_METAVARS.get(kept)
 
 
 def parse_dataclass(

@@ -1169,6 +1169,16 @@ def test_a_default_stated_in_words_is_the_only_default_help_gives(command, capsy
         if default is not None:
             assert f"{' '.join(meaning.split())} (default: {default})" in help_text
             assert f"(default: {default}) (default: " not in help_text
+    assert "{None}" not in help_text and "(default: None)" not in help_text  # Python's None, not the user's words
+
+
+def test_an_optional_flags_help_shows_the_value_it_takes_and_none_by_default(capsys):
+    with pytest.raises(SystemExit):
+        parse_config(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--resume-from STR continue the run saved" in help_text and "--target-kl FLOAT stop" in help_text
+    assert "--preset {cartpole,acrobot," in help_text
+    assert "(same envs, network and seed; coupled ranks may change in number) (default: none)" in help_text
 
 
 def test_the_flags_page_shows_a_default_stated_in_words_in_its_default_column():
