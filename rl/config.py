@@ -799,7 +799,7 @@ def config_file_values(config_type: type[RunConfig], path: str, others: bool = F
                 continue
             raise UnknownConfigKey(path, key, name, config_type)
         try:
-            result[name] = typed_value(hints[name], full_precision_name(value) if name == "precision" else value)
+            result[name] = typed_value(hints[name], in_full(name, value))
         except (TypeError, ValueError):
             if others:
                 continue
@@ -866,7 +866,7 @@ def check_field_types(cfg: RunConfig) -> None:
     for member in fields(cfg):
         value = getattr(cfg, member.name)
         try:
-            typed = typed_value(hints[member.name], full_precision_name(value) if member.name == "precision" else value)
+            typed = typed_value(hints[member.name], in_full(member.name, value))
         except (TypeError, ValueError):
             raise UsageError(flag(member.name), not_of_type_message(member.name, value, hints[member.name])) from None
         if typed is not value:  # set only what changes: setting a following field names it (`__setattr__`)
@@ -881,6 +881,11 @@ def not_of_type_message(name: str, value: Any, hint: Any) -> str:
             "register an env of your own with gymnasium.register('MyEnv-v0', entry_point=MyEnv)"
         )
     return message
+
+
+def in_full(name: str, value: Any) -> Any:
+    """A field's value from a config file or from Python, a short name it takes (Fabric's `bf16`) as its full one."""
+    return full_precision_name(value) if name == "precision" else value
 
 
 def typed_value(hint: Any, value: Any) -> Any:

@@ -74,8 +74,6 @@ TRIALS_FOLDER = "fabric_logs"  # train_fabric.py's runs, under --out
 EVALUATION = re.compile(r"evaluation over \d+ greedy episodes?: return (-?[\d.]+)")
 POLL_SECONDS = 0.5
 USAGE_ERROR_EXIT = 2  # a training command's exit code for bad input
-# What the tuner adds to a trial's run, left out of the best config: a run from it is a new run of its own.
-TRIAL_BOOKKEEPING = ("run_name", "log_dir", "logger", "eval_every", "progress_bar", "torch_threads")
 # Why a training flag that the tuner sets for each trial is not taken after --, where it would be replaced unsaid
 # (the progress bar, which changes no result, is left off without a word)
 SET_BY_THE_TUNER = {
@@ -85,6 +83,8 @@ SET_BY_THE_TUNER = {
     "eval_every": "the tuner's own --eval-every, before --, sets it for each trial",
     "torch_threads": "the tuner gives each trial's run one thread (--workers runs more trials at once)",
 }
+# What the tuner adds to a trial's run, left out of the best config: a run from it is a new run of its own.
+TRIAL_BOOKKEEPING = (*SET_BY_THE_TUNER, "progress_bar")
 STUDY_TRAINING = "training"  # the study's attribute that holds the training flags its trials share
 
 # What a trial may change when no --space is given: SB3's and rl-zoo's usual ranges.
