@@ -521,8 +521,8 @@ def say_total_rounded_down(cfg: RunConfig, env_ranks: int) -> None:
 
 def keep_global_batch(cfg: RunConfig, resume: TrainingCheckpoint, world_size: int) -> None:
     """Coupled ranks resuming at another world size (or under torchrun, whose rounds may each have another): each
-    takes its share of the checkpoint's global envs and batch, whatever its command line gives, so the learning sees
-    the same global batch whatever the number of ranks."""
+    takes its share of the checkpoint's global envs and batch, so the learning sees the same global batch whatever
+    the number of ranks."""
     saved_world, trained = resume.world_size, config_as_trained(resume, type(cfg))
     for name in cfg.PER_RANK:
         total = trained[name] * saved_world
@@ -532,7 +532,15 @@ def keep_global_batch(cfg: RunConfig, resume: TrainingCheckpoint, world_size: in
                 f"the checkpoint's {counted(saved_world, 'rank')} ran {total} in all, which "
                 f"{world_size} ranks cannot share evenly",
             )
-        setattr(cfg, name, total // world_size)
+        share, value = total // world_size, getattr(cfg, name)
+        # The run's own value is the old share; torchrun gives every round the first one's command line.
+        if value not in (trained[name], share) and not under_torchelastic():
+            raise UsageError(
+                flag(name),
+                f"the checkpoint's {counted(saved_world, 'rank')} ran {total} in all: {share} per rank on "
+                f"{world_size}, not {value}; give {flag(name)} {share}",
+            )
+        setattr(cfg, name, share)
 
 
 def check_hogwild_not_launched() -> None:

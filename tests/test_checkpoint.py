@@ -326,6 +326,21 @@ def test_a_share_of_the_checkpoints_envs_that_is_not_whole_is_refused_by_every_r
     )
 
 
+def test_a_per_rank_value_given_at_another_process_count_is_refused_unless_it_is_the_share(runs, tmp_path):
+    """The shares keep the checkpoint's global envs: a --num-envs that is neither the share nor the run's own
+    value is refused, not replaced by the share without a word."""
+    saved = torch.load(runs["fabric_half_checkpoint"], weights_only=True)
+    envs = 2 * saved["config"]["num_envs"]
+    resume = [*QUICK, "--total-timesteps", "4096", "--resume-from", str(runs["fabric_half_checkpoint"])]
+    refused = run_ranks("python", SCRIPTS["fabric"], [*resume, "--num-envs", str(envs + 1)], tmp_path, 1)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    (line,) = refused.stderr.strip().splitlines()
+    assert line == (
+        f"error: --num-envs: the checkpoint's 2 ranks ran {envs} in all: {envs} per rank on 1, not {envs + 1}; "
+        f"give --num-envs {envs}"
+    )
+
+
 def bad_files(runs, folder: Path) -> dict[str, Path]:
     good = runs["fabric_half_checkpoint"].read_bytes()
     (folder / "garbage.ckpt").write_bytes(b"not a checkpoint at all" * 100)
