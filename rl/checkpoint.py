@@ -154,12 +154,14 @@ def restore_run_state(
     learner: Learner | None,
     source: ExperienceSource | None,
     env_ranks: int | None = None,
+    role: str = "rank",
 ) -> None:
     """Put what this rank holds back as the checkpoint left it.
 
     After a change of world size (`env_ranks` ranks now run envs, not the checkpoint's), the
     per-rank states no longer match any rank: every rank's envs restart from fresh resets,
     reseeded from the iteration and the new world size, so no two ranks nor rounds share a seed.
+    `role`: what the ranks that run envs are called in this mode's lines (coupled ranks, decoupled players).
     """
     policy.load_state_dict(resume.policy)
     if learner is not None:
@@ -173,14 +175,14 @@ def restore_run_state(
         source.reset_envs(env_seeds(resume.config["seed"], rank, source.num_envs, iteration, env_ranks))
         if rank == 0:
             print_error(
-                f"warning: the checkpoint of {counted(saved_ranks, 'rank')} resumes on {env_ranks}: every rank's envs "
-                f"restart from fresh resets ({source.num_envs} per rank), and no rank's own state "
+                f"warning: the checkpoint of {counted(saved_ranks, role)} resumes on {env_ranks}: every {role}'s envs "
+                f"restart from fresh resets ({source.num_envs} per {role}), and no {role}'s own state "
                 "(replay buffer, episode in progress) is restored"
             )
         return
     fresh_seeds = env_seeds(resume.config["seed"], rank, source.num_envs, iteration)
     if not source.restore_state(resume.rank_states[rank], fresh_seeds):
-        print_error(f"warning: rank {rank}: these envs cannot be saved; they restart from fresh resets")
+        print_error(f"warning: {role} {rank}: these envs cannot be saved; they restart from fresh resets")
 
 
 def migrate(state: dict[str, Any]) -> dict[str, Any]:
@@ -392,7 +394,7 @@ def check_resumable(
 
     `env_ranks`: the processes that step envs, whose global iteration --total-timesteps is rounded down to.
 
-    `world_size` None: any number of processes may resume it (coupled ranks),
+    `world_size` None: any number of processes may resume it (coupled ranks, decoupled players and trainers),
     each with its share of the per-rank fields, which are then checked as the shares they are.
     """
     if not isinstance(state, TrainingCheckpoint):
@@ -413,7 +415,7 @@ def check_resumable(
     saved = config_as_trained(state, type(cfg)) | {"env_id": state.env_id}
     current = cfg.to_dict() | {"env_id": env_id}
     for field in cfg.IMMUTABLE:
-        if world_size is None and field in cfg.PER_RANK:
+        if world_size is None and field in (*cfg.PER_RANK, "num_players"):
             continue
         if saved[field] != current[field]:
             raise UsageError(

@@ -8,7 +8,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from typing import Literal, NoReturn
+from typing import Any, Literal, NoReturn
 
 import torch
 
@@ -331,16 +331,20 @@ def find_resume_in_a_free_folder(
         check_run_folder_free(named_folder, run_folder_flag(cfg, log_subdir, named_folder))
     found, automatic = find_resume(cfg, log_subdir)
     if shares_out(found, cfg, mode, world_size):  # before the checks of the values: they check each rank's share
-        keep_global_batch(cfg, found, world_size)
+        keep_global_batch(cfg, found, mode, world_size)
     return found, automatic
 
 
 def shares_out(found: SavedAgent | None, cfg: RunConfig, mode: Mode, world_size: int) -> bool:
-    """Whether coupled ranks resume `found` with each rank's share of its envs and batch: where they are more or
-    fewer than wrote it, or may be (a torchrun job's rounds)."""
-    if not isinstance(found, TrainingCheckpoint) or found.algorithm != cfg.ALGORITHM:
+    """Whether the processes resume `found` with each one's share of its envs and batch: coupled ranks, or
+    decoupled players and trainers, that are more or fewer than wrote it, or may be (a torchrun job's rounds).
+    Hogwild workers share one process's memory and keep their number."""
+    if not isinstance(found, TrainingCheckpoint) or found.algorithm != cfg.ALGORITHM or found.mode != mode:
         return False  # not a checkpoint this run resumes: the checks name why
-    return found.mode == mode == "coupled" and (under_torchelastic() or found.world_size != world_size)
+    if mode == "hogwild":
+        return False
+    players = config_as_trained(found, type(cfg))["num_players"]
+    return under_torchelastic() or found.world_size != world_size or players != cfg.num_players
 
 
 def check_job(cfg: RunConfig, mode: Mode, world_size: int, env_ranks: int) -> None:
@@ -519,28 +523,44 @@ def say_total_rounded_down(cfg: RunConfig, env_ranks: int) -> None:
         )
 
 
-def keep_global_batch(cfg: RunConfig, resume: TrainingCheckpoint, world_size: int) -> None:
-    """Coupled ranks resuming at another world size (or under torchrun, whose rounds may each have another): each
-    takes its share of the checkpoint's global envs and batch, so the learning sees the same global batch whatever
-    the number of ranks."""
-    saved_world, trained = resume.world_size, config_as_trained(resume, type(cfg))
+def keep_global_batch(cfg: RunConfig, resume: TrainingCheckpoint, mode: Mode, world_size: int) -> None:
+    """Processes resuming in other numbers (or under torchrun, whose rounds may each have others): each takes its
+    share of the checkpoint's global envs and batch, so the learning sees the same global batch whatever the
+    number of processes. Coupled ranks share both; decoupled players share the envs, and trainers the batch."""
+    trained = config_as_trained(resume, type(cfg))
+    saved, now = sharing_processes(trained, resume.world_size, mode), sharing_processes(cfg, world_size, mode)
+    learners_shares = cfg.learners_shares(mode)
     for name in cfg.PER_RANK:
-        total = trained[name] * saved_world
-        if total % world_size:
+        role = "learners" if name in learners_shares else "envs"
+        (noun, saved_count), (_, count) = saved[role], now[role]
+        if count < 1:
+            return  # no trainer: the job's checks name it
+        total = trained[name] * saved_count
+        if total % count:
             raise UsageError(
                 flag(name),
-                f"the checkpoint's {counted(saved_world, 'rank')} ran {total} in all, which "
-                f"{world_size} ranks cannot share evenly",
+                f"the checkpoint's {counted(saved_count, noun)} ran {total} in all, which "
+                f"{counted(count, noun)} cannot share evenly",
             )
-        share, value = total // world_size, getattr(cfg, name)
+        share, value = total // count, getattr(cfg, name)
         # The run's own value is the old share; torchrun gives every round the first one's command line.
         if value not in (trained[name], share) and not under_torchelastic():
             raise UsageError(
                 flag(name),
-                f"the checkpoint's {counted(saved_world, 'rank')} ran {total} in all: {share} per rank on "
-                f"{world_size}, not {value}; give {flag(name)} {share}",
+                f"the checkpoint's {counted(saved_count, noun)} ran {total} in all: {share} per {noun} on "
+                f"{count}, not {value}; give {flag(name)} {share}",
             )
         setattr(cfg, name, share)
+
+
+def sharing_processes(config: RunConfig | dict[str, Any], world_size: int, mode: Mode) -> dict[str, tuple[str, int]]:
+    """Who holds the shares of the envs and of the batch in a run of `config` on `world_size` processes: the
+    processes' name and number for each."""
+    if mode != "decoupled":
+        return {"envs": ("rank", world_size), "learners": ("rank", world_size)}
+    values = config if isinstance(config, dict) else config.to_dict()
+    players = values["num_players"]
+    return {"envs": ("player", players), "learners": ("trainer", world_size - players - int(values["evaluator"]))}
 
 
 def check_hogwild_not_launched() -> None:

@@ -155,7 +155,7 @@ class RunFlags:
     """how many of the newest training checkpoints to keep"""
     resume_from: str | None = None
     """continue the run saved in this training checkpoint, with the run's own flags where none are given (same envs,
-    network and seed; coupled ranks may change in number)"""
+    network and seed; coupled ranks, decoupled players and trainers may change in number)"""
     run_name: str | None = None
     """the run folder's name under --log-dir (default: experiment, env, seed and start time, then _2, _3 for runs
     started in the same second; under torchrun, the job's --rdzv-id instead of the time); a run whose folder holds a
@@ -441,6 +441,11 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
 
     def validate_decoupled(self, num_trainers: int) -> None:
         """What the algorithm needs to feed `num_trainers` trainers from one player."""
+
+    def learners_shares(self, mode: str) -> tuple[str, ...]:
+        """The PER_RANK fields that hold one learner's share of the global batch in `mode` (a decoupled trainer's);
+        the others hold one env process's share of the envs (a decoupled player's)."""
+        return tuple(name for name in self.PER_RANK if name != "num_envs")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -657,6 +657,35 @@ def test_decoupled_resume_equals_an_uninterrupted_run(tmp_path):
     assert all(torch.equal(whole[name], continued[name]) for name in whole)
 
 
+def test_decoupled_players_and_trainers_resume_in_other_numbers_with_the_same_global_envs_and_batch(tmp_path):
+    """A player and 2 trainers resume as 2 players and a trainer: each player runs half the envs, the trainer both
+    trainers' minibatch."""
+    args = [*QUICK, "--num-envs", "2"]
+    part = run_ranks("fabric run", SCRIPTS["decoupled"], [*args, "--total-timesteps", "1024"], tmp_path, 3)
+    assert part.returncode == 0, part.stderr[-3000:]
+    (saved,) = checkpoints(tmp_path, "decoupled")
+    resume = ["--total-timesteps", "2048", "--resume-from", str(saved)]
+    no_trainer = run_ranks("fabric run", SCRIPTS["decoupled"], [*resume, "--num-players", "2"], tmp_path, 2)
+    lines = {line for line in no_trainer.stderr.splitlines() if line.startswith("error: ")}
+    assert no_trainer.returncode != 0 and lines == {
+        "error: --num-players: 2 processes leave no trainer beside 2 players; launch more processes (--devices)"
+    }, no_trainer.stderr[-3000:]
+    resumed = run_ranks("fabric run", SCRIPTS["decoupled"], [*resume, "--num-players", "2"], tmp_path, 3)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (
+        "warning: the checkpoint of 1 player resumes on 2: every player's envs restart from fresh resets (1 per "
+        "player), and no player's own state (replay buffer, episode in progress) is restored" in resumed.stderr
+    )
+    state = torch.load(checkpoints(tmp_path, "decoupled")[-1], weights_only=True)
+    assert state["counters"] == {"global_step": 2048, "iteration": 8} and state["world_size"] == 3
+    assert len(state["rank_states"]) == 2
+    assert (state["config"]["num_players"], state["config"]["num_envs"], state["config"]["per_rank_batch_size"]) == (
+        2,
+        1,
+        128,
+    )
+
+
 def test_a_checkpoint_resumes_only_in_its_own_mode(runs, tmp_path):
     args = ["--total-timesteps", "4096", "--resume-from", str(runs["fabric_half_checkpoint"])]
     finished = run_ranks("fabric run", SCRIPTS["decoupled"], args, tmp_path, nproc=2)

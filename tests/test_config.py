@@ -1178,7 +1178,10 @@ def test_an_optional_flags_help_shows_the_value_it_takes_and_none_by_default(cap
     help_text = " ".join(capsys.readouterr().out.split())
     assert "--resume-from STR continue the run saved" in help_text and "--target-kl FLOAT stop" in help_text
     assert "--preset {cartpole,acrobot," in help_text
-    assert "(same envs, network and seed; coupled ranks may change in number) (default: none)" in help_text
+    assert (
+        "(same envs, network and seed; coupled ranks, decoupled players and trainers may change in number) "
+        "(default: none)" in help_text
+    )
 
 
 def test_the_flags_page_shows_a_default_stated_in_words_in_its_default_column():

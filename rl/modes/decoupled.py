@@ -217,8 +217,11 @@ class Player:
         return EvaluatorLink(self.policy, self.algorithm.spaces.obs_dim, self.topology.evaluator_rank)
 
     def _restore(self, resume: TrainingCheckpoint) -> None:
-        restore_run_state(resume, self.topology.rank, self.policy, None, self.source)
+        players = self.topology.num_players
+        restore_run_state(resume, self.topology.rank, self.policy, None, self.source, env_ranks=players, role="player")
         self.first_iteration = resume.counters.iteration + 1
+        if len(resume.rank_states) != players:
+            return  # other players wrote it: each starts afresh (restore_run_state said so)
         own = resume.rank_states[self.topology.rank]
         if "shuffle" in own:
             self.outbox.shuffle.set_state(own["shuffle"])

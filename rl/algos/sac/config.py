@@ -87,6 +87,11 @@ class SACConfig(RunConfig):
     def steps_per_iteration(self) -> int:
         return self.num_envs * self.train_freq
 
+    def learners_shares(self, mode: str) -> tuple[str, ...]:
+        if mode == "decoupled" and self.share_data:
+            return ()  # the trainers split one batch of --batch-size between them
+        return super().learners_shares(mode)
+
     def iterations_per_report(self, env_ranks: int) -> int:
         return max(1, self.log_every // self.global_iteration_steps(env_ranks))
 
