@@ -380,9 +380,10 @@ def check_resumable(
     mode: str,
     algorithm: str,
     env_ranks: int,
-    processes_flag: str = "--devices",
+    processes_flag: str = "--workers",
     finished_ok: bool = False,
     found_by: str = "--resume-from",
+    shared_out: bool = False,
 ) -> TrainingCheckpoint:
     """The checkpoint, if the run may resume from it: a resumed run must keep what shapes its envs, networks and
     per-rank state.
@@ -394,8 +395,10 @@ def check_resumable(
 
     `env_ranks`: the processes that step envs, whose global iteration --total-timesteps is rounded down to.
 
-    `world_size` None: any number of processes may resume it (coupled ranks, decoupled players and trainers),
-    each with its share of the per-rank fields, which are then checked as the shares they are.
+    `world_size` None: any number of processes may resume it (coupled ranks, decoupled players and trainers).
+
+    `shared_out`: the per-rank fields hold this run's shares of the checkpoint's global envs and batch, checked as
+    such (`keep_global_batch`), and the players may be more or fewer.
     """
     if not isinstance(state, TrainingCheckpoint):
         raise UsageError(
@@ -415,7 +418,7 @@ def check_resumable(
     saved = config_as_trained(state, type(cfg)) | {"env_id": state.env_id}
     current = cfg.to_dict() | {"env_id": env_id}
     for field in cfg.IMMUTABLE:
-        if world_size is None and field in (*cfg.PER_RANK, "num_players"):
+        if shared_out and field in (*cfg.PER_RANK, "num_players"):
             continue
         if saved[field] != current[field]:
             raise UsageError(

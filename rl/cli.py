@@ -338,13 +338,14 @@ def find_resume_in_a_free_folder(
 def shares_out(found: SavedAgent | None, cfg: RunConfig, mode: Mode, world_size: int) -> bool:
     """Whether the processes resume `found` with each one's share of its envs and batch: coupled ranks, or
     decoupled players and trainers, that are more or fewer than wrote it, or may be (a torchrun job's rounds).
-    Hogwild workers share one process's memory and keep their number."""
+    Hogwild workers, each resuming its own learner state, keep their number."""
     if not isinstance(found, TrainingCheckpoint) or found.algorithm != cfg.ALGORITHM or found.mode != mode:
         return False  # not a checkpoint this run resumes: the checks name why
     if mode == "hogwild":
         return False
-    players = config_as_trained(found, type(cfg))["num_players"]
-    return under_torchelastic() or found.world_size != world_size or players != cfg.num_players
+    trained = config_as_trained(found, type(cfg))
+    sharing = sharing_processes(cfg, world_size, mode)
+    return under_torchelastic() or sharing_processes(trained, found.world_size, mode) != sharing
 
 
 def check_job(cfg: RunConfig, mode: Mode, world_size: int, env_ranks: int) -> None:
@@ -383,14 +384,14 @@ def checked_resume(
     resume = check_resumable(
         found,
         cfg,
-        None if shares_out(found, cfg, mode, world_size) else world_size,
+        world_size if mode == "hogwild" else None,  # Hogwild's workers keep their number; the others share out
         algorithm.spaces.env_id,
         mode,
         algorithm.name,
         env_ranks,
-        "--workers" if mode == "hogwild" else "--devices",
         finished_ok=automatic,
         found_by="--run-name" if automatic and cfg.run_name else "--resume-from",
+        shared_out=shares_out(found, cfg, mode, world_size),
     )
     if len(resume.rank_states) == env_ranks:  # else every rank starts from fresh resets, restoring none
         algorithm.check_rank_states(resume.rank_states, env_ranks)

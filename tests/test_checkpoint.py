@@ -34,8 +34,9 @@ from conftest import (
 )
 
 import rl.checkpoint
-from rl.checkpoint import newest_checkpoint, save_file_atomically
-from rl.cli import parse_config
+from rl.algos.ppo.config import PPOConfig
+from rl.checkpoint import load_checkpoint, newest_checkpoint, save_file_atomically
+from rl.cli import keep_global_batch, parse_config, shares_out
 from rl.loop import STOP_CHECK_STEPS
 
 QUICK = ["--update-epochs", "2", "--eval-episodes", "0", "--no-progress-bar"]
@@ -664,6 +665,13 @@ def test_decoupled_players_and_trainers_resume_in_other_numbers_with_the_same_gl
     part = run_ranks("fabric run", SCRIPTS["decoupled"], [*args, "--total-timesteps", "1024"], tmp_path, 3)
     assert part.returncode == 0, part.stderr[-3000:]
     (saved,) = checkpoints(tmp_path, "decoupled")
+    # An evaluator in a trainer's place halves the trainers; one in a process of its own leaves them as they were.
+    found = load_checkpoint(str(saved))
+    for world_size, trainers, batch_size in ((3, 1, 128), (4, 2, 64)):
+        cfg = PPOConfig(num_envs=2, evaluator=True, eval_episodes=1)
+        assert shares_out(found, cfg, "decoupled", world_size) == (trainers != 2)
+        keep_global_batch(cfg, found, "decoupled", world_size)
+        assert (cfg.num_envs, cfg.per_rank_batch_size) == (2, batch_size)
     resume = ["--total-timesteps", "2048", "--resume-from", str(saved)]
     no_trainer = run_ranks("fabric run", SCRIPTS["decoupled"], [*resume, "--num-players", "2"], tmp_path, 2)
     lines = {line for line in no_trainer.stderr.splitlines() if line.startswith("error: ")}
