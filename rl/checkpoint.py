@@ -380,7 +380,6 @@ def check_resumable(
     mode: str,
     algorithm: str,
     env_ranks: int,
-    processes_flag: str = "--workers",
     finished_ok: bool = False,
     found_by: str = "--resume-from",
     shared_out: bool = False,
@@ -395,7 +394,8 @@ def check_resumable(
 
     `env_ranks`: the processes that step envs, whose global iteration --total-timesteps is rounded down to.
 
-    `world_size` None: any number of processes may resume it (coupled ranks, decoupled players and trainers).
+    `world_size`: the Hogwild workers that resume it, as many as wrote it; None: any number of processes may
+    (coupled ranks, decoupled players and trainers).
 
     `shared_out`: the per-rank fields hold this run's shares of the checkpoint's global envs and batch, checked as
     such (`keep_global_batch`), and the players may be more or fewer.
@@ -426,7 +426,7 @@ def check_resumable(
             )
     if world_size is not None and state.world_size != world_size:
         written_by = counted(state.world_size, "process", "processes")
-        raise UsageError(processes_flag, f"the checkpoint was written by {written_by}, not {world_size}")
+        raise UsageError("--workers", f"the checkpoint was written by {written_by}, not {world_size}")
     if state.counters.global_step >= cfg.trained_timesteps(env_ranks) and not finished_ok:
         raise UsageError("--total-timesteps", nothing_left_message(state.counters.global_step, cfg, env_ranks))
     return state
