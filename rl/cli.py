@@ -537,11 +537,12 @@ def keep_global_batch(cfg: RunConfig, resume: TrainingCheckpoint, mode: Mode, wo
         if count < 1:
             return  # no trainer: the job's checks name it
         total = trained[name] * saved_count
-        if total % count:
+        unit, whole = cfg.share_unit(name)
+        if total % (count * unit):
             raise UsageError(
                 flag(name),
                 f"the checkpoint's {counted(saved_count, noun)} ran {total} in all, which "
-                f"{counted(count, noun)} cannot share evenly",
+                f"{counted(count, noun)} cannot share evenly{f' in {whole}' if whole else ''}",
             )
         share, value = total // count, getattr(cfg, name)
         # The run's own value is the old share; torchrun gives every round the first one's command line.

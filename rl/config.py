@@ -447,6 +447,11 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
         the others hold one env process's share of the envs (a decoupled player's)."""
         return tuple(name for name in self.PER_RANK if name != "num_envs")
 
+    def share_unit(self, name: str) -> tuple[int, str]:
+        """What each share of PER_RANK field `name` must be a whole number of, and its words ("whole sequences of
+        --num-steps 128"); (1, "") where any whole number serves."""
+        return 1, ""
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -327,6 +327,20 @@ def test_a_share_of_the_checkpoints_envs_that_is_not_whole_is_refused_by_every_r
     )
 
 
+def test_a_recurrent_minibatch_is_shared_out_in_whole_sequences(tmp_path):
+    """One rank's minibatch of one sequence cannot be split between 2 ranks: the line says so, not that the share
+    of half a sequence (a value nobody gave) is no multiple of --num-steps."""
+    one_rank = run_ranks("python", SCRIPTS["fabric"], [*QUICK, "--recurrent", "--total-timesteps", "512"], tmp_path, 1)
+    assert one_rank.returncode == 0, one_rank.stderr[-3000:]
+    resume = ["--total-timesteps", "1024", "--resume-from", str(checkpoints(tmp_path)[-1])]
+    refused = run_ranks("fabric run", SCRIPTS["fabric"], resume, tmp_path, 2)
+    lines = {line for line in refused.stderr.splitlines() if line.startswith("error: ")}
+    assert refused.returncode != 0 and lines == {
+        "error: --per-rank-batch-size: the checkpoint's 1 rank ran 128 in all, which 2 ranks cannot share evenly in "
+        "whole sequences of --num-steps 128"
+    }, refused.stderr[-3000:]
+
+
 def test_a_per_rank_value_given_at_another_process_count_is_refused_unless_it_is_the_share(runs, tmp_path):
     """The shares keep the checkpoint's global envs: a --num-envs that is neither the share nor the run's own
     value is refused, not replaced by the share without a word."""

@@ -191,6 +191,13 @@ class PPOConfig(RunConfig):
                 f"sequence at a time), not {self.per_rank_batch_size}",
             )
 
+    def share_unit(self, name: str) -> tuple[int, str]:
+        if name == "per_rank_batch_size" and self.recurrent:
+            return self.num_steps, f"whole sequences of --num-steps {self.num_steps}"
+        if name == "num_envs" and self.env_groups > 1:
+            return self.env_groups, f"whole groups of --env-groups {self.env_groups}"
+        return super().share_unit(name)
+
     def validate_decoupled(self, num_trainers: int) -> None:
         if self.recurrent and self.num_envs < num_trainers:
             raise UsageError(
