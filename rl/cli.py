@@ -579,10 +579,10 @@ def check_hogwild_not_launched() -> None:
 def check_values_for_job(cfg: RunConfig, mode: Mode, world_size: int) -> None:
     """Check what any machine checks alike of `cfg` for a job of `world_size` processes in `mode`: its values,
     not the hardware, envs or checkpoints (a SLURM job's, before it waits in the queue)."""
-    decoupled = mode == "decoupled"
-    if decoupled:
-        validate_decoupled(cfg, world_size)
-    validate_values(cfg, cfg.num_players if decoupled else world_size)
+    if mode == "decoupled":
+        validate_values(cfg, cfg.num_players, validate_decoupled(cfg, world_size))
+    else:
+        validate_values(cfg, world_size)
     check_mode_flags(cfg, mode)
 
 

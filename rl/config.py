@@ -442,6 +442,10 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
     def validate_decoupled(self, num_trainers: int) -> None:
         """What the algorithm needs to feed `num_trainers` trainers from one player."""
 
+    def validate_learner_rows(self, num_trainers: int | None) -> None:
+        """The algorithm's checks of the rows each learner trains on: its rank's own (`num_trainers` None), or a
+        decoupled trainer's share of the players' batches."""
+
     def learners_shares(self, mode: str) -> tuple[str, ...]:
         """The PER_RANK fields that hold one learner's share of the global batch in `mode` (a decoupled trainer's);
         the others hold one env process's share of the envs (a decoupled player's)."""
@@ -527,8 +531,9 @@ def validate(
     validate_hardware(cfg, world_size, gpu_count, env_ranks, decoupled)
 
 
-def validate_values(cfg: RunConfig, env_ranks: int) -> None:
-    """The checks of `validate` that any machine makes alike: of the values and how they fit `env_ranks`."""
+def validate_values(cfg: RunConfig, env_ranks: int, num_trainers: int | None = None) -> None:
+    """The checks of `validate` that any machine makes alike: of the values and how they fit `env_ranks` (and,
+    in decoupled mode, `num_trainers`)."""
     check_finite_numbers(cfg)
     check_seed(cfg.seed)
     check_signs(cfg, cfg.POSITIVE, cfg.NON_NEGATIVE)
@@ -546,6 +551,7 @@ def validate_values(cfg: RunConfig, env_ranks: int) -> None:
         )
     cfg.make_kwargs()
     cfg.validate_algorithm()
+    cfg.validate_learner_rows(num_trainers)
     check_checkpoint_steps(cfg, env_ranks)
     global_iteration = cfg.global_iteration_steps(env_ranks)
     if cfg.total_timesteps < global_iteration:
@@ -647,7 +653,8 @@ def iteration_name(cfg: RunConfig) -> str:
     return getattr(cfg, "ITERATION_NAME", "iteration")
 
 
-def validate_decoupled(cfg: RunConfig, world_size: int) -> None:
+def validate_decoupled(cfg: RunConfig, world_size: int) -> int:
+    """Check the decoupled roles `world_size` processes make; the number of trainers."""
     if world_size < 2:
         launched = "WORLD_SIZE" in os.environ or not sys.argv[0].endswith(".py")  # else: a script run by python
         launch = "" if launched else f": launch it with fabric run --accelerator=cpu --devices=2 {sys.argv[0]}"
@@ -677,6 +684,7 @@ def validate_decoupled(cfg: RunConfig, world_size: int) -> None:
     if cfg.max_policy_lag != 1 and not cfg.asynchronous:
         raise UsageError("--max-policy-lag", "bounds the policy lag of --async; add --async (or drop the flag)")
     cfg.validate_decoupled(num_trainers)
+    return num_trainers
 
 
 _RULE = re.compile(r"^[\s╭╮╰╯│─-]*$")

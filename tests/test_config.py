@@ -16,7 +16,7 @@ from conftest import needs_envpool
 
 from rl.algos.ppo.config import PPOConfig
 from rl.algos.sac.config import SACConfig
-from rl.cli import check_mode_flags, flags_of, parse_config
+from rl.cli import check_mode_flags, check_values_for_job, flags_of, parse_config
 from rl.config import (
     RunConfig,
     field_docstrings,
@@ -489,6 +489,40 @@ def test_envpool_asked_for_an_env_it_lacks_names_what_it_holds():
         choose_vector_mode("envpool", "envs_for_tests:FixedLength-v0", False, None)
     assert str(refused.value).startswith("--vector-mode: envpool has no ")
     assert "Atari, MuJoCo and classic control" in str(refused.value) and "pip install" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("values", "world_size", "refused"),
+    [
+        # One trainer learns from every player's rollout: a minibatch may outgrow one player's.
+        ({"num_players": 4, "num_envs": 1, "per_rank_batch_size": 256}, 5, None),
+        # Two trainers split one player's rollout: a minibatch of the whole of it is more than either holds.
+        (
+            {"num_envs": 2, "per_rank_batch_size": 256},
+            3,
+            "256 is larger than each trainer's share of the rollouts (1 player x --num-envs 2 x --num-steps 128, "
+            "shared by 2 trainers: 128)",
+        ),
+        # Recurrent rows are whole sequences: 3 envs' sequences give each of 2 trainers one at least.
+        (
+            {"num_envs": 3, "recurrent": True, "per_rank_batch_size": 256},
+            3,
+            "256 is larger than each trainer's share of the rollouts (1 player x --num-envs 3 x --num-steps 128, "
+            "shared by 2 trainers: 128)",
+        ),
+    ],
+    ids=["many-players", "two-trainers", "recurrent"],
+)
+def test_a_decoupled_minibatch_is_checked_against_a_trainers_share_of_the_players_rollouts(values, world_size, refused):
+    cfg = PPOConfig(**values)
+    if refused is None:
+        check_values_for_job(cfg, "decoupled", world_size)
+        with pytest.raises(UsageError, match="larger than the per-rank rollout"):
+            check_values_for_job(cfg, "coupled", world_size)  # a coupled rank's minibatch comes from its own
+        return
+    with pytest.raises(UsageError) as error:
+        check_values_for_job(cfg, "decoupled", world_size)
+    assert (error.value.flag, str(error.value)) == ("--per-rank-batch-size", f"--per-rank-batch-size: {refused}")
 
 
 def test_a_checkpoint_time_needs_one_decoupled_player():

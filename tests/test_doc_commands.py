@@ -26,8 +26,8 @@ import pytest
 from lightning.fabric.cli import _run as fabric_run_command
 from torch.distributed.run import get_args_parser as torchrun_parser
 
-from rl.cli import check_mode_flags, parse_config
-from rl.config import parse_dataclass, validate, validate_decoupled
+from rl.cli import check_values_for_job, parse_config
+from rl.config import parse_dataclass, validate_hardware
 from rl.envs import register_optional_envs
 from rl.evaluate import EvalConfig
 from rl.export import ExportConfig
@@ -195,12 +195,9 @@ def check_training(script: str, args: list[str], processes: int) -> None:
     cfg = parse_config(args)
     processes = cfg.workers if mode == "hogwild" else processes
     gpus = processes if cfg.cuda else 0
-    if mode == "decoupled":
-        validate_decoupled(cfg, processes)
-        validate(cfg, processes, gpus, env_ranks=cfg.num_players)
-    else:
-        validate(cfg, processes, gpus)
-    check_mode_flags(cfg, mode)
+    check_values_for_job(cfg, mode, processes)
+    env_ranks = cfg.num_players if mode == "decoupled" else processes
+    validate_hardware(cfg, processes, gpus, env_ranks, mode == "decoupled")
     if ":" not in cfg.env_id:  # an env of the user's own module: tests/test_own_env.py trains the docs' example
         register_optional_envs(cfg.env_id)
         gym.spec(cfg.env_id)

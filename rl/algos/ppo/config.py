@@ -172,12 +172,6 @@ class PPOConfig(RunConfig):
             )
         if not 0.0 <= self.gae_lambda <= 1.0:
             raise UsageError("--gae-lambda", f"must be in [0, 1], got {self.gae_lambda}")
-        if self.per_rank_batch_size > self.rollout_steps_per_rank:
-            raise UsageError(
-                "--per-rank-batch-size",
-                f"{self.per_rank_batch_size} is larger than the per-rank rollout "
-                f"(--num-envs {self.num_envs} x --num-steps {self.num_steps} = {self.rollout_steps_per_rank})",
-            )
         if self.recurrent:
             self.validate_recurrent()
 
@@ -197,6 +191,21 @@ class PPOConfig(RunConfig):
         if name == "num_envs" and self.env_groups > 1:
             return self.env_groups, f"whole groups of --env-groups {self.env_groups}"
         return super().share_unit(name)
+
+    def validate_learner_rows(self, num_trainers: int | None) -> None:
+        rollout = f"--num-envs {self.num_envs} x --num-steps {self.num_steps}"
+        if num_trainers is None:  # each rank trains on its own rollout
+            rows = self.rollout_steps_per_rank
+            rows_are = f"the per-rank rollout ({rollout} = {rows})"
+        else:  # each trainer on its share of every player's rollout, cut in whole rows (a recurrent row: a sequence)
+            per_player = (self.rollout_steps_per_rank // self.steps_per_row // num_trainers) * self.steps_per_row
+            rows = self.num_players * per_player
+            rows_are = (
+                f"each trainer's share of the rollouts ({counted(self.num_players, 'player')} x {rollout}, "
+                f"shared by {counted(num_trainers, 'trainer')}: {rows})"
+            )
+        if self.per_rank_batch_size > rows:
+            raise UsageError("--per-rank-batch-size", f"{self.per_rank_batch_size} is larger than {rows_are}")
 
     def validate_decoupled(self, num_trainers: int) -> None:
         if self.recurrent and self.num_envs < num_trainers:
