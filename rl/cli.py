@@ -530,9 +530,8 @@ def keep_global_batch(cfg: RunConfig, resume: TrainingCheckpoint, mode: Mode, wo
     number of processes. Coupled ranks share both; decoupled players share the envs, and trainers the batch."""
     trained = config_as_trained(resume, type(cfg))
     saved, now = sharing_processes(trained, resume.world_size, mode), sharing_processes(cfg, world_size, mode)
-    learners_shares = cfg.learners_shares(mode)
-    for name in cfg.PER_RANK:
-        role = "learners" if name in learners_shares else "envs"
+    roles = {"num_envs": "envs"} | {name: "learners" for name in cfg.learners_shares(mode)}
+    for name, role in roles.items():  # a PER_RANK field of neither holds the whole run's (decoupled SAC's batch)
         (noun, saved_count), (_, count) = saved[role], now[role]
         if count < 1:
             return  # no trainer: the job's checks name it

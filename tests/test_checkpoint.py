@@ -1,6 +1,7 @@
 """Checkpoints, exact resume, faults and the evaluation CLI, with real processes on CPU."""
 
 import collections
+import dataclasses
 import io
 import os
 import re
@@ -35,7 +36,8 @@ from conftest import (
 
 import rl.checkpoint
 from rl.algos.ppo.config import PPOConfig
-from rl.checkpoint import load_checkpoint, newest_checkpoint, save_file_atomically
+from rl.algos.sac.config import SACConfig
+from rl.checkpoint import Counters, TrainingCheckpoint, load_checkpoint, newest_checkpoint, save_file_atomically
 from rl.cli import keep_global_batch, parse_config, shares_out
 from rl.loop import STOP_CHECK_STEPS
 
@@ -706,6 +708,30 @@ def test_decoupled_players_and_trainers_resume_in_other_numbers_with_the_same_gl
         1,
         128,
     )
+
+
+@pytest.mark.parametrize(("share_data", "saved_world_size", "batch_size"), [(True, 3, 256), (False, 4, 512)])
+def test_decoupled_sac_trainers_share_the_batch_unless_they_split_one_already(share_data, saved_world_size, batch_size):
+    """2 players (and 1 or 2 trainers) resume as 1 player and 1 trainer. With --share-data the trainers split one
+    batch of --batch-size, which stays; without it each trained its own, which the one trainer now trains together.
+    The players' envs are always shared out."""
+    trained = SACConfig(num_players=2, num_envs=1, batch_size=256, share_data=share_data)
+    checkpoint = TrainingCheckpoint(
+        algorithm="sac",
+        policy={},
+        obs_normalizer={},
+        config=trained.to_dict(),
+        env_id=trained.env_id,
+        learner={},
+        counters=Counters(0, 0),
+        mode="decoupled",
+        world_size=saved_world_size,
+        rank_states=[{}, {}],
+    )
+    cfg = dataclasses.replace(trained, num_players=1)
+    assert shares_out(checkpoint, cfg, "decoupled", 2)
+    keep_global_batch(cfg, checkpoint, "decoupled", 2)
+    assert (cfg.num_envs, cfg.batch_size) == (2, batch_size)
 
 
 def test_a_checkpoint_resumes_only_in_its_own_mode(runs, tmp_path):
