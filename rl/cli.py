@@ -41,6 +41,7 @@ from rl.config import (
     other_modes_fields,
     parse_config_flags,
     read_config_file,
+    trainer_count,
     uses_gpu,
     validate_decoupled,
     validate_hardware,
@@ -561,7 +562,8 @@ def sharing_processes(config: RunConfig | dict[str, Any], world_size: int, mode:
         return {"envs": ("rank", world_size), "learners": ("rank", world_size)}
     values = config if isinstance(config, dict) else config.to_dict()
     players = values["num_players"]
-    return {"envs": ("player", players), "learners": ("trainer", world_size - players - int(values["evaluator"]))}
+    trainers = trainer_count(world_size, players, values["evaluator"])
+    return {"envs": ("player", players), "learners": ("trainer", trainers)}
 
 
 def check_hogwild_not_launched() -> None:

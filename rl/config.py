@@ -527,7 +527,8 @@ def validate(
     mode runs them on the player alone).
     """
     env_ranks = world_size if env_ranks is None else env_ranks
-    validate_values(cfg, env_ranks)
+    trainers = trainer_count(world_size, env_ranks, cfg.evaluator) if decoupled else None
+    validate_values(cfg, env_ranks, trainers)
     validate_hardware(cfg, world_size, gpu_count, env_ranks, decoupled)
 
 
@@ -653,6 +654,11 @@ def iteration_name(cfg: RunConfig) -> str:
     return getattr(cfg, "ITERATION_NAME", "iteration")
 
 
+def trainer_count(world_size: int, num_players: int, evaluator: bool) -> int:
+    """A decoupled job's trainers: the processes that are neither players nor the evaluator."""
+    return world_size - num_players - int(evaluator)
+
+
 def validate_decoupled(cfg: RunConfig, world_size: int) -> int:
     """Check the decoupled roles `world_size` processes make; the number of trainers."""
     if world_size < 2:
@@ -668,7 +674,7 @@ def validate_decoupled(cfg: RunConfig, world_size: int) -> int:
         )
     if cfg.evaluator and cfg.eval_episodes == 0:
         raise UsageError("--evaluator", "evaluates --eval-episodes episodes each time; give at least 1")
-    num_trainers = world_size - cfg.num_players - int(cfg.evaluator)
+    num_trainers = trainer_count(world_size, cfg.num_players, cfg.evaluator)
     if num_trainers < 1:
         raise UsageError(
             "--num-players",

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from rl.batch import DataShard, shard_sizes
 from rl.checkpoint import to_cpu
-from rl.config import RunConfig
+from rl.config import RunConfig, trainer_count
 from rl.elastic import job_store_client
 from rl.faults import peer
 from rl.loop import Requests
@@ -62,7 +62,7 @@ class Topology:
 
     @property
     def num_trainers(self) -> int:
-        return self.world_size - self.num_players - int(self.has_evaluator)
+        return trainer_count(self.world_size, self.num_players, self.has_evaluator)
 
     @property
     def first_trainer(self) -> int:
