@@ -591,6 +591,7 @@ def validate_hardware(cfg: RunConfig, world_size: int, gpu_count: int, env_ranks
         )
     check_launcher_strategy(os.environ.get("LT_STRATEGY"))
     check_launcher_devices(os.environ.get("LT_DEVICES"))
+    check_equal_nodes(world_size)
     check_precision_on_this_gpu(cfg.precision, cfg.cuda)
     warn_of_emulated_bf16(cfg.precision, cfg.cuda)
     if cfg.compile:  # every role on a GPU compiles with Triton; a CPU role needs a C++ compiler
@@ -620,6 +621,18 @@ def check_launcher_devices(devices: str | None) -> None:
             "--devices",
             f"fabric run --devices={devices}: each process here takes its GPU by its place on the machine: give "
             "a count (--devices=2), and choose the GPUs with CUDA_VISIBLE_DEVICES",
+        )
+
+
+def check_equal_nodes(world_size: int) -> None:
+    """Under torchrun, every node runs as many processes: Fabric places a job's processes as nodes x processes per
+    node, and a node that started another number would fail in Fabric's own check, on some ranks only."""
+    nodes = os.environ.get("GROUP_WORLD_SIZE")
+    if nodes is not None and int(nodes) * local_world_size_from_env() != world_size:
+        raise UsageError(
+            "--nproc-per-node",
+            f"this node runs {counted(local_world_size_from_env(), 'process', 'processes')}, but the job's "
+            f"{nodes} nodes run {world_size} in all: give every node's torchrun the same --nproc-per-node",
         )
 
 

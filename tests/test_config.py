@@ -847,6 +847,18 @@ def test_fabric_run_on_gpus_without_cuda_is_refused_and_the_script_flag_chooses_
     check(PPOConfig(cuda=True), gpu_count=1)
 
 
+def test_torchrun_nodes_that_start_unequal_numbers_of_processes_are_refused_on_every_rank(monkeypatch):
+    # A node of 2 and a node of 1: Fabric's own check would fail on the first node's ranks only.
+    monkeypatch.setenv("GROUP_WORLD_SIZE", "2")
+    for local_world_size, processes in (("2", "2 processes"), ("1", "1 process")):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world_size)
+        with pytest.raises(UsageError, match=f"this node runs {processes}, but the job.s 2 nodes run 3") as error:
+            check(PPOConfig(), world_size=3)
+        assert error.value.flag == "--nproc-per-node"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    check(PPOConfig(), world_size=4)
+
+
 @pytest.mark.parametrize("strategy", ["dp", "fsdp", "deepspeed_stage_2"])
 def test_fabric_run_with_a_strategy_that_wraps_a_module_is_refused_and_ddp_is_taken(monkeypatch, strategy):
     monkeypatch.setenv("LT_STRATEGY", strategy)
