@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import random
@@ -537,19 +538,19 @@ def test_the_journal_tells_each_round_its_start_reach_and_cause(tmp_path):
 # --- Membership that changes ---------------------------------------------------------------------
 
 
-def agent(cwd: Path, port: int, args: list[str]) -> subprocess.Popen:
-    """One torchrun agent (a "node" of one process) of a job whose c10d rendezvous admits 1 to 2 nodes."""
+def agent(cwd: Path, port: int, args: list[str], script: str = "fabric", nproc: int = 1) -> subprocess.Popen:
+    """One torchrun agent (a "node" of `nproc` processes) of a job whose c10d rendezvous admits 1 to 2 nodes."""
     command = [
         str(BIN / "torchrun"),
         "--nnodes=1:2",
-        "--nproc-per-node=1",
+        f"--nproc-per-node={nproc}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint=127.0.0.1:{port}",
         "--rdzv-id=shrinks-and-grows",
         "--max-restarts=3",
         "--monitor-interval=0.2",
         "--rdzv-conf=last_call_timeout=2,keep_alive_interval=2,keep_alive_max_attempt=3",
-        str(SCRIPTS["fabric"]),
+        str(SCRIPTS[script]),
         *args,
     ]
     # torchrun 2.13's agents share one store across rounds by default, and a round that a node joins then
@@ -642,6 +643,45 @@ def test_a_node_that_joins_a_training_job_costs_no_steps_the_ranks_it_stops_chec
 
 
 @pytest.mark.slow
+def test_a_decoupled_job_keeps_its_player_and_changes_its_trainers_as_nodes_leave_and_join(tmp_path):
+    # Two nodes of two processes: a player and three trainers. A node lost leaves the player and one trainer, which
+    # takes the whole rollout as its minibatches; a node that joins brings three trainers back. The player, the same
+    # one in number, restores its envs exactly (no fresh resets) in every round.
+    args = [*QUICK_PPO, "--num-envs", "6", "--total-timesteps", "100000000", "--checkpoint-every", "1536"]
+    port = free_port()
+    node = functools.partial(agent, tmp_path, port, args, script="decoupled", nproc=2)
+    host = node()
+    wait_until_listening(port, host)
+    other, joiner = node(), None
+    journal = lambda: [entry for run in tmp_path.glob("logs/*/*") for entry in Journal(str(run)).entries()]  # noqa: E731
+    world_sizes = lambda: [entry["world_size"] for entry in journal() if entry["event"] == "start"]  # noqa: E731
+    try:
+        wait_until(lambda: world_sizes() == [4] and reached_step(tmp_path) > 6 * 1536, host)
+        kill_node(other)
+        wait_until(lambda: world_sizes() == [4, 2], host)
+        wait_until(lambda: newest_step(tmp_path) > journal()[-1]["step"] + 2 * 1536, host)  # training again, alone
+        one_trainer = newest_checkpoint(tmp_path)
+        joiner = node()
+        wait_until(lambda: world_sizes() == [4, 2, 4], host)
+        wait_until(lambda: newest_step(tmp_path) > journal()[-1]["step"] + 2 * 1536, host)
+        three_trainers = newest_checkpoint(tmp_path)
+    finally:
+        for job in (host, other, joiner):
+            if job is not None:
+                kill_node(job)
+        stderr = "".join(job.stderr.read() for job in (host, joiner) if job is not None)
+    assert (one_trainer["world_size"], one_trainer["config"]["per_rank_batch_size"]) == (2, 3 * 64)
+    assert (three_trainers["world_size"], three_trainers["config"]["per_rank_batch_size"]) == (4, 64)
+    assert "fresh resets" not in stderr, stderr[-3000:]
+    lost = [entry for entry in journal() if entry["event"] == "fault"]
+    assert lost and all(entry["step"] > 3 * 1536 for entry in lost)  # where the round was, trainers' faults too
+    # The join stopped the round of two as a Ctrl-C does: it checkpointed where it was, and none of its steps
+    # were redone (the count starts again after a round that ended cleanly).
+    assert [entry["how"] for entry in journal() if entry["event"] == "end"] == ["interrupted"]
+    assert [entry["redone"] for entry in journal() if entry["event"] == "start"][2] == 0
+
+
+@pytest.mark.slow
 def test_a_run_that_resumes_on_fewer_ranks_from_fresh_resets_still_learns(tmp_path):
     # Not exact: the checkpoint's two ranks of envs become one rank's envs, restarted from fresh resets.
     # The learning test's config (65,536 steps to 475), stopped after a quarter and finished on one rank.
@@ -667,6 +707,14 @@ def test_a_run_that_resumes_on_fewer_ranks_from_fresh_resets_still_learns(tmp_pa
     assert "resumes from step 16384" in one_rank.stderr, one_rank.stderr[-3000:]
     ((_, greedy_return),) = read_scalars(run_dir(tmp_path, "fabric"))["Test/return_mean"]
     assert greedy_return >= 475, greedy_return
+
+
+def newest_checkpoint(cwd: Path) -> dict:
+    """The newest training checkpoint of a run that is writing more (and pruning the oldest meanwhile)."""
+    for _ in range(20):
+        with contextlib.suppress(OSError, RuntimeError, EOFError):
+            return torch.load(max(cwd.glob("logs/*/*/checkpoints/step_*.ckpt")), weights_only=True)
+    raise AssertionError("no checkpoint could be read")
 
 
 def kill_node(job: subprocess.Popen) -> None:

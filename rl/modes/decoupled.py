@@ -438,6 +438,7 @@ def run_trainer(
     updates_done, loop_clock = 0, LoopClock()
     report_every = algorithm.iterations_per_report(topology.num_players)
     last_iteration = cfg.num_iterations(topology.num_players)
+    steps_per_iteration = cfg.steps_per_iteration * topology.num_players
     while True:
         command, iteration, policy_lag = inbox.receive(updates_done)
         if command is Command.STOP:
@@ -459,6 +460,7 @@ def run_trainer(
             # Statistics not computed by every trainer stay NaN in the mean, and the player drops them.
             mean_stats = runtime.all_reduce_sum(stats_message.pack(stats, runtime.device)) / runtime.world_size
         updates_done += 1
+        reached(iteration * steps_per_iteration, is_main=False)  # the step a fault of ours is journaled at
         if outbox.receivers:  # every trainer holds the new weights; each sends them to its share of the players
             outbox.send(torch.cat([mean_stats, learner.policy_weights()]).to(topology.comm_device))
     outbox.drain()
