@@ -352,6 +352,32 @@ def test_a_decoupled_round_is_journaled_as_started_before_a_players_env_fails_at
     assert "the round before ended at step 0: player 1 failed" in restart and "; 0 steps are done twice" in restart
 
 
+@pytest.mark.slow
+def test_every_role_of_a_decoupled_round_journals_its_fault_at_the_step_it_had_reached(tmp_path):
+    # The player's env raises at its 1,000th step; the trainer and the evaluator then lose the player, each at the
+    # step of the last batch or weights it had, not at the round's start.
+    fails_on_the_player = ["--env-id", "envs_for_tests:Misbehaves-v0", "--env-kwargs", '{"after": 1000, "on_rank": 0}']
+    args = [*QUICK_PPO, *fails_on_the_player, "--num-envs", "1", "--num-steps", "64", "--evaluator"]
+    done = subprocess.run(
+        torchrun(SCRIPTS["decoupled"], [*args, "--eval-episodes", "1"], nproc=3, max_restarts=0),
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode != 0 and "lost contact with the simulator" in done.stderr, done.stderr[-3000:]
+    faults = {
+        entry["role"]: (entry["kind"], entry["step"])
+        for entry in Journal(str(run_dir(tmp_path, "decoupled"))).entries()
+        if entry["event"] == "fault"
+    }
+    assert faults.keys() == {"the player", "trainer 1", "the evaluator"}, faults
+    assert faults["the player"] == ("failed", 15 * 64)  # the 1,000th step falls in the 16th rollout
+    assert faults["trainer 1"][0] == faults["the evaluator"][0] == "lost"
+    assert 0 < faults["the evaluator"][1] <= faults["trainer 1"][1] <= 15 * 64, faults
+
+
 def test_a_run_folder_holding_another_configs_checkpoint_is_not_loaded(tmp_path):
     first = run_ranks(
         "python", SCRIPTS["fabric"], [*QUICK_PPO, "--total-timesteps", "1024", "--run-name", "job"], tmp_path

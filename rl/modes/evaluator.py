@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from rl.algos.base import Algorithm
 from rl.checkpoint import BestAgent, saved_agent
-from rl.elastic import job_store_client
+from rl.elastic import job_store_client, reached
 from rl.evaluation import EvaluationAbandoned, evaluate_greedy
 from rl.faults import ctrl_c_only_noted, peer, sigterm_held
 from rl.logger import open_sinks
@@ -138,6 +138,7 @@ class Evaluator:
                 dist.recv(self.message.buffer, src=self.weights_rank)
             command, step, seconds, normalizer_state = self.message.unpack(self.policy)
             self.normalizer.load_state_dict(normalizer_state)
+            reached(step, is_main=False)  # the step a fault of ours is journaled at
             if command is Command.FINAL:
                 self.final_step, self.final_seconds = step, seconds
                 return
