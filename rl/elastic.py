@@ -403,7 +403,8 @@ def start_logged(world_size: int) -> dict[str, float]:
 
 
 def reached(step: int, is_main: bool) -> None:
-    """After every iteration: the step this round has reached (kept by rank 0, so a restart knows what it redoes)."""
+    """The step this process has reached (an iteration's, or the batch or weights it last took), which its fault
+    record names; the main process also journals it, so that a restart knows what it redoes."""
     if _this_round is None:
         return
     _this_round.step = step
