@@ -76,6 +76,10 @@ def torchrun(script: Path, args: list[str], nproc: int = 2, max_restarts: int = 
     ]
 
 
+def run_to_the_end(command: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=cwd, env=child_env(), capture_output=True, text=True, timeout=timeout)
+
+
 def start(command: list[str], cwd: Path) -> subprocess.Popen:
     return subprocess.Popen(
         command,
@@ -304,14 +308,7 @@ def test_a_run_that_fails_in_the_same_place_stops_after_max_restarts_with_the_ca
         "--checkpoint-every",
         "128",
     ]
-    done = subprocess.run(
-        torchrun(SCRIPTS["fabric"], args, max_restarts=3),
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    done = run_to_the_end(torchrun(SCRIPTS["fabric"], args, max_restarts=3), tmp_path)
     assert done.returncode != 0
     refusals = [line for line in done.stderr.splitlines() if "restarting cannot get past it" in line]
     assert refusals and "RuntimeError: the env broke after 500 steps" in refusals[0], done.stderr[-3000:]
@@ -332,13 +329,8 @@ def test_a_decoupled_round_is_journaled_as_started_before_a_players_env_fails_at
     # Pipelined or async, the lead finishes an iteration or two without waiting for their updates, which never come.
     misbehaves_at_once_on_player_1 = ["--env-kwargs", '{"after": 30, "on_rank": 1}', "--num-players", "2", *lag]
     args = [*QUICK_PPO, "--env-id", "envs_for_tests:Misbehaves-v0", *misbehaves_at_once_on_player_1, "--num-envs", "1"]
-    done = subprocess.run(
-        torchrun(SCRIPTS["decoupled"], [*args, "--num-steps", "64"], nproc=3, max_restarts=1),
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
+    done = run_to_the_end(
+        torchrun(SCRIPTS["decoupled"], [*args, "--num-steps", "64"], nproc=3, max_restarts=1), tmp_path
     )
     assert done.returncode != 0 and "lost contact with the simulator" in done.stderr, done.stderr[-3000:]
     rounds: list[list[str]] = []  # each launch's entries: its event, and the process that wrote a fault
@@ -358,13 +350,8 @@ def test_every_role_of_a_decoupled_round_journals_its_fault_at_the_step_it_had_r
     # step of the last batch or weights it had, not at the round's start.
     fails_on_the_player = ["--env-id", "envs_for_tests:Misbehaves-v0", "--env-kwargs", '{"after": 1000, "on_rank": 0}']
     args = [*QUICK_PPO, *fails_on_the_player, "--num-envs", "1", "--num-steps", "64", "--evaluator"]
-    done = subprocess.run(
-        torchrun(SCRIPTS["decoupled"], [*args, "--eval-episodes", "1"], nproc=3, max_restarts=0),
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
+    done = run_to_the_end(
+        torchrun(SCRIPTS["decoupled"], [*args, "--eval-episodes", "1"], nproc=3, max_restarts=0), tmp_path
     )
     assert done.returncode != 0 and "lost contact with the simulator" in done.stderr, done.stderr[-3000:]
     faults = {
@@ -717,14 +704,7 @@ def test_a_run_that_resumes_on_fewer_ranks_from_fresh_resets_still_learns(tmp_pa
         wait_for_new_checkpoint(two_ranks, tmp_path, seen=-1)
     finally:
         kill_node(two_ranks)  # the whole job, at once: the newest checkpoint is the first
-    one_rank = subprocess.run(
-        torchrun(SCRIPTS["fabric"], args, nproc=1),
-        cwd=tmp_path,
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    one_rank = run_to_the_end(torchrun(SCRIPTS["fabric"], args, nproc=1), tmp_path, timeout=300)
     assert one_rank.returncode == 0, one_rank.stderr[-3000:]
     assert (
         "warning: the checkpoint of 2 ranks resumes on 1: every rank's envs restart from fresh resets (4 per rank)"
