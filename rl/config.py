@@ -696,10 +696,6 @@ def validate_decoupled(cfg: RunConfig, world_size: int) -> int:
         )
     if cfg.asynchronous and cfg.pipeline:
         raise UsageError("--pipeline", "is --async with a lag of exactly 1 update; give one of them")
-    if cfg.checkpoint_seconds and cfg.num_players > 1:
-        raise UsageError(
-            "--checkpoint-every", "a time needs one player (players agree on checkpoints by step); give env steps"
-        )
     if cfg.max_policy_lag != 1 and not cfg.asynchronous:
         raise UsageError("--max-policy-lag", "bounds the policy lag of --async; add --async (or drop the flag)")
     cfg.validate_decoupled(num_trainers)

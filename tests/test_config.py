@@ -525,14 +525,6 @@ def test_a_decoupled_minibatch_is_checked_against_a_trainers_share_of_the_player
     assert (error.value.flag, str(error.value)) == ("--per-rank-batch-size", f"--per-rank-batch-size: {refused}")
 
 
-def test_a_checkpoint_time_needs_one_decoupled_player():
-    cfg = dataclasses.replace(PPOConfig(), checkpoint_every="10m", num_players=2)
-    with pytest.raises(UsageError) as error:
-        validate_decoupled(cfg, world_size=3)
-    assert error.value.flag == "--checkpoint-every"
-    validate_decoupled(dataclasses.replace(cfg, num_players=1), world_size=3)  # one player's clock decides
-
-
 @pytest.mark.parametrize(
     ("argv", "flag_name", "says"),
     [

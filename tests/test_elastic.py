@@ -408,6 +408,24 @@ def test_checkpoint_every_takes_a_time(tmp_path):
     assert len(list(tmp_path.glob("logs/*/*/checkpoints/step_*.ckpt"))) >= 3
 
 
+@pytest.mark.parametrize("lag", [[], ["--async", "--max-policy-lag", "2"]], ids=["lock-step", "async"])
+def test_decoupled_players_checkpoint_together_by_the_lead_players_clock(tmp_path, lag):
+    args = [*QUICK_PPO, "--num-players", "2", "--num-envs", "1", "--num-steps", "64", "--total-timesteps", "8192"]
+    done = run_ranks(
+        "fabric run",
+        SCRIPTS["decoupled"],
+        [*args, "--checkpoint-every", "0.1s", "--keep-last", "100", *lag],
+        tmp_path,
+        3,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    saved = sorted(tmp_path.glob("logs/*/*/checkpoints/step_*.ckpt"))
+    assert len(saved) >= 3  # 64 iterations of a few tens of ms: several by the clock, and the last
+    for path in saved:  # each one written by both players at the same iteration
+        checkpoint = torch.load(path, weights_only=True)
+        assert len(checkpoint["rank_states"]) == 2 and checkpoint["counters"]["global_step"] % 128 == 0
+
+
 def test_hogwild_workers_refuse_a_checkpoint_time(tmp_path):
     line = refusal_line("hogwild", ["--workers", "2", "--checkpoint-every", "10m"], tmp_path)
     assert line.startswith("error: --checkpoint-every: Hogwild")

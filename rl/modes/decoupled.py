@@ -68,6 +68,7 @@ from rl.modes.decoupled_links import (
     FINISH,
     INTERRUPT,
     LEAD_PLAYER,
+    ClockCheckpoints,
     Command,
     LagBound,
     PlayerOutbox,
@@ -175,6 +176,8 @@ class Player:
         self.outbox = PlayerOutbox(cfg, topology, num_rows, self.codec.width, lag)
         self.inbox = WeightsInbox(topology, message_size(algorithm), lag, cfg.collective_timeout)
         self.stop = StopAgreement(topology, lag, cfg.collective_timeout)
+        several_clocks = cfg.checkpoint_seconds and topology.num_players > 1
+        self.clock_checkpoints = ClockCheckpoints(topology, lag, cfg.collective_timeout) if several_clocks else None
         self.first_iteration = 1
         self.closing_step: int | None = None  # the step of the saved agent that the closing evaluation scores
         self.final_step = 0  # where the loop ended
@@ -238,7 +241,7 @@ class Player:
             self.run.dir if self.run else None,
             self.run.sink if self.run else None,
         )
-        # With more than one player --checkpoint-every is in steps (checked at start), which every player counts.
+        # --checkpoint-every in steps falls at the same iterations for every player; a time, by the lead's clock.
         loop = TrainingLoop(
             self.cfg,
             self,
@@ -246,7 +249,7 @@ class Player:
             self.first_iteration,
             self.report_every,
             self.steps_per_iteration,
-            keeps_clock=True,
+            keeps_clock=self.is_lead,
             callbacks=callbacks,
         )
         state = loop.run()
@@ -296,7 +299,10 @@ class Player:
         if not self.every_player_sent:
             self.every_player_sent = self.meet_the_other_players()
         stop = self.stop.check(iteration, wanted, self.next_check)
-        return Requests(interrupt=stop == INTERRUPT, checkpoint=wanted.checkpoint, finish=stop == FINISH)
+        checkpoint = wanted.checkpoint
+        if self.clock_checkpoints is not None:
+            checkpoint = self.clock_checkpoints.check(iteration, wanted.checkpoint, self.next_check)
+        return Requests(interrupt=stop == INTERRUPT, checkpoint=checkpoint, finish=stop == FINISH)
 
     def meet_the_other_players(self) -> bool:
         """Wait here for every player; whether each has sent a batch. Until then (SAC's --learning-starts) no lag

@@ -41,6 +41,7 @@ LEAD_PLAYER = 0  # the player that logs, checkpoints and feeds the evaluator
 PUBLISHED_KEY = "rl/decoupled/weights_published/{}"  # per trainer: updates whose weights it has sent
 STOP_KEY = "rl/decoupled/stop_at"  # the iteration at which an interrupted run stops, once agreed
 STOP_ASKED_KEY = "rl/decoupled/stop_asked"  # a trainer or the evaluator got SIGTERM: the players checkpoint and stop
+CHECKPOINT_KEY = "rl/decoupled/checkpoint_at/{}"  # the iteration of the players' Nth checkpoint by the lead's clock
 
 
 class Command(IntEnum):
@@ -373,6 +374,34 @@ class StopAgreement:
                 stop_at, self.reason = agreed.decode().split()
                 self.stop_at = int(stop_at)
         return self.reason if self.stop_at is not None and iteration >= self.stop_at else None
+
+
+class ClockCheckpoints:
+    """`--checkpoint-every TIME` among several players: the lead keeps the clock, and when it is due proposes
+    through the job's store an iteration no player can have passed yet (as `StopAgreement` does); every player
+    checkpoints there."""
+
+    def __init__(self, topology: Topology, lag: LagBound, timeout_seconds: float) -> None:
+        self.is_lead = topology.rank == LEAD_PLAYER
+        self.margin = lag.updates + 2
+        self.store = job_store_client(timeout_seconds)
+        self.taken = 0  # checkpoints by the clock so far
+        self.at: int | None = None  # the iteration of the next one, once proposed
+
+    def check(self, iteration: int, due: bool, next_check: Callable[[int], int]) -> bool:
+        """At an iteration where the players check for a stop: whether they checkpoint here. `due`: the lead's
+        clock says a checkpoint is due (the other players' clocks are not asked)."""
+        key = CHECKPOINT_KEY.format(self.taken)
+        if self.at is None:
+            if self.is_lead and due:
+                self.at = next_check(iteration + self.margin)
+                self.store.set(key, str(self.at))
+            elif not self.is_lead and self.store.check([key]):
+                self.at = int(self.store.get(key))
+        if self.at is None or iteration < self.at:
+            return False
+        self.taken, self.at = self.taken + 1, None
+        return True
 
 
 class StopAsker:
