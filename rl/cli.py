@@ -618,8 +618,6 @@ def check_mode_flags(cfg: RunConfig, mode: Mode) -> None:
         raise mode_flag_error(flag(name), owner, mode)
     if mode != "hogwild":
         return
-    if cfg.checkpoint_seconds:
-        raise UsageError("--checkpoint-every", "Hogwild workers meet at checkpoints by step; give env steps")
     if cfg.cuda:
         raise UsageError("--cuda", "Hogwild workers share their networks in CPU memory; train without --cuda")
     if cfg.share_data:

@@ -232,6 +232,7 @@ class Channel:
         self.stop_requested = context.Event()  # Ctrl-C or SIGTERM: checkpoint and stop
         self.stop_now = context.Event()  # the supervisor ends the workers at once: a SIGTERM then is that
         self.finish_requested = context.Event()  # a callback's request to end the run finished
+        self.checkpoint_requested = context.Event()  # worker 0's clock (--checkpoint-every TIME): all meet to save
         self.stopping = context.Value("b", 0)  # what the workers decided at their newest meeting
         self.finished = context.Value("i", 0)  # workers that have run all their iterations
         self.merge_lock = context.Lock()
@@ -371,7 +372,7 @@ class WorkerLoop:
             self.first_iteration,
             report_every,
             self.steps_per_iteration,
-            keeps_clock=False,
+            keeps_clock=self.index == 0,
             callbacks=callbacks,
             interrupt=SupervisorStop(self.channel),
         )
@@ -428,10 +429,14 @@ class WorkerLoop:
             self.finished = True
             with channel.finished.get_lock():
                 channel.finished.value += 1
-        if not (wanted.checkpoint or wanted.interrupt or last or channel.finish_requested.is_set()):
+        if wanted.checkpoint and self.cfg.checkpoint_seconds:  # worker 0's clock, the one kept
+            channel.checkpoint_requested.set()
+        checkpoint = wanted.checkpoint or channel.checkpoint_requested.is_set()
+        if not (checkpoint or wanted.interrupt or last or channel.finish_requested.is_set()):
             return Requests()
         channel.barrier.wait()
         if self.index == 0:  # one worker decides, so that all stop after the same checkpoint
+            channel.checkpoint_requested.clear()  # every worker is here: none will meet for this one again
             all_done = channel.finished.value == self.cfg.workers
             finish = all_done or channel.finish_requested.is_set()
             channel.stopping.value = INTERRUPTED if channel.stop_requested.is_set() else FINISHED if finish else 0
@@ -708,16 +713,7 @@ def release(processes: list[SpawnProcess], channel: Channel) -> None:
     processes.clear()
     channel.parts.close()
     channel.parts.join_thread()
-    del (
-        channel.barrier,
-        channel.stop_requested,
-        channel.stop_now,
-        channel.finish_requested,
-        channel.stopping,
-        channel.finished,
-        channel.merge_lock,
-        channel.parts,
-    )
+    vars(channel).clear()  # every semaphore it holds, whichever they are
     gc.collect()
 
 
