@@ -176,8 +176,8 @@ class Player:
         self.outbox = PlayerOutbox(cfg, topology, num_rows, self.codec.width, lag)
         self.inbox = WeightsInbox(topology, message_size(algorithm), lag, cfg.collective_timeout)
         self.stop = StopAgreement(topology, lag, cfg.collective_timeout)
-        several_clocks = cfg.checkpoint_seconds and topology.num_players > 1
-        self.clock_checkpoints = ClockCheckpoints(topology, lag, cfg.collective_timeout) if several_clocks else None
+        by_the_leads_clock = cfg.checkpoint_seconds and topology.num_players > 1
+        self.clock_checkpoints = ClockCheckpoints(topology, lag, self.stop.store) if by_the_leads_clock else None
         self.first_iteration = 1
         self.closing_step: int | None = None  # the step of the saved agent that the closing evaluation scores
         self.final_step = 0  # where the loop ended

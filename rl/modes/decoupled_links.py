@@ -128,6 +128,11 @@ class LagBound:
         """The oldest weights a player may act with, having sent `batches_sent` batches."""
         return max(0, batches_sent - self.updates)
 
+    def check_none_passed(self, iteration: int, next_check: Callable[[int], int]) -> int:
+        """A stop check that no player can have passed while one is at `iteration`: a player runs at most
+        `updates + 1` iterations ahead of the slowest, whose batches it needs."""
+        return next_check(iteration + self.updates + 2)
+
     @property
     def ring_depth(self) -> int:
         """Messages one side may have in flight to one peer, plus the one being filled."""
@@ -340,9 +345,8 @@ class StopAgreement:
     """The iteration at which every player stops after Ctrl-C or a request to finish, and why, agreed through
     the job's store.
 
-    The first player to see a stop proposes an iteration no player can have passed yet: a player
-    runs at most `lag + 1` iterations ahead of the slowest, whose batches it needs (before every
-    player sends batches, at most to the next stop check, where they meet). Ctrl-C wins over a
+    The first player to see a stop proposes an iteration no player can have passed yet (`LagBound.check_none_passed`;
+    before every player sends batches, none runs past the next stop check, where they meet). Ctrl-C wins over a
     request to finish.
     A SIGTERM that reached a trainer or the evaluator alone (`StopAsker`) asks the players for the stop that
     Ctrl-C asks for, as their own does: they find it in the store at their stop checks.
@@ -350,7 +354,7 @@ class StopAgreement:
 
     def __init__(self, topology: Topology, lag: LagBound, timeout_seconds: float) -> None:
         self.alone = topology.num_players == 1
-        self.margin = lag.updates + 2
+        self.lag = lag
         self.store = job_store_client(timeout_seconds)
         self.stop_at: int | None = None
         self.reason = ""
@@ -365,7 +369,7 @@ class StopAgreement:
                 self.stop_at, self.reason = (iteration, reason) if reason else (None, "")
             else:
                 if reason:
-                    proposal = f"{next_check(iteration + self.margin)} {reason}"
+                    proposal = f"{self.lag.check_none_passed(iteration, next_check)} {reason}"
                     agreed = self.store.compare_set(STOP_KEY, "", proposal)
                 elif self.store.check([STOP_KEY]):
                     agreed = self.store.get(STOP_KEY)
@@ -378,13 +382,13 @@ class StopAgreement:
 
 class ClockCheckpoints:
     """`--checkpoint-every TIME` among several players: the lead keeps the clock, and when it is due proposes
-    through the job's store an iteration no player can have passed yet (as `StopAgreement` does); every player
-    checkpoints there."""
+    through the job's store (on `store`, the stop agreement's connection) an iteration no player can have passed
+    yet, as a stop is proposed; every player checkpoints there."""
 
-    def __init__(self, topology: Topology, lag: LagBound, timeout_seconds: float) -> None:
+    def __init__(self, topology: Topology, lag: LagBound, store: dist.Store) -> None:
         self.is_lead = topology.rank == LEAD_PLAYER
-        self.margin = lag.updates + 2
-        self.store = job_store_client(timeout_seconds)
+        self.lag = lag
+        self.store = store
         self.taken = 0  # checkpoints by the clock so far
         self.at: int | None = None  # the iteration of the next one, once proposed
 
@@ -394,7 +398,7 @@ class ClockCheckpoints:
         key = CHECKPOINT_KEY.format(self.taken)
         if self.at is None:
             if self.is_lead and due:
-                self.at = next_check(iteration + self.margin)
+                self.at = self.lag.check_none_passed(iteration, next_check)
                 self.store.set(key, str(self.at))
             elif not self.is_lead and self.store.check([key]):
                 self.at = int(self.store.get(key))
