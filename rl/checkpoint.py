@@ -375,7 +375,6 @@ def newest_checkpoint_instead(cfg: RunConfig) -> str:
 def check_resumable(
     state: SavedAgent,
     cfg: RunConfig,
-    world_size: int | None,
     env_id: str,
     mode: str,
     algorithm: str,
@@ -393,9 +392,6 @@ def check_resumable(
     only has the saved agent and the evaluation left to do).
 
     `env_ranks`: the processes that step envs, whose global iteration --total-timesteps is rounded down to.
-
-    `world_size`: the Hogwild workers that resume it, as many as wrote it; None: any number of processes may
-    (coupled ranks, decoupled players and trainers).
 
     `shared_out`: the per-rank fields hold this run's shares of the checkpoint's global envs and batch, checked as
     such (`keep_global_batch`), and the players may be more or fewer.
@@ -424,9 +420,6 @@ def check_resumable(
             raise UsageError(
                 flag(field), f"the checkpoint was trained {setting(field, saved[field])}; it cannot change on resume"
             )
-    if world_size is not None and state.world_size != world_size:
-        written_by = counted(state.world_size, "process", "processes")
-        raise UsageError("--workers", f"the checkpoint was written by {written_by}, not {world_size}")
     if state.counters.global_step >= cfg.trained_timesteps(env_ranks) and not finished_ok:
         raise UsageError("--total-timesteps", nothing_left_message(state.counters.global_step, cfg, env_ranks))
     return state

@@ -339,7 +339,7 @@ def find_resume_in_a_free_folder(
 def shares_out(found: SavedAgent | None, cfg: RunConfig, mode: Mode, world_size: int) -> bool:
     """Whether the processes resume `found` with each one's share of its envs and batch: coupled ranks, or
     decoupled players and trainers, that are more or fewer than wrote it, or may be (a torchrun job's rounds).
-    Hogwild workers, each resuming its own learner state, keep their number."""
+    Hogwild workers, each learning from its own envs, keep theirs whatever their number."""
     if not isinstance(found, TrainingCheckpoint) or found.algorithm != cfg.ALGORITHM or found.mode != mode:
         return False  # not a checkpoint this run resumes: the checks name why
     if mode == "hogwild":
@@ -385,7 +385,6 @@ def checked_resume(
     resume = check_resumable(
         found,
         cfg,
-        world_size if mode == "hogwild" else None,  # Hogwild's workers keep their number; the others share out
         algorithm.spaces.env_id,
         mode,
         algorithm.name,

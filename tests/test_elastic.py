@@ -425,13 +425,25 @@ def test_decoupled_players_checkpoint_together_by_the_lead_players_clock(tmp_pat
         assert len(checkpoint["rank_states"]) == 2 and checkpoint["counters"]["global_step"] % 128 == 0
 
 
-def test_hogwild_workers_meet_to_checkpoint_by_the_first_workers_clock(tmp_path):
+def test_hogwild_workers_meet_to_checkpoint_by_their_clocks(tmp_path):
     args = [*QUICK_PPO, "--workers", "2", "--total-timesteps", "8192", "--keep-last", "100"]
     done = run_ranks("python", SCRIPTS["hogwild"], [*args, "--checkpoint-every", "0.1s"], tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     saved = sorted(tmp_path.glob("logs/*/*/checkpoints/step_*.ckpt"))
     assert len(saved) >= 3  # 16 iterations per worker of a few tens of ms: several by the clock, and the last
     assert all(len(torch.load(path, weights_only=True)["workers"]) == 2 for path in saved)
+    # Resumed with worker 0 at its last iteration and worker 1 halfway: worker 1's clock still asks for checkpoints.
+    state = torch.load(saved[0].parent / "step_000000008192.ckpt", weights_only=True)
+    state["workers"][1] |= {"iteration": 4, "frames": 1024}  # 12 iterations of about 50 ms left
+    state["counters"]["global_step"] = 4096 + 1024
+    uneven = tmp_path / "uneven.ckpt"  # outside the run's folder: the resumed run writes a folder of its own
+    torch.save(state, uneven)
+    resumed = run_ranks(
+        "python", SCRIPTS["hogwild"], [*args, "--checkpoint-every", "0.1s", "--resume-from", str(uneven)], tmp_path
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    written = set(tmp_path.glob("logs/*/*/checkpoints/step_*.ckpt")) - set(saved)
+    assert len(written) >= 2  # by the clock, and the last
 
 
 @pytest.mark.parametrize("text", ["10x", "-5", "0s", "m"])

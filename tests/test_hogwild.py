@@ -117,7 +117,7 @@ def test_synced_merges_add_every_workers_change():
 
 
 @pytest.mark.slow
-def test_resume_continues_exactly_with_one_synced_worker_and_keeps_the_worker_count(tmp_path):
+def test_resume_continues_exactly_with_one_synced_worker(tmp_path):
     args = [*PPO_SHORT, "--total-timesteps", "8192", "--workers", "1", "--sync", "synced", "--checkpoint-every", "4096"]
     whole = run_ranks("python", SCRIPTS["hogwild"], args, tmp_path)
     assert whole.returncode == 0, whole.stderr[-3000:]
@@ -130,10 +130,32 @@ def test_resume_continues_exactly_with_one_synced_worker_and_keeps_the_worker_co
     assert "training loop: 4096 steps in" in resumed.stdout  # this run's steps, not the checkpoint's too
     assert ENVS_STEPPED.search(resumed.stdout)  # each worker's, on average
     assert all(torch.equal(whole_weights[name], value) for name, value in agent_weights(folder).items())
-    other_count = [*args, "--workers", "2", "--resume-from", str(halfway)]
-    refused = run_ranks("python", SCRIPTS["hogwild"], other_count, tmp_path)
-    assert refused.returncode == 2
-    assert "error: --workers: the checkpoint was written by 1 process, not 2" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    "workers, last_step",
+    [(3, 3840), pytest.param(1, 4096, marks=pytest.mark.slow)],  # 3 workers: whole rounds of 3 x 256 steps
+)
+def test_more_or_fewer_workers_resume_a_checkpoint_sharing_out_its_steps_and_end_together(tmp_path, workers, last_step):
+    args = [*PPO_SHORT, "--checkpoint-every", "1024"]  # 2 envs x 128 steps per worker iteration
+    first = run_ranks("python", SCRIPTS["hogwild"], [*args, "--workers", "2"], tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    folder = run_dir(tmp_path, "hogwild")
+    halfway = folder / "checkpoints" / "step_000000002048.ckpt"  # 4 iterations of each of 2 workers
+    resumed_args = [*args, "--workers", str(workers), "--resume-from", str(halfway)]
+    resumed = run_ranks("python", SCRIPTS["hogwild"], resumed_args, tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (
+        f"warning: the checkpoint of 2 workers resumes on {workers}: every worker's envs restart from fresh resets"
+        in resumed.stderr
+    )
+    assert f"training loop: {last_step - 2048} steps in" in resumed.stdout
+    final = torch.load(folder / "checkpoints" / f"step_{last_step:012d}.ckpt", weights_only=True)
+    assert final["world_size"] == workers
+    iterations = last_step // (256 * workers)
+    assert [(worker["iteration"], worker["frames"]) for worker in final["workers"]] == [
+        (iterations, iterations * 256)
+    ] * workers
 
 
 @pytest.mark.slow

@@ -232,7 +232,7 @@ class Channel:
         self.stop_requested = context.Event()  # Ctrl-C or SIGTERM: checkpoint and stop
         self.stop_now = context.Event()  # the supervisor ends the workers at once: a SIGTERM then is that
         self.finish_requested = context.Event()  # a callback's request to end the run finished
-        self.checkpoint_requested = context.Event()  # worker 0's clock (--checkpoint-every TIME): all meet to save
+        self.checkpoint_requested = context.Event()  # a worker's clock (--checkpoint-every TIME): all meet to save
         self.stopping = context.Value("b", 0)  # what the workers decided at their newest meeting
         self.finished = context.Value("i", 0)  # workers that have run all their iterations
         self.merge_lock = context.Lock()
@@ -326,7 +326,7 @@ class WorkerLoop:
         self.first_iteration = 1
         self.resumed_step: int | None = None
         if resume is not None:
-            restore_run_state(resume, index, self.policy, self.learner, self.source)
+            restore_run_state(resume, index, self.policy, self.learner, self.source, cfg.workers, role="worker")
             self.first_iteration = resume.counters.iteration + 1
             self.resumed_step = resume.counters.global_step
         if cfg.sync == "shared":
@@ -372,7 +372,7 @@ class WorkerLoop:
             self.first_iteration,
             report_every,
             self.steps_per_iteration,
-            keeps_clock=self.index == 0,
+            keeps_clock=True,  # each worker's, so that one that has finished early leaves the others a clock
             callbacks=callbacks,
             interrupt=SupervisorStop(self.channel),
         )
@@ -429,7 +429,7 @@ class WorkerLoop:
             self.finished = True
             with channel.finished.get_lock():
                 channel.finished.value += 1
-        if wanted.checkpoint and self.cfg.checkpoint_seconds:  # worker 0's clock, the one kept
+        if wanted.checkpoint and self.cfg.checkpoint_seconds:  # this worker's clock, the first due of all
             channel.checkpoint_requested.set()
         checkpoint = wanted.checkpoint or channel.checkpoint_requested.is_set()
         if not (checkpoint or wanted.interrupt or last or channel.finish_requested.is_set()):
@@ -505,6 +505,25 @@ def worker_resume(resume: TrainingCheckpoint | None, index: int) -> TrainingChec
     return replace(resume, learner=worker.learner, counters=counters)
 
 
+def resumed_by_workers(
+    resume: TrainingCheckpoint | None, workers: int, steps_per_iteration: int
+) -> TrainingCheckpoint | None:
+    """The checkpoint as `workers` workers resume it. As many as wrote it resume each its own state. Any other
+    number shares out the iterations done, so that the workers end together at --total-timesteps, as if they had
+    trained from the start; each keeps its own learner state (its optimizer's) where it had one, and a new worker
+    takes worker 0's. Every worker's envs then restart from fresh resets (`restore_run_state`)."""
+    if resume is None or resume.workers is None or len(resume.workers) == workers:
+        return resume
+    each, extra = divmod(resume.counters.global_step // steps_per_iteration, workers)
+    iterations = [each + (index < extra) for index in range(workers)]
+    saved = resume.workers
+    states = [
+        WorkerState(saved[index if index < len(saved) else 0].learner, iteration, iteration * steps_per_iteration)
+        for index, iteration in enumerate(iterations)
+    ]
+    return replace(resume, workers=states)
+
+
 def train_hogwild(
     algorithm: Algorithm, resume: TrainingCheckpoint | None = None, callbacks: Sequence[Callback] = ()
 ) -> TrainingResult:
@@ -530,6 +549,7 @@ def supervise_run(
     callbacks: ByValue[Sequence[Callback]],
 ) -> TrainingResult:
     """Start the workers, hand their checkpoints to the writer, and end the run as they end."""
+    resume = resumed_by_workers(resume, algorithm.cfg.workers, algorithm.cfg.steps_per_iteration)
     shared = learner_in_shared_memory(algorithm, runtime, resume)
     context = mp.get_context("spawn")
     channel = Channel(context, algorithm.cfg.workers)
