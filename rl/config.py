@@ -164,7 +164,8 @@ class RunFlags:
     """torch threads per process; 0: one for an MLP, and for a CNN the machine's cores divided by the local
     processes"""
     collective_timeout: float = 300.0
-    """seconds a collective may wait for a peer before the job fails (instead of gloo's 30 minutes)"""
+    """seconds a collective may wait for a peer, and a starting process for the job's others to join, before the
+    job fails (instead of gloo's 30 minutes)"""
 
 
 @dataclass

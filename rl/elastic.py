@@ -22,7 +22,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from rl.errors import UsageError, print_error
+from rl.errors import RunStopped, UsageError, did_not_join, print_error, ranks_named
 
 JOURNAL_FILENAME = "elastic.jsonl"
 REACHED_FILENAME = "elastic.step"  # the step the current round has reached, rewritten in place every iteration
@@ -129,7 +129,7 @@ def agree_on_round(store: dist.Store, rank: int, world_size: int, timeout_second
         # Polled, not a blocking get: that would hold this process in C++, where Ctrl-C cannot reach it.
         while not store.check([answer]):
             if time.monotonic() > deadline:
-                raise RuntimeError(f"rank 0 did not start this round within {timeout_seconds:.0f} s")
+                raise RunStopped(f"{this_process()}: {did_not_join('rank 0', timeout_seconds)}")
             time.sleep(ROUND_POLL_SECONDS)
         round_id = store.get(answer).decode()
         store.set(f"{ROUND_KEYS}/{round_id}/joined/{rank}", "1")
@@ -146,7 +146,7 @@ def agree_on_round(store: dist.Store, rank: int, world_size: int, timeout_second
             if store.check([f"{ROUND_KEYS}/{round_id}/joined/{peer}"]):
                 waiting.discard(peer)
         if time.monotonic() > deadline:
-            raise RuntimeError(f"ranks {sorted(waiting)} did not join this round within {timeout_seconds:.0f} s")
+            raise RunStopped(f"{this_process()}: {did_not_join(ranks_named(sorted(waiting)), timeout_seconds)}")
         time.sleep(ROUND_POLL_SECONDS)
     return round_id
 

@@ -71,6 +71,19 @@ def listed(names: list[str]) -> str:
     return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
 
 
+def ranks_named(ranks: list[int]) -> str:
+    """Ranks as a message names them: "rank 1", "ranks 1 and 3"."""
+    return f"{'rank' if len(ranks) == 1 else 'ranks'} {listed([str(rank) for rank in ranks])}"
+
+
+def did_not_join(who: str, timeout_seconds: float) -> str:
+    """The end of a process that waited in vain for `who` to join the job's process group."""
+    return (
+        f"{who} did not join within --collective-timeout {timeout_seconds:g} s; "
+        "a process that ends while starting says why in its own output"
+    )
+
+
 def unrecognized_options(error: UsageError) -> list[str]:
     """The words of the command line that the parser refused in `error` as unrecognized; [] for any other error."""
     _, listed, unrecognized = str(error).partition("Unrecognized options: ")

@@ -9,6 +9,8 @@ they are constants (SAC's action bounds).
 from __future__ import annotations
 
 import os
+import re
+import threading
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -21,32 +23,63 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rl.config import RunConfig, local_world_size_from_env
-from rl.elastic import init_default_process_group, under_torchelastic
-from rl.errors import RunStopped, UsageError, counted, print_error
+from rl.elastic import init_default_process_group, this_process, under_torchelastic
+from rl.errors import RunStopped, UsageError, counted, did_not_join, print_error
 from rl.logger import FabricSink, MetricsSink, SummaryWriterSink
 from rl.precision import grad_scaler
 
 T = TypeVar("T")
 
 
-@contextmanager
-def naming_a_taken_port() -> Iterator[None]:
-    """Joining the process group where another job holds the rendezvous port: say so, and what to do.
+JOIN_NOTICE_SECONDS = 30.0  # a rank that waits this long for its peers to start says so (or half its timeout)
 
-    Launchers that host the rendezvous themselves (`fabric run`, torchrun) fail before any rank
-    starts; ranks started otherwise (SLURM's srun, a hand-set environment) fail here on rank 0.
+
+@contextmanager
+def joining_the_job(timeout: timedelta) -> Iterator[None]:
+    """Joining the job's process group: a rank that waits long for its peers says so, one that gives up says who
+    did not join, and a rendezvous port that another job holds is named.
+
+    Launchers that host the rendezvous themselves (`fabric run`, torchrun) fail on a taken port
+    before any rank starts; ranks started otherwise (SLURM's srun, a hand-set environment) fail
+    here on rank 0.
     """
+    seconds = timeout.total_seconds()
+    waiting = f"{this_process()}: waiting for the job's other processes to join (--collective-timeout {seconds:g} s)"
+    notice = threading.Timer(min(JOIN_NOTICE_SECONDS, seconds / 2), print_error, [waiting])
+    notice.daemon = True
+    notice.start()
     try:
         yield
     except dist.DistNetworkError as error:
-        if "EADDRINUSE" not in str(error) and "address already in use" not in str(error).lower():
-            raise
+        raise joining_failed(error, seconds) from None
+    except dist.DistStoreError as error:
+        raise joining_failed(error, seconds) from None
+    finally:
+        notice.cancel()
+
+
+def joining_failed(error: dist.DistError, timeout_seconds: float) -> Exception:
+    """What the user reads of a process group that could not be joined: a taken port, or who did not join."""
+    text = str(error)
+    if "EADDRINUSE" in text or "address already in use" in text.lower():
         port = os.environ.get("MASTER_PORT", "the rendezvous port")
-        raise UsageError(
+        return UsageError(
             "--main-port",
             f"port {port} is taken, most likely by another job on this machine; start with "
             "a free one: fabric run --main-port=N, or torchrun --master-port=N (MASTER_PORT=N)",
-        ) from None
+        )
+    clients = re.search(r"(\d+)/(\d+) clients joined", text)  # the store's host, which waited for the others
+    if clients is not None:
+        joined, world_size = int(clients[1]), int(clients[2])
+        who = f"{world_size - joined} of the job's {counted(world_size, 'process', 'processes')}"
+        return RunStopped(f"{this_process()}: {did_not_join(who, timeout_seconds)}")
+    if "timed out" not in text.lower():
+        return error
+    address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    if under_torchelastic():  # the launcher's agent, which started this process, hosts the store
+        return RunStopped(f"{this_process()}: the job's store at {address} (torchrun's) could not be reached")
+    who = f"rank 0, which hosts the job's store at {address},"  # not reached: it has not started
+    return RunStopped(f"{this_process()}: {did_not_join(who, timeout_seconds)}")
 
 
 def available_cores() -> int:
@@ -266,14 +299,12 @@ class FabricRuntime(Runtime):
         """`device`: this process's device where the mode chose it (a decoupled trainer); else Fabric's."""
         from lightning.fabric.connector import _is_using_cli
 
-        if under_torchelastic() and process_group is None and world_size > 1:
-            with naming_a_taken_port():  # before Fabric, which then finds the group and keeps it
-                init_default_process_group("nccl" if cfg.cuda else "gloo", collective_timeout(cfg))
         self.scaler = grad_scaler(cfg.precision, _device(cfg, 0))
-        with naming_a_taken_port():
+        with joining_the_job(collective_timeout(cfg)):
+            if under_torchelastic() and process_group is None and world_size > 1:  # before Fabric, which then
+                init_default_process_group("nccl" if cfg.cuda else "gloo", collective_timeout(cfg))  # keeps it
             self.fabric = self._make_fabric(cfg, world_size, process_group, self.scaler, device)
-        if not _is_using_cli():  # `fabric run` has already created the processes
-            with naming_a_taken_port():
+            if not _is_using_cli():  # `fabric run` has already created the processes
                 self.fabric.launch()
         self.group = process_group
         self.rank = dist.get_rank(process_group) if process_group is not None else self.fabric.global_rank
@@ -395,7 +426,7 @@ class TorchRuntime(Runtime):
         self.scaler = grad_scaler(cfg.precision, self.device)
         self.world_size = world_size
         if world_size > 1:
-            with naming_a_taken_port():
+            with joining_the_job(collective_timeout(cfg)):
                 init_default_process_group("nccl" if cfg.cuda else "gloo", collective_timeout(cfg))
         self.rank = dist.get_rank() if world_size > 1 else 0
 

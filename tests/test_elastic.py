@@ -46,7 +46,7 @@ from rl.elastic import (
     same_failure,
     this_jobs_rounds,
 )
-from rl.errors import UsageError
+from rl.errors import RunStopped, UsageError
 
 QUICK_PPO = ["--update-epochs", "2", "--eval-episodes", "0", "--no-progress-bar"]
 QUICK_SAC = [
@@ -477,6 +477,19 @@ def test_every_round_agrees_on_an_id_that_no_earlier_round_used():
         ids = one_round(server.port, world_size)
         assert len(set(ids)) == 1 and ids[0] not in seen and ids[0] != "an-earlier-round"
         seen.add(ids[0])
+
+
+@pytest.mark.parametrize("rank, missing", [(0, "rank 1"), (1, "rank 0")])
+def test_a_round_that_a_rank_never_joins_ends_with_a_line_naming_it(monkeypatch, rank, missing):
+    monkeypatch.setenv("RANK", str(rank))
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=20))
+    store = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=20))
+    with pytest.raises(RunStopped) as stopped:
+        agree_on_round(store, rank, 2, timeout_seconds=0.5)
+    assert str(stopped.value) == (
+        f"rank {rank}: {missing} did not join within --collective-timeout 0.5 s; "
+        "a process that ends while starting says why in its own output"
+    )
 
 
 WAIT_FOR_RANK_0 = """

@@ -64,6 +64,19 @@ def test_a_gradient_average_whose_peer_is_lost_raises_instead_of_returning_gradi
     assert outcome.startswith("raised"), outcome
 
 
+def hand_started_rank(rank: int, port: int) -> dict[str, str]:
+    """The environment of one process of a two-process job started without a launcher, as srun starts one."""
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": "2",
+        "LOCAL_WORLD_SIZE": "2",
+        "NODE_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+
+
 @pytest.mark.parametrize("script", ["fabric", "torch", pytest.param("decoupled", marks=pytest.mark.slow)])
 def test_a_rendezvous_port_taken_by_another_job_is_named_with_the_flag_that_frees_it(tmp_path, script):
     # Rank 0 of a job started without a launcher's rendezvous (as srun does) hosts the store itself.
@@ -71,19 +84,10 @@ def test_a_rendezvous_port_taken_by_another_job_is_named_with_the_flag_that_free
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        rank_zero = {
-            "RANK": "0",
-            "LOCAL_RANK": "0",
-            "WORLD_SIZE": "2",
-            "LOCAL_WORLD_SIZE": "2",
-            "NODE_RANK": "0",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-        }
         finished = subprocess.run(
             [sys.executable, str(SCRIPTS[script]), "--no-progress-bar"],
             cwd=tmp_path,
-            env=child_env() | rank_zero,
+            env=child_env() | hand_started_rank(0, port),
             capture_output=True,
             text=True,
             timeout=120,
@@ -93,6 +97,32 @@ def test_a_rendezvous_port_taken_by_another_job_is_named_with_the_flag_that_free
     assert (
         lines[-1] == f"error: --main-port: port {port} is taken, most likely by another job on this machine; "
         "start with a free one: fabric run --main-port=N, or torchrun --master-port=N (MASTER_PORT=N)"
+    ), lines
+
+
+@pytest.mark.parametrize(
+    "rank, who",
+    [
+        (0, "1 of the job's 2 processes"),
+        pytest.param(1, "rank 0, which hosts the job's store at 127.0.0.1:{port},", marks=pytest.mark.slow),
+    ],
+)
+def test_a_process_whose_peer_never_starts_says_it_waits_then_names_who_did_not_join(tmp_path, rank, who):
+    port = free_port()
+    finished = subprocess.run(
+        [sys.executable, str(SCRIPTS["fabric"]), "--no-progress-bar", "--collective-timeout", "4"],
+        cwd=tmp_path,
+        env=child_env() | hand_started_rank(rank, port),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert finished.returncode == 1, finished.stderr[-3000:]
+    lines = finished.stderr.strip().split("\n")
+    assert f"rank {rank}: waiting for the job's other processes to join (--collective-timeout 4 s)" in lines, lines
+    assert lines[-1] == (
+        f"error: rank {rank}: {who.format(port=port)} did not join within --collective-timeout 4 s; "
+        "a process that ends while starting says why in its own output"
     ), lines
 
 

@@ -99,7 +99,7 @@ from rl.runtime import (
     broadcast_from_rank_0,
     close_process_group,
     collective_timeout,
-    naming_a_taken_port,
+    joining_the_job,
     write_on_rank_0,
 )
 from rl.uploads import to_device
@@ -536,7 +536,7 @@ def train_decoupled(
     if device.type == "cuda":
         torch.cuda.set_device(device)
     timeout = collective_timeout(cfg)
-    with naming_a_taken_port():
+    with joining_the_job(timeout):
         init_default_process_group(world_backend, timeout)
         world = TorchCollective().setup(backend=world_backend, timeout=timeout)  # the group just made
     topology = Topology(world.rank, world_size, device, comm_device, cfg.num_players, cfg.evaluator)
