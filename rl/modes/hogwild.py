@@ -509,9 +509,10 @@ def resumed_by_workers(
     resume: TrainingCheckpoint | None, workers: int, steps_per_iteration: int
 ) -> TrainingCheckpoint | None:
     """The checkpoint as `workers` workers resume it. As many as wrote it resume each its own state. Any other
-    number shares out the iterations done, so that the workers end together at --total-timesteps, as if they had
-    trained from the start; each keeps its own learner state (its optimizer's) where it had one, and a new worker
-    takes worker 0's. Every worker's envs then restart from fresh resets (`restore_run_state`)."""
+    number shares out the iterations done as evenly as whole iterations allow, so that together the workers reach
+    --total-timesteps as if they had trained from the start; each keeps its own learner state (its optimizer's)
+    where it had one, and a new worker takes worker 0's. Every worker's envs then restart from fresh resets
+    (`restore_run_state`)."""
     if resume is None or resume.workers is None or len(resume.workers) == workers:
         return resume
     each, extra = divmod(resume.counters.global_step // steps_per_iteration, workers)
