@@ -8,7 +8,7 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from typing import Any, Literal, NoReturn
+from typing import Literal, NoReturn
 
 import torch
 
@@ -344,9 +344,8 @@ def shares_out(found: SavedAgent | None, cfg: RunConfig, mode: Mode, world_size:
         return False  # not a checkpoint this run resumes: the checks name why
     if mode == "hogwild":
         return False
-    trained = config_as_trained(found, type(cfg))
-    sharing = sharing_processes(cfg, world_size, mode)
-    return under_torchelastic() or sharing_processes(trained, found.world_size, mode) != sharing
+    saved = batch_holders(trained_config(cfg, found), found.world_size, mode)
+    return under_torchelastic() or saved != batch_holders(cfg, world_size, mode)
 
 
 def check_job(cfg: RunConfig, mode: Mode, world_size: int, env_ranks: int) -> None:
@@ -527,42 +526,62 @@ def say_total_rounded_down(cfg: RunConfig, env_ranks: int) -> None:
 def keep_global_batch(cfg: RunConfig, resume: TrainingCheckpoint, mode: Mode, world_size: int) -> None:
     """Processes resuming in other numbers (or under torchrun, whose rounds may each have others): each takes its
     share of the checkpoint's global envs and batch, so the learning sees the same global batch whatever the
-    number of processes. Coupled ranks share both; decoupled players share the envs, and trainers the batch."""
-    trained = config_as_trained(resume, type(cfg))
-    saved, now = sharing_processes(trained, resume.world_size, mode), sharing_processes(cfg, world_size, mode)
-    roles = {"num_envs": "envs"} | {name: "learners" for name in cfg.learners_shares(mode)}
-    for name, role in roles.items():  # a PER_RANK field of neither holds the whole run's (decoupled SAC's batch)
-        (noun, saved_count), (_, count) = saved[role], now[role]
-        if count < 1:
-            return  # no trainer: the job's checks name it
-        total = trained[name] * saved_count
+    number of processes. Coupled ranks share both; decoupled players share the envs, and trainers the batch (or
+    draw one shared batch, decoupled SAC's --share-data, which may change too)."""
+    if sharing_processes(cfg, world_size, mode)["learners"][1] < 1:
+        return  # no trainer: the job's checks name it
+    trained = trained_config(cfg, resume)
+    saved, now = batch_holders(trained, resume.world_size, mode), batch_holders(cfg, world_size, mode)
+    for name in cfg.PER_RANK:
+        (saved_noun, saved_count), (noun, count) = saved[name], now[name]
+        total = getattr(trained, name) * saved_count
         unit, whole = cfg.share_unit(name)
+        ran = f"the checkpoint's {holders_named(saved_count, saved_noun)} ran {total} in all"
         if total % (count * unit):
             raise UsageError(
-                flag(name),
-                f"the checkpoint's {counted(saved_count, noun)} ran {total} in all, which "
-                f"{counted(count, noun)} cannot share evenly{f' in {whole}' if whole else ''}",
+                flag(name), f"{ran}, which {counted(count, noun)} cannot share evenly{f' in {whole}' if whole else ''}"
             )
         share, value = total // count, getattr(cfg, name)
         # The run's own value is the old share; torchrun gives every round the first one's command line.
-        if value not in (trained[name], share) and not under_torchelastic():
-            raise UsageError(
-                flag(name),
-                f"the checkpoint's {counted(saved_count, noun)} ran {total} in all: {share} per {noun} on "
-                f"{count}, not {value}; give {flag(name)} {share}",
-            )
+        if value not in (getattr(trained, name), share) and not under_torchelastic():
+            now_held = f"{share} in {SHARED_BATCH}" if noun == SHARED_BATCH else f"{share} per {noun} on {count}"
+            raise UsageError(flag(name), f"{ran}: {now_held}, not {value}; give {flag(name)} {share}")
         setattr(cfg, name, share)
 
 
-def sharing_processes(config: RunConfig | dict[str, Any], world_size: int, mode: Mode) -> dict[str, tuple[str, int]]:
+SHARED_BATCH = "one shared batch"  # what holds a PER_RANK field that is the whole run's (decoupled SAC's batch)
+
+
+def batch_holders(config: RunConfig, world_size: int, mode: Mode) -> dict[str, tuple[str, int]]:
+    """Who holds each PER_RANK field's shares of the global envs and batch in a run of `config` on `world_size`
+    processes: the processes' name and number, or the whole run's one shared batch."""
+    sharing = sharing_processes(config, world_size, mode)
+    learners = config.learners_shares(mode)
+    return {
+        name: sharing["envs"] if name == "num_envs" else sharing["learners"] if name in learners else (SHARED_BATCH, 1)
+        for name in config.PER_RANK
+    }
+
+
+def holders_named(count: int, noun: str) -> str:
+    return SHARED_BATCH if noun == SHARED_BATCH else counted(count, noun)
+
+
+def trained_config(cfg: RunConfig, resume: TrainingCheckpoint) -> RunConfig:
+    """The config the checkpoint was trained with, as a config of this run's type."""
+    names = {field.name for field in dataclasses.fields(cfg)}
+    return cfg.with_changes(
+        **{name: value for name, value in config_as_trained(resume, type(cfg)).items() if name in names}
+    )
+
+
+def sharing_processes(config: RunConfig, world_size: int, mode: Mode) -> dict[str, tuple[str, int]]:
     """Who holds the shares of the envs and of the batch in a run of `config` on `world_size` processes: the
     processes' name and number for each."""
     if mode != "decoupled":
         return {"envs": ("rank", world_size), "learners": ("rank", world_size)}
-    values = config if isinstance(config, dict) else config.to_dict()
-    players = values["num_players"]
-    trainers = trainer_count(world_size, players, values["evaluator"])
-    return {"envs": ("player", players), "learners": ("trainer", trainers)}
+    trainers = trainer_count(world_size, config.num_players, config.evaluator)
+    return {"envs": ("player", config.num_players), "learners": ("trainer", trainers)}
 
 
 def check_hogwild_not_launched() -> None:

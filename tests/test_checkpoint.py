@@ -39,6 +39,7 @@ from rl.algos.ppo.config import PPOConfig
 from rl.algos.sac.config import SACConfig
 from rl.checkpoint import Counters, TrainingCheckpoint, load_checkpoint, newest_checkpoint, save_file_atomically
 from rl.cli import keep_global_batch, parse_config, shares_out
+from rl.errors import UsageError
 from rl.loop import STOP_CHECK_STEPS
 
 QUICK = ["--update-epochs", "2", "--eval-episodes", "0", "--no-progress-bar"]
@@ -187,7 +188,6 @@ def test_a_named_run_resumed_by_its_name_takes_its_own_flags_where_the_command_l
 
 
 def test_a_run_folder_is_held_for_its_runs_life_and_let_go_after(tmp_path):
-    from rl.errors import UsageError
     from rl.run import RunFolderLock, check_run_folder_free
 
     folder = str(tmp_path / "mine")
@@ -710,13 +710,8 @@ def test_decoupled_players_and_trainers_resume_in_other_numbers_with_the_same_gl
     )
 
 
-@pytest.mark.parametrize(("share_data", "saved_world_size", "batch_size"), [(True, 3, 256), (False, 4, 512)])
-def test_decoupled_sac_trainers_share_the_batch_unless_they_split_one_already(share_data, saved_world_size, batch_size):
-    """2 players (and 1 or 2 trainers) resume as 1 player and 1 trainer. With --share-data the trainers split one
-    batch of --batch-size, which stays; without it each trained its own, which the one trainer now trains together.
-    The players' envs are always shared out."""
-    trained = SACConfig(num_players=2, num_envs=1, batch_size=256, share_data=share_data)
-    checkpoint = TrainingCheckpoint(
+def decoupled_sac_checkpoint(trained: SACConfig, world_size: int) -> TrainingCheckpoint:
+    return TrainingCheckpoint(
         algorithm="sac",
         policy={},
         obs_normalizer={},
@@ -725,13 +720,42 @@ def test_decoupled_sac_trainers_share_the_batch_unless_they_split_one_already(sh
         learner={},
         counters=Counters(0, 0),
         mode="decoupled",
-        world_size=saved_world_size,
-        rank_states=[{}, {}],
+        world_size=world_size,
+        rank_states=[{}] * trained.num_players,
     )
+
+
+@pytest.mark.parametrize(("share_data", "saved_world_size", "batch_size"), [(True, 3, 256), (False, 4, 512)])
+def test_decoupled_sac_trainers_share_the_batch_unless_they_split_one_already(share_data, saved_world_size, batch_size):
+    """2 players (and 1 or 2 trainers) resume as 1 player and 1 trainer. With --share-data the trainers split one
+    batch of --batch-size, which stays; without it each trained its own, which the one trainer now trains together.
+    The players' envs are always shared out."""
+    trained = SACConfig(num_players=2, num_envs=1, batch_size=256, share_data=share_data)
+    checkpoint = decoupled_sac_checkpoint(trained, saved_world_size)
     cfg = dataclasses.replace(trained, num_players=1)
     assert shares_out(checkpoint, cfg, "decoupled", 2)
     keep_global_batch(cfg, checkpoint, "decoupled", 2)
     assert (cfg.num_envs, cfg.batch_size) == (2, batch_size)
+
+
+@pytest.mark.parametrize(("share_data", "saved_batch", "batch_size"), [(False, 256, 512), (True, 512, 256)])
+def test_decoupled_sac_that_switches_share_data_on_resume_keeps_its_global_batch(share_data, saved_batch, batch_size):
+    """A player and 2 trainers either way: without --share-data each trainer draws a batch of its own (256, 512 in
+    all); with it the trainers split one batch of --batch-size (512)."""
+    trained = SACConfig(num_envs=1, batch_size=saved_batch, share_data=share_data)
+    checkpoint = decoupled_sac_checkpoint(trained, world_size=3)
+    cfg = dataclasses.replace(trained, share_data=not share_data)
+    assert shares_out(checkpoint, cfg, "decoupled", 3)
+    keep_global_batch(cfg, checkpoint, "decoupled", 3)
+    assert cfg.batch_size == batch_size
+    other = dataclasses.replace(trained, share_data=not share_data, batch_size=100)
+    with pytest.raises(UsageError) as refused:
+        keep_global_batch(other, checkpoint, "decoupled", 3)
+    said = {
+        False: "the checkpoint's 2 trainers ran 512 in all: 512 in one shared batch, not 100; give --batch-size 512",
+        True: "the checkpoint's one shared batch ran 512 in all: 256 per trainer on 2, not 100; give --batch-size 256",
+    }
+    assert str(refused.value) == f"--batch-size: {said[share_data]}"
 
 
 def test_a_checkpoint_resumes_only_in_its_own_mode(runs, tmp_path):
