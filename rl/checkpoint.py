@@ -160,7 +160,8 @@ def restore_run_state(
 
     After a change of world size (`env_ranks` ranks now run envs, not the checkpoint's), the
     per-rank states no longer match any rank: every rank's envs restart from fresh resets,
-    reseeded from the iteration and the new world size, so no two ranks nor rounds share a seed.
+    reseeded from the iteration and the new world size, so no two ranks nor rounds share a seed,
+    and each rank takes its share of what the saved ranks held in common (SAC's replay buffers).
     `role`: what the ranks that run envs are called in this mode's lines (coupled ranks, decoupled players).
     """
     policy.load_state_dict(resume.policy)
@@ -173,11 +174,11 @@ def restore_run_state(
     iteration, saved_ranks = resume.counters.iteration + 1, len(resume.rank_states)
     if env_ranks is not None and env_ranks != saved_ranks:
         source.reset_envs(env_seeds(resume.config["seed"], rank, source.num_envs, iteration, env_ranks))
+        shared = source.take_share(resume.rank_states, rank, env_ranks)
         if rank == 0:
             print_error(
                 f"warning: the checkpoint of {counted(saved_ranks, role)} resumes on {env_ranks}: every {role}'s envs "
-                f"restart from fresh resets ({source.num_envs} per {role}), and no {role}'s own state "
-                "(replay buffer, episode in progress) is restored"
+                f"restart from fresh resets ({source.num_envs} per {role}){shared}"
             )
         return
     fresh_seeds = env_seeds(resume.config["seed"], rank, source.num_envs, iteration)

@@ -165,6 +165,12 @@ class ExperienceSource(Protocol):
     @abstractmethod
     def reset_envs(self, seeds: list[int]) -> None: ...
 
+    def take_share(self, saved: list[dict[str, Any]], rank: int, ranks: int) -> str:
+        """After a change in the number of processes that run envs, whose saved states (`saved`, one per process
+        that wrote the checkpoint) match none of them now: take this one's share (`rank` of `ranks`) of what they
+        hold in common; what became of it, as a clause of the line that says so ("" where nothing is shared)."""
+        return ""
+
     @abstractmethod
     def capture_state(self) -> dict[str, Any]: ...
 

@@ -698,7 +698,7 @@ def test_decoupled_players_and_trainers_resume_in_other_numbers_with_the_same_gl
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert (
         "warning: the checkpoint of 1 player resumes on 2: every player's envs restart from fresh resets (1 per "
-        "player), and no player's own state (replay buffer, episode in progress) is restored" in resumed.stderr
+        "player)\n" in resumed.stderr
     )
     state = torch.load(checkpoints(tmp_path, "decoupled")[-1], weights_only=True)
     assert state["counters"] == {"global_step": 2048, "iteration": 8} and state["world_size"] == 3

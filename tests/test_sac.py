@@ -114,6 +114,34 @@ def test_the_buffer_wraps_around_and_samples_what_it_holds():
     )
 
 
+def saved_buffer(capacity: int, *values: float) -> dict:
+    buffer = ReplayBuffer(capacity, {"x": Column(()), "y": Column((2,))}, torch.device("cpu"))
+    for value in values:
+        buffer.add(x=torch.tensor([value]), y=torch.tensor([[value, -value]]))
+    return buffer.state_dict()
+
+
+def test_saved_buffers_are_shared_out_by_age_among_more_or_fewer_buffers():
+    # Two ranks' buffers of 4, the first wrapped round its ring: rows 10..15 oldest first hold 12..15.
+    saved = [saved_buffer(4, 10, 11, 12, 13, 14, 15), saved_buffer(4, 20, 21, 22, 23)]
+    one = ReplayBuffer(8, {"x": Column(()), "y": Column((2,))}, torch.device("cpu"))
+    one.load_share(saved, 0, 1)
+    assert one.storage["x"].tolist() == [12, 20, 13, 21, 14, 22, 15, 23]  # in step by age, oldest first
+    assert (len(one), one.position) == (8, 0)
+    assert torch.equal(one.storage["y"][:, 1], -one.storage["x"])
+    shares = []
+    for rank in range(3):
+        three = ReplayBuffer(3, one.columns, torch.device("cpu"))
+        three.load_share(saved, rank, 3)
+        shares.append(three.storage["x"][: len(three)].tolist())
+    assert shares == [[12, 21, 15], [20, 14, 23], [13, 22]]  # every row once, each share of every age
+    small = ReplayBuffer(2, one.columns, torch.device("cpu"))
+    small.load_share(saved, 0, 1)  # 8 rows for a capacity of 2: the newest stay
+    assert small.storage["x"].tolist() == [15, 23] and (len(small), small.position) == (2, 0)
+    small.add(x=torch.tensor([30.0]), y=torch.tensor([[30.0, -30.0]]))  # overwrites the oldest
+    assert small.storage["x"].tolist() == [30, 23]
+
+
 def test_a_saved_buffer_holds_its_filled_rows_only(tmp_path):
     buffer = ReplayBuffer(100_000, {"obs": Column((17,))}, torch.device("cpu"))
     buffer.add(obs=torch.ones(10, 17))

@@ -232,6 +232,33 @@ def test_resuming_with_the_buffer_equals_an_uninterrupted_run(tmp_path, args):
         assert all_scalars(part_dir, tag) == all_scalars(full_dir, tag), tag
 
 
+@pytest.mark.parametrize("save_buffer", [True, False], ids=["buffers saved", "buffers not saved"])
+def test_two_ranks_resumed_on_one_share_out_their_replay_buffers_or_refill_before_training(tmp_path, save_buffer):
+    base = [*SHORT, "--eval-episodes", "0", "--checkpoint-every", "400", *(["--save-buffer"] * save_buffer)]
+    part = run_ranks("fabric run", SCRIPTS["fabric"], [*base, "--total-timesteps", "800"], tmp_path, 2)
+    assert part.returncode == 0, part.stderr[-3000:]
+    folder = run_dir(tmp_path, "fabric")
+    saved = folder / "checkpoints" / "step_000000000800.ckpt"
+    # 300 steps more on one rank, which runs both ranks' envs: fewer than --learning-starts 400
+    more = [*base, "--total-timesteps", "1100", "--resume-from", str(saved)]
+    resumed = run_ranks("python", SCRIPTS["fabric"], more, tmp_path, 1)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    changed = (
+        "warning: the checkpoint of 2 ranks resumes on 1: every rank's envs restart from fresh resets (2 per rank)"
+    )
+    final = torch.load(folder / "checkpoints" / "step_000000001100.ckpt", weights_only=True)
+    if save_buffer:
+        assert f"{changed}; the replay buffers' 800 transitions are shared out\n" in resumed.stderr
+        assert final["rank_states"][0]["buffer"]["size"] == 1100  # both ranks' and the new ones
+        return
+    assert (
+        f"{changed}; the replay buffers were not saved (--save-buffer): each refills its share of --learning-starts "
+        "400 transitions before training again\n" in resumed.stderr
+    )
+    before = torch.load(saved, weights_only=True)["policy"]
+    assert all(torch.equal(before[name], value) for name, value in final["policy"].items())  # not trained since
+
+
 def test_evaluation_cli_on_a_sac_checkpoint_with_video(fabric_and_torch_sac_runs):
     folder = fabric_and_torch_sac_runs["fabric"]
     command = [sys.executable, "-m", "rl.evaluate", str(folder / "agent.ckpt"), "--episodes", "2", "--capture-video"]

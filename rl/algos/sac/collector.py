@@ -159,8 +159,22 @@ class ReplayCollector(Collector):
         if "buffer" in state:
             self.buffer.load_state_dict(state["buffer"])
         else:
-            # Refill this rank's share of --learning-starts rows, acting with the policy, before training
-            # again: gradient steps on the first few hundred rows would fit the critics to those alone.
-            share = -(-self.cfg.learning_starts * self.cfg.num_envs // self.steps_per_vector_step)
-            self.rows_before_training = max(self.cfg.batch_size, share)
+            self.refill_before_training()
         return super().restore_state(state, fresh_seeds)
+
+    def take_share(self, saved: list[dict[str, Any]], rank: int, ranks: int) -> str:
+        buffers = [state.get("buffer") for state in saved]
+        if any(buffer is None for buffer in buffers):
+            self.refill_before_training()
+            return (
+                "; the replay buffers were not saved (--save-buffer): each refills its share of --learning-starts "
+                f"{self.cfg.learning_starts:,} transitions before training again"
+            )
+        self.buffer.load_share(buffers, rank, ranks)  # type: ignore[arg-type]
+        return f"; the replay buffers' {sum(buffer['size'] for buffer in buffers):,} transitions are shared out"
+
+    def refill_before_training(self) -> None:
+        """Refill this rank's share of --learning-starts rows, acting with the policy, before training again:
+        gradient steps on the first few hundred rows would fit the critics to those alone."""
+        share = -(-self.cfg.learning_starts * self.cfg.num_envs // self.steps_per_vector_step)
+        self.rows_before_training = max(self.cfg.batch_size, share)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -59,11 +60,34 @@ class ReplayBuffer:
             "storage": {name: values[: self.size].to("cpu", copy=True) for name, values in self.storage.items()},
         }
 
+    def load_share(self, saved: list[dict[str, Any]], rank: int, ranks: int) -> None:
+        """Hold share `rank` of `ranks` of the transitions that the `saved` buffers held (their `state_dict`s),
+        in place of its own. Their rows are taken in step by their age within their own buffer and dealt out in
+        turn, so that every share holds rows of every age, oldest first; where a share exceeds the capacity, its
+        newest rows stay."""
+        oldest_first = [ring_order(state["position"], state["size"]) for state in saved]
+        ages = torch.cat([(torch.arange(len(rows)) + 0.5) / len(rows) for rows in oldest_first])
+        dealt = torch.sort(ages, stable=True).indices[rank::ranks][-self.capacity :].contiguous()
+        starts = torch.tensor([0, *itertools.accumulate(len(rows) for rows in oldest_first)])
+        buffer_of = torch.searchsorted(starts, dealt, right=True) - 1  # which saved buffer each dealt row is from
+        for name, values in self.storage.items():
+            share = torch.empty((len(dealt), *values.shape[1:]), dtype=values.dtype)
+            for index, state in enumerate(saved):
+                places = (buffer_of == index).nonzero().squeeze(1)
+                share[places] = state["storage"][name][oldest_first[index][dealt[places] - starts[index]]]
+            values[: len(dealt)] = share.to(values.device)
+        self.position, self.size = len(dealt) % self.capacity, len(dealt)
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         check_buffer_holds(state["size"], self.capacity)
         for name, values in state["storage"].items():
             self.storage[name][: len(values)] = values.to(self.device)
         self.position, self.size = state["position"], state["size"]
+
+
+def ring_order(position: int, size: int) -> Tensor:
+    """The rows of a ring of `size` rows whose next row goes to `position`, oldest first."""
+    return (torch.arange(size) + position) % max(size, 1)
 
 
 def check_buffer_holds(saved_rows: int, capacity: int) -> None:
