@@ -316,8 +316,9 @@ class Evaluation:
 @dataclass
 class TrainingLoop:
     """Iterations from `first_iteration` to `num_iterations`, with a report every `report_every` and the last;
-    at a report the processes agree whether to checkpoint or stop. `keeps_clock`: this process keeps the
-    checkpoint clock (one process does, so that all agree)."""
+    at a report the processes agree whether to checkpoint or stop. `keeps_clock`: this process keeps a
+    checkpoint clock, whose checkpoint the mode's `agree` makes every process's (one process keeps it, or each
+    Hogwild worker, the first due asking all)."""
 
     cfg: RunConfig
     body: LoopBody

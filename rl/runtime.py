@@ -50,9 +50,7 @@ def joining_the_job(timeout: timedelta) -> Iterator[None]:
     notice.start()
     try:
         yield
-    except dist.DistNetworkError as error:
-        raise joining_failed(error, seconds) from None
-    except dist.DistStoreError as error:
+    except (dist.DistNetworkError, dist.DistStoreError) as error:
         raise joining_failed(error, seconds) from None
     finally:
         notice.cancel()
@@ -73,11 +71,11 @@ def joining_failed(error: dist.DistError, timeout_seconds: float) -> Exception:
         joined, world_size = int(clients[1]), int(clients[2])
         who = f"{world_size - joined} of the job's {counted(world_size, 'process', 'processes')}"
         return RunStopped(f"{this_process()}: {did_not_join(who, timeout_seconds)}")
+    address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+    if under_torchelastic() and isinstance(error, dist.DistNetworkError):  # the agent that started it hosts it
+        return RunStopped(f"{this_process()}: the job's store at {address} (torchrun's) could not be reached")
     if "timed out" not in text.lower():
         return error
-    address = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
-    if under_torchelastic():  # the launcher's agent, which started this process, hosts the store
-        return RunStopped(f"{this_process()}: the job's store at {address} (torchrun's) could not be reached")
     who = f"rank 0, which hosts the job's store at {address},"  # not reached: it has not started
     return RunStopped(f"{this_process()}: {did_not_join(who, timeout_seconds)}")
 

@@ -126,6 +126,23 @@ def test_a_process_whose_peer_never_starts_says_it_waits_then_names_who_did_not_
     ), lines
 
 
+def test_a_rank_that_cannot_reach_torchruns_store_names_the_store(tmp_path):
+    # As torchrun starts a rank (its job id, its agent's store), on a node whose agent no longer answers.
+    port = free_port()
+    under_torchrun = hand_started_rank(1, port) | {"TORCHELASTIC_RUN_ID": "job", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    finished = subprocess.run(
+        [sys.executable, str(SCRIPTS["torch"]), "--no-progress-bar", "--collective-timeout", "3"],
+        cwd=tmp_path,
+        env=child_env() | under_torchrun,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert finished.returncode == 1, finished.stderr[-3000:]
+    lines = finished.stderr.strip().split("\n")
+    assert lines[-1] == f"error: rank 1: the job's store at 127.0.0.1:{port} (torchrun's) could not be reached", lines
+
+
 # A peer that holds its end of a connection at its highest descriptor, above thousands of open
 # files: the kernel closes a dying process's files newest first, so the connection drops long
 # before the process is a zombie.
