@@ -24,6 +24,7 @@ import gymnasium as gym
 import numpy as np
 
 from rl.errors import RunStopped, how_it_ended, print_error
+from rl.gil_watch import entering_env_call
 
 if TYPE_CHECKING:
     from rl.multi_input import MultiInputLayout
@@ -61,6 +62,7 @@ class EnvCall:
 
     def __enter__(self) -> None:
         self.began[threading.get_ident()] = time.monotonic()
+        entering_env_call()
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
         self.began.pop(threading.get_ident(), None)

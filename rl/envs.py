@@ -23,6 +23,7 @@ from rl import masked_cartpole, pixel_cartpole, two_cues  # noqa: F401  (registe
 from rl.env_faults import WorkerEndsNamed, env_frames, own_frames, summary
 from rl.errors import UsageError, did_you_mean, listed, print_error
 from rl.faults import signal_when_parent_dies
+from rl.gil_watch import envs_step_here
 from rl.multi_input import (
     MultiInputLayout,
     PackObservations,
@@ -607,6 +608,8 @@ def make_vector_env(
             )
         else:
             envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    if mode != "async":
+        envs_step_here()
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)
 
 

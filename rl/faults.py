@@ -32,6 +32,7 @@ from torch import Tensor
 from rl.elastic import job_store_client, name_this_process, record_fault, under_torchelastic
 from rl.env_faults import stalled_env_call
 from rl.errors import INTERRUPTED_EXIT_CODE, RunStopped, listed, print_error
+from rl.gil_watch import watch_env_calls, watching_env_calls
 from rl.optim import TrainingDiverged
 
 LOST_CONNECTION = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Timed out", "timed out")
@@ -326,7 +327,9 @@ def name_a_stalled_env_when_stopped(
     role: str, collective_timeout: float, asks_for_a_stop: Callable[[], bool] = lambda: False
 ) -> None:
     """From now on SIGTERM ends this process as it would have, after a line naming an env call that had stalled,
-    unless `asks_for_a_stop` takes it (as a request for the checkpoint and stop that Ctrl-C asks for) and says so."""
+    unless `asks_for_a_stop` takes it (as a request for the checkpoint and stop that Ctrl-C asks for) and says so.
+    An env call that holds Python's lock, where no handler runs, is named as it stalls (`rl.gil_watch`)."""
+    watch_env_calls(role, stall_seconds(collective_timeout))
 
     def stopped(signum: int, frame: object) -> None:
         if asks_for_a_stop():
@@ -544,7 +547,10 @@ def report_lost_peers(
     # A launcher killed outright (SIGKILL) cannot stop its ranks: they stop themselves, or they would train on alone.
     launched = on_main_thread() and "TORCHELASTIC_RUN_ID" in os.environ
     try:
-        with stopped_with_parent(watch.launcher_lost) if launched else contextlib.nullcontext():
+        with (
+            stopped_with_parent(watch.launcher_lost) if launched else contextlib.nullcontext(),
+            watching_env_calls(watch.role, watch.stall_seconds),
+        ):
             yield
     except (TrainingDiverged, RunStopped):
         raise  # it names what happened, whether or not a peer has already exited over it

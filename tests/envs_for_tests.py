@@ -1,5 +1,6 @@
 """Envs that only tests need, registered on import: `--env-id envs_for_tests:UnboundedActions-v0`."""
 
+import ctypes
 import os
 import signal
 import sys
@@ -450,11 +451,21 @@ class ImageAndText(FixedLength):
 gym.register("ImageAndText-v0", entry_point=ImageAndText)
 
 
+def wait_forever_holding_the_gil() -> None:
+    """What a simulator's native step can do: wait forever, through any signal, keeping Python's interpreter lock (a
+    call through ctypes.PyDLL keeps it)."""
+    mutex = ctypes.create_string_buffer(64)  # zeroed: an unlocked mutex of the default kind
+    lock = ctypes.PyDLL(None).pthread_mutex_lock
+    lock(mutex)
+    lock(mutex)  # it waits for itself
+
+
 class Misbehaves(gym.Env):
     """From its `after`th step on (counted over the env's life), `fault`: "raise" (a RuntimeError from a helper),
     "nan_observation", "nan_last_observation" (NaN only in an episode's last observation), "inf_reward",
     "wrong_shape" (an observation of 4 values, where its space holds 3), "hang" (a
-    step that never returns, after touching the file HANG_MARKER names), "die_once" (the first env to get there,
+    step that never returns, after touching the file HANG_MARKER names), "hang_holding_the_gil" (the same, in native
+    code that keeps Python's interpreter lock), "die_once" (the first env to get there,
     the one that creates the file DIE_MARKER names, kills its own process), "raise_on_close" (its close raises),
     or "as_asked" (the fault that MISBEHAVE
     names in the environment, where it is set); only in the process of rank `on_rank`, where it is given."""
@@ -487,6 +498,8 @@ class Misbehaves(gym.Env):
                 reward = float("inf")
             if fault == "hang":
                 self.hang()
+            if fault == "hang_holding_the_gil":
+                self.hang_holding_the_gil()
             if fault == "die_once":
                 self.die_once()
         return obs, reward, False, self.steps >= 20, {}
@@ -511,6 +524,11 @@ class Misbehaves(gym.Env):
     def hang():
         Path(os.environ["HANG_MARKER"]).touch()
         time.sleep(3600)
+
+    @staticmethod
+    def hang_holding_the_gil():
+        Path(os.environ["HANG_MARKER"]).touch()
+        wait_forever_holding_the_gil()
 
 
 gym.register("Misbehaves-v0", entry_point=Misbehaves)

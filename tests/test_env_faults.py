@@ -3,10 +3,12 @@ env's call and what it did; one that raised shows its own frames above that line
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import multiprocessing
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -28,8 +30,10 @@ from conftest import (
 )
 
 import rl
-from rl.env_faults import INSTALLED, is_env_code
+from rl import gil_watch
+from rl.env_faults import ENV_STEP, INSTALLED, is_env_code
 from rl.envs import make_vector_env
+from rl.gil_watch import envs_step_here, watching_env_calls
 
 MISBEHAVES = ["--env-id", "envs_for_tests:Misbehaves-v0"]
 # One env, 64 steps an iteration: its 300th step falls in the iteration after the checkpoint at step 256.
@@ -176,9 +180,9 @@ def test_every_process_ends_and_names_what_happened(tmp_path, mode):
     assert "Traceback" not in ours, done.stderr
 
 
-def hangs(on_rank: int | None = None) -> list[str]:
+def hangs(on_rank: int | None = None, fault: str = "hang") -> list[str]:
     """Flags of a run whose env's 100th step never returns (in the process of `on_rank` only, where given)."""
-    kwargs = f'{{"after": 100, "fault": "hang", "on_rank": {"null" if on_rank is None else on_rank}}}'
+    kwargs = f'{{"after": 100, "fault": "{fault}", "on_rank": {"null" if on_rank is None else on_rank}}}'
     return [*MISBEHAVES, "--env-kwargs", kwargs, *QUICK]
 
 
@@ -268,20 +272,28 @@ def test_a_second_ctrl_c_stops_a_run_whose_env_step_hangs_at_once(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_rank_whose_env_step_hangs_names_it_once_the_ranks_that_waited_for_it_give_up(tmp_path):
-    command = launch_command("fabric run", SCRIPTS["fabric"], [*hangs(on_rank=1), "--collective-timeout", "4"], 2)
-    done = run(command, tmp_path, {"HANG_MARKER": str(tmp_path / "hanging")})
+@pytest.mark.parametrize("fault", ["hang", "hang_holding_the_gil"])
+def test_the_rank_whose_env_step_hangs_names_it_once_the_ranks_that_waited_for_it_give_up(tmp_path, fault):
+    args = [*hangs(on_rank=1, fault=fault), "--collective-timeout", "4"]
+    done = run(launch_command("fabric run", SCRIPTS["fabric"], args, 2), tmp_path, {"HANG_MARKER": str(tmp_path / "m")})
     assert done.returncode != 0
-    lines = error_lines(done.stderr)
-    assert lines[0].startswith(
+    lines = [line for line in done.stderr.splitlines() if line.startswith(("error:", "warning:"))]
+    gave_up = (
         "error: rank 0: another rank did not reach a collective within --collective-timeout, and no process of the "
         "job is known to have ended: "
-    ), done.stderr[-3000:]
-    assert re.fullmatch(
-        r"error: rank 1: the env's step had not returned after \d+ s; stopped by the launcher once it lost rank 0: "
-        r"its process ended",
-        lines[1],
-    ), done.stderr[-3000:]
+    )
+    if fault == "hang":
+        assert lines[0].startswith(gave_up), done.stderr[-3000:]
+        assert re.fullmatch(
+            r"error: rank 1: the env's step had not returned after \d+ s; stopped by the launcher once it lost rank "
+            r"0: its process ended",
+            lines[1],
+        ), done.stderr[-3000:]
+    else:  # named as it stalls: once held, it can say nothing more, and the launcher's SIGKILL ends it
+        assert lines[0].startswith("warning: rank 1: an env call has held Python's interpreter lock for 2 s, in"), (
+            done.stderr[-3000:]
+        )
+        assert lines[1].startswith(gave_up) and len(lines) == 2, done.stderr[-3000:]
 
 
 def test_rl_evaluate_names_what_the_env_did(tmp_path):
@@ -347,3 +359,83 @@ def test_a_call_that_has_not_returned_is_found_while_another_threads_call_return
         release.set()
         hung.join()
     assert stalled_env_call(0.0) == ""
+
+
+def hold_the_gil(seconds: float) -> None:
+    """Native code that keeps Python's interpreter lock for `seconds` (a call through ctypes.PyDLL keeps it)."""
+    ctypes.PyDLL(None).usleep(int(seconds * 1e6))
+
+
+def step_holding_the_gil(seconds: float) -> None:
+    with ENV_STEP:
+        hold_the_gil(seconds)
+
+
+def test_an_env_call_that_holds_pythons_lock_is_named_from_outside_the_lock_and_a_hold_elsewhere_is_not(capfd):
+    # No Python thread runs while the lock is held, so no handler or thread of this process can name the call.
+    with watching_env_calls("rank 0", 1.0):
+        envs_step_here()
+        step_holding_the_gil(0.3)  # shorter than the watch's 1 s
+        hold_the_gil(2.5)  # long, but in no env call: a checkpoint's load, say
+        step_holding_the_gil(2.5)  # at once after it, with no moment for the watch to run between
+        reporter = gil_watch._watch.reporter
+    assert reporter.returncode == 0  # the watch ends with the role
+    assert capfd.readouterr().err.splitlines() == [
+        "warning: rank 0: an env call has held Python's interpreter lock for 1 s, in native code called from "
+        f"{__file__}, line {hold_the_gil.__code__.co_firstlineno + 2}, in hold_the_gil: Ctrl-C and SIGTERM wait for "
+        "it to return; kill -9 ends it"
+    ]
+
+
+def test_a_run_whose_env_step_holds_pythons_lock_names_it_and_leaves_no_watcher_once_killed(tmp_path):
+    marker = tmp_path / "hanging"
+    kwargs = '{"after": 100, "fault": "hang_holding_the_gil"}'
+    args = [*MISBEHAVES, "--env-kwargs", kwargs, *QUICK, "--collective-timeout", "4"]
+    job = start("python", SCRIPTS["fabric"], args, tmp_path, 1, {"HANG_MARKER": str(marker)})
+    try:
+        line = ""  # the run prints nothing else before it
+        if select.select([job.stderr], [], [], 60)[0]:
+            line = job.stderr.readline()
+        watcher = child_pids(job.pid)
+        stderr, left = kill_outright(job, watcher)  # Ctrl-C and SIGTERM would wait for the step
+    finally:
+        kill_process_group(job)
+    assert marker.exists()
+    assert re.fullmatch(
+        r"warning: rank 0: an env call has held Python's interpreter lock for 2 s, in native code called from "
+        r".*envs_for_tests\.py, line \d+, in wait_forever_holding_the_gil: Ctrl-C and SIGTERM wait for it to "
+        r"return; kill -9 ends it",
+        line.strip(),
+    ), line + stderr[-3000:]
+    assert len(watcher) == 1 and not left
+
+
+STEPS_FOR_5_SECONDS = """
+import ctypes
+from rl.env_faults import ENV_STEP
+from rl.gil_watch import envs_step_here, watching_env_calls
+with watching_env_calls("rank 0", 1.0):
+    envs_step_here()
+    with ENV_STEP:
+        print("stepping", flush=True)
+        for _ in range(50):  # a simulator's steps: 0.1 s each in native code that keeps the lock
+            ctypes.PyDLL(None).usleep(100_000)
+print("done", flush=True)
+"""
+
+
+def test_a_process_stopped_in_an_env_call_and_resumed_is_not_taken_for_one_holding_pythons_lock(tmp_path):
+    # Ctrl-Z, a debugger, a machine too busy to run it: faulthandler's timer fires as soon as the process runs again,
+    # before the thread that re-arms it can take the lock from the step that held it when it stopped.
+    job = subprocess.Popen(
+        [sys.executable, "-c", STEPS_FOR_5_SECONDS], env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert job.stdout.readline() == b"stepping\n"
+        job.send_signal(signal.SIGSTOP)
+        time.sleep(3)  # 3 times the watch's seconds
+        job.send_signal(signal.SIGCONT)
+        stdout, stderr = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert (stdout, stderr) == (b"done\n", b"")
