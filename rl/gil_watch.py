@@ -47,7 +47,9 @@ class GilWatch:
         self.period = min(1.0, seconds / 4)
         read_end, self.pipe = os.pipe()
         command = [sys.executable, "-I", "-S", os.path.abspath(__file__), role, f"{seconds:g}", f"{self.period:g}"]
-        self.reporter = subprocess.Popen(command, stdin=read_end)
+        # A session of its own: Ctrl-C, and signals sent to the job's process group, are the run's to handle. It ends
+        # as the run does, by the pipe's end.
+        self.reporter = subprocess.Popen(command, stdin=read_end, start_new_session=True)
         os.close(read_end)
         self.sites: set[CodeType] = set()
         self.stopped = threading.Event()
