@@ -47,10 +47,13 @@ class GilWatch:
         self.period = min(1.0, seconds / 4)
         read_end, self.pipe = os.pipe()
         command = [sys.executable, "-I", "-S", os.path.abspath(__file__), role, f"{seconds:g}", f"{self.period:g}"]
-        # A session of its own: Ctrl-C, and signals sent to the job's process group, are the run's to handle. It ends
-        # as the run does, by the pipe's end.
-        self.reporter = subprocess.Popen(command, stdin=read_end, start_new_session=True)
-        os.close(read_end)
+        try:  # a session of its own: Ctrl-C, and signals sent to the job's process group, are the run's to handle
+            self.reporter = subprocess.Popen(command, stdin=read_end, start_new_session=True)
+        except OSError:
+            os.close(self.pipe)
+            raise
+        finally:
+            os.close(read_end)
         self.sites: set[CodeType] = set()
         self.stopped = threading.Event()
         # Taken to arm the timer or write down the pipe: once `stop` closed it, its number may be another file's.
@@ -132,7 +135,9 @@ def envs_step_here() -> None:
     """Envs that step in this process were made: watch them, where this process's role watches."""
     global _watch
     if _role is not None and _watch is None:
-        _watch = GilWatch(*_role)
+        # A watch that cannot start (its Python gone from under a long run, say) leaves the run as it was.
+        with contextlib.suppress(OSError):
+            _watch = GilWatch(*_role)
 
 
 def entering_env_call() -> None:

@@ -373,18 +373,27 @@ def step_holding_the_gil(seconds: float) -> None:
 
 def test_an_env_call_that_holds_pythons_lock_is_named_from_outside_the_lock_and_a_hold_elsewhere_is_not(capfd):
     # No Python thread runs while the lock is held, so no handler or thread of this process can name the call.
-    with watching_env_calls("rank 0", 1.0):
+    with watching_env_calls("rank 0", 1.5):
         envs_step_here()
-        step_holding_the_gil(0.3)  # shorter than the watch's 1 s
-        hold_the_gil(2.5)  # long, but in no env call: a checkpoint's load, say
-        step_holding_the_gil(2.5)  # at once after it, with no moment for the watch to run between
+        step_holding_the_gil(0.3)  # shorter than the watch's 1.5 s
+        hold_the_gil(3.0)  # long, but in no env call: a checkpoint's load, say
+        step_holding_the_gil(3.0)  # at once after it, with no moment for the watch to run between
         reporter = gil_watch._watch.reporter
     assert reporter.returncode == 0  # the watch ends with the role
     assert capfd.readouterr().err.splitlines() == [
-        "warning: rank 0: an env call has held Python's interpreter lock for 1 s, in native code called from "
+        "warning: rank 0: an env call has held Python's interpreter lock for 1.5 s, in native code called from "
         f"{__file__}, line {hold_the_gil.__code__.co_firstlineno + 2}, in hold_the_gil: Ctrl-C and SIGTERM wait for "
         "it to return; kill -9 ends it"
     ]
+
+
+def test_a_watch_that_cannot_start_leaves_the_run_as_it_was(monkeypatch):
+    monkeypatch.setattr(sys, "executable", "/no/such/python")  # gone from under a long run
+    with watching_env_calls("rank 0", 1.0):
+        envs_step_here()
+        with ENV_STEP:
+            pass
+        assert gil_watch._watch is None
 
 
 def test_a_run_whose_env_step_holds_pythons_lock_names_it_and_leaves_no_watcher_once_killed(tmp_path):
@@ -410,15 +419,15 @@ def test_a_run_whose_env_step_holds_pythons_lock_names_it_and_leaves_no_watcher_
     assert len(watcher) == 1 and not left
 
 
-STEPS_FOR_5_SECONDS = """
+STEPS_FOR_7_SECONDS = """
 import ctypes
 from rl.env_faults import ENV_STEP
 from rl.gil_watch import envs_step_here, watching_env_calls
-with watching_env_calls("rank 0", 1.0):
+with watching_env_calls("rank 0", 2.0):
     envs_step_here()
     with ENV_STEP:
         print("stepping", flush=True)
-        for _ in range(50):  # a simulator's steps: 0.1 s each in native code that keeps the lock
+        for _ in range(70):  # a simulator's steps: 0.1 s each in native code that keeps the lock
             ctypes.PyDLL(None).usleep(100_000)
 print("done", flush=True)
 """
@@ -428,12 +437,12 @@ def test_a_process_stopped_in_an_env_call_and_resumed_is_not_taken_for_one_holdi
     # Ctrl-Z, a debugger, a machine too busy to run it: faulthandler's timer fires as soon as the process runs again,
     # before the thread that re-arms it can take the lock from the step that held it when it stopped.
     job = subprocess.Popen(
-        [sys.executable, "-c", STEPS_FOR_5_SECONDS], env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, "-c", STEPS_FOR_7_SECONDS], env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     try:
         assert job.stdout.readline() == b"stepping\n"
         job.send_signal(signal.SIGSTOP)
-        time.sleep(3)  # 3 times the watch's seconds
+        time.sleep(4.5)  # past the watch's 2 s, and its timer's 0.5 s more
         job.send_signal(signal.SIGCONT)
         stdout, stderr = job.communicate(timeout=60)
     finally:
