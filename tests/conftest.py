@@ -217,6 +217,17 @@ def running(pid: int) -> bool:
         return False
 
 
+def without_lock_watchers(pids: list[int]) -> list[int]:
+    """`pids` but the runs' lock watchers (`rl/gil_watch.py`, one beside each process that steps envs), which end
+    with their runs."""
+    watchers = []
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if b"gil_watch.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                watchers.append(pid)
+    return [pid for pid in pids if pid not in watchers]
+
+
 def kill_outright(job: subprocess.Popen, children: list[int]) -> tuple[str, list[int]]:
     """SIGKILL `job` alone, as kill -9 or the out-of-memory killer would: its stderr to the end (which children it
     started hold open too), and those of `children` still running after it."""
