@@ -98,7 +98,12 @@ class RowCodec(Generic[Batch]):
     def column(self, rows: Tensor, name: str) -> Tensor:
         """Column `name` of `rows` (a copy, unless it is their only column)."""
         column = self.columns[name]
-        return rows[:, self.slices[name]].contiguous().view(column.dtype).reshape(len(rows), *column.shape)
+        part = rows[:, self.slices[name]]
+        if part.shape[1] != rows.shape[1]:
+            # A fresh copy, aligned for the column's dtype: `contiguous()` would keep a single row's
+            # stride and offset, which need not be multiples of the dtype's size.
+            part = part.clone(memory_format=torch.contiguous_format)
+        return part.view(column.dtype).reshape(len(rows), *column.shape)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -37,7 +38,7 @@ from rl.algos.ppo.algorithm import PPO
 from rl.algos.ppo.config import PPOConfig
 from rl.algos.ppo.rollout import Batch
 from rl.algos.ppo.update import MinibatchSchedule
-from rl.batch import shard_sizes
+from rl.batch import Column, RowCodec, TensorBatch, shard_sizes
 from rl.cli import prepare
 from rl.config import RunConfig
 from rl.envs import inspect_env
@@ -381,6 +382,25 @@ def test_codec_round_trips_every_action_space():
         unpacked = codec.unpack(rows)
         for name in codec.columns:
             assert torch.equal(getattr(unpacked, name), getattr(batch, name)), (env_id, name)
+
+
+@dataclass
+class FlagAndValues(TensorBatch):
+    flag: torch.Tensor
+    values: torch.Tensor
+
+
+def test_codec_unpacks_a_single_row_whose_columns_lie_off_their_dtypes_alignment():
+    # A row of 1 + 12 bytes: the floats start at byte 1, and the row's width is no multiple of 4. A single
+    # row (a recurrent batch of one sequence, a shard of one row) counts as contiguous whatever its stride.
+    codec = RowCodec(FlagAndValues, {"flag": Column((1,), torch.bool), "values": Column((3,), torch.float32)})
+    batch = FlagAndValues(flag=torch.tensor([[True], [False], [True]]), values=torch.randn(3, 3))
+    rows = codec.empty_rows(3)
+    codec.pack(batch, rows)
+    for picked in (slice(0, 1), slice(1, 2), slice(0, 3), slice(1, 3)):
+        unpacked = codec.unpack(rows[picked])
+        assert torch.equal(unpacked.flag, batch.flag[picked]), picked
+        assert torch.equal(unpacked.values, batch.values[picked]), picked
 
 
 def test_shards_are_near_equal_and_minibatch_counts_match():
