@@ -28,6 +28,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, get_args
 
+import torch
 import tyro
 
 from rl.compiling import CompileMode, check_compiler
@@ -750,8 +751,7 @@ def parse_config_flags(
     else:  # a resumed run's own flags, where it has them
         from_file = resumed_run_values(config_type, checkpoint, mode) if checkpoint else {}
     name = flag_value(argv, "--preset") or from_file.get("preset")
-    resumed_folder = run_dir_of(checkpoint) if checkpoint else None
-    flags_file = config_path or (os.path.join(resumed_folder, CONFIG_FILENAME) if resumed_folder else None)
+    flags_file = config_path or (resumed_run_flags_file(checkpoint) if checkpoint else None)
     check_one_preset(name, from_file, flags_file)
     preset = {} if name is None else preset_values(config_type, name)
     base = preset | from_file | ({} if name is None else {"preset": name})
@@ -853,20 +853,55 @@ def schedule_advice(key: Any, value: Any, fields_here: dict[str, Any]) -> str:
 
 
 def resumed_run_values(config_type: type[RunConfig], checkpoint: str, mode: str | None) -> dict[str, Any]:
-    """With `--resume-from` and no `--config`: the flags the run was started with (its folder's config file), for
-    the command line to change; {} where there is none. Another algorithm's fields, and another mode's than `mode`,
-    are left out: the checkpoint names the algorithm and mode it was written in."""
-    run_dir = run_dir_of(checkpoint)
-    path = os.path.join(run_dir, CONFIG_FILENAME) if run_dir else ""
-    if not os.path.isfile(path):
-        return {}
-    if read_config_file(path).get(ALGORITHM_KEY, config_type.ALGORITHM) != config_type.ALGORITHM:
-        return {}  # another algorithm's run, which the checkpoint's check names: its values mean other things here
-    values = config_file_values(config_type, path, others=True)
-    values.pop("resume_from", None)  # the file of a resumed run names the checkpoint it resumed from
+    """With `--resume-from` and no `--config`: the flags the run was started with, for the command line to change:
+    its folder's config file's, or for a checkpoint moved out of its folder the config the checkpoint holds; {}
+    where there is neither. Another algorithm's fields, and another mode's than `mode`, are left out: the checkpoint
+    names the algorithm and mode it was written in."""
+    path = resumed_run_flags_file(checkpoint)
+    values = (
+        folder_config_values(config_type, path) if path != checkpoint else checkpoint_config_values(config_type, path)
+    )
+    values.pop("resume_from", None)  # a resumed run's flags name the checkpoint it resumed from
     values.pop("cuda_graphs", None)  # it followed from the run's --cuda: it follows this one's
     others = other_modes_fields(config_type, mode) if mode is not None else []
     return {name: value for name, value in values.items() if name not in others}
+
+
+def resumed_run_flags_file(checkpoint: str) -> str:
+    """Where a resumed run's own flags are kept: its folder's config file, or the checkpoint itself where it lies
+    outside a run folder that has one (copied elsewhere, say)."""
+    run_dir = run_dir_of(checkpoint)
+    path = os.path.join(run_dir, CONFIG_FILENAME) if run_dir else ""
+    return path if os.path.isfile(path) else checkpoint
+
+
+def folder_config_values(config_type: type[RunConfig], path: str) -> dict[str, Any]:
+    """The flags in a run folder's config file; {} for another algorithm's run."""
+    if read_config_file(path).get(ALGORITHM_KEY, config_type.ALGORITHM) != config_type.ALGORITHM:
+        return {}  # another algorithm's run, which the checkpoint's check names: its values mean other things here
+    return config_file_values(config_type, path, others=True)
+
+
+# Where a run resumed from a checkpoint outside its folder writes: its own folder, named as a new run's.
+NOT_FROM_A_MOVED_CHECKPOINT = ("run_name", "log_dir")
+
+
+def checkpoint_config_values(config_type: type[RunConfig], path: str) -> dict[str, Any]:
+    """The flags a checkpoint's run was trained with, from the config the file holds, read without loading its
+    tensors; {} for another algorithm's file, or one that cannot be read (resuming from it says why). A field
+    that follows others (`FOLLOWING_DEFAULTS`) at the value they gave it is left to follow this run's flags."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # torch.load raises many kinds; the checks that load the file to resume name the problem
+        return {}
+    if not isinstance(state, dict) or state.get("algorithm") != config_type.ALGORITHM:
+        return {}
+    known = {member.name for member in fields(config_type)}
+    leave_out = {*NOT_IN_CONFIG_FILES, *NOT_FROM_A_MOVED_CHECKPOINT}
+    saved = {name: value for name, value in dict(state.get("config") or {}).items() if name in known - leave_out}
+    trained = config_type(**saved)
+    following = trained.following_defaults()
+    return {name: value for name, value in saved.items() if name not in following or following[name] != value}
 
 
 CHECKPOINT_DIR = "checkpoints"  # a run folder's training checkpoints

@@ -945,6 +945,25 @@ def test_a_preset_beside_flags_written_with_another_preset_or_none_is_refused(tm
     assert (cfg.num_steps, cfg.num_envs, cfg.preset) == (64, 4, "cartpole")
 
 
+def test_a_checkpoint_away_from_its_run_folder_gives_its_own_flags_but_its_folder(tmp_path):
+    """Copied elsewhere, a checkpoint has no config file beside it: the config it holds gives the run's flags where
+    the command line gives none, but the run's name and log folder (it takes a folder of its own here), and a
+    following default at the value it followed (it follows this run's flags)."""
+    trained = parse_config(["sac", "--preset", "pendulum", "--seed", "3", "--run-name", "theirs", "--log-dir", "/gone"])
+    trained.update_while_stepping = True  # chosen, against --cuda's default: it carries over
+    loose = tmp_path / "step_000000002048.ckpt"
+    torch.save({"algorithm": "sac", "config": trained.to_dict()}, loose)
+    resumed = parse_config(["sac", "--resume-from", str(loose), "--gamma", "0.9"])
+    assert (resumed.env_id, resumed.seed, resumed.preset, resumed.gamma) == ("Pendulum-v1", 3, "pendulum", 0.9)
+    assert (resumed.run_name, resumed.log_dir, resumed.update_while_stepping) == (None, "logs", True)
+    trained.update_while_stepping = False  # as --cuda's default left it on a CPU: it follows this run's --cuda
+    torch.save({"algorithm": "sac", "config": trained.to_dict()}, loose)
+    assert parse_config(["sac", "--resume-from", str(loose), "--cuda"]).update_while_stepping
+    with pytest.raises(UsageError, match="step_000000002048.ckpt holds the flags of a run with preset pendulum"):
+        parse_config(["sac", "--resume-from", str(loose), "--preset", "hopper"])
+    assert parse_config(["--resume-from", str(loose)]).env_id == "CartPole-v1"  # another algorithm's: not its flags
+
+
 def test_a_config_file_takes_numbers_yaml_leaves_as_text_and_a_lone_value_for_a_list(tmp_path):
     """PyYAML reads 3e-4 and 1e6 as text (YAML 1.1 wants 3.0e-4): they are numbers all the same."""
     path = tmp_path / "run.yaml"
