@@ -15,6 +15,7 @@ import ctypes
 import functools
 import itertools
 import os
+import re
 import signal
 import socket
 import sys
@@ -44,12 +45,23 @@ class PeerLost(Exception):
     def __init__(self, peer: str, detail: str) -> None:
         super().__init__(peer)
         self.peer = peer
-        self.detail = detail.splitlines()[0] if detail else "no detail"
+        self.detail = collective_failure(detail)
 
     @property
     def timed_out(self) -> bool:
         """The collective gave up waiting, rather than losing its connection."""
         return "timed out" in self.detail.lower()
+
+
+SOURCE_LOCATION = re.compile(r"^\[[^\]]*\]\s*")  # gloo's "[.../pair.cc:553] " before what happened
+
+
+def collective_failure(detail: str) -> str:
+    """What a failed collective's error says happened, in its first sentence: gloo's adds the line of its source
+    that raised it, and advice meant for whoever reads a crashed process's log."""
+    first_line = detail.strip().splitlines()[0] if detail.strip() else ""
+    what = SOURCE_LOCATION.sub("", first_line).split(". ")[0].rstrip(".")
+    return what or "no detail"
 
 
 @contextmanager

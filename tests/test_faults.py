@@ -30,7 +30,7 @@ from torch import nn
 
 from rl.algos.sac.config import SACConfig
 from rl.errors import listed
-from rl.faults import SIGTERM_STOP_SECONDS, HeldSigterm, process_ended, sigterm_stop_record
+from rl.faults import SIGTERM_STOP_SECONDS, HeldSigterm, PeerLost, process_ended, sigterm_stop_record
 from rl.optim import FlatGradients
 from rl.runtime import TorchRuntime
 
@@ -167,6 +167,19 @@ def test_the_processes_lost_are_listed_as_a_sentence_lists_them():
         "rank 1 and rank 2",
         "player 0, player 1 and trainer 3",
     ]
+
+
+def test_a_lost_peers_detail_is_what_happened_without_gloos_source_line_or_advice():
+    closed = (
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:932. This is typically caused by a remote worker crashing. Check the logs of the remote worker "
+        "before reporting an error. GLHF! \U0001f3d6\ufe0f\nmore lines"
+    )
+    assert PeerLost("trainer 1", closed).detail == "Connection closed by peer [127.0.0.1]:932"
+    waited = "Timed out waiting 300000ms for recv operation to complete"
+    lost = PeerLost("rank 1", f"[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] {waited}")
+    assert lost.detail == waited and lost.timed_out
+    assert PeerLost("rank 1", "").detail == "no detail"
 
 
 def test_a_killed_peer_counts_as_ended_as_soon_as_its_connection_drops():
