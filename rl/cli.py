@@ -656,8 +656,9 @@ def check_env_steps_apply(cfg: RunConfig, spaces: EnvSpaces) -> None:
     defaults = type(cfg)()
     observes = f"{spaces.env_id} observes {space_summary(spaces.observation_space)}"
     not_atari = f"{spaces.env_id} is not one"
+    images_as_given = ", whose image keys come as the env gives them" if spaces.multi_input else ""
     groups = (  # (flags, what they apply to, whether this env is that, what this env is instead)
-        (IMAGE_STEPS, "image observations", spaces.pixels, observes),
+        (IMAGE_STEPS, "image observations", spaces.pixels, observes + images_as_given),
         (
             ATARI_FRAME_STEPS,
             "an Atari game's frames",

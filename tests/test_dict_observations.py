@@ -88,6 +88,7 @@ def test_rollouts_and_replay_buffers_keep_the_rows_as_bytes(algorithm):
         ("ppo", ["--normalize-observations"], "--normalize-observations", "not a Dict observation with images"),
         ("sac", ["--encoder", "mlp"], "--encoder", "a CNN per image key"),
         ("ppo", ["--time-feature"], "--time-feature", "rl/TwoCues-v0 gives Dict('image': Box(0, 255, "),
+        ("ppo", ["--frame-stack", "2"], "--frame-stack", "), whose image keys come as the env gives them: drop"),
     ],
 )
 def test_flags_a_dict_with_images_cannot_take_are_refused_naming_them(tmp_path, algorithm, flags, flag, says):
