@@ -959,7 +959,9 @@ def test_a_checkpoint_away_from_its_run_folder_gives_its_own_flags_but_its_folde
     trained.update_while_stepping = False  # as --cuda's default left it on a CPU: it follows this run's --cuda
     torch.save({"algorithm": "sac", "config": trained.to_dict()}, loose)
     assert parse_config(["sac", "--resume-from", str(loose), "--cuda"]).update_while_stepping
-    with pytest.raises(UsageError, match="step_000000002048.ckpt holds the flags of a run with preset pendulum"):
+    with pytest.raises(
+        UsageError, match=re.escape("step_000000002048.ckpt holds the flags of a run with preset pendulum")
+    ):
         parse_config(["sac", "--resume-from", str(loose), "--preset", "hopper"])
     assert parse_config(["--resume-from", str(loose)]).env_id == "CartPole-v1"  # another algorithm's: not its flags
 
