@@ -896,9 +896,8 @@ def checkpoint_config_values(config_type: type[RunConfig], path: str) -> dict[st
         return {}
     if not isinstance(state, dict) or state.get("algorithm") != config_type.ALGORITHM:
         return {}
-    known = {member.name for member in fields(config_type)}
-    leave_out = {*NOT_IN_CONFIG_FILES, *NOT_FROM_A_MOVED_CHECKPOINT}
-    saved = {name: value for name, value in dict(state.get("config") or {}).items() if name in known - leave_out}
+    taken = {member.name for member in fields(config_type)} - {*NOT_IN_CONFIG_FILES, *NOT_FROM_A_MOVED_CHECKPOINT}
+    saved = {name: value for name, value in dict(state.get("config") or {}).items() if name in taken}
     trained = config_type(**saved)
     following = trained.following_defaults()
     return {name: value for name, value in saved.items() if name not in following or following[name] != value}
