@@ -21,6 +21,8 @@ import contextlib
 import math
 import os
 import pickle
+import warnings
+import zipfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -279,7 +281,9 @@ def load_checkpoint(path: str, flag: str = "--resume-from") -> SavedAgent:
     if not os.path.isfile(path):
         raise UsageError(flag, f"no checkpoint at {path}")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch's warning of a pickle protocol it did not write: another program's file
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch.load raises many kinds for a file it cannot read; each is told as what it is
         raise UsageError(flag, unreadable(path, error)) from None
     if not isinstance(state, dict) or state.get("format") not in (FORMAT, FORMAT_V1):
@@ -329,20 +333,34 @@ class BestAgent:
         self.score, self.step = score, step
 
 
-ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format: a zip archive
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format: a zip archive, its records in one folder with the pickle data.pkl
 PICKLE_MAGIC = b"\x80"  # a pickle (protocol 2 or later): torch's legacy format, or another program's file
+# torch's legacy format starts with its magic number, pickled alone at the protocol the file was written with
+LEGACY_TORCH_STARTS = tuple(
+    pickle.dumps(torch.serialization.MAGIC_NUMBER, protocol=each) for each in range(2, pickle.HIGHEST_PROTOCOL + 1)
+)
+NOT_WRITTEN_BY_TORCH = "is not a checkpoint: torch.save did not write it"
 
 
 def unreadable(path: str, error: Exception) -> str:
     """Why a weights-only read of `path` failed, told apart: a file that holds Python objects, one cut short, or
-    one that is not a checkpoint at all."""
+    one that is not a checkpoint at all (another program's zip archive or pickle: a Stable-Baselines3 model, say)."""
     try:
         start = read_through(path)
     except OSError as own_error:  # no permission, a disk error: the file itself may be sound
         reason = error if isinstance(error, OSError) else own_error  # torch's, where it was the file system's too
         return f"cannot read {path}: {reason.strerror or reason}"
-    if not (start == ZIP_MAGIC or start.startswith(PICKLE_MAGIC)):
-        return f"{path} is not a checkpoint: torch.save did not write it"
+    if start == ZIP_MAGIC:
+        names = zip_record_names(path)
+        if names is None:  # its index, at the end, is missing or broken
+            return f"cannot read {path}: it is cut short or corrupt"
+        if not any(name.endswith("/data.pkl") for name in names):
+            return f"{path} {NOT_WRITTEN_BY_TORCH} ({foreign_zip_kind(names)})"
+    elif start.startswith(PICKLE_MAGIC):
+        if not read_start(path, max(map(len, LEGACY_TORCH_STARTS))).startswith(LEGACY_TORCH_STARTS):
+            return f"{path} {NOT_WRITTEN_BY_TORCH} (a pickle of another program)"
+    else:
+        return f"{path} {NOT_WRITTEN_BY_TORCH}"
     if isinstance(error, pickle.UnpicklingError) and str(error).startswith("Weights only load failed"):
         return (
             f"{path} holds Python objects (classes or code) that a weights-only read refuses to run; checkpoints "
@@ -350,6 +368,27 @@ def unreadable(path: str, error: Exception) -> str:
             "load only files you trust"
         )
     return f"cannot read {path}: it is cut short or corrupt"
+
+
+def zip_record_names(path: str) -> list[str] | None:
+    """The names of the records of the zip archive at `path`; None where its index cannot be read."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return None
+
+
+def foreign_zip_kind(names: list[str]) -> str:
+    """What a zip archive that torch.save did not write is, from its records' names."""
+    if "_stable_baselines3_version" in names:
+        return "a Stable-Baselines3 model, which this program cannot load"
+    return "a zip archive of another program"
+
+
+def read_start(path: str, size: int) -> bytes:
+    with open(path, "rb") as file:
+        return file.read(size)
 
 
 def read_through(path: str) -> bytes:

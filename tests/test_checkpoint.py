@@ -4,12 +4,15 @@ import collections
 import dataclasses
 import io
 import os
+import pickle
 import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+import warnings
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -400,6 +403,65 @@ def test_bad_checkpoints_end_with_one_line_that_says_what_the_file_is_and_exit_2
     assert finished.returncode == 2, finished.stderr[-2000:]
     (line,) = finished.stderr.strip().splitlines()
     assert line.startswith("error: --resume-from: ") and BAD_FILE_LINES[kind] in line, line
+
+
+def write_stable_baselines3_model(path: Path) -> None:
+    """A zip archive with a Stable-Baselines3 model's records (its weights saved by torch.save inside)."""
+    weights = io.BytesIO()
+    torch.save({"weights": torch.zeros(3)}, weights)
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("data", '{"policy_class": "ActorCriticPolicy"}')
+        archive.writestr("policy.pth", weights.getvalue())
+        archive.writestr("_stable_baselines3_version", "2.4.0")
+
+
+def write_legacy_torch_file(path: Path, state: dict) -> None:
+    torch.save(state, path, _use_new_zipfile_serialization=False)
+
+
+def write_other_zip_archive(path: Path) -> None:
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("weights.json", "[0.0, 1.0]")
+
+
+def write_legacy_torch_file_cut_short(path: Path) -> None:
+    write_legacy_torch_file(path, {"weights": torch.zeros(1000)})
+    path.write_bytes(path.read_bytes()[:200])
+
+
+NOT_BY_TORCH_SAVE = "{path} is not a checkpoint: torch.save did not write it"
+FOREIGN_FILES = {
+    "a Stable-Baselines3 model": (
+        write_stable_baselines3_model,
+        NOT_BY_TORCH_SAVE + " (a Stable-Baselines3 model, which this program cannot load)",
+    ),
+    "another zip archive": (write_other_zip_archive, NOT_BY_TORCH_SAVE + " (a zip archive of another program)"),
+    "a pickle of plain data": (  # protocol 4: torch's weights-only reader warns of it, and fails on its framing
+        lambda path: path.write_bytes(pickle.dumps({"weights": [0.0, 1.0]}, protocol=4)),
+        NOT_BY_TORCH_SAVE + " (a pickle of another program)",
+    ),
+    "torch's legacy format, holding code": (
+        lambda path: write_legacy_torch_file(path, {"callback": print}),
+        "{path} holds Python objects (classes or code) that a weights-only read refuses to run",
+    ),
+    "torch's legacy format, cut short": (write_legacy_torch_file_cut_short, "cannot read {path}: it is cut short"),
+    "torch's legacy format, of another program": (
+        lambda path: write_legacy_torch_file(path, {"weights": torch.zeros(3)}),
+        "{path} is not a checkpoint of this program",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(FOREIGN_FILES))
+def test_a_file_another_program_wrote_is_named_for_what_it_is_not_taken_for_a_damaged_one(tmp_path, kind):
+    write, told = FOREIGN_FILES[kind]
+    path = tmp_path / "model.zip"
+    write(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # and without torch's warnings before the line
+        with pytest.raises(UsageError) as refused:
+            load_checkpoint(str(path))
+    assert str(refused.value).startswith("--resume-from: " + told.format(path=path)), str(refused.value)
 
 
 @pytest.mark.parametrize("mode", ["fabric", "decoupled"])
