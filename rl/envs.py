@@ -11,7 +11,7 @@ import re
 import signal
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -257,10 +257,32 @@ def inspect_env(env_id: str, preprocessing: Preprocessing = ATARI_PREPROCESSING)
     gymnasium's API); raise `UsageError` on bad input."""
     env_id = resolve_env_id(env_id)
     register_optional_envs(env_id)
-    if is_users_env(env_id):
-        check_env_api(env_id, preprocessing)
+    with warnings_shown_once_the_env_is_made():
+        if is_users_env(env_id):
+            check_env_api(env_id, preprocessing)
+        env = made_to_inspect(env_id, preprocessing)
     try:
-        env = make_env(env_id, None, preprocessing, clip_actions=False)  # the env's own action bounds
+        obs_space = env.observation_space
+        action_space = _checked_action_space(env.action_space)
+        return EnvSpaces(env_id, _obs_dim(obs_space), action_space, obs_space, preprocessing, is_atari(env_id))
+    finally:
+        env.close()
+
+
+@contextlib.contextmanager
+def warnings_shown_once_the_env_is_made() -> Iterator[None]:
+    """Hold the warnings raised while an env is made, shown once it is: a refusal stays one line, which says what
+    they would (gymnasium warns that a version is out of date, then refuses it as removed)."""
+    with warnings.catch_warnings(record=True) as caught:
+        yield
+    for each in caught:
+        warnings.warn_explicit(each.message, each.category, each.filename, each.lineno, source=each.source)
+
+
+def made_to_inspect(env_id: str, preprocessing: Preprocessing) -> gym.Env:
+    """One env as training makes it, with the env's own action bounds; `UsageError` where it cannot be made."""
+    try:
+        return make_env(env_id, None, preprocessing, clip_actions=False)
     except gym.error.Error as error:
         raise refusal_for_missing_module(env_id, error) or UsageError(
             "--env-id", f"cannot make {env_id!r}: {error}{newest_version_hint(env_id, error)}"
@@ -277,12 +299,6 @@ def inspect_env(env_id: str, preprocessing: Preprocessing = ATARI_PREPROCESSING)
                 "--env-id", f"{env_id!r} needs a missing package: {error}{newest_version_hint(env_id, error)}"
             )
         ) from None
-    try:
-        obs_space = env.observation_space
-        action_space = _checked_action_space(env.action_space)
-        return EnvSpaces(env_id, _obs_dim(obs_space), action_space, obs_space, preprocessing, is_atari(env_id))
-    finally:
-        env.close()
 
 
 def env_keywords_refusal(env_id: str, given: dict[str, Any], error: TypeError) -> UsageError:

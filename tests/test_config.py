@@ -176,6 +176,20 @@ def test_an_old_version_that_gymnasium_names_the_successor_of_gets_no_second_hin
     assert str(error.value).endswith("Please use `Pendulum-v1` instead.")
 
 
+@pytest.mark.parametrize("env_id", ["Pendulum-v0", "HalfCheetah-v3"])
+def test_an_old_version_refused_is_one_line_without_gymnasiums_warning_that_it_is_out_of_date(env_id):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(UsageError):
+            inspect_env(env_id)
+    assert not caught, [str(each.message) for each in caught]
+
+
+def test_an_old_version_that_can_be_made_is_still_warned_of():
+    with pytest.warns(DeprecationWarning, match="CartPole-v0 is out of date"):
+        inspect_env("CartPole-v0")
+
+
 def test_choices_and_tuples_of_them_are_observed_one_hot():
     assert inspect_env("Taxi-v4").obs_dim == 500  # Discrete(500)
     assert inspect_env("Blackjack-v1").obs_dim == 32 + 11 + 2  # Tuple(Discrete(32), Discrete(11), Discrete(2))
