@@ -72,7 +72,27 @@ class EnvCall:
         if not frames and any(frame.filename.startswith(BATCHING) for frame in traceback.extract_tb(tb)):
             what = f"{self.call} returned an observation its space does not hold (batching it raised"
             raise EnvFault(f"{what} {summary(error)})") from error
+        value = None if frames else unstored_step_value(tb)
+        if value is not None:
+            raise EnvFault(f"{self.call} returned {value} (storing it raised {summary(error)})") from error
         raise EnvFault(f"{self.call} raised {summary(error)}", frames) from error
+
+
+# A vector env in this process stores each env's step values in its arrays, one statement naming each (gymnasium's
+# SyncVectorEnv): the line that failed names the value it could not store.
+STORED_STEP_VALUES = {
+    "self._rewards[": "a reward that is not one number",
+    "self._terminations[": "a terminated flag that is not one bool",
+    "self._truncations[": "a truncated flag that is not one bool",
+}
+
+
+def unstored_step_value(tb: TracebackType | None) -> str | None:
+    """Which step value the vector env failed to store, where that is what failed: "a reward that is not one
+    number"; None otherwise."""
+    frames = traceback.extract_tb(tb)
+    line = (frames[-1].line or "") if frames else ""
+    return next((value for stored, value in STORED_STEP_VALUES.items() if line.startswith(stored)), None)
 
 
 ENV_STEP, ENV_RESET = EnvCall("step"), EnvCall("reset")
@@ -93,9 +113,11 @@ PIPE_CLOSED = (EOFError, BrokenPipeError, ConnectionResetError)  # what an async
 WORKER_EXIT_SECONDS = 2.0  # a worker whose pipe closed has its exit code within this
 
 
-class WorkerEndsNamed(gym.vector.VectorWrapper):
+class AsyncEnvFaultsNamed(gym.vector.VectorWrapper):
     """An async vector env whose worker process ends mid-call (a crash in an env's native code, the out-of-memory
-    killer) raises `EnvFault` naming the env and how its process ended, rather than its pipe's EOFError."""
+    killer) raises `EnvFault` naming the env and how its process ended, rather than its pipe's EOFError; one whose
+    envs return a reward or flag of more than one value (which it stacks as a column each) raises `EnvFault` naming
+    it, rather than the wrappers' error over its shape."""
 
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         try:
@@ -106,10 +128,14 @@ class WorkerEndsNamed(gym.vector.VectorWrapper):
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         try:
-            return self.env.step(actions)
+            stepped = self.env.step(actions)
         except PIPE_CLOSED:
             self.raise_if_a_worker_ended("step")
             raise
+        for values, value in zip(stepped[1:4], STORED_STEP_VALUES.values(), strict=True):
+            if np.ndim(values) != 1:
+                raise EnvFault(f"step returned {value} (of shape {np.shape(values)[1:]} in each env)")
+        return stepped
 
     def raise_if_a_worker_ended(self, call: str) -> None:
         ended = ended_processes(self.env.unwrapped.processes)

@@ -463,7 +463,8 @@ def wait_forever_holding_the_gil() -> None:
 class Misbehaves(gym.Env):
     """From its `after`th step on (counted over the env's life), `fault`: "raise" (a RuntimeError from a helper),
     "nan_observation", "nan_last_observation" (NaN only in an episode's last observation), "inf_reward",
-    "wrong_shape" (an observation of 4 values, where its space holds 3), "hang" (a
+    "wrong_shape" (an observation of 4 values, where its space holds 3), "reward_array" and "terminated_array" (a
+    reward or a terminated flag as an array of one value, not a number or a bool), "hang" (a
     step that never returns, after touching the file HANG_MARKER names), "hang_holding_the_gil" (the same, in native
     code that keeps Python's interpreter lock), "die_once" (the first env to get there,
     the one that creates the file DIE_MARKER names, kills its own process), "raise_on_close" (its close raises),
@@ -485,7 +486,7 @@ class Misbehaves(gym.Env):
     def step(self, action):
         self.steps += 1
         self.lifetime_steps += 1
-        obs, reward = np.full(3, 0.5, dtype=np.float32), 1.0
+        obs, reward, terminated = np.full(3, 0.5, dtype=np.float32), 1.0, False
         fault = os.environ.get("MISBEHAVE") if self.fault == "as_asked" else self.fault
         if self.faulty and self.lifetime_steps >= self.after:
             if fault == "raise":
@@ -496,13 +497,17 @@ class Misbehaves(gym.Env):
                 obs = np.append(obs, 0.5).astype(np.float32)
             if fault == "inf_reward":
                 reward = float("inf")
+            if fault == "reward_array":
+                reward = np.array([reward])
+            if fault == "terminated_array":
+                terminated = np.array([terminated])
             if fault == "hang":
                 self.hang()
             if fault == "hang_holding_the_gil":
                 self.hang_holding_the_gil()
             if fault == "die_once":
                 self.die_once()
-        return obs, reward, False, self.steps >= 20, {}
+        return obs, reward, terminated, self.steps >= 20, {}
 
     def close(self):
         if self.fault == "raise_on_close" and self.lifetime_steps >= self.after:

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import envs_for_tests
 import gymnasium as gym
@@ -108,6 +109,23 @@ def test_an_observation_its_space_does_not_hold_is_named_as_what_the_env_returne
         "Output array is the wrong shape); the run stopped, and the checkpoints written so far are kept"
     )
     assert stopped.value.context == ""  # no frames of the env's to show
+
+
+@pytest.mark.parametrize(
+    ("fault", "vector_mode", "what"),
+    [  # gymnasium's sync vector env fails to store it (a flag of one value it stores); its async one stacks a column
+        ("reward_array", "sync", "a reward that is not one number (storing it raised ValueError: setting an array"),
+        ("reward_array", "async", "a reward that is not one number (of shape (1,) in each env)"),
+        ("terminated_array", "async", "a terminated flag that is not one bool (of shape (1,) in each env)"),
+    ],
+)
+def test_a_reward_or_flag_of_more_than_one_value_is_named_as_what_the_env_returned(tmp_path, fault, vector_mode, what):
+    with warnings.catch_warnings():  # gymnasium's env checker warns of the type at the first step
+        warnings.simplefilter("ignore")
+        with pytest.raises(rl.RunStopped) as stopped:
+            rl.train(misbehaving(tmp_path, fault, vector_mode=vector_mode))
+    assert str(stopped.value).startswith(f"--env-id: the env's step returned {what}"), str(stopped.value)
+    assert stopped.value.context == ""
 
 
 def test_frames_of_pythons_own_modules_and_of_the_plumbing_are_not_the_envs_but_an_installed_packages_are():
