@@ -56,14 +56,29 @@ def did_you_mean(word: str, names: Iterable[str], cutoff: float = SLIP_CUTOFF) -
 
 
 def misspelled_option(error: UsageError, spellings: Iterable[str]) -> UsageError | None:
-    """A parse `error` for an unknown option that is a slip of one of `spellings` (--num-envz), with that one
-    named; None for any other error."""
+    """A parse `error` for an unknown option that is a slip of one of `spellings` (--num-envz), or the last words of
+    just one of them (--video, of --capture-video), with that one named; None for any other error."""
+    listed_spellings = list(spellings)
     for word in unrecognized_options(error):
         option = word.partition("=")[0]
-        slip = did_you_mean(option, spellings) if option.startswith("--") else ""
+        slip = flag_meant(option, listed_spellings) if option.startswith("--") else ""
         if slip:
             return UsageError(error.flag, f"{error.message}; {slip}")
     return None
+
+
+SHORTEST_FLAG_ENDING = 4  # letters: shorter endings (--lr, --id) end flags of other meanings
+
+
+def flag_meant(option: str, spellings: list[str]) -> str:
+    """ "did you mean --capture-video?" where `option` is a slip of one of `spellings`, or failing that the last
+    words of exactly one of them; empty otherwise."""
+    slip = did_you_mean(option, spellings)
+    ending = option.removeprefix("--")
+    if slip or len(ending) < SHORTEST_FLAG_ENDING:
+        return slip
+    ending_it = [name for name in spellings if name.endswith(f"-{ending}") and not name.startswith("--no-")]
+    return f"did you mean {ending_it[0]}?" if len(ending_it) == 1 else ""
 
 
 def listed(names: list[str]) -> str:

@@ -655,6 +655,10 @@ def test_each_flag_another_programs_flag_is_answered_with_is_a_flag_of_the_algor
             "--updat-epochs: Unrecognized options: --updat-epochs=3; did you mean --update-epochs?",
         ),
         (["--workerz", "2"], "hogwild", "--workerz: Unrecognized options: --workerz, 2; did you mean --workers?"),
+        # the last words of one flag's name
+        (["--video"], None, "--video: Unrecognized options: --video; did you mean --capture-video?"),
+        (["--epochs", "3"], None, "--epochs: Unrecognized options: --epochs, 3; did you mean --update-epochs?"),
+        (["--lr", "3"], None, "--lr: Unrecognized options: --lr, 3"),  # too short to tell: --anneal-lr is another
         (["--workerz", "2"], "coupled", "--workerz: Unrecognized options: --workerz, 2"),  # another mode's flag
         (["--no-such-flag"], None, "--no-such-flag: Unrecognized options: --no-such-flag"),
         (
