@@ -141,8 +141,9 @@ def uses_cnn(kind: EncoderKind, observation_space: gym.Space) -> bool:
     if layout is not None:
         if kind == "mlp":
             raise UsageError("--encoder", "a Dict observation with images takes a CNN per image key; drop --encoder")
-        for key in layout.images:
-            check_cnn_side(key.shape, f"the image key {key.name!r} of shape {key.shape}; give larger images")
+        for key in layout.images:  # as the env gives them: no flag resizes a Dict's images
+            too_small = f"the image key {key.name!r} of shape {key.shape}; make the env's images larger"
+            check_cnn_side(key.shape, too_small, "--env-id")
         return True
     image = is_image_space(observation_space)
     if kind == "cnn" and not image:
@@ -150,14 +151,14 @@ def uses_cnn(kind: EncoderKind, observation_space: gym.Space) -> bool:
     if kind == "mlp" or not image:
         return False
     shape = observation_space.shape
-    check_cnn_side(shape, f"{shape}; resize them (--resize 84) or use --encoder mlp")
+    check_cnn_side(shape, f"{shape}; resize them (--resize 84) or use --encoder mlp", "--resize")
     return True
 
 
-def check_cnn_side(shape: tuple[int, ...], what: str) -> None:
+def check_cnn_side(shape: tuple[int, ...], what: str, flag: str) -> None:
     if min(ImageLayout(shape).chw[1:]) < NATURE_MIN_SIDE:
         raise UsageError(
-            "--resize", f"the CNN needs images of at least {NATURE_MIN_SIDE}x{NATURE_MIN_SIDE} pixels, got {what}"
+            flag, f"the CNN needs images of at least {NATURE_MIN_SIDE}x{NATURE_MIN_SIDE} pixels, got {what}"
         )
 
 

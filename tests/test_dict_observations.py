@@ -14,7 +14,7 @@ from rl.algos.ppo.config import PPOConfig
 from rl.algos.ppo.policy import CNNActorCritic
 from rl.algos.sac.algorithm import SAC
 from rl.algos.sac.config import SACConfig
-from rl.encoders import MultiInputEncoder
+from rl.encoders import MultiInputEncoder, uses_cnn
 from rl.envs import inspect_env, space_summary
 from rl.errors import UsageError
 from rl.export import greedy_policy, write
@@ -103,6 +103,18 @@ def test_a_dict_with_images_is_named_in_messages_as_the_env_gives_it():
     packed = inspect_env("rl/TwoCues-v0", PPOConfig().preprocessing()).observation_space
     assert space_summary(packed) == repr(gym.make("rl/TwoCues-v0").observation_space)
     assert space_summary(gym.spaces.Box(-1, 1, (3,))) == "a Box of shape (3,)"
+
+
+def test_an_image_key_too_small_for_the_cnn_is_the_envs_to_change_not_a_flags():
+    """No flag resizes a Dict's images, so the refusal names the env, not --resize."""
+    config = PPOConfig(env_id="rl/TwoCues-v0", env_kwargs='{"size": 24}')
+    spaces = inspect_env(config.env_id, config.preprocessing())
+    with pytest.raises(UsageError) as refused:
+        uses_cnn("auto", spaces.observation_space)
+    assert str(refused.value) == (
+        "--env-id: the CNN needs images of at least 36x36 pixels, got the image key 'image' of shape (24, 24); "
+        "make the env's images larger"
+    )
 
 
 def test_a_dict_with_a_key_no_encoder_takes_is_named_in_one_line(tmp_path):
