@@ -472,6 +472,11 @@ def _checked_action_space(space: gym.Space) -> gym.Space:
         raise UsageError(
             "--env-id", f"action space {space} is not supported; use Discrete, MultiDiscrete, MultiBinary or Box"
         )
+    if isinstance(space, gym.spaces.Box) and not np.issubdtype(space.dtype, np.floating):
+        raise UsageError(
+            "--env-id",
+            f"action space {space} holds integers, which a policy does not give: use a float Box or a MultiDiscrete",
+        )
     return space
 
 

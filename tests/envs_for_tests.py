@@ -324,7 +324,14 @@ class ObservationsOutsideTheSpace(FixedLength):
         return np.full(2, 5.0, dtype=np.float32), {}
 
 
+class WholeNumberActions(FixedLength):
+    """A Box of integer actions, which no policy's real-valued actions lie in."""
+
+    action_space = gym.spaces.Box(-3, 3, (2,), dtype=np.int64)
+
+
 gym.register("StepReturnsFourValues-v0", entry_point=StepReturnsFourValues)
+gym.register("WholeNumberActions-v0", entry_point=WholeNumberActions)
 gym.register("ResetTakesNoSeed-v0", entry_point=ResetTakesNoSeed)
 gym.register("ObservationsOutsideTheSpace-v0", entry_point=ObservationsOutsideTheSpace)
 

@@ -159,6 +159,10 @@ def test_help_prints_each_flags_meaning_as_one_paragraph(capsys, monkeypatch):
         ("NoSuchEnv-v0", "cannot make 'NoSuchEnv-v0'"),
         ("envs_for_tests:TextObservations-v0", "observation space Text(1, 8"),
         (
+            "envs_for_tests:WholeNumberActions-v0",
+            "action space Box(-3, 3, (2,), int64) holds integers, which a policy does not give: use a float Box",
+        ),
+        (
             "HalfCheetah-v3",
             "gymnasium-robotics). (this env's newest version is HalfCheetah-v5)",
         ),
