@@ -356,6 +356,7 @@ def test_envs_sac_cannot_train_on_are_refused_with_what_to_do():
     with pytest.raises(UsageError, match=r"SAC needs continuous \(Box\) actions") as error:
         SAC.check_spaces(inspect_env("CartPole-v1"))
     assert error.value.flag == "--env-id"
+    assert "but CartPole-v1 has Discrete actions; " in str(error.value)  # the kind, whatever space the policy acts in
     assert str(error.value).endswith("train it with PPO instead (no 'sac' subcommand, or a PPOConfig)")  # CLI, Python
 
 

@@ -43,7 +43,7 @@ class SAC(Algorithm):
         if not isinstance(action_space, gym.spaces.Box):
             raise UsageError(
                 "--env-id",
-                f"SAC needs continuous (Box) actions, but {env_id} has {action_space}; "
+                f"SAC needs continuous (Box) actions, but {env_id} has {type(action_space).__name__} actions; "
                 "train it with PPO instead (no 'sac' subcommand, or a PPOConfig)",
             )
         if not (np.isfinite(action_space.low).all() and np.isfinite(action_space.high).all()):
