@@ -28,6 +28,7 @@ from rl.config import (
     ALGORITHM_KEY,
     MODE_COMMANDS,
     NOT_IN_CONFIG_FILES,
+    ProcessCount,
     RunConfig,
     UnknownConfigKey,
     as_given_here,
@@ -595,11 +596,12 @@ def check_hogwild_not_launched() -> None:
         )
 
 
-def check_values_for_job(cfg: RunConfig, mode: Mode, world_size: int) -> None:
-    """Check what any machine checks alike of `cfg` for a job of `world_size` processes in `mode`: its values,
-    not the hardware, envs or checkpoints (a SLURM job's, before it waits in the queue)."""
+def check_values_for_job(cfg: RunConfig, mode: Mode, world_size: int, processes: ProcessCount | None = None) -> None:
+    """Check what any machine checks alike of `cfg` for a job of `world_size` processes in `mode`, their number set
+    as `processes` says: its values, not the hardware, envs or checkpoints (a SLURM job's, before it waits in the
+    queue)."""
     if mode == "decoupled":
-        validate_values(cfg, cfg.num_players, validate_decoupled(cfg, world_size))
+        validate_values(cfg, cfg.num_players, validate_decoupled(cfg, world_size, processes))
     else:
         validate_values(cfg, world_size)
     check_mode_flags(cfg, mode)

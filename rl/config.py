@@ -674,18 +674,37 @@ def trainer_count(world_size: int, num_players: int, evaluator: bool) -> int:
     return world_size - num_players - int(evaluator)
 
 
-def validate_decoupled(cfg: RunConfig, world_size: int) -> int:
-    """Check the decoupled roles `world_size` processes make; the number of trainers."""
+@dataclass(frozen=True)
+class ProcessCount:
+    """How a job's number of processes is set, as the checks of its roles name it: the flag, and how to get more."""
+
+    flag: str
+    more: str
+
+    @staticmethod
+    def here() -> ProcessCount:
+        """As this process was started: by fabric run, by torchrun, or alone (a script, or code run otherwise)."""
+        if os.environ.get("LT_CLI_USED") == "1":  # fabric run's, which starts its processes through torchrun
+            return ProcessCount("--devices", "launch more processes (fabric run --devices)")
+        if "WORLD_SIZE" in os.environ:
+            return ProcessCount("--nproc-per-node", "launch more processes (torchrun --nproc-per-node)")
+        script = sys.argv[0] if sys.argv[0].endswith(".py") else "SCRIPT"
+        return ProcessCount("--devices", f"launch it with fabric run --accelerator=cpu --devices=2 {script}")
+
+
+def validate_decoupled(cfg: RunConfig, world_size: int, processes: ProcessCount | None = None) -> int:
+    """Check the decoupled roles `world_size` processes make (their number set as `processes` says, by default as
+    this process was started); the number of trainers."""
+    processes = processes or ProcessCount.here()
     if world_size < 2:
-        launched = "WORLD_SIZE" in os.environ or not sys.argv[0].endswith(".py")  # else: a script run by python
-        launch = "" if launched else f": launch it with fabric run --accelerator=cpu --devices=2 {sys.argv[0]}"
         raise UsageError(
-            "--devices",
-            f"decoupled mode needs at least 2 processes (a player and a trainer), got {world_size}{launch}",
+            processes.flag,
+            f"decoupled mode needs at least 2 processes (a player and a trainer), got {world_size}: {processes.more}",
         )
     if cfg.evaluator and world_size < 3:
         raise UsageError(
-            "--evaluator", f"needs a third process (a player, a trainer and the evaluator), got {world_size}"
+            "--evaluator",
+            f"needs a third process (a player, a trainer and the evaluator), got {world_size}: {processes.more}",
         )
     if cfg.evaluator and cfg.eval_episodes == 0:
         raise UsageError("--evaluator", "evaluates --eval-episodes episodes each time; give at least 1")
@@ -694,7 +713,7 @@ def validate_decoupled(cfg: RunConfig, world_size: int) -> int:
         raise UsageError(
             "--num-players",
             f"{world_size} processes leave no trainer beside {counted(cfg.num_players, 'player')}"
-            f"{' and the evaluator' if cfg.evaluator else ''}; launch more processes (--devices)",
+            f"{' and the evaluator' if cfg.evaluator else ''}: {processes.more}",
         )
     if cfg.asynchronous and cfg.pipeline:
         raise UsageError("--pipeline", "is --async with a lag of exactly 1 update; give one of them")

@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 
 import tyro
 
-from rl.config import RunConfig, flag, flag_spellings, parse_dataclass, uses_gpu
+from rl.config import ProcessCount, RunConfig, flag, flag_spellings, parse_dataclass, uses_gpu
 from rl.errors import UsageError, counted, exit_on_usage_error, misspelled_option
 from rl.peer_flags import SBATCH_PEER_FLAGS, tools_peer_flag
 
@@ -165,6 +165,9 @@ ENTRY_SCRIPT_MODES = {
 }
 
 
+JOB_PROCESSES = ProcessCount("--processes-per-node", "request more processes (--nodes, --processes-per-node)")
+
+
 def check_training_flags(cfg: SlurmConfig) -> None:
     """The entry script, found here, and its flags, checked here as the job's processes will check them: a bad
     one is refused now, not after the job waited in the queue. A script of the user's own has its flags left to
@@ -180,7 +183,7 @@ def check_training_flags(cfg: SlurmConfig) -> None:
 
         mode = ENTRY_SCRIPT_MODES[script]
         run = parse_config(command[1:], mode)
-        check_values_for_job(run, mode, cfg.nodes * cfg.processes_per_node)
+        check_values_for_job(run, mode, cfg.nodes * cfg.processes_per_node, JOB_PROCESSES)
         check_gpus_per_node(cfg, run, mode == "decoupled")
 
 

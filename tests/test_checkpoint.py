@@ -755,7 +755,8 @@ def test_decoupled_players_and_trainers_resume_in_other_numbers_with_the_same_gl
     no_trainer = run_ranks("fabric run", SCRIPTS["decoupled"], [*resume, "--num-players", "2"], tmp_path, 2)
     lines = {line for line in no_trainer.stderr.splitlines() if line.startswith("error: ")}
     assert no_trainer.returncode != 0 and lines == {
-        "error: --num-players: 2 processes leave no trainer beside 2 players; launch more processes (--devices)"
+        "error: --num-players: 2 processes leave no trainer beside 2 players: launch more processes (fabric run "
+        "--devices)"
     }, no_trainer.stderr[-3000:]
     resumed = run_ranks("fabric run", SCRIPTS["decoupled"], [*resume, "--num-players", "2"], tmp_path, 3)
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -267,14 +267,32 @@ def test_decoupled_needs_a_trainer_and_a_row_per_trainer():
 
 
 @pytest.mark.parametrize(
+    ("launcher_env", "flag", "more"),
+    [
+        ({"LT_CLI_USED": "1", "WORLD_SIZE": "1"}, "--devices", "launch more processes (fabric run --devices)"),
+        ({"WORLD_SIZE": "1"}, "--nproc-per-node", "launch more processes (torchrun --nproc-per-node)"),
+    ],
+)
+def test_too_few_processes_are_answered_with_the_flag_of_the_launcher_that_started_them(
+    monkeypatch, launcher_env, flag, more
+):
+    monkeypatch.delenv("LT_CLI_USED", raising=False)
+    for name, value in launcher_env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UsageError) as error:
+        validate_decoupled(PPOConfig(), world_size=1)
+    assert (error.value.flag, str(error.value).rpartition(": ")[2]) == (flag, more)
+
+
+@pytest.mark.parametrize(
     ("fields", "world_size", "flag", "says"),
     [
-        ({"num_players": 3}, 3, "--num-players", "3 processes leave no trainer beside 3 players;"),
+        ({"num_players": 3}, 3, "--num-players", "3 processes leave no trainer beside 3 players:"),
         (
             {"num_players": 2, "evaluator": True},
             3,
             "--num-players",
-            "3 processes leave no trainer beside 2 players and the evaluator;",
+            "3 processes leave no trainer beside 2 players and the evaluator:",
         ),
         ({"asynchronous": True, "pipeline": True}, 3, "--pipeline", "is --async with a lag of exactly 1"),
         ({"max_policy_lag": 4}, 3, "--max-policy-lag", "add --async"),

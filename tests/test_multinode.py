@@ -251,9 +251,15 @@ def test_a_slurm_script_needs_an_entry_script():
             ["--nodes", "2", "--processes-per-node", "2", "--", "train_fabric.py", "--total-timesteps", "512"],
             "--total-timesteps: 512 is smaller than one global rollout (4 ranks x 2 envs x 128 steps = 1024)",
         ),
-        (
+        (  # the job's processes are counted by this tool's flags, not a launcher's
             ["--nodes", "1", "--processes-per-node", "2", "--", "train_fabric_decoupled.py", "--evaluator"],
-            "--evaluator: ",
+            "--evaluator: needs a third process (a player, a trainer and the evaluator), got 2: request more "
+            "processes (--nodes, --processes-per-node)",
+        ),
+        (
+            ["--nodes", "1", "--", "train_fabric_decoupled.py"],
+            "--processes-per-node: decoupled mode needs at least 2 processes (a player and a trainer), got 1: "
+            "request more processes (--nodes, --processes-per-node)",
         ),
         (["--", "train_fabric.py", "--precision", "16-mixed"], "--precision: 16-mixed needs a CUDA GPU (--cuda)"),
         (
