@@ -590,7 +590,7 @@ def check_hogwild_not_launched() -> None:
     launched = world_size_from_env()
     if launched > 1:
         raise UsageError(
-            "--devices",
+            ProcessCount.here().flag,
             f"Hogwild starts its workers itself (--workers N); a launcher's {launched} processes would each train a "
             "run of their own: run python train_hogwild.py alone",
         )
