@@ -9,6 +9,7 @@ loading a file runs none of its code. `rl.evaluate` and `rl.export` load agents 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -226,7 +227,7 @@ def flat_box_observations(obs: Any, space: gym.spaces.Box) -> Any:
     if array.shape == space.shape:
         return array.reshape(-1)
     if array.shape[1:] == space.shape:
-        return array.reshape(len(array), -1)
+        return array.reshape(len(array), math.prod(space.shape))  # not -1, which no row gives in an empty batch
     return obs
 
 

@@ -6,6 +6,7 @@ import contextlib
 import functools
 import importlib
 import inspect
+import math
 import os
 import re
 import signal
@@ -138,7 +139,8 @@ def observations_tensor(obs: np.ndarray, as_bytes: bool, device: torch.device) -
     else as float32 rows."""
     if as_bytes:
         return to_device(obs, device)
-    return to_device(obs.reshape(obs.shape[0], -1), device, torch.float32)
+    rows = obs.shape[0]  # -1 cannot stand for a row's width where there are no rows (an empty batch to predict)
+    return to_device(obs.reshape(rows, -1 if rows else math.prod(obs.shape[1:])), device, torch.float32)
 
 
 def is_atari(env_id: str) -> bool:
@@ -430,7 +432,7 @@ class EnvActions:
     def batch(self, actions: np.ndarray) -> np.ndarray:
         """A batch of the policy's actions (one row each) as the env takes them."""
         if self.start is not None:
-            actions = actions.reshape(len(actions), -1) + self.start
+            actions = actions.reshape(len(actions), self.start.size) + self.start
         return actions.reshape(len(actions), *self.shape)
 
 

@@ -256,6 +256,7 @@ def test_a_matrix_of_continuous_actions_is_learned_as_one_vector_and_predicted_i
     assert played_return(agent, gym.make("envs_for_tests:ReachTheTarget-v0")) > -2.0
     batch, _ = agent.predict(np.zeros((5, 1), np.float32))
     assert batch.shape == (5, 2, 3)
+    assert agent.predict(np.zeros((0, 1), np.float32))[0].shape == (0, 2, 3)  # an empty batch: no actions
     exported = torch.jit.trace(greedy_policy(agent)[0], torch.zeros(2, 1))
     np.testing.assert_allclose(exported(torch.zeros(5, 1)).numpy(), batch, atol=1e-6)
 
@@ -287,6 +288,7 @@ def test_choices_counted_from_minus_1_are_learned_from_0_and_predicted_as_the_en
     assert played_return(agent, agent.make_env()) > 8.0  # the agent's env takes the env's own choices
     choices, _ = agent.predict(np.eye(3, dtype=np.float32))  # the cues left, stay and right
     assert choices.tolist() == [-1, 0, 1]
+    assert agent.predict(np.zeros((0, 3), np.float32))[0].shape == (0,)
     exported = torch.jit.trace(greedy_policy(agent)[0], torch.zeros(2, 3))
     assert exported(torch.eye(3)).tolist() == [-1, 0, 1]
 
