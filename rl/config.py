@@ -545,7 +545,7 @@ def validate_values(cfg: RunConfig, env_ranks: int, num_trainers: int | None = N
         raise UsageError("--collective-timeout", f"must be at most {longest} seconds, got {cfg.collective_timeout}")
     checkpoint_interval(cfg.checkpoint_every)
     if cfg.run_name is not None and not is_folder_name(cfg.run_name):
-        raise UsageError("--run-name", f"must be a folder name, without {os.sep}; got {cfg.run_name!r}")
+        raise UsageError("--run-name", folder_name_refusal(cfg.run_name))
     if not 0.0 < cfg.gamma <= 1.0:
         raise UsageError("--gamma", f"must be in (0, 1], got {cfg.gamma}")
     if cfg.sde_sample_freq == 0 or cfg.sde_sample_freq < -1:
@@ -785,9 +785,20 @@ def parse_config_flags(
     return cfg
 
 
+LONGEST_FOLDER_NAME = 255  # bytes: the longest name a folder takes on Linux's and macOS's file systems
+
+
 def is_folder_name(name: str) -> bool:
-    """Whether `name` names one folder inside another: not blank, no path, not `.` or `..`."""
-    return bool(name.strip()) and os.sep not in name and name not in (os.curdir, os.pardir)
+    """Whether `name` names one folder inside another: not blank, no path, not `.` or `..`, not too long."""
+    named = bool(name.strip()) and os.sep not in name and name not in (os.curdir, os.pardir)
+    return named and len(os.fsencode(name)) <= LONGEST_FOLDER_NAME
+
+
+def folder_name_refusal(name: str) -> str:
+    """Why `name` names no folder (`is_folder_name`)."""
+    if len(os.fsencode(name)) > LONGEST_FOLDER_NAME:
+        return f"must be a folder name, at most {LONGEST_FOLDER_NAME} bytes long; got {len(os.fsencode(name))}"
+    return f"must be a folder name, without {os.sep}; got {name!r}"
 
 
 def named_runs_newest_checkpoint(run_name: str | None, log_dir: str, log_subdir: str | None) -> str | None:

@@ -18,7 +18,14 @@ except ImportError:  # Windows: runs go unheld
     fcntl = None
 
 from rl.checkpoint import BEST_FILENAME, TrainingCheckpoint, newest_checkpoint, resumed_step
-from rl.config import CONFIG_FILENAME, NOT_IN_RUN_FOLDER_CONFIG, RunConfig, run_dir_of, write_config_file
+from rl.config import (
+    CONFIG_FILENAME,
+    NOT_IN_RUN_FOLDER_CONFIG,
+    RunConfig,
+    is_folder_name,
+    run_dir_of,
+    write_config_file,
+)
 from rl.elastic import job_id, restart_count, start_logged, under_torchelastic
 from rl.envs import video_folder
 from rl.errors import UsageError
@@ -155,6 +162,8 @@ def fixed_run_dir(cfg: RunConfig, log_subdir: str) -> str | None:
     at its start."""
     if cfg.resume_from is not None and (resumed := run_dir_of(cfg.resume_from)) is not None:
         return resumed
+    if cfg.run_name is not None and not is_folder_name(cfg.run_name):
+        return None  # refused with the other flags, before any folder is read
     name = cfg.run_name or (run_name(cfg, cfg.env_id, suffix=job_id()) if under_torchelastic() else None)
     return None if name is None else os.path.join(cfg.log_dir, log_subdir, name)
 

@@ -43,6 +43,7 @@ BAD_INPUTS = [
     (["--frame-stack", "2"], "--frame-stack"),  # CartPole's vectors pass by the image wrappers
     (["--no-clip-rewards"], "--clip-rewards"),  # CartPole is no Atari game
     (["--env-id", "rl/PixelCartPole-v1", "--frame-skip", "2"], "--frame-skip"),  # images, not an Atari game's
+    (["--run-name", "x" * 256], "--run-name"),  # longer than a folder's name can be: read nowhere
 ]
 if not torch.cuda.is_available():
     BAD_INPUTS.append((["--cuda"], "--cuda"))

@@ -1333,3 +1333,13 @@ def test_a_run_name_that_is_no_folder_name_is_refused_and_read_nowhere(tmp_path,
     with pytest.raises(UsageError) as refused:
         validate_values(PPOConfig(run_name=name), env_ranks=1)
     assert str(refused.value) == f"--run-name: must be a folder name, without {os.sep}; got {name!r}"
+
+
+def test_a_run_name_longer_than_a_folder_name_can_be_is_refused_before_any_folder_is_read(tmp_path):
+    """The file system would refuse it (Python 3.11's glob raises the error where it looks for checkpoints)."""
+    name = "é" * 128  # 256 bytes in UTF-8
+    assert named_runs_newest_checkpoint(name, str(tmp_path / "logs"), "fabric_logs") is None
+    with pytest.raises(UsageError) as refused:
+        validate_values(PPOConfig(run_name=name), env_ranks=1)
+    assert str(refused.value) == "--run-name: must be a folder name, at most 255 bytes long; got 256"
+    validate_values(PPOConfig(run_name="é" * 127), env_ranks=1)
