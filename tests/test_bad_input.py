@@ -43,10 +43,16 @@ BAD_INPUTS = [
     (["--frame-stack", "2"], "--frame-stack"),  # CartPole's vectors pass by the image wrappers
     (["--no-clip-rewards"], "--clip-rewards"),  # CartPole is no Atari game
     (["--env-id", "rl/PixelCartPole-v1", "--frame-skip", "2"], "--frame-skip"),  # images, not an Atari game's
-    (["--run-name", "x" * 256], "--run-name"),  # longer than a folder's name can be: read nowhere
 ]
 if not torch.cuda.is_available():
     BAD_INPUTS.append((["--cuda"], "--cuda"))
+
+
+def test_a_run_name_longer_than_a_folder_name_can_be_is_refused_before_the_folder_of_runs_is_searched(tmp_path):
+    """Where the folder of runs exists, looking for that run's checkpoints would raise the file system's error."""
+    (tmp_path / "runs" / "fabric_logs").mkdir(parents=True)
+    line = refusal_line("fabric", ["--run-name", "x" * 256, "--log-dir", str(tmp_path / "runs")], tmp_path)
+    assert line == "error: --run-name: must be a folder name, at most 255 bytes long; got 256"
 
 
 def error_lines(text: str) -> list[str]:
