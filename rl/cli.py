@@ -26,6 +26,7 @@ from rl.checkpoint import (
 from rl.compiling import compile_failure
 from rl.config import (
     ALGORITHM_KEY,
+    LONGEST_FOLDER_NAME,
     MODE_COMMANDS,
     NOT_IN_CONFIG_FILES,
     ProcessCount,
@@ -54,6 +55,7 @@ from rl.elastic import (
     RepeatedFailure,
     begin_round,
     check_writable,
+    job_id,
     no_round,
     record_fault,
     restart_count,
@@ -82,7 +84,7 @@ from rl.optim import TrainingDiverged
 from rl.peer_flags import PeerFlag, peer_flag
 from rl.precision import DEFAULT_PRECISION
 from rl.registry import ALGORITHMS, DEFAULT_ALGORITHM, algorithm_type
-from rl.run import TrainingResult, check_run_folder_free, fixed_run_dir, run_folder_flag
+from rl.run import TrainingResult, check_run_folder_free, fixed_run_dir, run_folder_flag, run_name
 from rl.runtime import configure_torch_threads
 
 Mode = Literal["coupled", "decoupled", "hogwild"]
@@ -358,6 +360,21 @@ def check_job(cfg: RunConfig, mode: Mode, world_size: int, env_ranks: int) -> No
         check_video_support()
     check_loggers_installed(cfg.logger)
     check_windows_can_open(cfg)
+    check_run_folder_name_fits(cfg)
+
+
+def check_run_folder_name_fits(cfg: RunConfig) -> None:
+    """Refuse an --exp-name that would name the run's folder (with the env, the seed, and the start time or the
+    torchrun job) longer than a folder's name can be: the run would stop at its first write."""
+    if cfg.run_name is not None:
+        return
+    name = os.fsencode(run_name(cfg, cfg.env_id, suffix=job_id() if under_torchelastic() else None))
+    if len(name) > LONGEST_FOLDER_NAME:
+        raise UsageError(
+            "--exp-name",
+            f"must leave run folder names at most {LONGEST_FOLDER_NAME} bytes long, got {len(name)} "
+            "(with the env and seed)",
+        )
 
 
 def checked_algorithm(cfg: RunConfig, mode: Mode, world_size: int, env_ranks: int) -> Algorithm:

@@ -12,6 +12,8 @@ import torch
 from conftest import SCRIPTS, free_port, launch, refusal_line
 from torch.distributed import TCPStore
 
+from rl.algos.ppo.config import PPOConfig
+from rl.cli import check_run_folder_name_fits
 from rl.config import flag, parse_dataclass
 from rl.errors import PEER_GRACE_SECONDS, UsageError
 from rl.evaluate import EvalConfig
@@ -53,6 +55,14 @@ def test_a_run_name_longer_than_a_folder_name_can_be_is_refused_before_the_folde
     (tmp_path / "runs" / "fabric_logs").mkdir(parents=True)
     line = refusal_line("fabric", ["--run-name", "x" * 256, "--log-dir", str(tmp_path / "runs")], tmp_path)
     assert line == "error: --run-name: must be a folder name, at most 255 bytes long; got 256"
+
+
+def test_an_experiment_name_too_long_for_its_run_folders_is_refused_before_the_run_starts(tmp_path):
+    """_CartPole-v1_42_ and the start time (20261207_065216) add 31 bytes."""
+    line = refusal_line("fabric", ["--exp-name", "x" * 225], tmp_path)
+    told = "must leave run folder names at most 255 bytes long, got 256 (with the env and seed)"
+    assert line == f"error: --exp-name: {told}"
+    check_run_folder_name_fits(PPOConfig(exp_name="x" * 224))  # 255 bytes: taken
 
 
 def error_lines(text: str) -> list[str]:
