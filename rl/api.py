@@ -23,6 +23,7 @@ from rl.config import (
     MODE_COMMANDS,
     RunConfig,
     check_field_types,
+    displaced_by,
     flag,
     named_runs_newest_checkpoint,
     preset_values,
@@ -232,8 +233,9 @@ def completed(config: RunConfig, mode: Mode) -> RunConfig:
     # as on the command line: a resumed run's own values where the config has defaults
     checkpoint = cfg.resume_from or named_runs_newest_checkpoint(cfg.run_name, cfg.log_dir, log_subdir(mode))
     if checkpoint is not None:
+        displaced = displaced_by(cfg, given)
         for name, value in resumed_run_values(type(cfg), checkpoint, mode).items():
-            if name not in given:
+            if name not in given | displaced:
                 setattr(cfg, name, value)
                 given.add(name)
     cfg.fill_defaults(given)

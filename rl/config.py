@@ -781,8 +781,21 @@ def parse_config_flags(
     cfg.precision = launcher_precision() or cfg.precision
     on_command_line = fields_on_command_line(config_type, argv)
     check_given_alone(cfg, on_command_line)
+    for name in displaced_by(cfg, on_command_line) & set(base) - on_command_line:  # a file's, a resumed run's
+        setattr(cfg, name, getattr(config_type(), name))
     cfg.fill_defaults(set(base) | on_command_line)
     return cfg
+
+
+# Fields of which a run takes one: decoupled mode's schedules.
+ALTERNATIVES = (frozenset({"pipeline", "asynchronous"}),)
+
+
+def displaced_by(cfg: RunConfig, chosen: set[str]) -> set[str]:
+    """The fields that those of `chosen` set on displace: the others of their `ALTERNATIVES` (--async given on the
+    command line displaces a resumed run's or a config file's --pipeline)."""
+    set_on = {name for name in chosen if getattr(cfg, name, False) is True}
+    return {other for group in ALTERNATIVES if group & set_on for other in group - set_on}
 
 
 LONGEST_FOLDER_NAME = 255  # bytes: the longest name a folder takes on Linux's and macOS's file systems

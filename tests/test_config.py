@@ -6,6 +6,7 @@ import re
 import sys
 import typing
 import warnings
+from pathlib import Path
 
 import envs_for_tests  # noqa: F401  (registers the tests' envs)
 import gymnasium as gym
@@ -1004,6 +1005,43 @@ def test_a_checkpoint_away_from_its_run_folder_gives_its_own_flags_but_its_folde
     ):
         parse_config(["sac", "--resume-from", str(loose), "--preset", "hopper"])
     assert parse_config(["--resume-from", str(loose)]).env_id == "CartPole-v1"  # another algorithm's: not its flags
+
+
+def pipelined_run(tmp_path) -> Path:
+    """A decoupled run's folder whose flags say --pipeline; the path of a checkpoint in it (not read here)."""
+    from rl.config import write_config_file
+
+    run = tmp_path / "logs" / "fabric_decoupled_logs" / "pipelined"
+    (run / "checkpoints").mkdir(parents=True)
+    write_config_file(PPOConfig(pipeline=True), str(run / "config.yaml"))
+    return run / "checkpoints" / "step_000000000512.ckpt"
+
+
+@pytest.mark.parametrize(
+    ("given", "schedule"),
+    [
+        (["--async"], (True, False)),  # the file's --pipeline gives way
+        (["--no-async"], (False, True)),  # turning one off leaves the other
+        ([], (False, True)),
+    ],
+)
+def test_a_decoupled_schedule_on_the_command_line_replaces_the_one_a_config_file_or_resumed_run_gives(
+    tmp_path, given, schedule
+):
+    checkpoint = pipelined_run(tmp_path)
+    for argv in (["--config", str(checkpoint.parent.parent / "config.yaml")], ["--resume-from", str(checkpoint)]):
+        cfg = parse_config([*argv, *given], "decoupled")
+        assert (cfg.asynchronous, cfg.pipeline) == schedule, argv
+
+
+def test_a_decoupled_schedule_built_in_python_replaces_the_one_a_resumed_run_gives(tmp_path):
+    from rl.api import completed
+
+    checkpoint = str(pipelined_run(tmp_path))
+    asynchronous = completed(PPOConfig(resume_from=checkpoint, asynchronous=True), "decoupled")
+    assert (asynchronous.asynchronous, asynchronous.pipeline) == (True, False)
+    resumed = completed(PPOConfig(resume_from=checkpoint), "decoupled")
+    assert (resumed.asynchronous, resumed.pipeline) == (False, True)
 
 
 def test_a_config_file_takes_numbers_yaml_leaves_as_text_and_a_lone_value_for_a_list(tmp_path):
