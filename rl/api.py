@@ -235,7 +235,7 @@ def completed(config: RunConfig, mode: Mode) -> RunConfig:
     if checkpoint is not None:
         displaced = displaced_by(cfg, given)
         for name, value in resumed_run_values(type(cfg), checkpoint, mode).items():
-            if name not in given | displaced:
+            if name not in given and name not in displaced:
                 setattr(cfg, name, value)
                 given.add(name)
     cfg.fill_defaults(given)

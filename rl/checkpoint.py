@@ -350,14 +350,14 @@ def unreadable(path: str, error: Exception) -> str:
     except OSError as own_error:  # no permission, a disk error: the file itself may be sound
         reason = error if isinstance(error, OSError) else own_error  # torch's, where it was the file system's too
         return f"cannot read {path}: {reason.strerror or reason}"
-    if start == ZIP_MAGIC:
+    if start.startswith(ZIP_MAGIC):
         names = zip_record_names(path)
         if names is None:  # its index, at the end, is missing or broken
             return f"cannot read {path}: it is cut short or corrupt"
         if not any(name.endswith("/data.pkl") for name in names):
             return f"{path} {NOT_WRITTEN_BY_TORCH} ({foreign_zip_kind(names)})"
     elif start.startswith(PICKLE_MAGIC):
-        if not read_start(path, max(map(len, LEGACY_TORCH_STARTS))).startswith(LEGACY_TORCH_STARTS):
+        if not start.startswith(LEGACY_TORCH_STARTS):
             return f"{path} {NOT_WRITTEN_BY_TORCH} (a pickle of another program)"
     else:
         return f"{path} {NOT_WRITTEN_BY_TORCH}"
@@ -386,16 +386,11 @@ def foreign_zip_kind(names: list[str]) -> str:
     return "a zip archive of another program"
 
 
-def read_start(path: str, size: int) -> bytes:
-    with open(path, "rb") as file:
-        return file.read(size)
-
-
 def read_through(path: str) -> bytes:
-    """Read all of `path` (its first 4 bytes back), so that an `OSError` is the file system's. torch.load raises
-    `OSError` (EINVAL) for some files cut short, whose every byte reads."""
+    """Read all of `path` (its first bytes back, enough to hold torch's legacy start), so that an `OSError` is the
+    file system's. torch.load raises `OSError` (EINVAL) for some files cut short, whose every byte reads."""
     with open(path, "rb") as file:
-        start = file.read(4)
+        start = file.read(max(map(len, LEGACY_TORCH_STARTS)))
         while file.read(1 << 24):
             pass
     return start

@@ -40,6 +40,7 @@ from rl.config import (
     iteration_name,
     local_gpu_index,
     local_world_size_from_env,
+    name_bytes,
     other_modes_fields,
     parse_config_flags,
     read_config_file,
@@ -368,11 +369,11 @@ def check_run_folder_name_fits(cfg: RunConfig) -> None:
     torchrun job) longer than a folder's name can be: the run would stop at its first write."""
     if cfg.run_name is not None:
         return
-    name = os.fsencode(run_name(cfg, cfg.env_id, suffix=job_id() if under_torchelastic() else None))
-    if len(name) > LONGEST_FOLDER_NAME:
+    length = name_bytes(run_name(cfg, cfg.env_id, suffix=job_id() if under_torchelastic() else None))
+    if length > LONGEST_FOLDER_NAME:
         raise UsageError(
             "--exp-name",
-            f"must leave run folder names at most {LONGEST_FOLDER_NAME} bytes long, got {len(name)} "
+            f"must leave run folder names at most {LONGEST_FOLDER_NAME} bytes long, got {length} "
             "(with the env and seed)",
         )
 

@@ -781,7 +781,7 @@ def parse_config_flags(
     cfg.precision = launcher_precision() or cfg.precision
     on_command_line = fields_on_command_line(config_type, argv)
     check_given_alone(cfg, on_command_line)
-    for name in displaced_by(cfg, on_command_line) & set(base) - on_command_line:  # a file's, a resumed run's
+    for name in displaced_by(cfg, on_command_line) & (set(base) - on_command_line):  # a file's, a resumed run's
         setattr(cfg, name, getattr(config_type(), name))
     cfg.fill_defaults(set(base) | on_command_line)
     return cfg
@@ -801,16 +801,21 @@ def displaced_by(cfg: RunConfig, chosen: set[str]) -> set[str]:
 LONGEST_FOLDER_NAME = 255  # bytes: the longest name a folder takes on Linux's and macOS's file systems
 
 
+def name_bytes(name: str) -> int:
+    """How long `name` is where the file system counts it (`LONGEST_FOLDER_NAME`)."""
+    return len(os.fsencode(name))
+
+
 def is_folder_name(name: str) -> bool:
     """Whether `name` names one folder inside another: not blank, no path, not `.` or `..`, not too long."""
     named = bool(name.strip()) and os.sep not in name and name not in (os.curdir, os.pardir)
-    return named and len(os.fsencode(name)) <= LONGEST_FOLDER_NAME
+    return named and name_bytes(name) <= LONGEST_FOLDER_NAME
 
 
 def folder_name_refusal(name: str) -> str:
     """Why `name` names no folder (`is_folder_name`)."""
-    if len(os.fsencode(name)) > LONGEST_FOLDER_NAME:
-        return f"must be a folder name, at most {LONGEST_FOLDER_NAME} bytes long; got {len(os.fsencode(name))}"
+    if name_bytes(name) > LONGEST_FOLDER_NAME:
+        return f"must be a folder name, at most {LONGEST_FOLDER_NAME} bytes long; got {name_bytes(name)}"
     return f"must be a folder name, without {os.sep}; got {name!r}"
 
 
