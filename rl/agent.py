@@ -205,7 +205,8 @@ class Agent:
                 isinstance(one, np.ndarray) and space.contains(one)
             ):
                 return gym.spaces.flatten(space, one)
-            return [gym.spaces.flatten(space, each) for each in one]
+            rows = [gym.spaces.flatten(space, each) for each in one]
+            return rows if rows else np.empty((0, *flat_shape), np.float32)  # an empty batch: no rows to stack
         except (TypeError, ValueError, IndexError, KeyError) as error:  # gymnasium's, on what is not of the space
             raise ValueError(f"{obs!r} is not an observation of {space}, nor a batch of them") from error
 

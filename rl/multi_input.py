@@ -172,7 +172,8 @@ def packed_layout(space: gym.Space) -> MultiInputLayout | None:
 
 
 def pack_each(layout: MultiInputLayout, obs: dict[str, Any] | Sequence[dict[str, Any]]) -> np.ndarray:
-    """One Dict observation as its row, or a list of them as rows."""
+    """One Dict observation as its row, or a list of them as rows (none for an empty list)."""
     if isinstance(obs, dict):
         return layout.pack(obs)
-    return np.stack([layout.pack(one) for one in obs])
+    rows = [layout.pack(one) for one in obs]
+    return np.stack(rows) if rows else np.empty((0, layout.row_bytes), np.uint8)

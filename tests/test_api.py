@@ -479,6 +479,8 @@ def test_dict_observations_of_vectors_train_flattened_and_the_agent_takes_them_a
     assert agent.predict(stacked)[0].tolist() == agent.predict(each)[0].tolist()
     made, _ = agent.make_env().reset(seed=0)
     assert set(made) == set(obs) and agent.predict(made)[0] == one  # the env's own Dicts, as predict takes them
+    empty = {key: values[:0] for key, values in stacked.items()}
+    assert agent.predict([])[0].shape == agent.predict(empty)[0].shape == (0,)  # an empty batch: no actions
     for not_its_observation in ({"cart": obs["cart"]}, np.zeros(5), "cart"):
         with pytest.raises(ValueError, match=r"is not an observation of Dict\('cart'"):
             agent.predict(not_its_observation)

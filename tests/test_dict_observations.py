@@ -173,6 +173,8 @@ def test_the_agent_predicts_from_dicts_and_its_export_takes_one_input_per_key(ru
     np.testing.assert_allclose(one_by_one, actions, rtol=1e-5, atol=1e-6)  # SAC's: a batch's float sums
     stacked = {key: np.stack([obs[key] for obs in observations]) for key in ("image", "vector")}
     np.testing.assert_array_equal(agent.predict(stacked)[0], actions)  # as a vector env gives them
+    empty = {key: values[:0] for key, values in stacked.items()}
+    assert agent.predict([])[0].shape == agent.predict(empty)[0].shape == (0, *actions.shape[1:])
     module, example = greedy_policy(agent)
     assert [tensor.dtype for tensor in example] == [torch.uint8, torch.float32]  # image, then vector
     keys = [torch.from_numpy(np.stack([obs[key] for obs in observations])) for key in ("image", "vector")]
