@@ -259,7 +259,7 @@ def inspect_env(env_id: str, preprocessing: Preprocessing = ATARI_PREPROCESSING)
     gymnasium's API); raise `UsageError` on bad input."""
     env_id = resolve_env_id(env_id)
     register_optional_envs(env_id)
-    with warnings_shown_once_the_env_is_made():
+    with warnings_shown_if_it_succeeds():
         if is_users_env(env_id):
             check_env_api(env_id, preprocessing)
         env = made_to_inspect(env_id, preprocessing)
@@ -271,14 +271,42 @@ def inspect_env(env_id: str, preprocessing: Preprocessing = ATARI_PREPROCESSING)
         env.close()
 
 
+SHOWN_WARNINGS: set[tuple[str, type[Warning], str, int]] = set()  # held warnings shown in this process
+
+
 @contextlib.contextmanager
-def warnings_shown_once_the_env_is_made() -> Iterator[None]:
-    """Hold the warnings raised while an env is made, shown once it is: a refusal stays one line, which says what
-    they would (gymnasium warns that a version is out of date, then refuses it as removed)."""
-    with warnings.catch_warnings(record=True) as caught:
+def warnings_shown_if_it_succeeds() -> Iterator[None]:
+    """Hold the warnings raised in the block, shown once it has ended without an error: a refusal or an env's fault
+    stays one line, which says what they would (gymnasium warns that a version is out of date, then refuses it as
+    removed; its checker warns of the reward an env's first step returned, which then cannot be stored).
+
+    Only the showing is held (each warning meets the filters as it is raised, in its own module), and a held
+    warning is shown once a process: the filters forget what they have shown whenever they change (a library's
+    import adds some), and an env's every maker (inspecting, training, evaluating) would repeat it."""
+    show = warnings.showwarning
+    held = HeldWarnings()
+    warnings.showwarning = held
+    try:
         yield
-    for each in caught:
-        warnings.warn_explicit(each.message, each.category, each.filename, each.lineno, source=each.source)
+    finally:
+        warnings.showwarning = show
+    for message, category, filename, lineno, *where in held.warnings:
+        seen = (str(message), category, filename, lineno)
+        if isinstance(show, HeldWarnings):  # held by an enclosing block, which shows them
+            show(message, category, filename, lineno, *where)
+        elif seen not in SHOWN_WARNINGS:
+            SHOWN_WARNINGS.add(seen)
+            show(message, category, filename, lineno, *where)
+
+
+class HeldWarnings:
+    """`warnings.showwarning` while a block's warnings are held: it keeps them."""
+
+    def __init__(self) -> None:
+        self.warnings: list[tuple[Any, ...]] = []
+
+    def __call__(self, *warning: Any) -> None:
+        self.warnings.append(warning)
 
 
 def made_to_inspect(env_id: str, preprocessing: Preprocessing) -> gym.Env:
@@ -524,7 +552,8 @@ def make_env(
         options["render_mode"] = "human" if window else "rgb_array" if video_dir else render_mode
     if is_atari(env_id) and options.get("obs_type") != "ram":
         options["frameskip"] = 1  # AtariPreprocessing skips frames, max-pooling the last two of each skip
-    env = gym.make(env_id, **options)
+    with warnings_shown_if_it_succeeds():  # gymnasium's note of an old version, once in a process
+        env = gym.make(env_id, **options)
     if video_dir:  # innermost: the video shows the env's own frames, every one, not the agent's input
         env = gym.wrappers.RecordVideo(env, video_dir, episode_trigger=video_episodes, disable_logger=True)
     flattens = not own_spaces or preprocessing.time_feature  # the time feature extends a flat vector

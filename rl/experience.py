@@ -25,7 +25,13 @@ from torch import Tensor
 
 from rl.batch import TensorBatch
 from rl.env_faults import ENV_RESET, ENV_STEP, check_finite, close_envs
-from rl.envs import observations_tensor, reset_vector_env, resets_next_step, stored_as_bytes
+from rl.envs import (
+    observations_tensor,
+    reset_vector_env,
+    resets_next_step,
+    stored_as_bytes,
+    warnings_shown_if_it_succeeds,
+)
 from rl.multi_input import packed_layout
 from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler
 
@@ -219,9 +225,11 @@ class Collector(ExperienceSource):
         return self.stepping_seconds
 
     def reset_envs(self, seeds: list[int]) -> None:
-        with ENV_RESET:
-            first_obs, info = reset_vector_env(self.envs, seeds)
-        check_finite(first_obs, call="reset", layout=self.layout)
+        with warnings_shown_if_it_succeeds():  # gymnasium's checker warns at an env's first reset and step
+            with ENV_RESET:
+                first_obs, info = reset_vector_env(self.envs, seeds)
+            check_finite(first_obs, call="reset", layout=self.layout)
+        self.stepped = False
         self.raw_obs = self.to_tensor(first_obs)
         self.ended = np.zeros(self.envs.num_envs, dtype=np.bool_)  # which envs' last step ended an episode
         self.lives = self._lives(info)
@@ -234,11 +242,13 @@ class Collector(ExperienceSource):
     def step_envs(self, actions: np.ndarray) -> EnvStep:
         """One vector step, and which of its rows are transitions (not a NEXT_STEP env's reset step)."""
         is_transition = ~self.ended if self.resets_next_step else np.ones(self.envs.num_envs, dtype=np.bool_)
-        started = time.perf_counter()
-        with ENV_STEP:
-            raw_next, reward, terminated, truncated, info = self.envs.step(actions)
-        self.stepping_seconds += time.perf_counter() - started
-        check_finite(raw_next, reward, layout=self.layout)  # before it reaches a buffer, a normalizer or a loss
+        with contextlib.nullcontext() if self.stepped else warnings_shown_if_it_succeeds():
+            started = time.perf_counter()
+            with ENV_STEP:
+                raw_next, reward, terminated, truncated, info = self.envs.step(actions)
+            self.stepping_seconds += time.perf_counter() - started
+            check_finite(raw_next, reward, layout=self.layout)  # before it reaches a buffer, a normalizer or a loss
+        self.stepped = True
         self.ended = terminated | truncated
         lives = self._lives(info)
         # A reset restores the lives; only a drop within an episode is a lost life.

@@ -470,13 +470,14 @@ def wait_forever_holding_the_gil() -> None:
 class Misbehaves(gym.Env):
     """From its `after`th step on (counted over the env's life), `fault`: "raise" (a RuntimeError from a helper),
     "nan_observation", "nan_last_observation" (NaN only in an episode's last observation), "inf_reward",
-    "wrong_shape" (an observation of 4 values, where its space holds 3), "reward_array" and "terminated_array" (a
-    reward or a terminated flag as an array of one value, not a number or a bool), "hang" (a
+    "wrong_shape" (an observation of 4 values, where its space holds 3), "outside_the_space" (an observation beyond
+    its space's bounds, which gymnasium's checker warns of at the first step, and a run takes), "reward_array" and
+    "terminated_array" (a reward or a terminated flag as an array of one value, not a number or a bool), "hang" (a
     step that never returns, after touching the file HANG_MARKER names), "hang_holding_the_gil" (the same, in native
-    code that keeps Python's interpreter lock), "die_once" (the first env to get there,
-    the one that creates the file DIE_MARKER names, kills its own process), "raise_on_close" (its close raises),
-    or "as_asked" (the fault that MISBEHAVE
-    names in the environment, where it is set); only in the process of rank `on_rank`, where it is given."""
+    code that keeps Python's interpreter lock), "die_once" (the first env to get there, the one that creates the
+    file DIE_MARKER names, kills its own process), "raise_on_close" (its close raises), or "as_asked" (the fault
+    that MISBEHAVE names in the environment, where it is set); only in the process of rank `on_rank`, where it is
+    given."""
 
     observation_space = gym.spaces.Box(-1.0, 1.0, (3,), dtype=np.float32)
     action_space = gym.spaces.Discrete(2)
@@ -502,6 +503,8 @@ class Misbehaves(gym.Env):
                 obs[2] = np.nan
             if fault == "wrong_shape":
                 obs = np.append(obs, 0.5).astype(np.float32)
+            if fault == "outside_the_space":
+                obs = np.full(3, 2.0, dtype=np.float32)
             if fault == "inf_reward":
                 reward = float("inf")
             if fault == "reward_array":

@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import needs_envpool
 
+import rl.envs
 from rl.algos.ppo.config import PPOConfig
 from rl.algos.sac.config import SACConfig
 from rl.cli import check_mode_flags, check_values_for_job, flags_of, parse_config
@@ -190,7 +191,8 @@ def test_an_old_version_refused_is_one_line_without_gymnasiums_warning_that_it_i
     assert not caught, [str(each.message) for each in caught]
 
 
-def test_an_old_version_that_can_be_made_is_still_warned_of():
+def test_an_old_version_that_can_be_made_is_still_warned_of(monkeypatch):
+    monkeypatch.setattr(rl.envs, "SHOWN_WARNINGS", set())  # as in a process that has not shown it yet
     with pytest.warns(DeprecationWarning, match="CartPole-v0 is out of date"):
         inspect_env("CartPole-v0")
 

@@ -3,6 +3,7 @@ env's call and what it did; one that raised shows its own frames above that line
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import multiprocessing
@@ -31,6 +32,7 @@ from conftest import (
 )
 
 import rl
+import rl.envs
 from rl import gil_watch
 from rl.env_faults import ENV_STEP, INSTALLED, is_env_code
 from rl.envs import make_vector_env
@@ -74,11 +76,12 @@ def test_an_env_that_raises_shows_its_frames_then_one_line_and_keeps_the_checkpo
     assert checkpoints == ["step_000000000128.ckpt", "step_000000000256.ckpt"]
 
 
-def misbehaving(tmp_path, fault: str, env: str = "Misbehaves-v0", **overrides) -> rl.PPOConfig:
-    """A short run of `env` whose `fault` comes mid-episode, at its 45th step (episodes last 20 steps)."""
+def misbehaving(tmp_path, fault: str, env: str = "Misbehaves-v0", after: int = 45, **overrides) -> rl.PPOConfig:
+    """A short run of `env` whose `fault` comes at its `after`th step: mid-episode by default (episodes last 20
+    steps)."""
     fields = {"num_envs": 2, "num_steps": 32, "total_timesteps": 512, "eval_episodes": 0, "progress_bar": False}
     fields |= {"log_dir": str(tmp_path / "logs")} | overrides
-    return rl.PPOConfig(env_id=f"envs_for_tests:{env}", env_kwargs={"after": 45, "fault": fault}, **fields)
+    return rl.PPOConfig(env_id=f"envs_for_tests:{env}", env_kwargs={"after": after, "fault": fault}, **fields)
 
 
 @pytest.mark.parametrize(
@@ -126,6 +129,21 @@ def test_a_reward_or_flag_of_more_than_one_value_is_named_as_what_the_env_return
             rl.train(misbehaving(tmp_path, fault, vector_mode=vector_mode))
     assert str(stopped.value).startswith(f"--env-id: the env's step returned {what}"), str(stopped.value)
     assert stopped.value.context == ""
+
+
+@pytest.mark.parametrize("fault", ["reward_array", "wrong_shape", "outside_the_space"])
+def test_the_env_checkers_warnings_at_the_first_step_are_shown_once_unless_that_step_stops_the_run(
+    tmp_path, monkeypatch, fault
+):
+    """A fault at the env's first step stops the run in one line: gymnasium's checker, which warns of the value
+    that step returned, says nothing above it. A value the run takes is warned of once, as gymnasium does."""
+    monkeypatch.setattr(rl.envs, "SHOWN_WARNINGS", set())  # as in a process that has not shown it yet
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("default")  # each warning once where it is raised, as Python shows them
+        with contextlib.suppress(rl.RunStopped):
+            rl.train(misbehaving(tmp_path, fault, after=1, eval_episodes=2))
+    checker = [str(each.message) for each in shown if "passive_env_checker" in each.filename]
+    assert len(checker) == (1 if fault == "outside_the_space" else 0), checker
 
 
 def test_frames_of_pythons_own_modules_and_of_the_plumbing_are_not_the_envs_but_an_installed_packages_are():
