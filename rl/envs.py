@@ -282,7 +282,9 @@ def warnings_shown_if_it_succeeds() -> Iterator[None]:
 
     Only the showing is held (each warning meets the filters as it is raised, in its own module), and a held
     warning is shown once a process: the filters forget what they have shown whenever they change (a library's
-    import adds some), and an env's every maker (inspecting, training, evaluating) would repeat it."""
+    import adds some), and an env's every maker (inspecting, training, evaluating) would repeat it. The hold is
+    the process's: blocks in two threads at once would each take the other's (a rank's env groups take their first
+    steps in turn)."""
     show = warnings.showwarning
     held = HeldWarnings()
     warnings.showwarning = held
