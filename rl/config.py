@@ -688,8 +688,15 @@ class ProcessCount:
             return ProcessCount("--devices", "launch more processes (fabric run --devices)")
         if "WORLD_SIZE" in os.environ:
             return ProcessCount("--nproc-per-node", "launch more processes (torchrun --nproc-per-node)")
-        script = sys.argv[0] if sys.argv[0].endswith(".py") else "SCRIPT"
-        return ProcessCount("--devices", f"launch it with fabric run --accelerator=cpu --devices=2 {script}")
+        return ProcessCount("--devices", f"launch it with fabric run --accelerator=cpu --devices=2 {script_run()}")
+
+
+def script_run() -> str:
+    """The script this process runs, as Python was given it; "SCRIPT" where it runs none of its own: a notebook (whose
+    kernel's launcher is `sys.argv[0]`), `python -c`, an interactive session."""
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    ran = main_file is not None and os.path.abspath(main_file) == os.path.abspath(sys.argv[0])
+    return sys.argv[0] if ran and sys.argv[0].endswith(".py") else "SCRIPT"
 
 
 def validate_decoupled(cfg: RunConfig, world_size: int, processes: ProcessCount | None = None) -> int:

@@ -20,6 +20,7 @@ from rl.algos.ppo.config import PPOConfig
 from rl.algos.sac.config import SACConfig
 from rl.cli import check_mode_flags, check_values_for_job, flags_of, parse_config
 from rl.config import (
+    ProcessCount,
     RunConfig,
     field_docstrings,
     flag,
@@ -285,6 +286,18 @@ def test_too_few_processes_are_answered_with_the_flag_of_the_launcher_that_start
     with pytest.raises(UsageError) as error:
         validate_decoupled(PPOConfig(), world_size=1)
     assert (error.value.flag, str(error.value).rpartition(": ")[2]) == (flag, more)
+
+
+def test_a_process_that_runs_no_script_of_its_own_is_told_to_launch_a_script(monkeypatch, tmp_path):
+    monkeypatch.delenv("LT_CLI_USED", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    script = tmp_path / "train.py"
+    monkeypatch.setattr(sys, "argv", [str(script)])
+    monkeypatch.setattr(sys.modules["__main__"], "__file__", str(script), raising=False)
+    assert ProcessCount.here().more == f"launch it with fabric run --accelerator=cpu --devices=2 {script}"
+    monkeypatch.setattr(sys, "argv", [str(tmp_path / "ipykernel_launcher.py"), "-f", "kernel.json"])
+    monkeypatch.delattr(sys.modules["__main__"], "__file__")  # a notebook's: its cells are no file's
+    assert ProcessCount.here().more == "launch it with fabric run --accelerator=cpu --devices=2 SCRIPT"
 
 
 @pytest.mark.parametrize(
