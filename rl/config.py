@@ -1078,7 +1078,7 @@ def type_name(hint: Any) -> str:
     """How a field's type reads in an error: 'a number', 'one of sync, async, ...'."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is Annotated:
-        return type_name(args[0])
+        return "a dict of keyword arguments (or its JSON text)" if JSON_OBJECT in args[1:] else type_name(args[0])
     if origin is Literal:
         return "one of " + ", ".join(str(arg) for arg in args)
     if origin in (typing.Union, types.UnionType):

@@ -1099,6 +1099,7 @@ def test_the_resolved_config_written_out_is_taken_back_whole(tmp_path, argv):
         ("vector_mode: fast\n", "sets vector_mode: 'fast', which is not one of auto, sync, async, native, envpool"),
         ("logger: [csv, tb]\n", "which is not a list, each one of tensorboard, csv, wandb"),
         ("target_kl: high\n", "sets target_kl: 'high', which is not a number or null"),
+        ("env_kwargs: [1]\n", "sets env_kwargs: [1], which is not a dict of keyword arguments (or its JSON text)"),
         # another program's names, answered with this one's
         ("n_steps: 512\n", "sets 'n_steps', Stable-Baselines3's name, not this program's: --num-steps"),
         ("clip-range: 0.1\n", "sets 'clip-range', Stable-Baselines3's name, not this program's: --clip-coef"),
