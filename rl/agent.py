@@ -113,8 +113,10 @@ class Agent:
         `seed` and i, no episodic life or clipped rewards. `deterministic`: greedy actions, else sampled ones
         (seeded by `seed`). `video_dir`: record the first episode there (the video extra); `render`: show it
         in a window."""
-        if episodes <= 0:
-            raise ValueError(f"episodes must be positive, got {episodes}")
+        if not is_whole_number(episodes) or episodes <= 0:
+            raise ValueError(f"episodes must be a positive whole number, got {episodes!r}")
+        if not is_whole_number(seed) or not 0 <= seed < 2**63:  # torch's generator takes no other
+            raise ValueError(f"seed must be a whole number from 0 to 2**63 - 1, got {seed!r}")
         return evaluate_greedy(
             self.policy,
             self.env_id,
@@ -221,6 +223,11 @@ class Agent:
         return actions[0] if single else actions
 
 
+def is_whole_number(value: Any) -> bool:
+    """An int of Python's or numpy's, not a bool (which Python counts as one)."""
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
 def flat_box_observations(obs: Any, space: gym.spaces.Box) -> Any:
     """One observation of a Box of several axes (or of none), or a batch of them, flattened as training flattened
     them, row by row; anything else as it is (flattened already, or of a shape that `predict` refuses)."""
@@ -258,9 +265,17 @@ def stacked_rows(space: gym.Space, obs: Any) -> int | None:
 def available_device(device: str | torch.device) -> torch.device:
     """`device` as torch names it, if this machine has it (rather than torch's assertion, later, that it lacks
     CUDA)."""
-    target = torch.device(device)
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise UsageError("device", f"{device!r} names no device: give cpu or cuda") from None
     if target.type == "cuda" and not torch.cuda.is_available():
         raise UsageError("device", "no CUDA GPU is available on this machine")
+    if target.type != "cpu":
+        try:
+            torch.empty(0, device=target)
+        except (RuntimeError, AssertionError):  # a kind this torch was not built for (mps), a GPU index it lacks
+            raise UsageError("device", f"no {target} device is available on this machine") from None
     return target
 
 

@@ -111,8 +111,11 @@ def test_train_in_one_process_returns_its_runs_and_the_agents_they_saved(tmp_pat
     assert action.shape == (1,) and state is None
     returns, lengths = agent.evaluate(episodes=2, seed=42)  # the run's own final evaluation (its seed: 42)
     assert returns.mean() == sac["evaluation"]["Test/return_mean"] and lengths.tolist() == [200, 200]
-    with pytest.raises(ValueError, match="episodes must be positive, got 0"):
-        agent.evaluate(episodes=0)
+    for episodes in (0, 1.5, True):
+        with pytest.raises(ValueError, match=f"episodes must be a positive whole number, got {episodes}"):
+            agent.evaluate(episodes=episodes)
+    with pytest.raises(ValueError, match=r"seed must be a whole number from 0 to 2\*\*63 - 1, got -1"):
+        agent.evaluate(episodes=1, seed=-1)  # numpy's own error did not name it
     assert rl.load_agent(recurrent["agent_path"]).recurrent  # its minibatch defaulted to one sequence, as on the CLI
     assert results["ctrl_c_kept"]  # training listens for Ctrl-C only while it runs
     assert results["in_a_thread"] == [256]
@@ -306,6 +309,17 @@ def test_an_agent_asked_onto_a_gpu_this_machine_lacks_is_refused_naming_the_devi
     with pytest.raises(rl.UsageError, match=r"^device: no CUDA GPU is available on this machine$"):
         rl.load_agent(agent, device="cuda")
     assert rl.load_agent(agent, device="cpu").predict(np.zeros(4, dtype=np.float32))[0] in (0, 1)
+
+
+@pytest.mark.skipif(torch.backends.mps.is_available(), reason="a Mac's torch has the mps device")
+@pytest.mark.parametrize(
+    ("device", "told"),
+    [("gpu", "'gpu' names no device: give cpu or cuda"), ("mps", "no mps device is available on this machine")],
+)
+def test_an_agent_asked_onto_a_device_torch_cannot_use_here_is_refused_naming_the_device(device, told):
+    agent = Path(__file__).parent / "data" / "checkpoint-v1" / "agent.ckpt"
+    with pytest.raises(rl.UsageError, match=f"^device: {told}$"):
+        rl.load_agent(agent, device=device)
 
 
 @pytest.mark.parametrize(
