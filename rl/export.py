@@ -26,6 +26,8 @@ unpickled, whatever the file holds.
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 import warnings
 from dataclasses import dataclass
@@ -199,14 +201,23 @@ def feed_forward_policy(agent: Agent) -> tuple[GreedyPolicy, tuple[Tensor, ...]]
     return module, (example if pixels else example.float(),)
 
 
-def check_output_file(out: str) -> None:
-    """Make the folders of `out` and check that a file can be written there, or raise `UsageError`."""
+def check_output_path(out: str) -> None:
+    """Raise `UsageError` where `out` cannot be a file written: a folder, below a file, or where its nearest folder
+    refuses this user; nothing is made."""
     path = Path(out)
     if path.is_dir():
         raise UsageError("--out", f"{out} is a folder; give the file to write, such as {path / 'policy.pt'}")
     ancestor = next(folder for folder in path.parents if folder.exists())
     if not ancestor.is_dir():
         raise UsageError("--out", f"cannot write {out}: {ancestor} is a file, not a folder")
+    if not os.access(path if path.exists() else ancestor, os.W_OK):
+        raise UsageError("--out", f"cannot write {out}: {os.strerror(errno.EACCES)}")
+
+
+def check_output_file(out: str) -> None:
+    """Make the folders of `out` and check that a file can be written there, or raise `UsageError`."""
+    check_output_path(out)
+    path = Path(out)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch()
@@ -253,6 +264,7 @@ def main(argv: list[str]) -> None:
         cfg = parse_dataclass(ExportConfig, argv)
     except UsageError as error:
         raise misspelled_option(error, flag_spellings(ExportConfig)) or error from None
+    check_output_path(cfg.out)  # before the agent is loaded: a slip of --out is its one line
     agent = load_agent(cfg.checkpoint, flag="CHECKPOINT")
     module, example = greedy_policy(agent)
     export(module, example, cfg.out, cfg.chosen_format)

@@ -271,6 +271,9 @@ def test_bad_output_paths_end_with_one_line_and_a_onnx_file_is_onnx(agents, tmp_
         assert done.returncode == 2, done.stderr[-2000:]
         (line,) = done.stderr.strip().splitlines()
         assert line.startswith("error: --out: ") and told in line, line
+    # before the agent is read: loading it could warn (its env's old version) above that line, or take long
+    done = export_to(tmp_path / "no-such.ckpt", str(tmp_path), tmp_path)
+    assert done.stderr.startswith("error: --out: "), done.stderr[-2000:]
     done = export_to(agent, str(tmp_path / "new" / "folder" / "policy.onnx"), tmp_path)
     assert done.returncode == 0 and "(onnx)" in done.stdout, done.stderr[-2000:]
     assert (tmp_path / "new" / "folder" / "policy.onnx").read_bytes()[:2] != b"PK"  # ONNX, not a TorchScript zip
