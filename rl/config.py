@@ -1357,8 +1357,10 @@ def parse_dataclass(
 ) -> Config:
     """Parse the command line with tyro (from `default`'s values, if given), condensing its boxed errors into one line.
 
-    `--help` prints tyro's help as usual; any parse error raises `UsageError`.
+    `--help` prints tyro's help as usual; any parse error raises `UsageError`. A switch given true or false (`--render
+    false`) is taken as its own spelling (`--no-render`), as the Lightning example's argparse took it.
     """
+    argv = respelled(argv, flags_typed(config_type, bool), as_switch)
     out, err = io.StringIO(), io.StringIO()
     helped = with_one_line_help(config_type)
     if default is not None:

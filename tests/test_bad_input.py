@@ -198,6 +198,13 @@ def test_an_unknown_flag_before_the_checkpoint_is_named_not_the_checkpoint_it_sw
     assert (error.value.flag, str(error.value)) == ("--bogus", "--bogus: Unrecognized options: --bogus")
 
 
+def test_an_evaluations_switches_take_true_or_false_as_training_flags_do():
+    assert not parse_evaluation(["run/agent.ckpt", "--deterministic", "false", "--render=no"]).deterministic
+    assert parse_evaluation(["run/agent.ckpt", "--capture-video", "True"]).capture_video
+    with pytest.raises(UsageError, match=r"^--render: a switch takes no value, or true or false; got 'maybe'"):
+        parse_evaluation(["run/agent.ckpt", "--render", "maybe"])
+
+
 @pytest.mark.parametrize(
     ("argv", "word", "says"),
     [
