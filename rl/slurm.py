@@ -64,12 +64,18 @@ ELASTIC_STORE_LINES = [
 ]
 
 
+def interpreter(python: str) -> str:
+    """--python as the node's shell reads it: quoted where a space or quote would split it, else as given, so that
+    `~` and `$HOME` expand on the node."""
+    return shlex.quote(python) if re.search(r"[\s\"'\\]", python) else python
+
+
 def launcher_command(cfg: SlurmConfig) -> list[str]:
     """The command `srun` starts once per node; `$SLURM_*` and `$MAIN_NODE` expand on the node."""
     if cfg.launcher == "fabric":
         accelerator = "cuda" if cfg.gpus_per_node else "cpu"
         return [
-            cfg.python,
+            interpreter(cfg.python),
             "-m",
             "lightning.fabric.cli",
             f"--accelerator={accelerator}",  # = fabric run
@@ -81,7 +87,7 @@ def launcher_command(cfg: SlurmConfig) -> list[str]:
         ]
     nodes = f"{cfg.min_nodes}:$SLURM_NNODES" if cfg.min_nodes else "$SLURM_NNODES"
     return [
-        cfg.python,
+        interpreter(cfg.python),
         "-m",
         "torch.distributed.run",
         f'--nnodes="{nodes}"',
@@ -96,6 +102,7 @@ def launcher_command(cfg: SlurmConfig) -> list[str]:
 # sbatch's --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes or
 # days-hours:minutes:seconds
 SLURM_TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}")
+JOB_NAME = re.compile(r"[^\s\"'\\]+")
 
 
 def check_job_shape(cfg: SlurmConfig) -> None:
@@ -109,6 +116,8 @@ def check_job_shape(cfg: SlurmConfig) -> None:
         raise UsageError("--port", f"must be a port number, 1 to 65535, got {cfg.port}")
     if not SLURM_TIME.fullmatch(cfg.time):
         raise UsageError("--time", f"takes sbatch's forms (04:00:00, 90, 2-12:00), got {cfg.time!r}")
+    if not JOB_NAME.fullmatch(cfg.job_name):  # the script's #SBATCH line holds it as it is
+        raise UsageError("--job-name", f"must be one word, without spaces or quotes, got {cfg.job_name!r}")
 
 
 def node_command(cfg: SlurmConfig) -> list[str]:

@@ -137,8 +137,10 @@ def render_slurm(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("launcher", ["fabric", "torchrun"])
 def test_the_slurm_script_starts_one_launcher_per_node_with_the_first_node_as_rendezvous(tmp_path, launcher):
-    # A stand-in interpreter that prints the arguments it gets: what each node's launcher would receive.
-    (python := tmp_path / "python").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    # A stand-in interpreter that prints the arguments it gets: what each node's launcher would receive. Its folder's
+    # name has a space, as a project's may.
+    (tmp_path / "my env").mkdir()
+    (python := tmp_path / "my env" / "python").write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
     python.chmod(0o755)
     rendered = render_slurm(
         "--nodes",
@@ -213,6 +215,7 @@ def test_a_slurm_job_runs_in_the_folder_its_script_was_made_in_wherever_it_is_su
         (["--gpus-per-node", "-1"], "--gpus-per-node: must not be negative, got -1"),
         (["--port", "70000"], "--port: must be a port number, 1 to 65535, got 70000"),
         (["--time", "four hours"], "--time: takes sbatch's forms (04:00:00, 90, 2-12:00), got 'four hours'"),
+        (["--job-name", "my job"], "--job-name: must be one word, without spaces or quotes, got 'my job'"),
     ],
 )
 def test_a_slurm_job_it_cannot_run_names_its_flag(flags, told, capsys):
