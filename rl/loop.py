@@ -103,7 +103,7 @@ def summary_line(
     if update_wait_seconds is not None:
         line += f"; waiting for updates: {update_wait_seconds:.2f} s ({update_wait_seconds / seconds:.0%})"
     if peak_rss_mb:
-        line += f"; peak RSS per rank (MB): {', '.join(f'{mb:.0f}' for mb in peak_rss_mb)}"
+        line += f"; peak RSS per rank (MB): {rss_text(peak_rss_mb)}"
     if process_seconds is not None:
         line += f"; rank 0 process time so far: {process_seconds:.2f} s"
     return line
@@ -123,6 +123,16 @@ def report_resources(
     run.sink.log_scalars(loop_figures(steps, loop_seconds, env_seconds, peak_rss), global_step)
     if runtime.is_main:
         print(summary_line(steps, loop_seconds, peak_rss, float(per_rank[0, 1]), env_seconds), flush=True)
+
+
+RSS_LISTED = 8  # ranks whose peak RSS the closing line lists one by one; more are given as a range
+
+
+def rss_text(peak_rss_mb: Sequence[float]) -> str:
+    """Each rank's peak RSS, "412, 398"; for many ranks their range, "398 to 412 over 64 ranks"."""
+    if len(peak_rss_mb) <= RSS_LISTED:
+        return ", ".join(f"{mb:.0f}" for mb in peak_rss_mb)
+    return f"{min(peak_rss_mb):.0f} to {max(peak_rss_mb):.0f} over {len(peak_rss_mb)} ranks"
 
 
 def own_peak_rss_mb() -> float:

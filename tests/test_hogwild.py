@@ -33,6 +33,7 @@ from conftest import (
 )
 
 import rl
+from rl.loop import summary_line
 from rl.modes.hogwild import MergedWeights, SharedState
 from rl.spawned import ByValue, env_registration
 
@@ -504,3 +505,9 @@ def test_bad_input_ends_a_launched_hogwild_run_with_one_line(tmp_path):
 def test_hogwild_flags_are_refused_in_the_other_modes(tmp_path):
     line = refusal_line("fabric", ["--workers", "2"], tmp_path)
     assert line == "error: --workers: belongs to Hogwild mode: python train_hogwild.py ..."
+
+
+def test_the_closing_line_gives_the_peak_memory_of_many_workers_as_a_range():
+    assert summary_line(512, 2.0, [412.4, 398.0]).endswith("peak RSS per rank (MB): 412, 398")
+    many = summary_line(512, 2.0, [400.0 + worker for worker in range(64)])  # 64 numbers made the line unreadable
+    assert many.endswith("peak RSS per rank (MB): 400 to 463 over 64 ranks")
