@@ -619,9 +619,9 @@ def check_values_for_job(cfg: RunConfig, mode: Mode, world_size: int, processes:
     as `processes` says: its values, not the hardware, envs or checkpoints (a SLURM job's, before it waits in the
     queue)."""
     if mode == "decoupled":
-        validate_values(cfg, cfg.num_players, validate_decoupled(cfg, world_size, processes))
+        validate_values(cfg, cfg.num_players, validate_decoupled(cfg, world_size, processes), stepper="player")
     else:
-        validate_values(cfg, world_size)
+        validate_values(cfg, world_size, stepper="worker" if mode == "hogwild" else "rank")
     check_mode_flags(cfg, mode)
 
 

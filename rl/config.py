@@ -534,9 +534,9 @@ def validate(
     validate_hardware(cfg, world_size, gpu_count, env_ranks, decoupled)
 
 
-def validate_values(cfg: RunConfig, env_ranks: int, num_trainers: int | None = None) -> None:
+def validate_values(cfg: RunConfig, env_ranks: int, num_trainers: int | None = None, stepper: str = "rank") -> None:
     """The checks of `validate` that any machine makes alike: of the values and how they fit `env_ranks` (and,
-    in decoupled mode, `num_trainers`)."""
+    in decoupled mode, `num_trainers`); `stepper` names a process that steps envs (a player, a Hogwild worker)."""
     check_finite_numbers(cfg)
     check_seed(cfg.seed)
     check_signs(cfg, cfg.POSITIVE, cfg.NON_NEGATIVE)
@@ -561,7 +561,7 @@ def validate_values(cfg: RunConfig, env_ranks: int, num_trainers: int | None = N
         raise UsageError(
             "--total-timesteps",
             f"{cfg.total_timesteps} is smaller than one global {iteration_name(cfg)} "
-            f"({counted(env_ranks, 'rank')} x {counted(cfg.num_envs, 'env')} x "
+            f"({counted(env_ranks, stepper)} x {counted(cfg.num_envs, 'env')} x "
             f"{counted(cfg.steps_per_iteration // cfg.num_envs, 'step')} = {global_iteration})",
         )
     cfg.validate_steps(env_ranks)

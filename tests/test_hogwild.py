@@ -482,6 +482,11 @@ def test_bad_input_ends_with_one_line_naming_the_flag(tmp_path, args, flag):
     assert refusal_line("hogwild", args, tmp_path).startswith(f"error: {flag}: ")
 
 
+def test_a_run_shorter_than_one_rollout_is_refused_counting_the_workers_asked_for(tmp_path):
+    line = refusal_line("hogwild", ["--workers", "3", "--total-timesteps", "100"], tmp_path)
+    assert line.endswith(": 100 is smaller than one global rollout (3 workers x 2 envs x 128 steps = 768)"), line
+
+
 @pytest.mark.slow
 def test_hogwild_started_as_several_processes_of_a_launcher_is_refused_not_run_once_in_each(tmp_path):
     finished = launch("fabric run", SCRIPTS["hogwild"], ["--workers", "2"], tmp_path, nproc=2, timeout=120)
