@@ -293,12 +293,12 @@ def warnings_shown_if_it_succeeds() -> Iterator[None]:
     finally:
         warnings.showwarning = show
     for message, category, filename, lineno, *where in held.warnings:
-        seen = (str(message), category, filename, lineno)
-        if isinstance(show, HeldWarnings):  # held by an enclosing block, which shows them
-            show(message, category, filename, lineno, *where)
-        elif seen not in SHOWN_WARNINGS:
+        if not isinstance(show, HeldWarnings):  # else an enclosing block holds it, and shows it once
+            seen = (str(message), category, filename, lineno)
+            if seen in SHOWN_WARNINGS:
+                continue
             SHOWN_WARNINGS.add(seen)
-            show(message, category, filename, lineno, *where)
+        show(message, category, filename, lineno, *where)
 
 
 class HeldWarnings:

@@ -64,10 +64,13 @@ ELASTIC_STORE_LINES = [
 ]
 
 
+SPLITS_A_WORD = re.compile(r"[\s\"'\\]")  # what a shell (or an #SBATCH line) reads as more than one word
+
+
 def interpreter(python: str) -> str:
     """--python as the node's shell reads it: quoted where a space or quote would split it, else as given, so that
     `~` and `$HOME` expand on the node."""
-    return shlex.quote(python) if re.search(r"[\s\"'\\]", python) else python
+    return shlex.quote(python) if SPLITS_A_WORD.search(python) else python
 
 
 def launcher_command(cfg: SlurmConfig) -> list[str]:
@@ -102,7 +105,6 @@ def launcher_command(cfg: SlurmConfig) -> list[str]:
 # sbatch's --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes or
 # days-hours:minutes:seconds
 SLURM_TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}")
-JOB_NAME = re.compile(r"[^\s\"'\\]+")
 
 
 def check_job_shape(cfg: SlurmConfig) -> None:
@@ -116,7 +118,7 @@ def check_job_shape(cfg: SlurmConfig) -> None:
         raise UsageError("--port", f"must be a port number, 1 to 65535, got {cfg.port}")
     if not SLURM_TIME.fullmatch(cfg.time):
         raise UsageError("--time", f"takes sbatch's forms (04:00:00, 90, 2-12:00), got {cfg.time!r}")
-    if not JOB_NAME.fullmatch(cfg.job_name):  # the script's #SBATCH line holds it as it is
+    if not cfg.job_name or SPLITS_A_WORD.search(cfg.job_name):  # the script's #SBATCH line holds it as it is
         raise UsageError("--job-name", f"must be one word, without spaces or quotes, got {cfg.job_name!r}")
 
 
