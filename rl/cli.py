@@ -555,7 +555,8 @@ def keep_global_batch(cfg: RunConfig, resume: TrainingCheckpoint, mode: Mode, wo
         (saved_noun, saved_count), (noun, count) = saved[name], now[name]
         total = getattr(trained, name) * saved_count
         unit, whole = cfg.share_unit(name)
-        ran = f"the checkpoint's {holders_named(saved_count, saved_noun)} ran {total} in all"
+        held = f"ran {counted(total, 'env')}" if name == "num_envs" else f"took batches of {total}"
+        ran = f"the checkpoint's {holders_named(saved_count, saved_noun)} {held} in all"
         if total % (count * unit):
             raise UsageError(
                 flag(name), f"{ran}, which {counted(count, noun)} cannot share evenly{f' in {whole}' if whole else ''}"

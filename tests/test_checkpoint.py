@@ -329,7 +329,7 @@ def test_a_share_of_the_checkpoints_envs_that_is_not_whole_is_refused_by_every_r
     lines = [line for line in refused.stderr.splitlines() if line.startswith("error: ")]
     assert refused.returncode != 0 and len(lines) == 3, refused.stderr[-3000:]
     assert len(set(lines)) == 1 and re.fullmatch(
-        r"error: --num-envs: the checkpoint's 2 ranks ran \d+ in all, which 3 ranks cannot share evenly", lines[0]
+        r"error: --num-envs: the checkpoint's 2 ranks ran \d+ envs in all, which 3 ranks cannot share evenly", lines[0]
     )
 
 
@@ -342,7 +342,8 @@ def test_a_recurrent_minibatch_is_shared_out_in_whole_sequences(tmp_path):
     refused = run_ranks("fabric run", SCRIPTS["fabric"], resume, tmp_path, 2)
     lines = {line for line in refused.stderr.splitlines() if line.startswith("error: ")}
     assert refused.returncode != 0 and lines == {
-        "error: --per-rank-batch-size: the checkpoint's 1 rank ran 128 in all, which 2 ranks cannot share evenly in "
+        "error: --per-rank-batch-size: the checkpoint's 1 rank took batches of 128 in all, which 2 ranks cannot share "
+        "evenly in "
         "whole sequences of --num-steps 128"
     }, refused.stderr[-3000:]
 
