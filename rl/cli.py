@@ -555,8 +555,7 @@ def keep_global_batch(cfg: RunConfig, resume: TrainingCheckpoint, mode: Mode, wo
         (saved_noun, saved_count), (noun, count) = saved[name], now[name]
         total = getattr(trained, name) * saved_count
         unit, whole = cfg.share_unit(name)
-        held = f"ran {counted(total, 'env')}" if name == "num_envs" else f"took batches of {total}"
-        ran = f"the checkpoint's {holders_named(saved_count, saved_noun)} {held} in all"
+        ran = checkpoints_total(name, total, saved_count, saved_noun)
         if total % (count * unit):
             raise UsageError(
                 flag(name), f"{ran}, which {counted(count, noun)} cannot share evenly{f' in {whole}' if whole else ''}"
@@ -583,8 +582,14 @@ def batch_holders(config: RunConfig, world_size: int, mode: Mode) -> dict[str, t
     }
 
 
-def holders_named(count: int, noun: str) -> str:
-    return SHARED_BATCH if noun == SHARED_BATCH else counted(count, noun)
+def checkpoints_total(name: str, total: int, count: int, noun: str) -> str:
+    """What the checkpoint's `count` holders (`noun`: ranks, players, trainers) of PER_RANK field `name` held: "the
+    checkpoint's 2 ranks ran 8 envs in all", "... took batches of 512 in all", "the checkpoint's shared batch held
+    512"."""
+    if noun == SHARED_BATCH:
+        return f"the checkpoint's shared batch held {total}"
+    held = f"ran {counted(total, 'env')}" if name == "num_envs" else f"took batches of {total}"
+    return f"the checkpoint's {counted(count, noun)} {held} in all"
 
 
 def trained_config(cfg: RunConfig, resume: TrainingCheckpoint) -> RunConfig:

@@ -358,7 +358,7 @@ def test_a_per_rank_value_given_at_another_process_count_is_refused_unless_it_is
     assert refused.returncode == 2, refused.stderr[-3000:]
     (line,) = refused.stderr.strip().splitlines()
     assert line == (
-        f"error: --num-envs: the checkpoint's 2 ranks ran {envs} in all: {envs} per rank on 1, not {envs + 1}; "
+        f"error: --num-envs: the checkpoint's 2 ranks ran {envs} envs in all: {envs} per rank on 1, not {envs + 1}; "
         f"give --num-envs {envs}"
     )
 
@@ -817,8 +817,9 @@ def test_decoupled_sac_that_switches_share_data_on_resume_keeps_its_global_batch
     with pytest.raises(UsageError) as refused:
         keep_global_batch(other, checkpoint, "decoupled", 3)
     said = {
-        False: "the checkpoint's 2 trainers ran 512 in all: 512 in one shared batch, not 100; give --batch-size 512",
-        True: "the checkpoint's one shared batch ran 512 in all: 256 per trainer on 2, not 100; give --batch-size 256",
+        False: "the checkpoint's 2 trainers took batches of 512 in all: 512 in one shared batch, not 100; give "
+        "--batch-size 512",
+        True: "the checkpoint's shared batch held 512: 256 per trainer on 2, not 100; give --batch-size 256",
     }
     assert str(refused.value) == f"--batch-size: {said[share_data]}"
 
