@@ -11,6 +11,7 @@ instances, one or a list) run on the training loop's events.
 from __future__ import annotations
 
 import copy
+import os
 import re
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -77,6 +78,8 @@ def preset(name: str, **overrides: Any) -> RunConfig:
 
     `name` is PPO's ("hopper"), or another algorithm's with its name first ("sac/hopper").
     """
+    if not isinstance(name, str):
+        raise TypeError(f"preset takes a preset's name, such as 'cartpole' or 'sac/hopper'; got {name!r}")
     algorithm, _, preset_name = name.rpartition("/")
     algorithm = algorithm or DEFAULT_ALGORITHM
     if algorithm not in ALGORITHMS:
@@ -91,12 +94,12 @@ def preset(name: str, **overrides: Any) -> RunConfig:
 
 
 @field_names_in_errors()
-def load_config(path: str, **overrides: Any) -> RunConfig:
+def load_config(path: str | os.PathLike[str], **overrides: Any) -> RunConfig:
     """The config of a YAML or JSON file of flags, as `--config PATH` gives it (a run folder's `config.yaml`, a
     `--write-config` file, tuning's `best.yaml`), with `overrides` (field names) on top, but `preset`, which goes
     beneath the file as `--preset` does. The file's `algorithm:` picks PPO or SAC; PPO where it names none."""
     preset_flag = ["--preset", str(overrides.pop("preset"))] if "preset" in overrides else []
-    config = parse_config(["--config", path, *preset_flag])  # a preset beneath the file, as on the command line
+    config = parse_config(["--config", os.fspath(path), *preset_flag])  # a preset beneath the file, as on the CLI
     check_fields(type(config), overrides)
     config = config.with_changes(**overrides)
     check_field_types(config)

@@ -1093,6 +1093,8 @@ def type_name(hint: Any) -> str:
 def read_config_file(path: str) -> dict[str, Any]:
     import yaml
 
+    if os.path.isfile(os.path.join(path, CONFIG_FILENAME)):  # a run's folder, whose flags its config.yaml holds
+        raise UsageError("--config", f"{path} is a run's folder: give its {os.path.join(path, CONFIG_FILENAME)}")
     if not path.endswith(CONFIG_SUFFIXES):
         raise UsageError("--config", f"{path}: give a .yaml, .yml or .json file")
     try:
@@ -1266,8 +1268,23 @@ def preset_values(config_type: type[RunConfig], name: str) -> dict[str, Any]:
         choices = ", ".join(config_type.PRESETS) or "none exist"
         slip = did_you_mean(name, config_type.PRESETS)
         refused = f"there is no preset {name!r} for this algorithm" + (f" ({slip})" if slip else "")
-        raise UsageError("--preset", f"{refused}; choose from {choices}")
+        raise UsageError("--preset", f"{refused}; choose from {choices}{env_id_as_preset(name, config_type.PRESETS)}")
     return {"preset": name, **config_type.PRESETS[name]}
+
+
+ENV_ID = re.compile(r"(?:[\w.-]+/)?(?P<name>[\w.:-]+?)-v\d+")
+
+
+def env_id_as_preset(name: str, presets: Iterable[str]) -> str:
+    """Where `name` is an env's id, as rl-zoo's hyperparameters are keyed: the preset named after that env, or the
+    flag that takes the id; empty otherwise."""
+    env = ENV_ID.fullmatch(name)
+    if env is None:
+        return ""
+    simple = env["name"].rpartition(":")[2].replace("-", "").lower()
+    named = next((preset for preset in presets if preset.replace("-", "") == simple), None)
+    instead = f"--preset {named} (or --env-id {name})" if named else f"--env-id {name}"
+    return f"; {name} is an env's id: give {instead}"
 
 
 STATED_DEFAULT = re.compile(r"\s*\(default: ([^()]*)\)")

@@ -356,12 +356,20 @@ def test_an_agent_asked_onto_a_device_torch_cannot_use_here_is_refused_naming_th
             'track: PPOConfig has no such field: CleanRL\'s name; logger=("tensorboard", "wandb")',
         ),
         ("td3/hopper", {}, "preset (--preset): there is no algorithm 'td3'"),
+        # rl-zoo keys its hyperparameters by env id
+        ("CartPole-v1", {}, "; CartPole-v1 is an env's id: give --preset cartpole (or --env-id CartPole-v1)"),
+        ("Taxi-v3", {}, "; Taxi-v3 is an env's id: give --env-id Taxi-v3"),
         ("cartpole", {"env_id": gym.Env}, "is not text: give the env's registered id, such as 'CartPole-v1'"),
     ],
 )
 def test_a_preset_with_a_value_of_another_type_or_no_such_field_is_refused_naming_it(name, changes, told):
     with pytest.raises(rl.UsageError, match=re.escape(told)):
         rl.preset(name, **changes)
+
+
+def test_a_preset_named_by_no_text_is_refused_as_of_the_wrong_type():
+    with pytest.raises(TypeError, match=r"^preset takes a preset's name, such as 'cartpole' or 'sac/hopper'; got None"):
+        rl.preset(None)
 
 
 @pytest.mark.parametrize(
@@ -419,6 +427,10 @@ def test_a_config_file_loads_as_its_algorithms_config_with_overrides_as_the_comm
         rl.load_config(path, seed="seven")
     with pytest.raises(rl.UsageError, match="cannot read"):
         rl.load_config(str(tmp_path / "missing.yaml"))
+    assert rl.load_config(Path(path)) == rl.load_config(path)  # a path as pathlib gives it
+    (tmp_path / "config.yaml").write_text(Path(path).read_text())  # as a run's folder holds its flags
+    with pytest.raises(rl.UsageError, match=f"is a run's folder: give its {re.escape(str(tmp_path / 'config.yaml'))}"):
+        rl.load_config(tmp_path)
 
 
 def test_a_preset_given_to_load_config_goes_beneath_the_file_as_on_the_command_line(tmp_path):
