@@ -10,6 +10,7 @@ loading a file runs none of its code. `rl.evaluate` and `rl.export` load agents 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -117,6 +118,8 @@ class Agent:
             raise ValueError(f"episodes must be a positive whole number, got {episodes!r}")
         if not is_whole_number(seed) or not 0 <= seed < 2**63:  # torch's generator takes no other
             raise ValueError(f"seed must be a whole number from 0 to 2**63 - 1, got {seed!r}")
+        if video_dir is not None and os.path.exists(video_dir) and not os.path.isdir(video_dir):
+            raise ValueError(f"video_dir {video_dir} is a file: give a folder to record the first episode in")
         return evaluate_greedy(
             self.policy,
             self.env_id,

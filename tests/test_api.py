@@ -116,6 +116,8 @@ def test_train_in_one_process_returns_its_runs_and_the_agents_they_saved(tmp_pat
             agent.evaluate(episodes=episodes)
     with pytest.raises(ValueError, match=r"seed must be a whole number from 0 to 2\*\*63 - 1, got -1"):
         agent.evaluate(episodes=1, seed=-1)  # numpy's own error did not name it
+    with pytest.raises(ValueError, match="is a file: give a folder to record the first episode in"):
+        agent.evaluate(episodes=1, video_dir=__file__)
     assert rl.load_agent(recurrent["agent_path"]).recurrent  # its minibatch defaulted to one sequence, as on the CLI
     assert results["ctrl_c_kept"]  # training listens for Ctrl-C only while it runs
     assert results["in_a_thread"] == [256]
