@@ -225,10 +225,12 @@ class Collector(ExperienceSource):
         return self.stepping_seconds
 
     def reset_envs(self, seeds: list[int]) -> None:
-        with warnings_shown_if_it_succeeds():  # gymnasium's checker warns at an env's first reset and step
-            with ENV_RESET:
-                first_obs, info = reset_vector_env(self.envs, seeds)
-            check_finite(first_obs, call="reset", layout=self.layout)
+        # gymnasium's checker warns of what an env's first reset and step return: held while the call runs, and
+        # dropped where it fails (this run's line names the fault), but shown above a value found not finite after
+        # it (an env's None reward, stored as nan, which the warning names)
+        with warnings_shown_if_it_succeeds(), ENV_RESET:
+            first_obs, info = reset_vector_env(self.envs, seeds)
+        check_finite(first_obs, call="reset", layout=self.layout)
         self.stepped = False
         self.raw_obs = self.to_tensor(first_obs)
         self.ended = np.zeros(self.envs.num_envs, dtype=np.bool_)  # which envs' last step ended an episode
@@ -242,13 +244,12 @@ class Collector(ExperienceSource):
     def step_envs(self, actions: np.ndarray) -> EnvStep:
         """One vector step, and which of its rows are transitions (not a NEXT_STEP env's reset step)."""
         is_transition = ~self.ended if self.resets_next_step else np.ones(self.envs.num_envs, dtype=np.bool_)
-        with contextlib.nullcontext() if self.stepped else warnings_shown_if_it_succeeds():
-            started = time.perf_counter()
-            with ENV_STEP:
-                raw_next, reward, terminated, truncated, info = self.envs.step(actions)
-            self.stepping_seconds += time.perf_counter() - started
-            check_finite(raw_next, reward, layout=self.layout)  # before it reaches a buffer, a normalizer or a loss
+        started = time.perf_counter()
+        with contextlib.nullcontext() if self.stepped else warnings_shown_if_it_succeeds(), ENV_STEP:
+            raw_next, reward, terminated, truncated, info = self.envs.step(actions)
+        self.stepping_seconds += time.perf_counter() - started
         self.stepped = True
+        check_finite(raw_next, reward, layout=self.layout)  # before it reaches a buffer, a normalizer or a loss
         self.ended = terminated | truncated
         lives = self._lives(info)
         # A reset restores the lives; only a drop within an episode is a lost life.

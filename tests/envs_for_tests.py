@@ -471,8 +471,9 @@ class Misbehaves(gym.Env):
     """From its `after`th step on (counted over the env's life), `fault`: "raise" (a RuntimeError from a helper),
     "nan_observation", "nan_last_observation" (NaN only in an episode's last observation), "inf_reward",
     "wrong_shape" (an observation of 4 values, where its space holds 3), "outside_the_space" (an observation beyond
-    its space's bounds, which gymnasium's checker warns of at the first step, and a run takes), "reward_array" and
-    "terminated_array" (a reward or a terminated flag as an array of one value, not a number or a bool), "hang" (a
+    its space's bounds, which gymnasium's checker warns of at the first step, and a run takes), "none_reward" (None,
+    which the vector env stores as nan), "reward_array" and "terminated_array" (a reward or a terminated flag as an
+    array of one value, not a number or a bool), "hang" (a
     step that never returns, after touching the file HANG_MARKER names), "hang_holding_the_gil" (the same, in native
     code that keeps Python's interpreter lock), "die_once" (the first env to get there, the one that creates the
     file DIE_MARKER names, kills its own process), "raise_on_close" (its close raises), or "as_asked" (the fault
@@ -505,6 +506,8 @@ class Misbehaves(gym.Env):
                 obs = np.append(obs, 0.5).astype(np.float32)
             if fault == "outside_the_space":
                 obs = np.full(3, 2.0, dtype=np.float32)
+            if fault == "none_reward":
+                reward = None
             if fault == "inf_reward":
                 reward = float("inf")
             if fault == "reward_array":

@@ -131,19 +131,22 @@ def test_a_reward_or_flag_of_more_than_one_value_is_named_as_what_the_env_return
     assert stopped.value.context == ""
 
 
-@pytest.mark.parametrize("fault", ["reward_array", "wrong_shape", "outside_the_space"])
+@pytest.mark.parametrize(
+    ("fault", "warned"), [("reward_array", 0), ("wrong_shape", 0), ("outside_the_space", 1), ("none_reward", 1)]
+)
 def test_the_env_checkers_warnings_at_the_first_step_are_shown_once_unless_that_step_stops_the_run(
-    tmp_path, monkeypatch, fault
+    tmp_path, monkeypatch, fault, warned
 ):
     """A fault at the env's first step stops the run in one line: gymnasium's checker, which warns of the value
-    that step returned, says nothing above it. A value the run takes is warned of once, as gymnasium does."""
+    that step returned, says nothing above it. A value the run takes is warned of once, as gymnasium does; so is
+    a None reward, which the run then finds stored as nan: the warning names what the env returned."""
     monkeypatch.setattr(rl.envs, "SHOWN_WARNINGS", set())  # as in a process that has not shown it yet
     with warnings.catch_warnings(record=True) as shown:
         warnings.simplefilter("default")  # each warning once where it is raised, as Python shows them
         with contextlib.suppress(rl.RunStopped):
             rl.train(misbehaving(tmp_path, fault, after=1, eval_episodes=2))
     checker = [str(each.message) for each in shown if "passive_env_checker" in each.filename]
-    assert len(checker) == (1 if fault == "outside_the_space" else 0), checker
+    assert len(checker) == warned, checker
 
 
 def test_frames_of_pythons_own_modules_and_of_the_plumbing_are_not_the_envs_but_an_installed_packages_are():
