@@ -249,4 +249,7 @@ def stop_if_not_finite(
     if key_at is not None:
         where = f"{where}'s {key_at(column)!r}"
     env = row if envs is None else envs[row]
-    raise EnvFault(f"{call} returned {rows[row, column]} in {where} (env {env})")
+    value = rows[row, column]
+    # gymnasium's vector envs store a None reward as nan: that may be what the env returned
+    stored = "; or None, which the vector env stores as nan" if where == "a reward" and np.isnan(value) else ""
+    raise EnvFault(f"{call} returned {value} in {where} (env {env}{stored})")

@@ -89,6 +89,7 @@ def misbehaving(tmp_path, fault: str, env: str = "Misbehaves-v0", after: int = 4
     [
         ("Misbehaves-v0", "nan_observation", "nan in an observation (env 0)"),
         ("Misbehaves-v0", "inf_reward", "inf in a reward (env 0)"),
+        ("Misbehaves-v0", "none_reward", "nan in a reward (env 0; or None, which the vector env stores as nan)"),
         # Gymnasium's vector envs put an episode's last observation in `info` (a reset's follows it).
         ("Misbehaves-v0", "nan_last_observation", "nan in an episode's last observation (env 0)"),
         # A Dict with an image travels as bytes: its vectors are read back to be checked.
