@@ -886,6 +886,8 @@ def config_file_values(config_type: type[RunConfig], path: str, others: bool = F
         if name not in known or name in NOT_IN_CONFIG_FILES:
             if others:
                 continue
+            if name in NOT_IN_CONFIG_FILES:  # a flag of every algorithm, which a file cannot nest
+                raise UsageError("--config", f"{path} sets {key!r}, which only the command line takes ({flag(name)})")
             raise UnknownConfigKey(path, key, name, config_type)
         try:
             result[name] = typed_value(hints[name], in_full(name, value))

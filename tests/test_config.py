@@ -1100,6 +1100,8 @@ def test_the_resolved_config_written_out_is_taken_back_whole(tmp_path, argv):
         ("logger: [csv, tb]\n", "which is not a list, each one of tensorboard, csv, wandb"),
         ("target_kl: high\n", "sets target_kl: 'high', which is not a number or null"),
         ("env_kwargs: [1]\n", "sets env_kwargs: [1], which is not a dict of keyword arguments (or its JSON text)"),
+        ("config: other.yaml\n", "sets 'config', which only the command line takes (--config)"),  # not SAC's
+        ("write-config: out.yaml\n", "sets 'write-config', which only the command line takes (--write-config)"),
         # another program's names, answered with this one's
         ("n_steps: 512\n", "sets 'n_steps', Stable-Baselines3's name, not this program's: --num-steps"),
         ("clip-range: 0.1\n", "sets 'clip-range', Stable-Baselines3's name, not this program's: --clip-coef"),
