@@ -1092,6 +1092,52 @@ def type_name(hint: Any) -> str:
     return names.get(hint, str(hint))
 
 
+class KeyGivenTwice(ValueError):
+    """A file that sets one key twice, of which YAML's and JSON's readers would keep the last in silence."""
+
+
+def read_mapping(text: str, as_json: bool = False) -> Any:
+    """A YAML (or JSON) file's values; raises `KeyGivenTwice` for a mapping that sets a key twice, as an edited
+    file may (which of the two was meant?), besides the readers' own errors."""
+    if as_json:
+        return json.loads(text, object_pairs_hook=pairs_each_once)
+    import yaml
+
+    return yaml.load(text, Loader=keys_once_loader())  # a SafeLoader: no Python objects
+
+
+def pairs_each_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; `KeyGivenTwice` where a key comes twice."""
+    mapping: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in mapping:
+            raise KeyGivenTwice(f"sets {key!r} twice")
+        mapping[key] = value
+    return mapping
+
+
+@functools.cache
+def keys_once_loader() -> type:
+    """yaml's SafeLoader, refusing a mapping that sets a key twice (made on first use: yaml loads only then)."""
+    import yaml
+
+    class KeysOnceLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+            lines: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if not isinstance(key, typing.Hashable):
+                    continue  # yaml's own construction refuses it
+                line = key_node.start_mark.line + 1
+                if key in lines:
+                    where = f"line {line}" if lines[key] == line else f"lines {lines[key]} and {line}"
+                    raise KeyGivenTwice(f"sets {key!r} twice ({where})")
+                lines[key] = line
+            return super().construct_mapping(node, deep)
+
+    return KeysOnceLoader
+
+
 def read_config_file(path: str) -> dict[str, Any]:
     import yaml
 
@@ -1101,9 +1147,11 @@ def read_config_file(path: str) -> dict[str, Any]:
         raise UsageError("--config", f"{path}: give a .yaml, .yml or .json file")
     try:
         with open(path, encoding="utf-8") as file:
-            values = json.load(file) if path.endswith(".json") else yaml.safe_load(file)
+            values = read_mapping(file.read(), as_json=path.endswith(".json"))
     except OSError as error:
         raise UsageError("--config", f"cannot read {path}: {error.strerror or error}") from None
+    except KeyGivenTwice as error:
+        raise UsageError("--config", f"{path} {error}: keep one") from None
     except (yaml.YAMLError, json.JSONDecodeError) as error:
         raise UsageError(
             "--config",

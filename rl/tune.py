@@ -42,6 +42,7 @@ from rl.config import (
     CONFIG_FILENAME,
     NOT_IN_CONFIG_FILES,
     NOT_IN_RUN_FOLDER_CONFIG,
+    KeyGivenTwice,
     RunConfig,
     check_seed,
     config_file_algorithm,
@@ -50,6 +51,7 @@ from rl.config import (
     flag_spellings,
     newest_checkpoint,
     parse_dataclass,
+    read_mapping,
 )
 from rl.errors import (
     INTERRUPTED_EXIT_CODE,
@@ -148,9 +150,11 @@ def search_space(cfg: TuneConfig, algorithm: str) -> dict[str, dict[str, Any]]:
     if cfg.space is None:
         return DEFAULT_SPACES[algorithm]
     try:
-        space = yaml.safe_load(Path(cfg.space).read_text())
+        space = read_mapping(Path(cfg.space).read_text())
     except (OSError, yaml.YAMLError) as error:
         raise UsageError("--space", f"cannot read {cfg.space}: {str(error).splitlines()[0]}") from None
+    except KeyGivenTwice as error:
+        raise UsageError("--space", f"{cfg.space} {error}: keep one") from None
     if not isinstance(space, dict) or not all(isinstance(d, dict) for d in space.values()):
         raise UsageError("--space", f"{cfg.space} must map each flag name to {{low, high}} or {{choices}}")
     from rl.registry import ALGORITHMS  # torch and the algorithms: only for a space to check

@@ -1101,6 +1101,8 @@ def test_the_resolved_config_written_out_is_taken_back_whole(tmp_path, argv):
         ("target_kl: high\n", "sets target_kl: 'high', which is not a number or null"),
         ("env_kwargs: [1]\n", "sets env_kwargs: [1], which is not a dict of keyword arguments (or its JSON text)"),
         ("config: other.yaml\n", "sets 'config', which only the command line takes (--config)"),  # not SAC's
+        ("num_envs: 2\nseed: 3\nnum_envs: 4\n", "sets 'num_envs' twice (lines 1 and 3): keep one"),  # not 4 in silence
+        ("env_kwargs: {g: 9.8, g: 4.0}\n", "sets 'g' twice (line 1): keep one"),
         ("write-config: out.yaml\n", "sets 'write-config', which only the command line takes (--write-config)"),
         # another program's names, answered with this one's
         ("n_steps: 512\n", "sets 'n_steps', Stable-Baselines3's name, not this program's: --num-steps"),
@@ -1130,6 +1132,13 @@ def test_a_bad_config_file_is_named_in_one_line(tmp_path, text, told):
     with pytest.raises(UsageError, match=re.escape(told)) as raised:
         parse_config(["--config", str(path)])
     assert raised.value.flag == "--config"
+
+
+def test_a_json_config_file_that_sets_a_flag_twice_is_refused(tmp_path):
+    path = tmp_path / "twice.json"
+    path.write_text('{"num_envs": 2, "num_envs": 4}')
+    with pytest.raises(UsageError, match=re.escape(f"{path} sets 'num_envs' twice: keep one")):
+        parse_config(["--config", str(path)])
 
 
 @pytest.mark.parametrize(

@@ -286,6 +286,10 @@ def test_a_space_file_the_random_sampler_and_the_timeout_shape_the_study(tmp_pat
         ),
         ("gamma: {low: 0.9, high: 1.5}\n", "{space}: gamma 1.5: --gamma: must be in (0, 1], got 1.5"),
         ("eval_every: {choices: [256, 512]}\n", "{space}: eval_every is set for each trial's run, not searched"),
+        (  # YAML keeps the last in silence: which range was meant?
+            "gamma: {low: 0.9, high: 0.99}\ngamma: {low: 0.95, high: 0.999}\n",
+            "{space} sets 'gamma' twice (lines 1 and 2): keep one",
+        ),
     ],
 )
 def test_a_bad_space_file_is_refused_in_one_line_before_any_trial(tmp_path, text, told):
