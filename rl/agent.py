@@ -290,7 +290,7 @@ def load_agent(path: str, device: str | torch.device = "cpu", env_id: str | None
     this program, or an env its policy does not fit; naming `device`, for a device this machine lacks.
     """
     target = available_device(device)
-    state = load_checkpoint(str(path), flag=flag)
+    state = load_checkpoint(os.path.expanduser(str(path)), flag=flag)  # ~, which Python's own open() does not read
     state = replace(state, config=state.config | EAGER_FLOAT32)
     env = env_id or state.env_id
     algorithm, policy, normalizer = restore_agent(state, env)

@@ -35,6 +35,7 @@ from rl.config import (
     as_given_here,
     config_file_algorithm,
     config_file_of,
+    expand_home_in_paths,
     flag,
     flag_spellings,
     iteration_name,
@@ -307,6 +308,7 @@ def prepare_config(
     cfg: RunConfig, log_subdir: str, mode: Mode = "coupled"
 ) -> tuple[Algorithm, int, TrainingCheckpoint | None]:
     """`prepare` for a config already parsed (or built in Python: `rl.train`)."""
+    expand_home_in_paths(cfg)
     if mode == "hogwild":
         check_hogwild_not_launched()
     world_size = cfg.workers if mode == "hogwild" else world_size_from_env()

@@ -768,6 +768,8 @@ def parse_config_flags(
     defaults and the preset's.
 
     `mode`: the flags of that mode's entry script (its own, and those every mode shares)."""
+    path_flags = {spelling: flag(name) for name in PATH_FIELDS for spelling in (flag(name), f"--{name}")}
+    argv = respelled(argv, path_flags, home_expanded_flag)
     config_path = flag_value(argv, "--config")
     checkpoint = flag_value(argv, "--resume-from") or named_runs_newest_checkpoint(
         flag_value(argv, "--run-name"), flag_value(argv, "--log-dir") or RunFlags.log_dir, log_subdir
@@ -863,6 +865,28 @@ NOT_IN_CONFIG_FILES = ("config", "write_config")  # what a config file neither s
 # checkpoint would make it resume that run, in its folder, again.
 NOT_IN_RUN_FOLDER_CONFIG = ("resume_from",)
 ALGORITHM_KEY = "algorithm"  # a config file's key that names the algorithm whose flags it holds
+# Fields that name a file or folder, which a user may start with ~ where no shell expands it: a config file's value,
+# Python's, or --log-dir=~/runs (a shell expands ~ at a word's start only).
+PATH_FIELDS = ("config", "write_config", "log_dir", "resume_from")
+
+
+def home_expanded(value: Any) -> Any:
+    """A path that starts with ~ as the user's home names it; anything else as it is."""
+    return os.path.expanduser(value) if isinstance(value, str) and value.startswith("~") else value
+
+
+def expand_home_in_paths(cfg: RunConfig) -> None:
+    """Give each of `cfg`'s PATH_FIELDS that starts with ~ its home, as a shell would: else a run would write its
+    checkpoints under a folder named ~ in the working directory, and TensorBoard's files (which expand it) apart."""
+    for name in PATH_FIELDS:
+        expanded = home_expanded(getattr(cfg, name))
+        if expanded is not getattr(cfg, name):
+            setattr(cfg, name, expanded)
+
+
+def home_expanded_flag(name: str, value: str) -> str | None:
+    """`--log-dir=~/runs` as `--log-dir=/home/me/runs`; None for a value that does not start with ~."""
+    return f"{name}={home_expanded(value)}" if value.startswith("~") else None
 
 
 class UnknownConfigKey(UsageError):
@@ -890,7 +914,7 @@ def config_file_values(config_type: type[RunConfig], path: str, others: bool = F
                 raise UsageError("--config", f"{path} sets {key!r}, which only the command line takes ({flag(name)})")
             raise UnknownConfigKey(path, key, name, config_type)
         try:
-            result[name] = typed_value(hints[name], in_full(name, value))
+            result[name] = home_expanded(typed_value(hints[name], in_full(name, value)))
         except (TypeError, ValueError):
             if others:
                 continue
@@ -1141,6 +1165,7 @@ def keys_once_loader() -> type:
 def read_config_file(path: str) -> dict[str, Any]:
     import yaml
 
+    path = home_expanded(path)
     if os.path.isfile(os.path.join(path, CONFIG_FILENAME)):  # a run's folder, whose flags its config.yaml holds
         raise UsageError("--config", f"{path} is a run's folder: give its {os.path.join(path, CONFIG_FILENAME)}")
     if not path.endswith(CONFIG_SUFFIXES):

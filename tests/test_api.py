@@ -415,6 +415,22 @@ def test_a_field_of_another_mode_is_refused_with_the_mode_to_train_it_in(tmp_pat
     assert not (tmp_path / "logs").exists()
 
 
+def test_a_run_whose_log_dir_starts_with_a_tilde_writes_all_its_files_in_the_users_home(tmp_path, monkeypatch):
+    """Python's open() takes ~ as a folder's name, where TensorBoard's writer expands it: the run split in two."""
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(elsewhere)
+    config = rl.PPOConfig(log_dir="~/runs", run_name="tilde", total_timesteps=256, eval_episodes=0, progress_bar=False)
+    result = rl.train(config)
+    folder = home / "runs" / "fabric_logs" / "tilde"
+    written = {path.name for path in folder.iterdir()}
+    assert result.run_dir == str(folder) and {"agent.ckpt", "config.yaml", "checkpoints"} <= written
+    assert any(name.startswith("events.out.tfevents") for name in written)  # TensorBoard's, beside them
+    assert not any(elsewhere.iterdir())  # no folder named ~ here
+    assert rl.load_agent("~/runs/fabric_logs/tilde/agent.ckpt").env_id == "CartPole-v1"
+
+
 def test_a_config_file_loads_as_its_algorithms_config_with_overrides_as_the_command_line_reads_it(tmp_path):
     from rl.config import write_config_file
 
