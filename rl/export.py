@@ -40,7 +40,7 @@ import tyro
 from torch import Tensor, nn
 
 from rl.agent import Agent, load_agent
-from rl.config import flag_spellings, parse_dataclass
+from rl.config import flag_spellings, home_expanded, parse_dataclass
 from rl.envs import EnvActions, Preprocessing, is_image_space
 from rl.errors import UsageError, exit_on_ctrl_c, exit_on_usage_error, misspelled_option, refused_writes
 from rl.multi_input import KeyInput, MultiInputLayout, packed_layout
@@ -264,6 +264,7 @@ def main(argv: list[str]) -> None:
         cfg = parse_dataclass(ExportConfig, argv)
     except UsageError as error:
         raise misspelled_option(error, flag_spellings(ExportConfig)) or error from None
+    cfg.out = home_expanded(cfg.out)  # --out=~/policy.onnx, which no shell expands
     check_output_path(cfg.out)  # before the agent is loaded: a slip of --out is its one line
     agent = load_agent(cfg.checkpoint, flag="CHECKPOINT")
     module, example = greedy_policy(agent)

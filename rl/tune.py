@@ -49,6 +49,7 @@ from rl.config import (
     fields_on_command_line,
     flag,
     flag_spellings,
+    home_expanded,
     newest_checkpoint,
     parse_dataclass,
     read_mapping,
@@ -702,6 +703,7 @@ def parse(argv: list[str]) -> tuple[TuneConfig, list[str]]:
         if getattr(cfg, name) <= 0:
             raise UsageError(flag(name), f"must be positive, got {getattr(cfg, name)}")
     check_seed(cfg.seed, bits=32, seeded="Optuna's sampler")
+    cfg.out, cfg.space = home_expanded(cfg.out), home_expanded(cfg.space)  # --out=~/tuning, which no shell expands
     return cfg, argv[split + 1 :]
 
 

@@ -198,6 +198,12 @@ def test_an_unknown_flag_before_the_checkpoint_is_named_not_the_checkpoint_it_sw
     assert (error.value.flag, str(error.value)) == ("--bogus", "--bogus: Unrecognized options: --bogus")
 
 
+def test_tunings_folders_that_start_with_a_tilde_after_an_equals_sign_are_in_the_users_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg, _ = tune_parse(["--out=~/tuning", "--space=~/space.yaml"])
+    assert (cfg.out, cfg.space) == (str(tmp_path / "tuning"), str(tmp_path / "space.yaml"))
+
+
 def test_an_evaluations_switches_take_true_or_false_as_training_flags_do():
     assert not parse_evaluation(["run/agent.ckpt", "--deterministic", "false", "--render=no"]).deterministic
     assert parse_evaluation(["run/agent.ckpt", "--capture-video", "True"]).capture_video

@@ -279,6 +279,15 @@ def test_bad_output_paths_end_with_one_line_and_a_onnx_file_is_onnx(agents, tmp_
     assert (tmp_path / "new" / "folder" / "policy.onnx").read_bytes()[:2] != b"PK"  # ONNX, not a TorchScript zip
 
 
+def test_an_output_path_that_starts_with_a_tilde_after_an_equals_sign_is_in_the_users_home(
+    agents, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    main([str(next(iter(agents.values()))), "--out=~/policy.pt"])  # a shell expands ~ at a word's start only
+    assert (tmp_path / "policy.pt").is_file() and not (tmp_path / "~").exists()
+
+
 def test_the_help_names_the_checkpoint_and_the_formats_a_user_can_give(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
