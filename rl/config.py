@@ -914,12 +914,14 @@ def config_file_values(config_type: type[RunConfig], path: str, others: bool = F
                 raise UsageError("--config", f"{path} sets {key!r}, which only the command line takes ({flag(name)})")
             raise UnknownConfigKey(path, key, name, config_type)
         try:
-            result[name] = home_expanded(typed_value(hints[name], in_full(name, value)))
+            result[name] = typed_value(hints[name], in_full(name, value))
         except (TypeError, ValueError):
             if others:
                 continue
             message = f"{path} sets {key}: {value!r}, which is not {type_name(hints[name])}"
             raise UsageError("--config", message + schedule_advice(key, value, known)) from None
+        if name in PATH_FIELDS:
+            result[name] = home_expanded(result[name])
     return result
 
 

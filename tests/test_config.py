@@ -1136,9 +1136,10 @@ def test_a_bad_config_file_is_named_in_one_line(tmp_path, text, told):
 
 def test_a_path_that_starts_with_a_tilde_where_no_shell_expands_it_is_in_the_users_home(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
-    (tmp_path / "flags.yaml").write_text("log_dir: ~/from-file\n")
+    (tmp_path / "flags.yaml").write_text("log_dir: ~/from-file\nexp_name: ~mine\n")
     assert parse_config(["--log-dir=~/runs"]).log_dir == str(tmp_path / "runs")  # no shell expands it after =
-    assert parse_config(["--config", "~/flags.yaml"]).log_dir == str(tmp_path / "from-file")
+    from_file = parse_config(["--config", "~/flags.yaml"])
+    assert (from_file.log_dir, from_file.exp_name) == (str(tmp_path / "from-file"), "~mine")  # a name, not a path
 
 
 def test_a_json_config_file_that_sets_a_flag_twice_is_refused(tmp_path):
