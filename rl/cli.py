@@ -64,7 +64,7 @@ from rl.elastic import (
     this_process,
     under_torchelastic,
 )
-from rl.envs import EnvSpaces, env_family, has_display, inspect_env, is_atari, space_summary
+from rl.envs import EnvSpaces, check_renders, env_family, has_display, inspect_env, is_atari, space_summary
 from rl.errors import (
     INTERRUPTED_EXIT_CODE,
     INTERRUPTED_STARTING,
@@ -386,6 +386,8 @@ def checked_algorithm(cfg: RunConfig, mode: Mode, world_size: int, env_ranks: in
     kind = algorithm_type(cfg)
     kind.check_spaces(spaces)
     check_env_steps_apply(cfg, spaces)
+    if cfg.capture_video:
+        check_renders(spaces.env_id, cfg.preprocessing(), "rgb_array", "--capture-video")
     algorithm = kind(cfg, spaces)
     env_processes_here = {"decoupled": cfg.num_players, "hogwild": world_size}.get(mode, local_world_size_from_env())
     algorithm.check_memory(env_ranks, env_processes_here, storage_gpu(cfg, mode, world_size))

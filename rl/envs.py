@@ -311,6 +311,19 @@ class HeldWarnings:
         self.warnings.append(warning)
 
 
+RENDERED_AS = {"human": "to a window", "rgb_array": "frames to record"}
+
+
+def check_renders(env_id: str, preprocessing: Preprocessing, mode: str, flag: str) -> None:
+    """The env must list render mode `mode` ("human" for a window, "rgb_array" for a video): made with a mode it
+    lacks, an env plays without a window, or raises that it takes no render_mode."""
+    env = make_env(env_id, None, preprocessing)
+    modes = env.metadata.get("render_modes", [])
+    env.close()
+    if mode not in modes:
+        raise UsageError(flag, f"{env_id} does not render {RENDERED_AS[mode]} (render_mode {mode!r})")
+
+
 def made_to_inspect(env_id: str, preprocessing: Preprocessing) -> gym.Env:
     """One env as training makes it, with the env's own action bounds; `UsageError` where it cannot be made."""
     try:

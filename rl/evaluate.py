@@ -24,7 +24,7 @@ from rl.checkpoint import CHECKPOINT_DIR
 from rl.cli import check_video_support
 from rl.config import check_seed, flag, flag_spellings, parse_dataclass
 from rl.env_faults import EnvFault
-from rl.envs import Preprocessing, has_display, make_env, video_folder
+from rl.envs import check_renders, has_display, video_folder
 from rl.errors import UsageError, exit_on_ctrl_c, exit_on_usage_error, misspelled_option, print_error, refused_writes
 from rl.logger import LoggerName, check_loggers_installed, open_sinks, quiet_tensorboard_writer_threads
 from rl.peer_flags import EVALUATION_PEER_FLAGS, tools_peer_flag
@@ -141,15 +141,6 @@ def check_window_support(cfg: EvalConfig) -> None:
         raise UsageError("--render", "no display here (no DISPLAY or WAYLAND_DISPLAY); --capture-video records an mp4")
 
 
-def check_renders_to_a_window(env_id: str, preprocessing: Preprocessing) -> None:
-    """The env must list the "human" render mode: an env made with a mode it lacks would play without a window."""
-    env = make_env(env_id, None, preprocessing)
-    modes = env.metadata.get("render_modes", [])
-    env.close()
-    if "human" not in modes:
-        raise UsageError("--render", f"{env_id} does not render to a window (render_mode 'human')")
-
-
 def main(argv: list[str]) -> None:
     cfg = parse(argv)
     if cfg.episodes <= 0:
@@ -162,7 +153,9 @@ def main(argv: list[str]) -> None:
         check_window_support(cfg)
     agent = load_agent(cfg.checkpoint, env_id=cfg.env_id, flag="CHECKPOINT")
     if cfg.render:
-        check_renders_to_a_window(agent.env_id, agent.preprocessing)
+        check_renders(agent.env_id, agent.preprocessing, "human", "--render")
+    if cfg.capture_video:
+        check_renders(agent.env_id, agent.preprocessing, "rgb_array", "--capture-video")
     configure_torch_threads(0, agent.cnn)  # as training would: one thread for an MLP
     folder = run_folder(cfg.checkpoint)
     video_dir = video_folder(str(folder), "eval", Path(cfg.checkpoint).stem) if cfg.capture_video else None

@@ -1,12 +1,24 @@
 """Dict observations with images and vectors: each key carried in its own dtype as one row of bytes, a CNN
 per image key beside an MLP, in every mode, with exact resume, `predict` and export by key."""
 
+import subprocess
+import sys
+
 import envs_for_tests  # noqa: F401  (registers ImageAndText-v0)
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from conftest import SCRIPTS, all_scalars, launch_together, load_agent, refusal_line, run_dir, run_ranks
+from conftest import (
+    SCRIPTS,
+    all_scalars,
+    child_env,
+    launch_together,
+    load_agent,
+    refusal_line,
+    run_dir,
+    run_ranks,
+)
 
 import rl
 from rl.algos.ppo.algorithm import PPO
@@ -97,6 +109,16 @@ def test_flags_a_dict_with_images_cannot_take_are_refused_naming_them(tmp_path, 
         args = ["sac", *args, "--env-kwargs", '{"continuous": true}']
     line = refusal_line("fabric", args, tmp_path)
     assert line.startswith(f"error: {flag}: ") and says in line
+
+
+def test_a_video_of_an_env_that_renders_no_frames_is_refused_before_training_and_evaluation(runs, tmp_path):
+    """Made with render_mode="rgb_array", which it does not take, the env raised a TypeError at the run's start."""
+    says = "error: --capture-video: rl/TwoCues-v0 does not render frames to record (render_mode 'rgb_array')"
+    assert refusal_line("fabric", ["--env-id", "rl/TwoCues-v0", "--capture-video"], tmp_path) == says
+    _, folders = runs
+    command = [sys.executable, "-m", "rl.evaluate", str(folders["full"] / "agent.ckpt"), "--capture-video"]
+    evaluated = subprocess.run(command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120)
+    assert evaluated.returncode == 2 and evaluated.stderr.strip() == says
 
 
 def test_a_dict_with_images_is_named_in_messages_as_the_env_gives_it():
