@@ -190,6 +190,9 @@ class ExperienceSource(Protocol):
     def abandon(self) -> None: ...
 
 
+NO_HOLD = contextlib.nullcontext()  # reusable: the steps after an env's first hold no warnings, and make nothing
+
+
 class Collector(ExperienceSource):
     """Steps a vector env with a policy; subclasses collect into their storage and make batches of it."""
 
@@ -245,7 +248,7 @@ class Collector(ExperienceSource):
         """One vector step, and which of its rows are transitions (not a NEXT_STEP env's reset step)."""
         is_transition = ~self.ended if self.resets_next_step else np.ones(self.envs.num_envs, dtype=np.bool_)
         started = time.perf_counter()
-        with contextlib.nullcontext() if self.stepped else warnings_shown_if_it_succeeds(), ENV_STEP:
+        with NO_HOLD if self.stepped else warnings_shown_if_it_succeeds(), ENV_STEP:
             raw_next, reward, terminated, truncated, info = self.envs.step(actions)
         self.stepping_seconds += time.perf_counter() - started
         self.stepped = True
