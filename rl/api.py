@@ -25,6 +25,7 @@ from rl.config import (
     RunConfig,
     check_field_types,
     displaced_by,
+    env_id_as_preset,
     flag,
     named_runs_newest_checkpoint,
     preset_values,
@@ -80,10 +81,7 @@ def preset(name: str, **overrides: Any) -> RunConfig:
     """
     if not isinstance(name, str):
         raise TypeError(f"preset takes a preset's name, such as 'cartpole' or 'sac/hopper'; got {name!r}")
-    algorithm, _, preset_name = name.rpartition("/")
-    algorithm = algorithm or DEFAULT_ALGORITHM
-    if algorithm not in ALGORITHMS:
-        raise UsageError("--preset", f"there is no algorithm {algorithm!r}; name one of {', '.join(ALGORITHMS)}")
+    algorithm, preset_name = algorithm_and_preset(name)
     config_type = ALGORITHMS[algorithm].config_type
     check_fields(config_type, overrides)
     values = preset_values(config_type, preset_name) | overrides
@@ -91,6 +89,17 @@ def preset(name: str, **overrides: Any) -> RunConfig:
     check_field_types(config)
     config.fill_defaults(set(values))
     return config
+
+
+def algorithm_and_preset(name: str) -> tuple[str, str]:
+    """ "sac/hopper" as SAC's preset "hopper", "hopper" as PPO's. An env's id ("ALE/Pong-v5") is the default
+    algorithm's preset name, which its refusal answers with the preset or flag to give instead."""
+    algorithm, slash, preset_name = name.partition("/")
+    if not slash or (algorithm not in ALGORITHMS and env_id_as_preset(name, ())):
+        return DEFAULT_ALGORITHM, name
+    if algorithm not in ALGORITHMS:
+        raise UsageError("--preset", f"there is no algorithm {algorithm!r}; name one of {', '.join(ALGORITHMS)}")
+    return algorithm, preset_name
 
 
 @field_names_in_errors()

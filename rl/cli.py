@@ -38,6 +38,7 @@ from rl.config import (
     expand_home_in_paths,
     flag,
     flag_spellings,
+    flag_value,
     iteration_name,
     local_gpu_index,
     local_world_size_from_env,
@@ -109,6 +110,7 @@ def parse_config(argv: list[str], mode: Mode | None = None, log_subdir: str | No
     except UsageError as error:
         raise (
             misplaced_algorithm(error)
+            or algorithm_in_preset(error, flags)
             or misspelled_algorithm(error, argv)
             or other_modes_flag(error, mode)
             or other_algorithms_flag(error, name)
@@ -118,6 +120,18 @@ def parse_config(argv: list[str], mode: Mode | None = None, log_subdir: str | No
             or misspelled_flag(error, name, mode)
             or error
         ) from None
+
+
+def algorithm_in_preset(error: UsageError, flags: list[str]) -> UsageError | None:
+    """`--preset sac/hopper`, as Python's `rl.preset` names another algorithm's preset: the command line names the
+    algorithm as its first word instead."""
+    algorithm, slash, preset = (flag_value(flags, "--preset") or "").partition("/")
+    if error.flag != "--preset" or not slash or algorithm not in ALGORITHMS:
+        return None
+    script = os.path.basename(sys.argv[0])
+    return UsageError(
+        "--preset", f"the command line names the algorithm first, on its own: {script} {algorithm} --preset {preset}"
+    )
 
 
 def chosen_algorithm(named: str | None, flags: list[str]) -> str:

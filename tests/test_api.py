@@ -361,6 +361,9 @@ def test_an_agent_asked_onto_a_device_torch_cannot_use_here_is_refused_naming_th
         # rl-zoo keys its hyperparameters by env id
         ("CartPole-v1", {}, "; CartPole-v1 is an env's id: give --preset cartpole (or --env-id CartPole-v1)"),
         ("Taxi-v3", {}, "; Taxi-v3 is an env's id: give --env-id Taxi-v3"),
+        ("ALE/Pong-v5", {}, "; ALE/Pong-v5 is an env's id: give --env-id ALE/Pong-v5"),  # no algorithm "ALE"
+        ("sac/ALE/Pong-v5", {}, "for this algorithm; choose from pendulum, halfcheetah"),  # SAC's presets
+        ("ale/pong", {}, "preset (--preset): there is no algorithm 'ale'; name one of ppo, sac"),
         ("cartpole", {"env_id": gym.Env}, "is not text: give the env's registered id, such as 'CartPole-v1'"),
     ],
 )

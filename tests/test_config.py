@@ -714,6 +714,17 @@ def test_a_slip_of_a_flags_name_is_answered_with_the_flag_of_this_algorithm_and_
     assert str(error.value) == told
 
 
+@pytest.mark.parametrize(
+    ("argv", "told"),
+    [(["--preset", "sac/hopper"], "sac --preset hopper"), (["sac", "--preset=ppo/cartpole"], "ppo --preset cartpole")],
+)
+def test_a_preset_named_as_python_names_another_algorithms_is_answered_with_the_command_line_spelling(argv, told):
+    with pytest.raises(UsageError) as error:
+        parse_config(argv)
+    script = os.path.basename(sys.argv[0])
+    assert str(error.value) == f"--preset: the command line names the algorithm first, on its own: {script} {told}"
+
+
 def test_a_slip_of_a_presets_name_is_answered_with_the_preset_and_every_choice():
     with pytest.raises(UsageError) as error:
         parse_config(["sac", "--preset", "hoper"])
