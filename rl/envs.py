@@ -285,30 +285,71 @@ def warnings_shown_if_it_succeeds() -> Iterator[None]:
     import adds some), and an env's every maker (inspecting, training, evaluating) would repeat it. The hold is
     the process's: blocks in two threads at once would each take the other's (a rank's env groups take their first
     steps in turn)."""
+    with warnings_held() as held:
+        yield
+    held.show()
+
+
+@contextlib.contextmanager
+def warnings_held() -> Iterator[HeldWarnings]:
+    """Hold the showing of the block's warnings, for the caller to show or drop."""
     show = warnings.showwarning
-    held = HeldWarnings()
+    held = HeldWarnings(show)
     warnings.showwarning = held
     try:
-        yield
+        yield held
     finally:
         warnings.showwarning = show
-    for message, category, filename, lineno, *where in held.warnings:
-        if not isinstance(show, HeldWarnings):  # else an enclosing block holds it, and shows it once
-            seen = (str(message), category, filename, lineno)
-            if seen in SHOWN_WARNINGS:
-                continue
-            SHOWN_WARNINGS.add(seen)
-        show(message, category, filename, lineno, *where)
 
 
 class HeldWarnings:
-    """`warnings.showwarning` while a block's warnings are held: it keeps them."""
+    """`warnings.showwarning` while a block's warnings are held: it keeps them, for `show` to show as `shown_by`,
+    each once a process."""
 
-    def __init__(self) -> None:
+    def __init__(self, shown_by: Callable[..., None]) -> None:
         self.warnings: list[tuple[Any, ...]] = []
+        self.shown_by = shown_by
 
     def __call__(self, *warning: Any) -> None:
         self.warnings.append(warning)
+
+    def show(self) -> None:
+        for message, category, filename, lineno, *where in self.warnings:
+            if not isinstance(self.shown_by, HeldWarnings):  # else an enclosing block holds it, and shows it once
+                seen = (str(message), category, filename, lineno)
+                if seen in SHOWN_WARNINGS:
+                    continue
+                SHOWN_WARNINGS.add(seen)
+            self.shown_by(message, category, filename, lineno, *where)
+        self.warnings.clear()
+
+
+class FirstCallsWarningsHeld(gym.Wrapper):
+    """An async env in its worker process, whose first reset's and first step's warnings (gymnasium's checker warns
+    of the values they returned) are shown when the training process asks for the next call: it asks only once it
+    has taken what they returned. Where it stopped the run on them instead, it closes the env, which drops them, and
+    its one line stands alone, as where it steps the envs itself."""
+
+    def __init__(self, env: gym.Env, held_calls: int = 2) -> None:
+        super().__init__(env)
+        self.held_calls = held_calls
+        self.held: HeldWarnings | None = None
+
+    def reset(self, **kwargs: Any) -> Any:
+        return self.call_held(lambda: self.env.reset(**kwargs))
+
+    def step(self, action: Any) -> Any:
+        return self.call_held(lambda: self.env.step(action))
+
+    def call_held(self, call: Callable[[], Any]) -> Any:
+        if self.held is not None:  # the call before was taken
+            self.held.show()
+            self.held = None
+        if self.held_calls == 0:
+            return call()
+        self.held_calls -= 1
+        with warnings_held() as self.held:
+            return call()
 
 
 RENDERED_AS = {"human": "to a window", "rgb_array": "frames to record"}
@@ -688,11 +729,13 @@ def _made_in_worker(make: Callable[[], gym.Env], parent: int) -> gym.Env:
     first env in the parent, to read its spaces: that process keeps its handlers.
 
     A worker ends with its training process, however that ends (SIGKILL, the out-of-memory killer): else one in an
-    env call that never returns would run on alone, and an idle one would print two tracebacks of its lost pipe."""
+    env call that never returns would run on alone, and an idle one would print two tracebacks of its lost pipe.
+    It holds the warnings of its env's first calls as the training process holds those of the envs it steps."""
     if os.getpid() != parent:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal_when_parent_dies(signal.SIGTERM)
+        return FirstCallsWarningsHeld(make())
     return make()
 
 

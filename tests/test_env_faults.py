@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import json
 import multiprocessing
 import os
 import re
@@ -148,6 +149,23 @@ def test_the_env_checkers_warnings_at_the_first_step_are_shown_once_unless_that_
             rl.train(misbehaving(tmp_path, fault, after=1, eval_episodes=2))
     checker = [str(each.message) for each in shown if "passive_env_checker" in each.filename]
     assert len(checker) == warned, checker
+
+
+@pytest.mark.parametrize(("fault", "warned"), [("reward_array", False), ("outside_the_space", True)])
+def test_async_envs_show_the_checkers_warnings_of_a_first_step_only_where_the_run_takes_it(tmp_path, fault, warned):
+    """An async env's worker holds the warnings of its env's first calls until the training process asks for the
+    next: a first step that stops the run is told in one line, as where the training process steps its envs."""
+    faulty = {"after": 1, "fault": fault}
+    shape = ["--num-envs", "2", "--num-steps", "32", "--total-timesteps", "128", "--vector-mode", "async"]
+    args = [*MISBEHAVES, "--env-kwargs", json.dumps(faulty), *shape, "--eval-episodes", "0", "--no-progress-bar"]
+    done = run(launch_command("python", SCRIPTS["fabric"], args, 1), tmp_path)
+    assert done.returncode == (0 if warned else 1), done.stderr
+    assert ("WARN: The obs returned by the `step()` method is not within" in done.stderr) == warned, done.stderr
+    if not warned:
+        assert done.stderr.strip().splitlines() == [
+            "error: --env-id: the env's step returned a reward that is not one number (of shape (1,) in each env); "
+            "the run stopped, and the checkpoints written so far are kept"
+        ]
 
 
 def test_frames_of_pythons_own_modules_and_of_the_plumbing_are_not_the_envs_but_an_installed_packages_are():
