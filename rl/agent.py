@@ -94,11 +94,15 @@ class Agent:
         self.generator.manual_seed(seed)
 
     def make_env(self, render_mode: str | None = None) -> gym.Env:
-        """An env of the agent's env id as its run made them: its env keywords (`--env-kwargs`), and the
-        observations prepared as training prepared them (the image wrappers: grayscale, resize, frame stack,
-        Atari's preprocessing; the time feature), with the env's own actions: what `predict` takes and gives.
-        The game as it is otherwise (no episodic life, no clipped rewards). `render_mode`: gymnasium's ("human"
-        for a window, "rgb_array" for frames)."""
+        """An env of the agent's env id, as its run made them: what `predict` takes and gives.
+
+        It has the run's env keywords (`--env-kwargs`) and prepares observations as training did (the image
+        wrappers: grayscale, resize, frame stack, Atari's preprocessing; the time feature); it takes the env's own
+        actions, and plays the game as it is otherwise (no episodic life, no clipped rewards).
+
+        Args:
+            render_mode: Gymnasium's: `"human"` for a window, `"rgb_array"` for frames.
+        """
         return make_env(self.env_id, None, self.preprocessing, own_spaces=True, render_mode=render_mode)
 
     def evaluate(
@@ -109,11 +113,23 @@ class Agent:
         video_dir: str | None = None,
         render: bool = False,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The returns and lengths of `episodes` whole episodes of the agent's env, made with the run's image
-        wrappers, as `python -m rl.evaluate` plays them (the benchmarks' protocol): episode i's env seeded from
-        `seed` and i, no episodic life or clipped rewards. `deterministic`: greedy actions, else sampled ones
-        (seeded by `seed`). `video_dir`: record the first episode there (the video extra); `render`: show it
-        in a window."""
+        """Play whole episodes of the agent's env as `python -m rl.evaluate` does (the benchmarks' protocol).
+
+        The envs are made as `make_env` makes them: the run's image wrappers, no episodic life or clipped rewards.
+
+        Args:
+            episodes: How many episodes; episode i's env is seeded from `seed` and i.
+            seed: Seeds the envs, and the sampled actions.
+            deterministic: Greedy actions, else sampled ones.
+            video_dir: A folder to record the first episode in (the video extra).
+            render: Show the first episode in a window.
+
+        Returns:
+            The episodes' returns and lengths, two arrays.
+
+        Raises:
+            ValueError: `episodes` or `seed` is no whole number in range, or `video_dir` is a file.
+        """
         if not is_whole_number(episodes) or episodes <= 0:
             raise ValueError(f"episodes must be a positive whole number, got {episodes!r}")
         if not is_whole_number(seed) or not 0 <= seed < 2**63:  # torch's generator takes no other
@@ -137,13 +153,20 @@ class Agent:
     def predict(
         self, obs: Any, state: Tensor | None = None, deterministic: bool = True, episode_start: Any = None
     ) -> tuple[np.ndarray, Tensor | None]:
-        """Actions for one observation (shaped as the observation space) or a batch of them; returns
-        (action, state).
+        """Actions for the env, as Stable-Baselines3's `predict` gives them.
 
-        `deterministic`: the distribution's mode, else a sample. A recurrent policy takes the state it
-        returned for the previous step (None: every episode starts here) and `episode_start`, whether
-        each observation is the first of an episode (default: only where `state` is None); a
-        feed-forward policy returns None as its state."""
+        Args:
+            obs: One observation, as the env gives it (shaped as its observation space), or a batch of them (a
+                vector env's).
+            state: A recurrent policy's state, as `predict` returned it for the step before; None where every
+                episode starts here.
+            deterministic: The distribution's mode, else a sample (`seed` seeds the samples).
+            episode_start: Whether each observation is the first of an episode, for a recurrent policy (default:
+                only where `state` is None).
+
+        Returns:
+            The action (or a batch of them), and the state to give the next call: None for a feed-forward policy.
+        """
         batch, single = self._as_batch(obs)
         rows = batch.shape[0]
         inputs = self.normalizer(batch)
@@ -282,13 +305,23 @@ def available_device(device: str | torch.device) -> torch.device:
     return target
 
 
-def load_agent(path: str, device: str | torch.device = "cpu", env_id: str | None = None, flag: str = "path") -> Agent:
-    """The agent saved in `path` (a run's `agent.ckpt` or a training checkpoint), on `device`.
+def load_agent(path: str | os.PathLike[str], device: str | torch.device = "cpu", env_id: str | None = None) -> Agent:
+    """The agent saved in a file, to act with.
 
-    `env_id`: another env with the same spaces to act in (default: the one it was trained on).
-    Raises `UsageError` (naming `flag`) for a file that is missing, unreadable or not a checkpoint of
-    this program, or an env its policy does not fit; naming `device`, for a device this machine lacks.
+    Args:
+        path: A run's `agent.ckpt` (or `best.ckpt`), or a training checkpoint.
+        device: Where the policy runs: `"cpu"`, `"cuda"`, `"cuda:1"`, ...
+        env_id: Another env with the same spaces to act in (default: the one it was trained on).
+
+    Raises:
+        UsageError: A file that is missing, unreadable or no checkpoint of this program, an env the policy does
+            not fit, or a device this machine lacks.
     """
+    return agent_from_file(path, device, env_id, flag="path")
+
+
+def agent_from_file(path: str | os.PathLike[str], device: str | torch.device, env_id: str | None, flag: str) -> Agent:
+    """`load_agent`, whose refusals of the file or env name `flag`: the command line's name for the path."""
     target = available_device(device)
     state = load_checkpoint(os.path.expanduser(str(path)), flag=flag)  # ~, which Python's own open() does not read
     state = replace(state, config=state.config | EAGER_FLOAT32)

@@ -75,9 +75,14 @@ def with_field_names(advice: str, config_type: type[RunConfig]) -> str:
 
 @field_names_in_errors()
 def preset(name: str, **overrides: Any) -> RunConfig:
-    """The config of a preset, as `--preset NAME` gives it, with `overrides` (field names) on top.
+    """The config of a preset, as `--preset NAME` gives it, with `overrides` on top.
 
-    `name` is PPO's ("hopper"), or another algorithm's with its name first ("sac/hopper").
+    Args:
+        name: PPO's preset (`"hopper"`), or another algorithm's with its name first (`"sac/hopper"`).
+        **overrides: Fields of the config (`seed=3`, `num_envs=4`), as the flags on the command line.
+
+    Raises:
+        UsageError: No such preset or field, or a value the field does not take.
     """
     if not isinstance(name, str):
         raise TypeError(f"preset takes a preset's name, such as 'cartpole' or 'sac/hopper'; got {name!r}")
@@ -104,9 +109,17 @@ def algorithm_and_preset(name: str) -> tuple[str, str]:
 
 @field_names_in_errors()
 def load_config(path: str | os.PathLike[str], **overrides: Any) -> RunConfig:
-    """The config of a YAML or JSON file of flags, as `--config PATH` gives it (a run folder's `config.yaml`, a
-    `--write-config` file, tuning's `best.yaml`), with `overrides` (field names) on top, but `preset`, which goes
-    beneath the file as `--preset` does. The file's `algorithm:` picks PPO or SAC; PPO where it names none."""
+    """The config of a YAML or JSON file of flags, as `--config PATH` gives it, with `overrides` on top.
+
+    Args:
+        path: A run folder's `config.yaml`, a `--write-config` file or tuning's `best.yaml`. Its `algorithm:` key
+            picks PPO or SAC (PPO where it names none).
+        **overrides: Fields of the config, as the flags on the command line; but `preset`, which goes beneath the
+            file, as `--preset` does.
+
+    Raises:
+        UsageError: A file that is missing or unreadable, or a key or value the config does not take.
+    """
     preset_flag = ["--preset", str(overrides.pop("preset"))] if "preset" in overrides else []
     config = parse_config(["--config", os.fspath(path), *preset_flag])  # a preset beneath the file, as on the CLI
     check_fields(type(config), overrides)
@@ -145,23 +158,34 @@ def check_no_stray_attributes(cfg: RunConfig) -> None:
 def train(
     config: RunConfig, callbacks: Sequence[Callback] | Callback = (), mode: Mode = "coupled"
 ) -> TrainingResult | None:
-    """Train `config` in this process (one rank of the job); its run folder, saved agent and closing evaluation.
+    """Train `config` in this process: one rank of the job under a launcher, or the whole job on its own.
 
-    Defaults that follow from other fields (CUDA graphs with `cuda=True`, a recurrent minibatch) are filled as
-    the command line fills them, for the fields a config built by hand does not name: to train on a GPU without
-    CUDA graphs, build it with `cuda_graphs=False` (`rl.PPOConfig(cuda=True, cuda_graphs=False)`, `rl.preset(...,
-    cuda_graphs=False)`), or set `config.cuda_graphs = False` on any config.
-    In decoupled mode the lead player (rank 0) returns them and the other roles None. Hogwild's callbacks run in its
-    workers, which receive them pickled (by value where a worker could not import them: a notebook's, a function's
-    own); a script keeps its training under `if __name__ == "__main__":`, as Python's multiprocessing asks. A
-    Hogwild worker that ends or fails stops the others and raises `rl.RunStopped`, as does a file of the run that
-    the system refuses to write (a full disk), after removing its partial copy, and an env that raises or returns a
-    NaN or infinite value. With `resume_from`, the fields at their defaults that the config's builder did not name
-    take the resumed run's values, as its flags do on the command line. A run that raises (a callback's error, say)
-    closes its envs and logs first. SIGTERM in training stops it with a checkpoint, as Ctrl-C does (in every mode),
-    and reaches this process's own SIGTERM handler once the run has closed. Torch's thread count and cuDNN's
-    determinism, which a run sets for its process (`torch_threads`, `torch_deterministic`), are put back as they
-    were when it returns."""
+    The fields the config's builder did not name take the defaults that follow from the others, as on the command
+    line (CUDA graphs with `cuda=True`, a recurrent minibatch: give `cuda_graphs=False` to train on a GPU without
+    graphs); with `resume_from`, those left at their defaults take the resumed run's values.
+
+    Args:
+        config: What to train: `rl.PPOConfig(...)`, `rl.SACConfig(...)`, `rl.preset(...)` or `rl.load_config(...)`.
+        callbacks: Code of your own on the loop's events (`rl.Callback`). Hogwild's workers receive them pickled,
+            by value where a worker could not import them (a notebook's, a function's own).
+        mode: `"coupled"` (every rank acts and learns), `"decoupled"` (players and trainers) or `"hogwild"`
+            (workers on this machine that share one set of networks). Hogwild starts its workers as Python's
+            multiprocessing does: a script keeps its training under `if __name__ == "__main__":`.
+
+    Returns:
+        The run's folder, its saved agent and its closing evaluation; in decoupled mode, on the lead player
+            (rank 0), and None on the other roles.
+
+    Raises:
+        UsageError: Bad input (a field, the env, a checkpoint), before training starts; it names the field.
+        RunStopped: A fault stopped the run: an env raised or returned a NaN or infinite value, the system refused
+            to write a file of the run (a full disk; the partial copy is removed), or a Hogwild worker ended or
+            failed. The checkpoints written before it are kept.
+
+    A run that raises (a callback's error, say) closes its envs and logs first. SIGTERM stops training with a
+    checkpoint, as Ctrl-C does, and reaches this process's own SIGTERM handler once the run has closed. Torch's
+    thread count and cuDNN's determinism, which a run sets for its process (`torch_threads`,
+    `torch_deterministic`), are put back as they were when it returns."""
     if not isinstance(config, RunConfig):
         raise TypeError(
             f"train takes a config, such as rl.PPOConfig(), rl.SACConfig() or rl.preset(...); got {config!r}"

@@ -19,7 +19,7 @@ from typing import Annotated
 import numpy as np
 import tyro
 
-from rl.agent import load_agent
+from rl.agent import agent_from_file
 from rl.checkpoint import CHECKPOINT_DIR
 from rl.cli import check_video_support
 from rl.config import check_seed, flag, flag_spellings, parse_dataclass
@@ -151,7 +151,7 @@ def main(argv: list[str]) -> None:
     check_loggers_installed(cfg.logger)
     if cfg.render:
         check_window_support(cfg)
-    agent = load_agent(cfg.checkpoint, env_id=cfg.env_id, flag="CHECKPOINT")
+    agent = agent_from_file(cfg.checkpoint, "cpu", cfg.env_id, flag="CHECKPOINT")
     if cfg.render:
         check_renders(agent.env_id, agent.preprocessing, "human", "--render")
     if cfg.capture_video:

@@ -39,7 +39,7 @@ import torch
 import tyro
 from torch import Tensor, nn
 
-from rl.agent import Agent, load_agent
+from rl.agent import Agent, agent_from_file
 from rl.config import flag_spellings, home_expanded, parse_dataclass
 from rl.envs import EnvActions, Preprocessing, is_image_space
 from rl.errors import UsageError, exit_on_ctrl_c, exit_on_usage_error, misspelled_option, refused_writes
@@ -266,7 +266,7 @@ def main(argv: list[str]) -> None:
         raise misspelled_option(error, flag_spellings(ExportConfig)) or error from None
     cfg.out = home_expanded(cfg.out)  # --out=~/policy.onnx, which no shell expands
     check_output_path(cfg.out)  # before the agent is loaded: a slip of --out is its one line
-    agent = load_agent(cfg.checkpoint, flag="CHECKPOINT")
+    agent = agent_from_file(cfg.checkpoint, "cpu", None, flag="CHECKPOINT")
     module, example = greedy_policy(agent)
     export(module, example, cfg.out, cfg.chosen_format)
     takes = inputs_text(module, agent)

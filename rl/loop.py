@@ -239,14 +239,26 @@ def agreed(runtime: Runtime, wanted: Requests) -> Requests:
 
 @dataclass
 class LoopState:
-    """Where the loop is, as the events see it."""
+    """Where the loop is, as the events see it.
+
+    Attributes:
+        iteration: The iteration (a rollout and its update), counted from 1.
+        global_step: The run's env steps so far, all processes' together.
+        num_iterations: The iterations the run trains in all.
+        rank: This process's rank among those that run the loop.
+        is_main: Whether this process logs (one process of the run does).
+        run_dir: The run's folder, where this process knows it (every rank in coupled mode, the lead player,
+            Hogwild's worker 0); else None.
+        stop_requested: Whether a callback of this process called `request_stop`.
+        interrupted: In `on_finish`: whether Ctrl-C or SIGTERM stopped the run.
+    """
 
     iteration: int
     global_step: int
     num_iterations: int
-    rank: int  # this process's rank among those that run the loop
-    is_main: bool  # the process that logs
-    run_dir: str | None  # where this process knows it (every rank in coupled mode, the lead player, worker 0)
+    rank: int
+    is_main: bool
+    run_dir: str | None
     sink: MetricsSink | None = field(default=None, repr=False)  # the run's loggers, which only the main one writes
     stop_requested: bool = False
     interrupted: bool = False

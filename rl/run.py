@@ -258,12 +258,19 @@ def training_video_folder(run_dir: str, resume: TrainingCheckpoint | None) -> st
 
 @dataclass(frozen=True)
 class TrainingResult:
-    """What a finished (or interrupted) run left: its folder and its saved agent (absolute paths), and its
-    closing evaluation."""
+    """What a finished (or interrupted) run left.
+
+    Attributes:
+        run_dir: The run's folder (an absolute path).
+        agent_path: Its saved agent, `agent.ckpt`, which `rl.load_agent` loads; None where the run was interrupted
+            before it saved one (its checkpoint resumes it).
+        evaluation: The closing evaluation's `Test/` scalars, on the main process; None elsewhere, or without one.
+        global_step: The run's env steps, all processes' together.
+    """
 
     run_dir: str
-    agent_path: str | None  # None: interrupted before it saved the agent (its checkpoint resumes it)
-    evaluation: dict[str, float] | None  # the Test/ scalars, on the main process (None elsewhere, or without one)
+    agent_path: str | None
+    evaluation: dict[str, float] | None
     global_step: int
 
     @property
