@@ -11,17 +11,19 @@ call that never returns is named by the process it holds once that process is st
 from __future__ import annotations
 
 import os
+import re
 import sysconfig
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from multiprocessing.process import BaseProcess
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.vector.async_vector_env import AsyncState
 
 from rl.errors import RunStopped, how_it_ended, print_error
 from rl.gil_watch import entering_env_call
@@ -68,6 +70,8 @@ class EnvCall:
         self.began.pop(threading.get_ident(), None)
         if error is None or not isinstance(error, Exception) or isinstance(error, EnvFault):
             return  # KeyboardInterrupt and the like are the loop's to handle
+        if isinstance(error, WorkerFailed):
+            raise error.fault(self.call) from None
         frames = env_frames(tb)
         if not frames and any(frame.filename.startswith(BATCHING) for frame in traceback.extract_tb(tb)):
             what = f"{self.call} returned an observation its space does not hold (batching it raised"
@@ -111,6 +115,63 @@ def stalled_env_call(seconds: float) -> str:
 
 PIPE_CLOSED = (EOFError, BrokenPipeError, ConnectionResetError)  # what an async env's call meets once a worker is gone
 WORKER_EXIT_SECONDS = 2.0  # a worker whose pipe closed has its exit code within this
+
+
+class WorkerFailed(Exception):
+    """What an async env's worker raised, with its traceback's text: its frames lie in the worker's process."""
+
+    def __init__(self, error: BaseException, trace: str) -> None:
+        super().__init__(summary(error))
+        self.error = error
+        self.trace = trace
+
+    def fault(self, call: str) -> EnvFault:
+        """The fault, named as where the env steps in this process: the env raised, in its own frames (shown), or
+        the worker could not store what the env returned."""
+        frames = traceback_frames(self.trace)
+        own = next((i for i, (filename, _) in enumerate(frames) if is_env_code(filename)), len(frames))
+        if own == len(frames) and frames and frames[-1][0].startswith(BATCHING):
+            return EnvFault(f"{call} returned an observation its space does not hold (storing it raised {self})")
+        shown = "".join(lines for _, lines in frames[own:]).rstrip("\n")
+        return EnvFault(f"{call} raised {self}", f"the env raised in these frames:\n{shown}" if shown else "")
+
+
+FRAME_LINE = re.compile(r'  File "(?P<filename>[^"]*)", line \d+')
+
+
+def traceback_frames(trace: str) -> list[tuple[str, str]]:
+    """The frames of a traceback printed as Python prints one (its last, where exceptions were chained): each
+    frame's file, and its lines (the `File` line, and the source and carets under it)."""
+    frames: list[tuple[str, str]] = []
+    in_frames = False
+    for line in trace.splitlines(keepends=True):
+        if line.startswith("Traceback (most recent call last):"):
+            frames, in_frames = [], True
+        elif in_frames and (found := FRAME_LINE.match(line)):
+            frames.append((found["filename"], line))
+        elif in_frames and frames and line.startswith("    "):
+            filename, lines = frames[-1]
+            frames[-1] = (filename, lines + line)
+        else:
+            in_frames = False
+    return frames
+
+
+class WorkersErrorsRaised(gym.vector.AsyncVectorEnv):
+    """gymnasium's async vector env, which raises what a worker raised as `WorkerFailed`, with the worker's
+    traceback, for the run to name in one line; gymnasium's own logs the traceback in red, then raises the error
+    again without it."""
+
+    def _raise_if_errors(self, successes: Iterable[bool]) -> None:
+        failures = [self.error_queue.get() for success in successes if not success]
+        if not failures:
+            return
+        for index, *_ in failures:  # as gymnasium does: a failed worker's pipe is done with
+            self.parent_pipes[index].close()
+            self.parent_pipes[index] = None
+        self._state = AsyncState.DEFAULT
+        _, _, error, trace = failures[0]
+        raise WorkerFailed(error, trace)
 
 
 class AsyncEnvFaultsNamed(gym.vector.VectorWrapper):

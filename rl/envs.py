@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from rl import masked_cartpole, pixel_cartpole, two_cues  # noqa: F401  (register rl/MaskedCartPole-v1 and others)
-from rl.env_faults import AsyncEnvFaultsNamed, env_frames, own_frames, summary
+from rl.env_faults import AsyncEnvFaultsNamed, WorkersErrorsRaised, env_frames, own_frames, summary
 from rl.errors import UsageError, did_you_mean, listed, print_error
 from rl.faults import signal_when_parent_dies
 from rl.gil_watch import envs_step_here
@@ -712,7 +712,7 @@ def make_vector_env(
             # Forks, whatever Python's default (forkserver on Linux from 3.14): a worker ends with its parent, the
             # training process, and starts without importing torch again.
             envs = AsyncEnvFaultsNamed(
-                gym.vector.AsyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, context="fork")
+                WorkersErrorsRaised(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, context="fork")
             )
         else:
             envs = gym.vector.SyncVectorEnv(thunks, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 import warnings
 
 import envs_for_tests
@@ -35,7 +36,7 @@ from conftest import (
 import rl
 import rl.envs
 from rl import gil_watch
-from rl.env_faults import ENV_STEP, INSTALLED, is_env_code
+from rl.env_faults import ENV_STEP, INSTALLED, is_env_code, traceback_frames
 from rl.envs import make_vector_env
 from rl.gil_watch import envs_step_here, watching_env_calls
 
@@ -103,6 +104,52 @@ def test_a_non_finite_value_from_the_env_is_named_before_it_reaches_the_learner(
     assert str(stopped.value) == (
         f"--env-id: the env's step returned {what}; the run stopped, and the checkpoints written so far are kept"
     )
+
+
+@pytest.mark.parametrize("vector_mode", ["sync", "async"])
+def test_an_env_that_raises_is_named_in_one_line_under_its_own_frames_wherever_it_steps(tmp_path, vector_mode):
+    """An async env raises in its worker's process: the run names it as where it steps in the training process,
+    with the env's frames from the worker's traceback, and gymnasium's log of that traceback says nothing."""
+    with warnings.catch_warnings(record=True) as shown, pytest.raises(rl.RunStopped) as stopped:
+        warnings.simplefilter("always")
+        rl.train(misbehaving(tmp_path, "raise", vector_mode=vector_mode))
+    assert f"error: {stopped.value}" == RAISED
+    frames = stopped.value.context.splitlines()
+    assert frames[0] == "the env raised in these frames:", frames
+    functions = [line.rsplit(", in ", 1)[1] for line in frames if line.startswith('  File "')]
+    assert functions == ["step", "lose_contact"], frames
+    assert not [warning for warning in shown if "ERROR" in str(warning.message)]
+
+
+def test_an_observation_that_an_async_envs_worker_cannot_store_is_named_as_what_the_env_returned(tmp_path):
+    with pytest.raises(rl.RunStopped) as stopped:
+        rl.train(misbehaving(tmp_path, "wrong_shape", vector_mode="async"))
+    assert str(stopped.value) == (
+        "--env-id: the env's step returned an observation its space does not hold (storing it raised ValueError: "
+        "could not broadcast input array from shape (4,) into shape (3,)); the run stopped, and the checkpoints "
+        "written so far are kept"
+    )
+    assert stopped.value.context == ""
+
+
+def test_a_workers_traceback_is_read_back_as_its_last_exceptions_frames():
+    def fails() -> None:
+        try:
+            {}["key"]
+        except KeyError:
+            raise RuntimeError("while handling it") from None
+
+    try:
+        fails()
+    except RuntimeError:
+        trace = traceback.format_exc()
+    chained = "Traceback (most recent call last):\n  File \"elsewhere.py\", line 1, in earlier\nKeyError: 'x'\n\n"
+    chained += "During handling of the above exception, another exception occurred:\n\n"
+    for text in (trace, chained + trace):
+        frames = traceback_frames(text)
+        assert [os.path.basename(filename) for filename, _ in frames] == ["test_env_faults.py"] * 2
+        assert frames[0][1].splitlines()[1].strip() == "fails()"
+        assert frames[1][1].splitlines()[1].strip() == 'raise RuntimeError("while handling it") from None'
 
 
 def test_an_observation_its_space_does_not_hold_is_named_as_what_the_env_returned_not_as_an_error_it_raised(tmp_path):
