@@ -118,22 +118,27 @@ WORKER_EXIT_SECONDS = 2.0  # a worker whose pipe closed has its exit code within
 
 
 class WorkerFailed(Exception):
-    """What an async env's worker raised, with its traceback's text: its frames lie in the worker's process."""
+    """What an async env's worker raised, in one line (`summary`), with its traceback's text: its frames lie in the
+    worker's process."""
 
-    def __init__(self, error: BaseException, trace: str) -> None:
-        super().__init__(summary(error))
-        self.error = error
+    def __init__(self, raised: str, trace: str) -> None:
+        super().__init__(raised)
         self.trace = trace
 
     def fault(self, call: str) -> EnvFault:
         """The fault, named as where the env steps in this process: the env raised, in its own frames (shown), or
         the worker could not store what the env returned."""
         frames = traceback_frames(self.trace)
-        own = next((i for i, (filename, _) in enumerate(frames) if is_env_code(filename)), len(frames))
-        if own == len(frames) and frames and frames[-1][0].startswith(BATCHING):
+        if frames and not any(is_env_code(filename) for filename, _ in frames) and frames[-1][0].startswith(BATCHING):
             return EnvFault(f"{call} returned an observation its space does not hold (storing it raised {self})")
+        return EnvFault(f"{call} raised {self}", self.env_frames())
+
+    def env_frames(self) -> str:
+        """As `env_frames` gives them, from the worker's traceback."""
+        frames = traceback_frames(self.trace)
+        own = next((i for i, (filename, _) in enumerate(frames) if is_env_code(filename)), len(frames))
         shown = "".join(lines for _, lines in frames[own:]).rstrip("\n")
-        return EnvFault(f"{call} raised {self}", f"the env raised in these frames:\n{shown}" if shown else "")
+        return f"the env raised in these frames:\n{shown}" if shown else ""
 
 
 FRAME_LINE = re.compile(r'  File "(?P<filename>[^"]*)", line \d+')
@@ -171,7 +176,24 @@ class WorkersErrorsRaised(gym.vector.AsyncVectorEnv):
             self.parent_pipes[index] = None
         self._state = AsyncState.DEFAULT
         _, _, error, trace = failures[0]
-        raise WorkerFailed(error, trace)
+        raise WorkerFailed(summary(error), trace)
+
+    def close_extras(self, timeout: float | None = None, terminate: bool = False) -> None:
+        """Close the workers; where an env's close raised in one (each closes its env first, as the training
+        process asks), raise `WorkerFailed` for it once they are all closed."""
+        failure = None
+        if not terminate and self._state == AsyncState.DEFAULT and all(self.parent_pipes):
+            try:
+                reports = self.call(CLOSE_REPORTED)
+                failure = next((report for report in reports if report is not None), None)
+            except Exception:  # a worker that fails now: all of them are ended
+                terminate = True
+        super().close_extras(timeout, terminate)
+        if failure is not None:
+            raise WorkerFailed(*failure)
+
+
+CLOSE_REPORTED = "close_reported"  # an async env's method in its worker (`rl.envs.WorkerEnv`)
 
 
 class AsyncEnvFaultsNamed(gym.vector.VectorWrapper):
@@ -239,11 +261,16 @@ def close_envs(envs: gym.vector.VectorEnv) -> None:
     on to its result: the training or evaluation it served is over."""
     try:
         envs.close()
+    except WorkerFailed as error:
+        warn_of_close_fault(error.env_frames(), str(error))
     except Exception as error:
-        frames = env_frames(error.__traceback__)
-        if frames:
-            print_error(frames)
-        print_error(f"warning: --env-id: the env's close raised {summary(error)}; the run goes on")
+        warn_of_close_fault(env_frames(error.__traceback__), summary(error))
+
+
+def warn_of_close_fault(frames: str, raised: str) -> None:
+    if frames:
+        print_error(frames)
+    print_error(f"warning: --env-id: the env's close raised {raised}; the run goes on")
 
 
 def summary(error: BaseException) -> str:

@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import sys
+import traceback
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -324,16 +325,20 @@ class HeldWarnings:
         self.warnings.clear()
 
 
-class FirstCallsWarningsHeld(gym.Wrapper):
-    """An async env in its worker process, whose first reset's and first step's warnings (gymnasium's checker warns
-    of the values they returned) are shown when the training process asks for the next call: it asks only once it
-    has taken what they returned. Where it stopped the run on them instead, it closes the env, which drops them, and
-    its one line stands alone, as where it steps the envs itself."""
+class WorkerEnv(gym.Wrapper):
+    """An async env in its worker process, made to fail as an env the training process steps itself does.
+
+    - The warnings of its first reset and first step (gymnasium's checker warns of the values they returned) are
+      shown when the training process asks for the next call: it asks only once it has taken what they returned.
+      Where it stopped the run on them instead, it closes the env, which drops them, and its one line stands alone.
+    - The training process has it close its env first (`close_reported`), to name what the close raised once:
+      raised in gymnasium's worker, it would print a traceback in each process."""
 
     def __init__(self, env: gym.Env, held_calls: int = 2) -> None:
         super().__init__(env)
         self.held_calls = held_calls
         self.held: HeldWarnings | None = None
+        self.env_closed = False
 
     def reset(self, **kwargs: Any) -> Any:
         return self.call_held(lambda: self.env.reset(**kwargs))
@@ -350,6 +355,20 @@ class FirstCallsWarningsHeld(gym.Wrapper):
         self.held_calls -= 1
         with warnings_held() as self.held:
             return call()
+
+    def close_reported(self) -> tuple[str, str] | None:
+        """Close the env: None, or what its close raised (the error in one line, and the traceback's text)."""
+        self.held, self.env_closed = None, True
+        try:
+            self.env.close()
+        except Exception as error:
+            return summary(error), traceback.format_exc()
+        return None
+
+    def close(self) -> None:
+        if not self.env_closed:
+            self.env_closed = True
+            self.env.close()
 
 
 RENDERED_AS = {"human": "to a window", "rgb_array": "frames to record"}
@@ -730,12 +749,12 @@ def _made_in_worker(make: Callable[[], gym.Env], parent: int) -> gym.Env:
 
     A worker ends with its training process, however that ends (SIGKILL, the out-of-memory killer): else one in an
     env call that never returns would run on alone, and an idle one would print two tracebacks of its lost pipe.
-    It holds the warnings of its env's first calls as the training process holds those of the envs it steps."""
+    Its env fails as one that the training process steps itself (`WorkerEnv`)."""
     if os.getpid() != parent:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal_when_parent_dies(signal.SIGTERM)
-        return FirstCallsWarningsHeld(make())
+        return WorkerEnv(make())
     return make()
 
 
