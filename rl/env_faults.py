@@ -6,17 +6,25 @@ traceback through the vector env, or a "gradient is not finite" that reads as th
 steps later. An env that raised also shows its own frames, above that line: the bug is there. A
 call that never returns is named by the process it holds once that process is stopped
 (`stalled_env_call`), since the peers that gave up waiting for it cannot tell what it was doing.
+
+The warnings that gymnasium's checker raises at an env's first calls are shown only where the run takes what those
+calls returned (`warnings_shown_if_it_succeeds`). Async envs, whose calls run in worker processes, warn and fail as
+those that the training process steps itself (`WorkerEnv` in a worker, `WorkersErrorsRaised` and
+`AsyncEnvFaultsNamed` in the training process).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import sys
 import sysconfig
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable
+import warnings
+from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.process import BaseProcess
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -117,6 +125,130 @@ PIPE_CLOSED = (EOFError, BrokenPipeError, ConnectionResetError)  # what an async
 WORKER_EXIT_SECONDS = 2.0  # a worker whose pipe closed has its exit code within this
 
 
+SHOWN_WARNINGS: set[tuple[str, type[Warning], str, int]] = set()  # held warnings shown in this process
+
+
+@contextlib.contextmanager
+def warnings_shown_if_it_succeeds() -> Iterator[None]:
+    """Hold the warnings raised in the block, shown once it has ended without an error: a refusal or an env's fault
+    stays one line, which says what they would (gymnasium warns that a version is out of date, then refuses it as
+    removed; its checker warns of the reward an env's first step returned, which then cannot be stored).
+
+    Only the showing is held (each warning meets the filters as it is raised, in its own module), and a held
+    warning is shown once a process: the filters forget what they have shown whenever they change (a library's
+    import adds some), and an env's every maker (inspecting, training, evaluating) would repeat it. The hold is
+    the process's: blocks in two threads at once would each take the other's (a rank's env groups take their first
+    steps in turn)."""
+    with warnings_held() as held:
+        yield
+    held.show()
+
+
+@contextlib.contextmanager
+def warnings_held() -> Iterator[HeldWarnings]:
+    """Hold the showing of the block's warnings, for the caller to show or drop."""
+    show = warnings.showwarning
+    held = HeldWarnings(show)
+    warnings.showwarning = held
+    try:
+        yield held
+    finally:
+        warnings.showwarning = show
+
+
+class HeldWarnings:
+    """`warnings.showwarning` while a block's warnings are held: it keeps them, for `show` to show as `shown_by`,
+    each once a process."""
+
+    def __init__(self, shown_by: Callable[..., None]) -> None:
+        self.warnings: list[tuple[Any, ...]] = []
+        self.shown_by = shown_by
+
+    def __call__(self, *warning: Any) -> None:
+        self.warnings.append(warning)
+
+    def show(self) -> None:
+        for message, category, filename, lineno, *where in self.warnings:
+            if not isinstance(self.shown_by, HeldWarnings):  # else an enclosing block holds it, and shows it once
+                seen = (str(message), category, filename, lineno)
+                if seen in SHOWN_WARNINGS:
+                    continue
+                SHOWN_WARNINGS.add(seen)
+            self.shown_by(message, category, filename, lineno, *where)
+        self.warnings.clear()
+
+
+WORKERS_HELD_CALLS = 2  # an async env's worker holds the warnings of its env's first reset and first step
+CLOSE_REPORTED, HELD_WARNINGS = "close_reported", "held_warnings"  # `WorkerEnv` methods, which workers call
+
+
+class WorkerEnv(gym.Wrapper):
+    """An async env in its worker process, made to warn and fail as an env that the training process steps itself.
+
+    - It holds the warnings of its first reset and first step (gymnasium's checker warns of the values they
+      returned), which the training process fetches once it has taken what the call returned
+      (`AsyncEnvFaultsNamed`), to show each once; where it stopped the run instead, its one line stands alone.
+    - It closes its env when the training process asks (`close_reported`), and says what the close raised, for
+      the training process to name once: raised in gymnasium's worker, it would print a traceback in each process.
+    """
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self.held_calls = WORKERS_HELD_CALLS
+        self.held: list[tuple[Any, ...]] = []
+        self.env_closed = False
+
+    def reset(self, **kwargs: Any) -> Any:
+        return self.call_held(lambda: self.env.reset(**kwargs))
+
+    def step(self, action: Any) -> Any:
+        return self.call_held(lambda: self.env.step(action))
+
+    def call_held(self, call: Callable[[], Any]) -> Any:
+        if self.held_calls == 0:
+            return call()
+        self.held_calls -= 1
+        with warnings_held() as held:
+            try:
+                return call()
+            finally:
+                self.held += held.warnings
+
+    def held_warnings(self) -> list[tuple[str, str, str, str, int]]:
+        """The warnings held so far, which it holds no longer: each its message, its category's module and name (a
+        category of the env's own module pickles only where that module is imported), its file and line."""
+        taken, self.held = self.held, []
+        return [
+            (str(message), category.__module__, category.__qualname__, filename, lineno)
+            for message, category, filename, lineno, *_ in taken
+        ]
+
+    def close_reported(self) -> tuple[str, str] | None:
+        """Close the env: None, or what its close raised (the error in one line, and the traceback's text)."""
+        self.held, self.env_closed = [], True
+        try:
+            self.env.close()
+        except Exception as error:
+            return summary(error), traceback.format_exc()
+        return None
+
+    def close(self) -> None:
+        if not self.env_closed:
+            self.env_closed = True
+            self.env.close()
+
+
+def show_warnings_fetched(fetched: Iterable[list[tuple[str, str, str, str, int]]]) -> None:
+    """Show the warnings that async envs' workers held (`WorkerEnv.held_warnings`), each once: the workers run the
+    same env, and warn alike."""
+    with warnings_held() as held:
+        for worker in fetched:
+            for message, module, name, filename, lineno in worker:
+                category = getattr(sys.modules.get(module), name, UserWarning)
+                warnings.showwarning(message, category, filename, lineno)
+    held.show()
+
+
 class WorkerFailed(Exception):
     """What an async env's worker raised, in one line (`summary`), with its traceback's text: its frames lie in the
     worker's process."""
@@ -193,21 +325,24 @@ class WorkersErrorsRaised(gym.vector.AsyncVectorEnv):
             raise WorkerFailed(*failure)
 
 
-CLOSE_REPORTED = "close_reported"  # an async env's method in its worker (`rl.envs.WorkerEnv`)
-
-
 class AsyncEnvFaultsNamed(gym.vector.VectorWrapper):
     """An async vector env whose worker process ends mid-call (a crash in an env's native code, the out-of-memory
     killer) raises `EnvFault` naming the env and how its process ended, rather than its pipe's EOFError; one whose
     envs return a reward or flag of more than one value (which it stacks as a column each) raises `EnvFault` naming
     it, rather than the wrappers' error over its shape."""
 
+    def __init__(self, env: gym.vector.VectorEnv) -> None:
+        super().__init__(env)
+        self.calls_holding_warnings = WORKERS_HELD_CALLS
+
     def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         try:
-            return self.env.reset(**kwargs)
+            reset = self.env.reset(**kwargs)
         except PIPE_CLOSED:
             self.raise_if_a_worker_ended("reset")
             raise
+        self.show_workers_warnings()
+        return reset
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
         try:
@@ -218,7 +353,14 @@ class AsyncEnvFaultsNamed(gym.vector.VectorWrapper):
         for values, value in zip(stepped[1:4], STORED_STEP_VALUES.values(), strict=True):
             if np.ndim(values) != 1:
                 raise EnvFault(f"step returned {value} (of shape {np.shape(values)[1:]} in each env)")
+        self.show_workers_warnings()
         return stepped
+
+    def show_workers_warnings(self) -> None:
+        """After a call whose warnings the workers held (their envs' first reset and step), taken: show them."""
+        if self.calls_holding_warnings > 0:
+            self.calls_holding_warnings -= 1
+            show_warnings_fetched(self.env.call(HELD_WARNINGS))
 
     def raise_if_a_worker_ended(self, call: str) -> None:
         ended = ended_processes(self.env.unwrapped.processes)

@@ -11,9 +11,8 @@ import os
 import re
 import signal
 import sys
-import traceback
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -22,7 +21,15 @@ import numpy as np
 import torch
 
 from rl import masked_cartpole, pixel_cartpole, two_cues  # noqa: F401  (register rl/MaskedCartPole-v1 and others)
-from rl.env_faults import AsyncEnvFaultsNamed, WorkersErrorsRaised, env_frames, own_frames, summary
+from rl.env_faults import (
+    AsyncEnvFaultsNamed,
+    WorkerEnv,
+    WorkersErrorsRaised,
+    env_frames,
+    own_frames,
+    summary,
+    warnings_shown_if_it_succeeds,
+)
 from rl.errors import UsageError, did_you_mean, listed, print_error
 from rl.faults import signal_when_parent_dies
 from rl.gil_watch import envs_step_here
@@ -270,105 +277,6 @@ def inspect_env(env_id: str, preprocessing: Preprocessing = ATARI_PREPROCESSING)
         return EnvSpaces(env_id, _obs_dim(obs_space), action_space, obs_space, preprocessing, is_atari(env_id))
     finally:
         env.close()
-
-
-SHOWN_WARNINGS: set[tuple[str, type[Warning], str, int]] = set()  # held warnings shown in this process
-
-
-@contextlib.contextmanager
-def warnings_shown_if_it_succeeds() -> Iterator[None]:
-    """Hold the warnings raised in the block, shown once it has ended without an error: a refusal or an env's fault
-    stays one line, which says what they would (gymnasium warns that a version is out of date, then refuses it as
-    removed; its checker warns of the reward an env's first step returned, which then cannot be stored).
-
-    Only the showing is held (each warning meets the filters as it is raised, in its own module), and a held
-    warning is shown once a process: the filters forget what they have shown whenever they change (a library's
-    import adds some), and an env's every maker (inspecting, training, evaluating) would repeat it. The hold is
-    the process's: blocks in two threads at once would each take the other's (a rank's env groups take their first
-    steps in turn)."""
-    with warnings_held() as held:
-        yield
-    held.show()
-
-
-@contextlib.contextmanager
-def warnings_held() -> Iterator[HeldWarnings]:
-    """Hold the showing of the block's warnings, for the caller to show or drop."""
-    show = warnings.showwarning
-    held = HeldWarnings(show)
-    warnings.showwarning = held
-    try:
-        yield held
-    finally:
-        warnings.showwarning = show
-
-
-class HeldWarnings:
-    """`warnings.showwarning` while a block's warnings are held: it keeps them, for `show` to show as `shown_by`,
-    each once a process."""
-
-    def __init__(self, shown_by: Callable[..., None]) -> None:
-        self.warnings: list[tuple[Any, ...]] = []
-        self.shown_by = shown_by
-
-    def __call__(self, *warning: Any) -> None:
-        self.warnings.append(warning)
-
-    def show(self) -> None:
-        for message, category, filename, lineno, *where in self.warnings:
-            if not isinstance(self.shown_by, HeldWarnings):  # else an enclosing block holds it, and shows it once
-                seen = (str(message), category, filename, lineno)
-                if seen in SHOWN_WARNINGS:
-                    continue
-                SHOWN_WARNINGS.add(seen)
-            self.shown_by(message, category, filename, lineno, *where)
-        self.warnings.clear()
-
-
-class WorkerEnv(gym.Wrapper):
-    """An async env in its worker process, made to fail as an env the training process steps itself does.
-
-    - The warnings of its first reset and first step (gymnasium's checker warns of the values they returned) are
-      shown when the training process asks for the next call: it asks only once it has taken what they returned.
-      Where it stopped the run on them instead, it closes the env, which drops them, and its one line stands alone.
-    - The training process has it close its env first (`close_reported`), to name what the close raised once:
-      raised in gymnasium's worker, it would print a traceback in each process."""
-
-    def __init__(self, env: gym.Env, held_calls: int = 2) -> None:
-        super().__init__(env)
-        self.held_calls = held_calls
-        self.held: HeldWarnings | None = None
-        self.env_closed = False
-
-    def reset(self, **kwargs: Any) -> Any:
-        return self.call_held(lambda: self.env.reset(**kwargs))
-
-    def step(self, action: Any) -> Any:
-        return self.call_held(lambda: self.env.step(action))
-
-    def call_held(self, call: Callable[[], Any]) -> Any:
-        if self.held is not None:  # the call before was taken
-            self.held.show()
-            self.held = None
-        if self.held_calls == 0:
-            return call()
-        self.held_calls -= 1
-        with warnings_held() as self.held:
-            return call()
-
-    def close_reported(self) -> tuple[str, str] | None:
-        """Close the env: None, or what its close raised (the error in one line, and the traceback's text)."""
-        self.held, self.env_closed = None, True
-        try:
-            self.env.close()
-        except Exception as error:
-            return summary(error), traceback.format_exc()
-        return None
-
-    def close(self) -> None:
-        if not self.env_closed:
-            self.env_closed = True
-            self.env.close()
 
 
 RENDERED_AS = {"human": "to a window", "rgb_array": "frames to record"}

@@ -24,13 +24,12 @@ import torch
 from torch import Tensor
 
 from rl.batch import TensorBatch
-from rl.env_faults import ENV_RESET, ENV_STEP, check_finite, close_envs
+from rl.env_faults import ENV_RESET, ENV_STEP, check_finite, close_envs, warnings_shown_if_it_succeeds
 from rl.envs import (
     observations_tensor,
     reset_vector_env,
     resets_next_step,
     stored_as_bytes,
-    warnings_shown_if_it_succeeds,
 )
 from rl.multi_input import packed_layout
 from rl.normalization import AllReduceSum, ObservationNormalizer, RewardScaler

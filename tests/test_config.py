@@ -15,6 +15,7 @@ import pytest
 import torch
 from conftest import needs_envpool
 
+import rl.env_faults
 import rl.envs
 from rl.algos.ppo.config import PPOConfig
 from rl.algos.sac.config import SACConfig
@@ -193,7 +194,7 @@ def test_an_old_version_refused_is_one_line_without_gymnasiums_warning_that_it_i
 
 
 def test_an_old_version_that_can_be_made_is_still_warned_of(monkeypatch):
-    monkeypatch.setattr(rl.envs, "SHOWN_WARNINGS", set())  # as in a process that has not shown it yet
+    monkeypatch.setattr(rl.env_faults, "SHOWN_WARNINGS", set())  # as in a process that has not shown it yet
     with pytest.warns(DeprecationWarning, match="CartPole-v0 is out of date"):
         inspect_env("CartPole-v0")
 
