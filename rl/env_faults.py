@@ -329,7 +329,8 @@ class AsyncEnvFaultsNamed(gym.vector.VectorWrapper):
     """An async vector env whose worker process ends mid-call (a crash in an env's native code, the out-of-memory
     killer) raises `EnvFault` naming the env and how its process ended, rather than its pipe's EOFError; one whose
     envs return a reward or flag of more than one value (which it stacks as a column each) raises `EnvFault` naming
-    it, rather than the wrappers' error over its shape."""
+    it, rather than the wrappers' error over its shape. After its first reset and step it shows the warnings that
+    its workers held, once each."""
 
     def __init__(self, env: gym.vector.VectorEnv) -> None:
         super().__init__(env)
