@@ -30,6 +30,7 @@ LIBRARY = {  # the library's names, and the modules that hold them
     "SACConfig": "rl.algos.sac.config",
     "UsageError": "rl.errors",
     "RunStopped": "rl.errors",
+    "TrainingDiverged": "rl.optim",
     "Callback": "rl.loop",
     "LoopState": "rl.loop",
 }

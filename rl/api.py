@@ -181,6 +181,8 @@ def train(
         RunStopped: A fault stopped the run: an env raised or returned a NaN or infinite value, the system refused
             to write a file of the run (a full disk; the partial copy is removed), or a Hogwild worker ended or
             failed. The checkpoints written before it are kept.
+        TrainingDiverged: A loss or gradient stopped being finite. The step that would have spread it was not taken,
+            and the checkpoints written before hold finite weights.
 
     A run that raises (a callback's error, say) closes its envs and logs first. SIGTERM stops training with a
     checkpoint, as Ctrl-C does, and reaches this process's own SIGTERM handler once the run has closed. Torch's

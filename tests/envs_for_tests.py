@@ -470,6 +470,7 @@ def wait_forever_holding_the_gil() -> None:
 class Misbehaves(gym.Env):
     """From its `after`th step on (counted over the env's life), `fault`: "raise" (a RuntimeError from a helper),
     "nan_observation", "nan_last_observation" (NaN only in an episode's last observation), "inf_reward",
+    "huge_reward" (1e30, which the value loss squares past float32's range),
     "wrong_shape" (an observation of 4 values, where its space holds 3), "outside_the_space" (an observation beyond
     its space's bounds, which gymnasium's checker warns of at the first step, and a run takes), "none_reward" (None,
     which the vector env stores as nan), "reward_array" and "terminated_array" (a reward or a terminated flag as an
@@ -510,6 +511,8 @@ class Misbehaves(gym.Env):
                 reward = None
             if fault == "inf_reward":
                 reward = float("inf")
+            if fault == "huge_reward":
+                reward = 1e30  # finite, but its squared value error is not
             if fault == "reward_array":
                 reward = np.array([reward])
             if fault == "terminated_array":

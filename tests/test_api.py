@@ -294,8 +294,24 @@ def test_presets_and_bad_configs_as_the_command_line_has_them():
         rl.train(rl.PPOConfig(num_envs=0))
 
 
+def test_a_run_whose_loss_stops_being_finite_raises_an_error_the_library_names(tmp_path):
+    """rl.TrainingDiverged, which a caller that trains many configs (a search of its own) catches by name."""
+    config = rl.PPOConfig(
+        env_id="envs_for_tests:Misbehaves-v0",
+        env_kwargs={"after": 0, "fault": "huge_reward"},
+        total_timesteps=1024,
+        eval_episodes=0,
+        progress_bar=False,
+        log_dir=str(tmp_path),
+    )
+    with pytest.raises(rl.TrainingDiverged) as diverged:
+        rl.train(config)
+    assert str(diverged.value) == "the gradient norm is not finite (a loss became NaN or infinite)"
+
+
 def test_the_librarys_names_are_listed_for_tab_completion_and_a_star_import_though_they_load_on_first_use():
     names = {"train", "preset", "load_config", "load_agent", "PPOConfig", "SACConfig", "Callback", "UsageError"}
+    names |= {"RunStopped", "TrainingDiverged", "Agent", "TrainingResult", "LoopState"}
     assert names <= set(dir(rl))
     assert not {"os", "time", "LIBRARY", "PROCESS_STARTED"} & set(dir(rl))  # what the package uses itself
     assert "cli" in dir(rl)  # a submodule, loaded by now
