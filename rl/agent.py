@@ -84,6 +84,13 @@ class Agent:
     def __post_init__(self) -> None:
         self.generator = torch.Generator(device=self.device).manual_seed(0)
 
+    def __repr__(self) -> str:
+        # What a notebook shows of it: the env, the spaces as the env has them, and where it acts; not its networks.
+        observes = space_summary(self.env_observation_space or self.observation_space)
+        kind = "recurrent " if self.recurrent else ""
+        acts = space_summary(self.action_space)
+        return f"Agent({kind}policy for {self.env_id}: observes {observes}, acts in {acts}, on {self.device})"
+
     @property
     def recurrent(self) -> bool:
         """Whether the policy carries a state from step to step (`predict` takes and returns it)."""

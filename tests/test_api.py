@@ -119,6 +119,11 @@ def test_train_in_one_process_returns_its_runs_and_the_agents_they_saved(tmp_pat
     with pytest.raises(ValueError, match="is a file: give a folder to record the first episode in"):
         agent.evaluate(episodes=1, video_dir=__file__)
     assert rl.load_agent(recurrent["agent_path"]).recurrent  # its minibatch defaulted to one sequence, as on the CLI
+    # what a notebook shows of an agent: not its networks
+    shown = "policy for Pendulum-v1: observes a Box of shape (3,), acts in a Box of shape (1,), on cpu"
+    assert repr(agent) == f"Agent({shown})"
+    shown = "recurrent policy for CartPole-v1: observes a Box of shape (4,), acts in Discrete(2), on cpu"
+    assert repr(rl.load_agent(recurrent["agent_path"])) == f"Agent({shown})"
     assert results["ctrl_c_kept"]  # training listens for Ctrl-C only while it runs
     assert results["in_a_thread"] == [256]
 
