@@ -20,6 +20,7 @@ import warnings
 
 import envs_for_tests
 import gymnasium as gym
+import numpy as np
 import pytest
 from conftest import (
     SCRIPTS,
@@ -164,6 +165,21 @@ def test_an_observation_its_space_does_not_hold_is_named_as_what_the_env_returne
     assert stopped.value.context == ""  # no frames of the env's to show
 
 
+def numpy_stores_a_one_value_array_as_a_number() -> bool:
+    """Whether numpy puts an array of one value where a number goes, as gymnasium's sync vector env stores each
+    env's reward: numpy 2.2 (Python 3.10's) does, with a DeprecationWarning; numpy 2.4 refuses."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            np.zeros(1)[0] = np.ones(1)
+        except (TypeError, ValueError):
+            return False
+    return True
+
+
+ONE_VALUE_REWARD_STORED = numpy_stores_a_one_value_array_as_a_number()
+
+
 @pytest.mark.parametrize(
     ("fault", "vector_mode", "what"),
     [  # gymnasium's sync vector env fails to store it (a flag of one value it stores); its async one stacks a column
@@ -173,16 +189,21 @@ def test_an_observation_its_space_does_not_hold_is_named_as_what_the_env_returne
     ],
 )
 def test_a_reward_or_flag_of_more_than_one_value_is_named_as_what_the_env_returned(tmp_path, fault, vector_mode, what):
+    config = misbehaving(tmp_path, fault, vector_mode=vector_mode)
     with warnings.catch_warnings():  # gymnasium's env checker warns of the type at the first step
         warnings.simplefilter("ignore")
+        if vector_mode == "sync" and ONE_VALUE_REWARD_STORED:  # the one value is the reward: the run takes it
+            assert os.path.isfile(rl.train(config).agent_path)
+            return
         with pytest.raises(rl.RunStopped) as stopped:
-            rl.train(misbehaving(tmp_path, fault, vector_mode=vector_mode))
+            rl.train(config)
     assert str(stopped.value).startswith(f"--env-id: the env's step returned {what}"), str(stopped.value)
     assert stopped.value.context == ""
 
 
 @pytest.mark.parametrize(
-    ("fault", "warned"), [("reward_array", 0), ("wrong_shape", 0), ("outside_the_space", 1), ("none_reward", 1)]
+    ("fault", "warned"),
+    [("reward_array", int(ONE_VALUE_REWARD_STORED)), ("wrong_shape", 0), ("outside_the_space", 1), ("none_reward", 1)],
 )
 def test_the_env_checkers_warnings_at_the_first_step_are_shown_once_unless_that_step_stops_the_run(
     tmp_path, monkeypatch, fault, warned
