@@ -199,14 +199,16 @@ class WorkerEnv(gym.Wrapper):
         self.env_closed = False
 
     def reset(self, **kwargs: Any) -> Any:
+        if self.held_calls == 0:
+            return self.env.reset(**kwargs)
         return self.call_held(lambda: self.env.reset(**kwargs))
 
     def step(self, action: Any) -> Any:
+        if self.held_calls == 0:  # every step after the first: nothing made per step
+            return self.env.step(action)
         return self.call_held(lambda: self.env.step(action))
 
     def call_held(self, call: Callable[[], Any]) -> Any:
-        if self.held_calls == 0:
-            return call()
         self.held_calls -= 1
         with warnings_held() as held:
             try:
