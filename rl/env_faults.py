@@ -99,6 +99,24 @@ STORED_STEP_VALUES = {
 }
 
 
+# The dtypes of the arrays that gymnasium's SyncVectorEnv stores its envs' rewards, terminated and truncated flags in.
+STORED_DTYPES = (np.float64, np.bool_, np.bool_)
+
+
+def stored_as_one_value_each(values: np.ndarray, dtype: type, what: str) -> np.ndarray:
+    """An async env's stacked step values of more than one axis (each env's value an array) stored one per env as a
+    sync vector env stores them, taking what numpy puts where one value goes (a flag given as an array of one value;
+    a reward so given where numpy does: 2.2, with a DeprecationWarning, not 2.4); raise `EnvFault` naming `what`
+    for the rest."""
+    stored = np.empty(len(values), dtype)
+    try:
+        for index, value in enumerate(values):
+            stored[index] = value
+    except (TypeError, ValueError):
+        raise EnvFault(f"step returned {what} (of shape {np.shape(values)[1:]} in each env)") from None
+    return stored
+
+
 def unstored_step_value(tb: TracebackType | None) -> str | None:
     """Which step value the vector env failed to store, where that is what failed: "a reward that is not one
     number"; None otherwise."""
@@ -251,6 +269,10 @@ def show_warnings_fetched(fetched: Iterable[list[tuple[str, str, str, str, int]]
     held.show()
 
 
+# The test in gymnasium's async worker that ends an episode, which fails on a flag of more than one value.
+FLAGS_TESTED, FLAG_NOT_ONE_BOOL = "if terminated or truncated:", "a terminated or truncated flag that is not one bool"
+
+
 class WorkerFailed(Exception):
     """What an async env's worker raised, in one line (`summary`), with its traceback's text: its frames lie in the
     worker's process."""
@@ -261,10 +283,14 @@ class WorkerFailed(Exception):
 
     def fault(self, call: str) -> EnvFault:
         """The fault, named as where the env steps in this process: the env raised, in its own frames (shown), or
-        the worker could not store what the env returned."""
+        the worker could not store or test what the env returned."""
         frames = traceback_frames(self.trace)
-        if frames and not any(is_env_code(filename) for filename, _ in frames) and frames[-1][0].startswith(BATCHING):
-            return EnvFault(f"{call} returned an observation its space does not hold (storing it raised {self})")
+        if frames and not any(is_env_code(filename) for filename, _ in frames):  # the env returned, the worker failed
+            filename, lines = frames[-1]
+            if filename.startswith(BATCHING):
+                return EnvFault(f"{call} returned an observation its space does not hold (storing it raised {self})")
+            if FLAGS_TESTED in lines:
+                return EnvFault(f"{call} returned {FLAG_NOT_ONE_BOOL} (testing it raised {self})")
         return EnvFault(f"{call} raised {self}", self.env_frames())
 
     def env_frames(self) -> str:
@@ -329,10 +355,10 @@ class WorkersErrorsRaised(gym.vector.AsyncVectorEnv):
 
 class AsyncEnvFaultsNamed(gym.vector.VectorWrapper):
     """An async vector env whose worker process ends mid-call (a crash in an env's native code, the out-of-memory
-    killer) raises `EnvFault` naming the env and how its process ended, rather than its pipe's EOFError; one whose
-    envs return a reward or flag of more than one value (which it stacks as a column each) raises `EnvFault` naming
-    it, rather than the wrappers' error over its shape. After its first reset and step it shows the warnings that
-    its workers held, once each."""
+    killer) raises `EnvFault` naming the env and how its process ended, rather than its pipe's EOFError. A reward or
+    flag that an env gives as an array (which it stacks as a column each) is taken or refused as a sync vector env
+    takes or refuses it, rather than failing in the wrappers over its shape. After its first reset and step it
+    shows the warnings that its workers held, once each."""
 
     def __init__(self, env: gym.vector.VectorEnv) -> None:
         super().__init__(env)
@@ -353,11 +379,13 @@ class AsyncEnvFaultsNamed(gym.vector.VectorWrapper):
         except PIPE_CLOSED:
             self.raise_if_a_worker_ended("step")
             raise
-        for values, value in zip(stepped[1:4], STORED_STEP_VALUES.values(), strict=True):
-            if np.ndim(values) != 1:
-                raise EnvFault(f"step returned {value} (of shape {np.shape(values)[1:]} in each env)")
+        obs, *values, infos = stepped
+        stored = [
+            each if np.ndim(each) == 1 else stored_as_one_value_each(each, dtype, what)
+            for each, dtype, what in zip(values, STORED_DTYPES, STORED_STEP_VALUES.values(), strict=True)
+        ]
         self.show_workers_warnings()
-        return stepped
+        return obs, *stored, infos
 
     def show_workers_warnings(self) -> None:
         """After a call whose warnings the workers held (their envs' first reset and step), taken: show them."""

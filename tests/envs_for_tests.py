@@ -474,7 +474,8 @@ class Misbehaves(gym.Env):
     "wrong_shape" (an observation of 4 values, where its space holds 3), "outside_the_space" (an observation beyond
     its space's bounds, which gymnasium's checker warns of at the first step, and a run takes), "none_reward" (None,
     which the vector env stores as nan), "reward_array" and "terminated_array" (a reward or a terminated flag as an
-    array of one value, not a number or a bool), "hang" (a
+    array of one value, not a number or a bool; the flag ends each episode at its 10th step), "terminated_pair" (a
+    terminated flag as an array of two), "hang" (a
     step that never returns, after touching the file HANG_MARKER names), "hang_holding_the_gil" (the same, in native
     code that keeps Python's interpreter lock), "die_once" (the first env to get there, the one that creates the
     file DIE_MARKER names, kills its own process), "raise_on_close" (its close raises), or "as_asked" (the fault
@@ -516,7 +517,9 @@ class Misbehaves(gym.Env):
             if fault == "reward_array":
                 reward = np.array([reward])
             if fault == "terminated_array":
-                terminated = np.array([terminated])
+                terminated = np.array([self.steps >= 10])
+            if fault == "terminated_pair":
+                terminated = np.array([terminated, terminated])
             if fault == "hang":
                 self.hang()
             if fault == "hang_holding_the_gil":
