@@ -343,12 +343,12 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
     # Fields whose default follows other fields (with --cuda, the fastest setting measured on a GPU) until a command
     # line, preset, config file or caller sets them; `following_defaults` gives their values.
     FOLLOWING_DEFAULTS: ClassVar[tuple[str, ...]] = ("cuda_graphs",)
-    # Set by fill_defaults: the value each following field took by default (filling the defaults again chooses
-    # anew, and a learner among several steps aside from graphs that came by default, as that is not yet measured
-    # on several GPUs), and the following fields that were chosen, which keep their values. InitVars rather than
-    # fields (no flag, no key of a config file), which `dataclasses.replace` passes on to the copy as it does fields.
-    # Annotated with objects rather than this module's strings: Python 3.10's `typing.get_type_hints` (which tyro
-    # calls) refuses a string that names an InitVar.
+    # Set by fill_defaults (and when built, for the fields not named): the value each following field took by
+    # default (filling the defaults again chooses anew, and a learner among several steps aside from graphs that came
+    # by default, as that is not yet measured on several GPUs), and the following fields that were chosen, which keep
+    # their values. InitVars rather than fields (no flag, no key of a config file), which `dataclasses.replace`
+    # passes on to the copy as it does fields. Annotated with objects rather than this module's strings: Python 3.10's
+    # `typing.get_type_hints` (which tyro calls) refuses a string that names an InitVar.
     __annotations__["followed"] = InitVar[Annotated[frozenset, tyro.conf.Suppress]]
     followed = frozenset()  # (field name, value by default)
     __annotations__["chosen_defaults"] = InitVar[Annotated[frozenset, tyro.conf.Suppress]]
@@ -368,15 +368,27 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
         return config
 
     def __post_init__(self, followed: frozenset, chosen_defaults: frozenset, named_when_built: frozenset) -> None:
+        built = "named_when_built" in vars(self)  # set by __new__ for a config built, not copied
         self.followed, self.chosen_defaults = followed, chosen_defaults
         if named_when_built:  # a copy's, of the config it copies
             self.named_when_built = named_when_built
+        if built:
+            self.follow_unnamed_defaults()
+
+    def follow_unnamed_defaults(self) -> None:
+        """Give the following fields that the builder did not name the values that follow from the others, so that
+        a copy that changes one (`dataclasses.replace(config, cuda_graphs=False)`) is told from one that keeps it."""
+        values = {name: value for name, value in self.following_defaults().items() if name not in self.named_when_built}
+        for name, value in values.items():
+            super().__setattr__(name, value)  # by default, not named
+        self.followed = frozenset(values.items())
 
     def __setattr__(self, name: str, value: Any) -> None:
         """A following field set on a built config (`config.cuda_graphs = False`) counts as named, as if built so."""
         super().__setattr__(name, value)
         if name in self.FOLLOWING_DEFAULTS and "chosen_defaults" in vars(self):  # built: __post_init__ has run
             super().__setattr__("named_when_built", self.named_when_built | {name})
+            super().__setattr__("followed", frozenset(pair for pair in self.followed if pair[0] != name))
 
     def fill_defaults(self, given: set[str]) -> None:
         """Defaults that follow from other fields; `given`: the fields set by the command line or the preset.

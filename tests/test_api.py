@@ -627,7 +627,11 @@ def test_a_copied_or_edited_config_keeps_its_defaults_following_the_fields(tmp_p
     without_graphs = completed(dataclasses.replace(on_a_gpu, cuda_graphs=False), "coupled")
     edited = rl.preset("sac/pendulum", cuda=True)
     edited.cuda_graphs = False
-    for chosen in (without_graphs, completed(edited, "coupled")):
+    built = rl.SACConfig(env_id="Pendulum-v1", cuda=True)  # built by hand: its defaults follow from the start
+    assert built.cuda_graphs and built.update_while_stepping
+    assert completed(dataclasses.replace(built, seed=3), "coupled").came_by_default("cuda_graphs")
+    built_without_graphs = completed(dataclasses.replace(built, cuda_graphs=False), "coupled")
+    for chosen in (without_graphs, completed(edited, "coupled"), built_without_graphs):
         assert not chosen.cuda_graphs and not chosen.came_by_default("cuda_graphs")
         assert chosen.update_while_stepping and chosen.came_by_default("update_while_stepping")
 
