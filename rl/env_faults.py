@@ -269,8 +269,15 @@ def show_warnings_fetched(fetched: Iterable[list[tuple[str, str, str, str, int]]
     held.show()
 
 
-# The test in gymnasium's async worker that ends an episode, which fails on a flag of more than one value.
+# The test in gymnasium's async worker (and env checker) that ends an episode, which fails on a flag of more than one
+# value.
 FLAGS_TESTED, FLAG_NOT_ONE_BOOL = "if terminated or truncated:", "a terminated or truncated flag that is not one bool"
+
+
+def flag_test_failed(tb: TracebackType | None) -> bool:
+    """Whether what failed is gymnasium's test of an env's terminated and truncated flags."""
+    frames = traceback.extract_tb(tb)
+    return bool(frames) and frames[-1].line == FLAGS_TESTED
 
 
 class WorkerFailed(Exception):

@@ -22,10 +22,12 @@ import torch
 
 from rl import masked_cartpole, pixel_cartpole, two_cues  # noqa: F401  (register rl/MaskedCartPole-v1 and others)
 from rl.env_faults import (
+    FLAG_NOT_ONE_BOOL,
     AsyncEnvFaultsNamed,
     WorkerEnv,
     WorkersErrorsRaised,
     env_frames,
+    flag_test_failed,
     own_frames,
     summary,
     warnings_shown_if_it_succeeds,
@@ -388,6 +390,8 @@ def check_env_api(env_id: str, preprocessing: Preprocessing) -> None:
         if not isinstance(error, AssertionError | gym.error.Error | TypeError | ValueError):
             raise
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        if flag_test_failed(error.__traceback__):
+            message = f"step() returned {FLAG_NOT_ONE_BOOL} (testing it raised {summary(error)})"
         if "values to unpack" in message:
             message = f"step() must return (obs, reward, terminated, truncated, info): {message}"
         raise UsageError("--env-id", f"{env_id} breaks the gymnasium API: {message}") from None

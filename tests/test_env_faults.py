@@ -209,6 +209,15 @@ def test_a_reward_or_flag_given_as_an_array_is_taken_or_named_alike_in_sync_and_
     assert stopped.value.context == ""
 
 
+def test_a_flag_of_more_than_one_value_at_the_first_step_is_named_by_the_env_check(tmp_path):
+    with pytest.raises(rl.UsageError) as refused:
+        rl.train(misbehaving(tmp_path, "terminated_pair", after=1))
+    assert str(refused.value).startswith(
+        "env_id (--env-id): envs_for_tests:Misbehaves-v0 breaks the gymnasium API: step() returned a terminated or "
+        "truncated flag that is not one bool (testing it raised ValueError: The truth value"
+    ), str(refused.value)
+
+
 @pytest.mark.parametrize(
     ("fault", "warned"),
     [("reward_array", int(ONE_VALUE_REWARD_STORED)), ("wrong_shape", 0), ("outside_the_space", 1), ("none_reward", 1)],
