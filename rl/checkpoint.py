@@ -261,10 +261,10 @@ def unwritten(path: str, reason: str) -> str:
     folder = Path(path).parent
     run_folder = folder.parent if folder.name == CHECKPOINT_DIR else folder
     if not run_folder.is_dir():
-        return f"could not write {path}: the run's {FOLDER_GONE}; training stopped"
+        return f"could not write {path}: the run's {FOLDER_GONE}; the run stopped"
     newest = newest_checkpoint(str(run_folder))
     kept = f"its newest checkpoint is kept: --resume-from {newest} resumes it" if newest else "it had no checkpoint yet"
-    return f"could not write {path}: {reason}; training stopped, and {kept}"
+    return f"could not write {path}: {reason}; the run stopped, and {kept}"
 
 
 def assert_finite(*modules: nn.Module) -> None:

@@ -360,9 +360,9 @@ def refused_logs(log_dir: str) -> AbstractContextManager[None]:
 
     def stopped(reason: str) -> RunStopped:
         if not os.path.isdir(log_dir):
-            return RunStopped(f"could not write the run's files in {log_dir}: the {FOLDER_GONE}; training stopped")
+            return RunStopped(f"could not write the run's files in {log_dir}: the {FOLDER_GONE}; the run stopped")
         return RunStopped(
-            f"could not write the run's files in {log_dir}: {reason}; training stopped, and the checkpoints "
+            f"could not write the run's files in {log_dir}: {reason}; the run stopped, and the checkpoints "
             "written before it are kept"
         )
 

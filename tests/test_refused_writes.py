@@ -76,7 +76,7 @@ def test_a_refused_checkpoint_stops_the_run_in_one_line_and_the_one_before_resum
     kept = run_dir(tmp_path, "fabric") / "checkpoints" / "step_000000000200.ckpt"
     assert error_lines(refused.stderr) == [
         f"error: could not write {Path('logs/fabric_logs', kept.parent.parent.name, 'checkpoints')}/"
-        f"step_000000000400.ckpt: {REFUSED}; training stopped, and its newest checkpoint is kept: --resume-from "
+        f"step_000000000400.ckpt: {REFUSED}; the run stopped, and its newest checkpoint is kept: --resume-from "
         f"{Path('logs/fabric_logs', kept.parent.parent.name, 'checkpoints', kept.name)} resumes it"
     ]
     assert sorted(path.name for path in kept.parent.iterdir()) == [kept.name]  # no partial file left
@@ -105,7 +105,7 @@ def test_every_coupled_rank_stops_with_the_line_of_the_checkpoint_rank_0_could_n
     assert refused.returncode != 0
     lines = error_lines(refused.stderr)
     assert len(lines) == 2 and lines[0] == lines[1], refused.stderr
-    assert lines[0].endswith(f"step_000000001024.ckpt: {REFUSED}; training stopped, and it had no checkpoint yet")
+    assert lines[0].endswith(f"step_000000001024.ckpt: {REFUSED}; the run stopped, and it had no checkpoint yet")
     assert not partial_files(tmp_path)
 
 
@@ -118,7 +118,7 @@ def test_a_decoupled_player_that_cannot_write_its_checkpoint_says_so_and_its_tra
     )
     assert refused.returncode != 0
     player, trainer = error_lines(refused.stderr)
-    assert player.endswith(f"step_000000001024.ckpt: {REFUSED}; training stopped, and it had no checkpoint yet")
+    assert player.endswith(f"step_000000001024.ckpt: {REFUSED}; the run stopped, and it had no checkpoint yet")
     # The trainer says it lost the player, whether it notices first or the launcher's stop reaches it first
     lost = "lost the player: its process ended"
     assert trainer in {f"error: trainer 1: {lost}", f"error: trainer 1: stopped by the launcher because it {lost}"}
@@ -150,7 +150,7 @@ def test_a_hogwild_checkpoint_the_system_refuses_stops_the_workers_in_one_line(t
     )
     assert refused.returncode == 1
     (line,) = error_lines(refused.stderr)
-    assert line.endswith(f"step_000000001024.ckpt: {REFUSED}; training stopped, and it had no checkpoint yet")
+    assert line.endswith(f"step_000000001024.ckpt: {REFUSED}; the run stopped, and it had no checkpoint yet")
     # The workers, stopped mid-run, leave nothing for the resource tracker to warn of.
     assert "leaked" not in refused.stderr, refused.stderr
     assert not partial_files(tmp_path)
@@ -165,7 +165,7 @@ def test_logs_the_system_refuses_stop_the_run_in_one_line_rather_than_as_a_value
     assert refused.returncode == 1
     assert error_lines(refused.stderr) == [
         f"error: could not write the run's files in logs/fabric_logs/{run_dir(tmp_path, 'fabric').name}: "
-        f"{REFUSED}; training stopped, and the checkpoints written before it are kept"
+        f"{REFUSED}; the run stopped, and the checkpoints written before it are kept"
     ]
     assert "Traceback" not in refused.stderr, refused.stderr  # tensorboard's writer thread prints none either
 
@@ -228,6 +228,6 @@ def test_a_run_whose_folder_is_removed_says_so_and_claims_no_checkpoint_kept(tmp
         rl.train(config, callbacks=[RemovesTheRunFolder()])
     assert re.fullmatch(
         r"could not write (the run's files in )?\S+: the (run's )?folder is gone \(removed or moved while the run "
-        r"wrote into it\); training stopped",
+        r"wrote into it\); the run stopped",
         str(stopped.value),
     ), str(stopped.value)
