@@ -266,7 +266,11 @@ def completed(config: RunConfig, mode: Mode) -> RunConfig:
     check_field_types(cfg)
     check_mode_fields(cfg, mode)
     defaults = type(cfg)()
-    given = {field.name for field in fields(cfg) if getattr(cfg, field.name) != getattr(defaults, field.name)}
+    given = {
+        field.name
+        for field in fields(cfg)
+        if getattr(cfg, field.name) != getattr(defaults, field.name) and not cfg.came_by_default(field.name)
+    }
     given |= cfg.named_when_built  # built by hand: the fields its caller named, at their default values or not
     # as on the command line: a resumed run's own values where the config has defaults
     checkpoint = cfg.resume_from or named_runs_newest_checkpoint(cfg.run_name, cfg.log_dir, log_subdir(mode))

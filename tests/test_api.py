@@ -636,6 +636,20 @@ def test_a_copied_or_edited_config_keeps_its_defaults_following_the_fields(tmp_p
         assert chosen.update_while_stepping and chosen.came_by_default("update_while_stepping")
 
 
+def test_a_resumed_runs_choice_of_a_following_field_stands_over_the_value_it_would_follow(tmp_path):
+    """A run that chose SAC's --no-update-while-stepping, resumed by a config built with cuda=True (by hand or from
+    a preset), keeps its choice: the value that followed cuda=True was not the caller's."""
+    names = {"run_name": "chose", "log_dir": str(tmp_path / "logs"), "progress_bar": False, "eval_episodes": 0}
+    short = {"total_timesteps": 64, "learning_starts": 32, "batch_size": 16, "net_arch": (8, 8)}
+    rl.train(rl.SACConfig(env_id="Pendulum-v1", update_while_stepping=False, **names, **short))
+    for resumed in (
+        rl.SACConfig(env_id="Pendulum-v1", cuda=True, **names),
+        rl.preset("sac/pendulum", cuda=True, **names),
+    ):
+        assert resumed.update_while_stepping  # it follows cuda=True until the run's own choice is read
+        assert not completed(resumed, "coupled").update_while_stepping
+
+
 def test_train_puts_back_the_torch_settings_it_changes_for_the_process(tmp_path):
     threads, deterministic = torch.get_num_threads(), torch.backends.cudnn.deterministic
     try:
