@@ -132,7 +132,7 @@ def test_every_decoupled_rank_stops_with_the_line_of_the_config_file_the_lead_co
     args = [*PPO_QUICK, "--run-name", "refused", "--total-timesteps", "1024", "--evaluator", "--eval-episodes", "1"]
     refused = run_with_file_limit(launch_command("fabric run", SCRIPTS["decoupled"], args, 3), tmp_path, limit=None)
     assert refused.returncode != 0
-    line = "error: could not write the run's files in logs/fabric_decoupled_logs/refused: Is a directory; training "
+    line = "error: could not write the run's files in logs/fabric_decoupled_logs/refused: Is a directory; the run "
     assert error_lines(refused.stderr) == [f"{line}stopped, and the checkpoints written before it are kept"] * 3
 
 
