@@ -23,6 +23,7 @@ import sysconfig
 import threading
 import time
 import traceback
+import types
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.process import BaseProcess
@@ -259,14 +260,24 @@ class WorkerEnv(gym.Wrapper):
 
 
 def show_warnings_fetched(fetched: Iterable[list[tuple[str, str, str, str, int]]]) -> None:
-    """Show the warnings that async envs' workers held (`WorkerEnv.held_warnings`), each once: the workers run the
-    same env, and warn alike."""
+    """Show the warnings that async envs' workers held (`WorkerEnv.held_warnings`), each once (the workers run the
+    same env, and warn alike), as if raised here: through this process's filters, and noted as shown where their
+    module keeps that, so that the same warning raised here later (by an evaluation's env) is not shown again."""
     with warnings_held() as held:
         for worker in fetched:
             for message, module, name, filename, lineno in worker:
                 category = getattr(sys.modules.get(module), name, UserWarning)
-                warnings.showwarning(message, category, filename, lineno)
+                source = module_of_file(filename)
+                registry = vars(source).setdefault("__warningregistry__", {}) if source else None
+                warnings.warn_explicit(message, category, filename, lineno, getattr(source, "__name__", None), registry)
     held.show()
+
+
+def module_of_file(filename: str) -> types.ModuleType | None:
+    """The module imported from `filename` in this process, if any."""
+    return next(
+        (module for module in list(sys.modules.values()) if getattr(module, "__file__", None) == filename), None
+    )
 
 
 # The test in gymnasium's async worker (and env checker) that ends an episode, which fails on a flag of more than one

@@ -6,6 +6,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import ClassVar
 
@@ -475,7 +476,8 @@ class Misbehaves(gym.Env):
     its space's bounds, which gymnasium's checker warns of at the first step, and a run takes), "none_reward" (None,
     which the vector env stores as nan), "reward_array" and "terminated_array" (a reward or a terminated flag as an
     array of one value, not a number or a bool; the flag ends each episode at its 10th step), "terminated_pair" (a
-    terminated flag as an array of two), "hang" (a
+    terminated flag as an array of two), "warn" (a UserWarning at each step, which Python shows once a process),
+    "hang" (a
     step that never returns, after touching the file HANG_MARKER names), "hang_holding_the_gil" (the same, in native
     code that keeps Python's interpreter lock), "die_once" (the first env to get there, the one that creates the
     file DIE_MARKER names, kills its own process), "raise_on_close" (its close raises), or "as_asked" (the fault
@@ -520,6 +522,8 @@ class Misbehaves(gym.Env):
                 terminated = np.array([self.steps >= 10])
             if fault == "terminated_pair":
                 terminated = np.array([terminated, terminated])
+            if fault == "warn":
+                warnings.warn("the simulator's clock drifts", UserWarning, stacklevel=1)
             if fault == "hang":
                 self.hang()
             if fault == "hang_holding_the_gil":

@@ -253,6 +253,17 @@ def test_async_envs_show_the_checkers_warnings_of_a_first_step_only_where_the_ru
         assert line.startswith("error: --env-id: the env's step returned an observation its space does not hold"), line
 
 
+def test_an_async_envs_warning_is_shown_once_though_the_evaluations_env_in_this_process_warns_it_again(tmp_path):
+    """Python shows a warning once a process: the workers' first, fetched and shown here, counts as this process's,
+    as a sync env's would."""
+    faulty = {"after": 1, "fault": "warn"}
+    shape = ["--num-envs", "2", "--num-steps", "32", "--total-timesteps", "128", "--vector-mode", "async"]
+    args = [*MISBEHAVES, "--env-kwargs", json.dumps(faulty), *shape, "--eval-episodes", "1", "--no-progress-bar"]
+    done = run(launch_command("python", SCRIPTS["fabric"], args, 1), tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("UserWarning: the simulator's clock drifts") == 1, done.stderr
+
+
 def test_frames_of_pythons_own_modules_and_of_the_plumbing_are_not_the_envs_but_an_installed_packages_are():
     assert not is_env_code(functools.__file__)  # gymnasium dispatches on a space's type through it
     assert not is_env_code(gym.vector.utils.__file__) and not is_env_code(rl.__file__)
