@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import threading
-import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -278,6 +277,15 @@ def _fabric_ddp_strategy(cfg: RunConfig, process_group: dist.ProcessGroup | None
     return DDPStrategy(timeout=collective_timeout(cfg), **ddp_kwargs)
 
 
+def gathered_rows(tensor: Tensor, world_size: int, group: dist.ProcessGroup | None = None) -> Tensor:
+    """Every rank's `tensor` of `group` concatenated along dim 0, in rank order. torch.distributed's own gather:
+    Fabric's goes through a deprecated one, whose warning, silenced in a `catch_warnings` block, would reset what
+    Python has shown once, and show an env's warning again at every gather."""
+    gathered = [torch.empty_like(tensor) for _ in range(world_size)]
+    dist.all_gather(gathered, tensor.contiguous(), group=group)
+    return torch.cat(gathered)
+
+
 def collective_timeout(cfg: RunConfig) -> timedelta:
     return timedelta(seconds=cfg.collective_timeout)
 
@@ -358,10 +366,7 @@ class FabricRuntime(Runtime):
         return self.fabric.all_reduce(tensor, group=self.group, reduce_op="sum") if self.world_size > 1 else tensor
 
     def gather_rows(self, tensor: Tensor) -> Tensor:
-        with warnings.catch_warnings():  # Lightning's own call of a deprecated torch function
-            warnings.filterwarnings("ignore", message=".*all_gather is deprecated.*")
-            gathered = self.fabric.all_gather(tensor, group=self.group)
-        return gathered.reshape(-1, *tensor.shape[1:])
+        return gathered_rows(tensor, self.world_size, self.group)
 
     def broadcast_object(self, obj: Any) -> Any:
         return self.fabric.broadcast(obj, src=0)
@@ -435,9 +440,7 @@ class TorchRuntime(Runtime):
         return tensor
 
     def gather_rows(self, tensor: Tensor) -> Tensor:
-        gathered = [torch.empty_like(tensor) for _ in range(self.world_size)]
-        dist.all_gather(gathered, tensor.contiguous())
-        return torch.cat(gathered)
+        return gathered_rows(tensor, self.world_size)
 
     def broadcast_object(self, obj: Any) -> Any:
         return obj if self.world_size == 1 else broadcast_from_rank_0(obj)

@@ -253,15 +253,20 @@ def test_async_envs_show_the_checkers_warnings_of_a_first_step_only_where_the_ru
         assert line.startswith("error: --env-id: the env's step returned an observation its space does not hold"), line
 
 
-def test_an_async_envs_warning_is_shown_once_though_the_evaluations_env_in_this_process_warns_it_again(tmp_path):
-    """Python shows a warning once a process: the workers' first, fetched and shown here, counts as this process's,
-    as a sync env's would."""
+@pytest.mark.parametrize(
+    ("launcher", "ranks", "flags"),
+    [("python", 1, ["--vector-mode", "async"]), ("fabric run", 2, ["--share-data", "--eval-every", "256"])],
+)
+def test_an_envs_warning_at_every_step_is_shown_once_a_process(tmp_path, launcher, ranks, flags):
+    """As Python shows a warning: an async env's workers' first, fetched and shown here, counts as this process's,
+    whose evaluation env warns it again; and a gather of every rank's batch (`--share-data`) each iteration leaves
+    what Python has shown as it was."""
     faulty = {"after": 1, "fault": "warn"}
-    shape = ["--num-envs", "2", "--num-steps", "32", "--total-timesteps", "128", "--vector-mode", "async"]
+    shape = ["--num-envs", "2", "--num-steps", "32", "--total-timesteps", "1024", *flags]
     args = [*MISBEHAVES, "--env-kwargs", json.dumps(faulty), *shape, "--eval-episodes", "1", "--no-progress-bar"]
-    done = run(launch_command("python", SCRIPTS["fabric"], args, 1), tmp_path)
+    done = run(launch_command(launcher, SCRIPTS["fabric"], args, ranks), tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stderr.count("UserWarning: the simulator's clock drifts") == 1, done.stderr
+    assert done.stderr.count("UserWarning: the simulator's clock drifts") == ranks, done.stderr
 
 
 def test_frames_of_pythons_own_modules_and_of_the_plumbing_are_not_the_envs_but_an_installed_packages_are():
