@@ -372,15 +372,16 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
         self.followed, self.chosen_defaults = followed, chosen_defaults
         if named_when_built:  # a copy's, of the config it copies
             self.named_when_built = named_when_built
+        # The fields its builder did not name follow from the start: a copy that changes one
+        # (`dataclasses.replace(config, cuda_graphs=False)`) is then told from a copy that keeps it.
         if built:
-            self.follow_unnamed_defaults()
+            self.follow_defaults(self.named_when_built)
 
-    def follow_unnamed_defaults(self) -> None:
-        """Give the following fields that the builder did not name the values that follow from the others, so that
-        a copy that changes one (`dataclasses.replace(config, cuda_graphs=False)`) is told from one that keeps it."""
-        values = {name: value for name, value in self.following_defaults().items() if name not in self.named_when_built}
+    def follow_defaults(self, chosen: Iterable[str]) -> None:
+        """Give the following fields not `chosen` the values that follow from the others, by default."""
+        values = {name: value for name, value in self.following_defaults().items() if name not in chosen}
         for name, value in values.items():
-            super().__setattr__(name, value)  # by default, not named
+            super().__setattr__(name, value)  # by default: not named, as `__setattr__` would make it
         self.followed = frozenset(values.items())
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -394,8 +395,8 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
         """Defaults that follow from other fields; `given`: the fields set by the command line or the preset.
 
         A following field is chosen once given, unless it holds the value it took by default; one that took a
-        value by default and now holds another (set on the config, or changed by `dataclasses.replace`) is chosen
-        too, whether or not it is given."""
+        value by default and now holds another (changed by `dataclasses.replace`) is chosen too, whether or not it
+        is given."""
         chosen, took = set(self.chosen_defaults), dict(self.followed)
         for name in self.FOLLOWING_DEFAULTS:
             if name in took:  # it took a value by default: chosen if it now holds another
@@ -404,10 +405,7 @@ class RunConfig(HogwildFlags, DecoupledFlags, CoupledFlags, RunFlags):
             elif name in given:
                 chosen.add(name)
         self.chosen_defaults = frozenset(chosen)
-        values = {name: value for name, value in self.following_defaults().items() if name not in chosen}
-        for name, value in values.items():
-            setattr(self, name, value)
-        self.followed = frozenset(values.items())
+        self.follow_defaults(chosen)
         self.named_when_built = frozenset()  # `given` held them, if they counted
 
     def with_changes(self: RunConfigT, **changes: Any) -> RunConfigT:
