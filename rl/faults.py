@@ -25,6 +25,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import FrameType
 
 import torch
 import torch.distributed as dist
@@ -438,6 +439,71 @@ def stopped_with_parent(stop: Callable[[], None], parent: int | None = None) -> 
             signal.signal(PARENT_ENDED, previous)
 
 
+def main_thread_position() -> str:
+    """Where the main thread is now: the function of its innermost Python frame, and of the innermost one of this
+    project's below it (`torch.distributed.distributed_c10d.barrier (line 4800), from rl.loop.run (line 366)`)."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    if frame is None:
+        return "native code"
+    innermost = _frame_name(frame)
+    while frame is not None and not frame.f_globals.get("__name__", "").startswith("rl."):
+        frame = frame.f_back
+    return innermost if frame is None or _frame_name(frame) == innermost else f"{innermost}, from {_frame_name(frame)}"
+
+
+def _frame_name(frame: FrameType) -> str:
+    return f"{frame.f_globals.get('__name__', '?')}.{frame.f_code.co_name} (line {frame.f_lineno})"
+
+
+_wakeup_fd_set = False  # whether `signals_seen_on_a_thread` has set Python's wakeup fd (a fork lets go of it)
+
+
+def _let_go_of_the_wakeup_fd_in_a_fork() -> None:
+    # A fork (an async env's worker) would tell its own signals to its parent's thread.
+    if _wakeup_fd_set:
+        with contextlib.suppress(ValueError):
+            signal.set_wakeup_fd(-1)
+
+
+os.register_at_fork(after_in_child=_let_go_of_the_wakeup_fd_in_a_fork)
+
+
+@contextmanager
+def signals_seen_on_a_thread(signum: int, seen: Callable[[], None]) -> Iterator[None]:
+    """Within, `seen` runs on a thread of its own each time `signum` comes, whatever the main thread does: one
+    blocked in native code (a collective, a simulator's step) runs no handler until that returns. Python's C handler
+    writes each signal it catches down its wakeup fd, from whichever thread the signal reached, so `signum` must have
+    a Python handler. Set from the main thread; the wakeup fd taken is given back after."""
+    global _wakeup_fd_set
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)  # the C handler must never wait on it
+
+    def watch() -> None:
+        while True:
+            signals = os.read(read_end, 256)
+            if signum in signals:
+                seen()
+            if LEAVING in signals:
+                return
+
+    previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    _wakeup_fd_set = True
+    watcher = threading.Thread(target=watch, name=f"{signal.Signals(signum).name.lower()}-watch", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous)
+        _wakeup_fd_set = False
+        os.write(write_end, bytes([LEAVING]))
+        watcher.join()
+        os.close(read_end)
+        os.close(write_end)
+
+
+LEAVING = 0  # no signal's number: `signals_seen_on_a_thread`'s watcher stops on it
+
+
 def on_main_thread() -> bool:
     """Whether this thread may set signal handlers: Python runs them in the main thread only, so training
     started from another thread hears no signal, and sets no handler."""
@@ -453,9 +519,12 @@ def stopped_while_stalled(known_lost: str) -> str:
     return "stopped by SIGTERM (a kill, scancel or shutdown); its checkpoints are kept"
 
 
-def sigterm_stop_record(role: str, stall: str, known_lost: str, held: HeldSigterm) -> tuple[str, str, str]:
+def sigterm_stop_record(
+    role: str, stall: str, known_lost: str, held: HeldSigterm, blocked_in: str = ""
+) -> tuple[str, str, str]:
     """How a SIGTERM that ends this process at once is recorded (the fault's kind and detail) and told (its line):
-    by what the process knows then, the most telling first."""
+    by what the process knows then, the most telling first. `blocked_in`: where the main thread was held, for a
+    SIGTERM that its handler never heard."""
     if stall:  # what the others waited for, if they gave up: this process's env
         return "stalled", stall, f"error: {role}: {stall}; {stopped_while_stalled(known_lost)}"
     if known_lost and not held.started:  # a SIGTERM to the whole job ends starting processes at once: one went first
@@ -470,6 +539,11 @@ def sigterm_stop_record(role: str, stall: str, known_lost: str, held: HeldSigter
             f"{SIGTERM_STOP_SECONDS:.0f} s; the earlier checkpoints are kept"
         )
         return "stopped", f"stopped by SIGTERM: no stop agreed within {SIGTERM_STOP_SECONDS:.0f} s", line
+    if blocked_in:
+        seconds = f"{SIGTERM_STOP_SECONDS:.0f} s"
+        held_for = f"its main thread was held in {blocked_in} for {seconds}, where no signal is handled"
+        line = f"error: {role}: stopped by SIGTERM before its checkpoint: {held_for}; the earlier checkpoints are kept"
+        return "stopped", f"stopped by SIGTERM: {held_for}", line
     if under_torchelastic():  # torchrun also restarts every worker when a node joins the job
         line = (
             f"error: {role}: stopped by SIGTERM, from the launcher or sent to the job; no process of the job is known "
@@ -497,6 +571,7 @@ class PeerWatch:
         self.stall_seconds = stall_seconds(collective_timeout)
         self.heartbeat = Heartbeat(own_rank, len(process_ids)) if spans_nodes(process_ids) else None
         self.held = HeldSigterm(self.role)
+        self.seen_tickets, self.stop_tickets = itertools.count(), itertools.count()  # next() on each is atomic
 
     def lost(self) -> str:
         """The peers known to be gone, and how that is known; empty if none is."""
@@ -524,9 +599,26 @@ class PeerWatch:
         if stall or ended_ranks(self.process_ids, self.own_rank) or not self.held.hold(give_up=self.stop_at_once):
             self.stop_at_once()
 
-    def stop_at_once(self) -> None:
+    def seen_on_a_thread(self) -> None:
+        """A SIGTERM, seen from a thread of its own: should the main thread be blocked where Python runs no handler
+        (a collective waiting for a peer that no longer answers, native code that does not return), it never
+        asks for the stop, and this ends the process once the stop has not been agreed in time."""
+        if next(self.seen_tickets) == 0:
+            timer = threading.Timer(SIGTERM_STOP_SECONDS, self.stop_unless_heard)
+            timer.daemon = True
+            timer.start()
+
+    def stop_unless_heard(self) -> None:
+        """Where the handler has run, it has asked for the stop, and ends the process should the stop not come."""
+        if not (self.held.heard or self.held.agreed.is_set()):
+            self.stop_at_once(blocked_in=main_thread_position())
+
+    def stop_at_once(self, blocked_in: str = "") -> None:
+        """`blocked_in`: where the main thread was held, by a SIGTERM that its handler never heard."""
+        if next(self.stop_tickets) > 0:  # the handler's timer and the thread's both came: the first one ends it
+            threading.Event().wait()
         kind, detail, line = sigterm_stop_record(
-            self.role, stalled_env_call(self.stall_seconds), self.lost(), self.held
+            self.role, stalled_env_call(self.stall_seconds), self.lost(), self.held, blocked_in
         )
         record_fault(self.role, kind, detail)
         print_error(line)
@@ -560,6 +652,9 @@ def report_lost_peers(
     launched = on_main_thread() and "TORCHELASTIC_RUN_ID" in os.environ
     try:
         with (
+            signals_seen_on_a_thread(signal.SIGTERM, watch.seen_on_a_thread)
+            if on_main_thread()
+            else contextlib.nullcontext(),
             stopped_with_parent(watch.launcher_lost) if launched else contextlib.nullcontext(),
             watching_env_calls(watch.role, watch.stall_seconds),
         ):

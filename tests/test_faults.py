@@ -23,6 +23,7 @@ from conftest import (
     kill_outright,
     kill_process_group,
     launch,
+    rank_pid,
     start,
     wait_until_the_run_opens,
 )
@@ -341,6 +342,34 @@ def test_sigterm_that_brings_no_checkpoint_in_time_ends_the_run_with_a_line_that
     ), run.stderr[-3000:]
 
 
+@pytest.mark.slow
+def test_sigterm_to_a_rank_whose_peer_no_longer_answers_ends_it_with_a_line_that_says_where_it_waited(tmp_path):
+    # Its main thread waits in a collective, where Python runs no signal handler: its stop cannot even be asked for.
+    args = ["--total-timesteps", "10000000", "--no-progress-bar", "--eval-episodes", "0"]
+    job = start("fabric run", SCRIPTS["fabric"], args, tmp_path, 2, stdout=subprocess.DEVNULL)
+    try:
+        wait_until_the_run_opens(tmp_path, [job])
+        rank_0, rank_1 = rank_pid(job.pid, 0), rank_pid(job.pid, 1)
+        os.kill(rank_1, signal.SIGSTOP)  # a peer that no longer answers: stopped, not ended
+        time.sleep(2)  # rank 0 into a collective that waits for it
+        signalled = time.monotonic()
+        os.kill(rank_0, signal.SIGTERM)
+        while not process_ended(rank_0):
+            assert time.monotonic() - signalled < 60, "rank 0 did not end within 60 s of its SIGTERM"
+            time.sleep(0.2)
+        stopped_after = time.monotonic() - signalled
+        os.kill(rank_1, signal.SIGCONT)  # to the launcher's SIGTERM, which it has by now
+        _, stderr = job.communicate(timeout=60)
+    finally:
+        kill_process_group(job)
+    assert stopped_after >= SIGTERM_STOP_SECONDS
+    (line,) = [line for line in stderr.splitlines() if line.startswith("error: rank 0: ")]
+    assert line.startswith("error: rank 0: stopped by SIGTERM before its checkpoint: its main thread was held in "), (
+        line
+    )
+    assert line.endswith(" for 20 s, where no signal is handled; the earlier checkpoints are kept"), line
+
+
 @pytest.mark.parametrize(
     ("launcher", "script", "roles"),
     [
@@ -426,6 +455,49 @@ def test_a_process_blocked_in_native_code_stops_once_its_parent_is_killed_outrig
     assert stderr == "its parent ended\n" and not left
 
 
+SIGTERM_SEEN_WHILE_BLOCKED = """
+import ctypes, os, signal, subprocess, sys
+from rl.faults import signals_seen_on_a_thread
+
+
+def seen():
+    os.write(2, b"seen\\n")
+    os._exit(3)
+
+
+signal.signal(signal.SIGTERM, lambda *_: os.write(2, b"handled\\n"))
+with signals_seen_on_a_thread(signal.SIGTERM, seen):
+    # A fork's own SIGTERM (an async env's worker, before it takes the default back) is not this process's.
+    if os.fork() == 0:
+        signal.raise_signal(signal.SIGTERM)
+        os._exit(0)
+    os.wait()
+    print("waiting", flush=True)
+    mutex = ctypes.create_string_buffer(64)
+    ctypes.CDLL(None).pthread_mutex_lock(mutex)
+    ctypes.CDLL(None).pthread_mutex_lock(mutex)  # a wait in native code that no signal ends
+"""
+
+
+def test_a_sigterm_is_seen_from_a_thread_while_the_main_thread_is_blocked_in_native_code():
+    # Where a collective waits for a peer that no longer answers, SIGTERM's handler cannot run.
+    run = subprocess.Popen(
+        [sys.executable, "-c", SIGTERM_SEEN_WHILE_BLOCKED],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert run.stdout.readline() == "waiting\n"
+        time.sleep(0.5)  # into its wait
+        run.send_signal(signal.SIGTERM)
+        _, stderr = run.communicate(timeout=60)
+    finally:
+        run.kill()
+    assert (run.returncode, stderr) == (3, "handled\nseen\n")  # the fork's SIGTERM, handled in the fork alone
+
+
 LOSES_ITS_PARENTS_CONNECTION = (
     CHILD_STOPPED_WITH_ITS_PARENT
     + """
@@ -474,6 +546,11 @@ def test_a_sigterm_that_ends_a_process_at_once_names_the_most_telling_cause_it_k
         sigterm_stop_record("rank 1", "", "", timed_out)[0],
     ]
     assert kinds == ["stalled", "stopped", "lost", "stopped"]
+    blocked = sigterm_stop_record("rank 1", "", "", training, "rl.runtime.wait (line 202)")[2]
+    assert blocked == (
+        "error: rank 1: stopped by SIGTERM before its checkpoint: its main thread was held in rl.runtime.wait "
+        "(line 202) for 20 s, where no signal is handled; the earlier checkpoints are kept"
+    )
     assert "while it started, it had lost rank 0" in sigterm_stop_record("rank 1", "", lost, starting)[2]
     assert "did not agree on a stop within" in sigterm_stop_record("rank 1", "", "", timed_out)[2]
     alone = sigterm_stop_record("rank 1", "", "", training)[2]
