@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 # own code (numpy's too, where the checker calls it).
 PLUMBING = tuple(os.path.dirname(os.path.abspath(path)) + os.sep for path in (__file__, gym.__file__, np.__file__))
 GYMNASIUM_ENVS = os.path.join(os.path.dirname(gym.__file__), "envs") + os.sep  # its own envs are env code
+GYMNASIUM_MAKE = os.path.join(GYMNASIUM_ENVS, "registration.py")  # but not `gym.make`, which lies beside them
 # Python's own modules (functools, where gymnasium dispatches on a space's type) are no env's code either; installed
 # packages may lie below them, where Python runs without a virtual environment.
 STANDARD_LIBRARY = os.path.join(sysconfig.get_paths()["stdlib"], "")
@@ -485,7 +486,7 @@ def own_frames(tb: TracebackType | None) -> list[traceback.FrameSummary]:
 def is_env_code(filename: str) -> bool:
     """Whether a frame's file is an env's: gymnasium's envs, and any file but the plumbing's and Python's own."""
     if filename.startswith(GYMNASIUM_ENVS):
-        return True
+        return filename != GYMNASIUM_MAKE
     if filename.startswith(PLUMBING):
         return False
     return filename.startswith(INSTALLED) or not filename.startswith(STANDARD_LIBRARY)

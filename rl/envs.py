@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import sys
+import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import torch
 from rl import masked_cartpole, pixel_cartpole, two_cues  # noqa: F401  (register rl/MaskedCartPole-v1 and others)
 from rl.env_faults import (
     FLAG_NOT_ONE_BOOL,
+    GYMNASIUM_MAKE,
     AsyncEnvFaultsNamed,
     WorkerEnv,
     WorkersErrorsRaised,
@@ -303,9 +305,10 @@ def made_to_inspect(env_id: str, preprocessing: Preprocessing) -> gym.Env:
             "--env-id", f"cannot make {env_id!r}: {error}{newest_version_hint(env_id, error)}"
         ) from None
     except TypeError as error:
-        if not preprocessing.env_kwargs:
-            raise
-        raise env_keywords_refusal(env_id, dict(preprocessing.env_kwargs), error) from None
+        if preprocessing.env_kwargs:
+            raise env_keywords_refusal(env_id, dict(preprocessing.env_kwargs), error) from None
+        refuse_if_its_constructor_raised(env_id, preprocessing, error)
+        raise
     except ImportError as error:
         raise (
             refusal_for_missing_module(env_id, error)
@@ -314,6 +317,26 @@ def made_to_inspect(env_id: str, preprocessing: Preprocessing) -> gym.Env:
                 "--env-id", f"{env_id!r} needs a missing package: {error}{newest_version_hint(env_id, error)}"
             )
         ) from None
+    except UsageError:
+        raise  # a flag that the env does not fit, named as the env was made
+    except Exception as error:
+        refuse_if_its_constructor_raised(env_id, preprocessing, error)
+        raise
+
+
+def refuse_if_its_constructor_raised(env_id: str, preprocessing: Preprocessing, error: Exception) -> None:
+    """`UsageError` where the env's own code raised as `gym.make` made it, refusing the keyword arguments given (a
+    value out of its range, a missing model file) or failing by itself: one line, a user's env's frames above it.
+    An error raised elsewhere (this program's wrappers) is left as it is."""
+    own = own_frames(error.__traceback__)
+    if not own or not any(frame.filename == GYMNASIUM_MAKE for frame in traceback.extract_tb(error.__traceback__)):
+        return
+    if is_users_env(env_id):
+        print_error(env_frames(error.__traceback__))
+    if preprocessing.env_kwargs:
+        given = dict(preprocessing.env_kwargs)
+        raise UsageError("--env-kwargs", f"{env_id} does not take {given}: {summary(error)}") from None
+    raise UsageError("--env-id", f"{env_id}'s {own[0].name} raised {summary(error)}") from None
 
 
 def env_keywords_refusal(env_id: str, given: dict[str, Any], error: TypeError) -> UsageError:
@@ -376,7 +399,7 @@ def check_env_api(env_id: str, preprocessing: Preprocessing) -> None:
 
     try:
         env = gym.make(env_id, disable_env_checker=True, **dict(preprocessing.env_kwargs))
-    except (gym.error.Error, TypeError):
+    except Exception:
         return  # making it fails again below, with the error named there
     try:
         with warnings.catch_warnings():

@@ -112,6 +112,17 @@ class TakesAnyKeyword(gym.Env):
             {"width": 3},
             "TakesAnyKeyword-v0 does not take {'width': 3}: no options, got ['width']",
         ),
+        # a value the constructor refuses with an error of another kind
+        (
+            "LunarLander-v3",
+            {"gravity": 5},
+            "LunarLander-v3 does not take {'gravity': 5}: AssertionError: gravity (current value: 5) must be between",
+        ),
+        (
+            "HalfCheetah-v5",
+            {"xml_file": "no_such_model.xml"},
+            "does not take {'xml_file': 'no_such_model.xml'}: OSError",
+        ),
     ],
 )
 def test_a_keyword_the_env_does_not_take_is_named_with_those_it_takes(env_id, kwargs, told):
@@ -123,6 +134,27 @@ def test_a_keyword_the_env_does_not_take_is_named_with_those_it_takes(env_id, kw
         del gym.envs.registry["TakesAnyKeyword-v0"]
     assert error.value.flag == "--env-kwargs"
     assert told in str(error.value)
+
+
+class FailsWhenMade(gym.Env):
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (2,), dtype=np.float32)
+        self.action_space = gym.spaces.MultiBinary(0)  # gymnasium refuses it
+
+
+def test_an_env_whose_constructor_raises_is_named_in_one_line_under_its_frames(capsys):
+    gym.register("FailsWhenMade-v0", FailsWhenMade)
+    try:
+        with pytest.raises(rl.UsageError) as error:
+            inspect_env("FailsWhenMade-v0", PPOConfig(env_id="FailsWhenMade-v0").preprocessing())
+    finally:
+        del gym.envs.registry["FailsWhenMade-v0"]
+    assert error.value.flag == "--env-id"
+    assert str(error.value) == (
+        "--env-id: FailsWhenMade-v0's __init__ raised ValueError: n (counts) have to be positive, got 0"
+    )
+    frames = capsys.readouterr().err
+    assert frames.startswith("the env raised in these frames:") and "in __init__" in frames, frames
 
 
 def test_an_env_of_your_own_trains_with_its_keyword_arguments_and_evaluates_with_them_again(tmp_path):
