@@ -347,9 +347,11 @@ def test_sigterm_to_a_rank_whose_peer_no_longer_answers_ends_it_with_a_line_that
     # Its main thread waits in a collective, where Python runs no signal handler: its stop cannot even be asked for.
     args = ["--total-timesteps", "10000000", "--no-progress-bar", "--eval-episodes", "0"]
     job = start("fabric run", SCRIPTS["fabric"], args, tmp_path, 2, stdout=subprocess.DEVNULL)
+    ranks: list[int | None] = []
     try:
         wait_until_the_run_opens(tmp_path, [job])
-        rank_0, rank_1 = rank_pid(job.pid, 0), rank_pid(job.pid, 1)
+        rank_0, rank_1 = ranks = [rank_pid(job.pid, 0), rank_pid(job.pid, 1)]
+        assert rank_0 is not None and rank_1 is not None
         os.kill(rank_1, signal.SIGSTOP)  # a peer that no longer answers: stopped, not ended
         time.sleep(2)  # rank 0 into a collective that waits for it
         signalled = time.monotonic()
@@ -362,6 +364,9 @@ def test_sigterm_to_a_rank_whose_peer_no_longer_answers_ends_it_with_a_line_that
         _, stderr = job.communicate(timeout=60)
     finally:
         kill_process_group(job)
+        for rank in filter(None, ranks):  # each in a session of its own; a stopped one cannot see its launcher end
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rank, signal.SIGKILL)
     assert stopped_after >= SIGTERM_STOP_SECONDS
     (line,) = [line for line in stderr.splitlines() if line.startswith("error: rank 0: ")]
     assert line.startswith("error: rank 0: stopped by SIGTERM before its checkpoint: its main thread was held in "), (
