@@ -333,7 +333,14 @@ def agent_from_file(path: str | os.PathLike[str], device: str | torch.device, en
     state = load_checkpoint(os.path.expanduser(str(path)), flag=flag)  # ~, which Python's own open() does not read
     state = replace(state, config=state.config | EAGER_FLOAT32)
     env = env_id or state.env_id
-    algorithm, policy, normalizer = restore_agent(state, env)
+    try:
+        algorithm, policy, normalizer = restore_agent(state, env)
+    except UsageError as error:
+        if error.flag != "--env-kwargs":
+            raise
+        # Not a flag of the tools that load an agent: the keywords are the run's, given to every env it plays.
+        given_by = "--env-id" if env_id else flag
+        raise UsageError(given_by, f"{error.message} (keywords from the agent's training run)") from None
     spaces = algorithm.spaces
     normalizer.device = target
     normalizer.load_state_dict(normalizer.state_dict())  # its tensors, moved to `target`

@@ -167,6 +167,19 @@ def test_an_env_of_your_own_trains_with_its_keyword_arguments_and_evaluates_with
     done = subprocess.run(command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "3 deterministic episodes: return 7.00 ± 0.00, length 7.0 ± 0.0" in done.stdout
+    # Another env made with the run's keywords, which it does not take: named by the flag this tool has.
+    elsewhere = subprocess.run(
+        [*command, "--env-id", "CartPole-v1"],
+        cwd=tmp_path,
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert elsewhere.returncode == 2 and elsewhere.stderr.strip() == (
+        "error: --env-id: CartPole-v1 takes no keyword 'length': it takes render_mode and sutton_barto_reward "
+        "(keywords from the agent's training run)"
+    )
 
 
 def test_a_run_with_the_time_feature_evaluates_with_it_again(tmp_path):
