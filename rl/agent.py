@@ -327,6 +327,9 @@ def load_agent(path: str | os.PathLike[str], device: str | torch.device = "cpu",
     return agent_from_file(path, device, env_id, flag="path")
 
 
+ENV_FLAGS_OF_THE_RUN = ("--env-kwargs", "--time-feature")  # how the training run made its envs, as the agent does
+
+
 def agent_from_file(path: str | os.PathLike[str], device: str | torch.device, env_id: str | None, flag: str) -> Agent:
     """`load_agent`, whose refusals of the file or env name `flag`: the command line's name for the path."""
     target = available_device(device)
@@ -336,11 +339,11 @@ def agent_from_file(path: str | os.PathLike[str], device: str | torch.device, en
     try:
         algorithm, policy, normalizer = restore_agent(state, env)
     except UsageError as error:
-        if error.flag != "--env-kwargs":
+        if error.flag not in ENV_FLAGS_OF_THE_RUN:
             raise
-        # Not a flag of the tools that load an agent: the keywords are the run's, given to every env it plays.
+        # Not a flag of the tools that load an agent: the run's, which every env it plays is made with.
         given_by = "--env-id" if env_id else flag
-        raise UsageError(given_by, f"{error.message} (keywords from the agent's training run)") from None
+        raise UsageError(given_by, f"{error.flag} of the agent's training run: {error.message}") from None
     spaces = algorithm.spaces
     normalizer.device = target
     normalizer.load_state_dict(normalizer.state_dict())  # its tensors, moved to `target`

@@ -177,8 +177,8 @@ def test_an_env_of_your_own_trains_with_its_keyword_arguments_and_evaluates_with
         timeout=120,
     )
     assert elsewhere.returncode == 2 and elsewhere.stderr.strip() == (
-        "error: --env-id: CartPole-v1 takes no keyword 'length': it takes render_mode and sutton_barto_reward "
-        "(keywords from the agent's training run)"
+        "error: --env-id: --env-kwargs of the agent's training run: CartPole-v1 takes no keyword 'length': it takes "
+        "render_mode and sutton_barto_reward"
     )
 
 
@@ -203,6 +203,13 @@ def test_a_run_with_the_time_feature_evaluates_with_it_again(tmp_path):
     done = subprocess.run(command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "1 deterministic episode: return" in done.stdout and "length 200.0" in done.stdout
+    pixels = subprocess.run(
+        [*command, "--env-id", "rl/PixelCartPole-v1"], cwd=tmp_path, env=child_env(), capture_output=True, text=True
+    )
+    assert pixels.returncode == 2 and pixels.stderr.strip().startswith(
+        "error: --env-id: --time-feature of the agent's training run: needs vector observations; rl/PixelCartPole-v1 "
+        "gives Box("
+    ), pixels.stderr[-2000:]
 
 
 @pytest.mark.parametrize(
