@@ -482,7 +482,7 @@ def checkpoint_interval(text: str) -> tuple[int, float]:
     try:
         if value[-1:] in TIME_UNITS:
             seconds = float(value[:-1]) * TIME_UNITS[value[-1]]
-            if seconds > 0:
+            if 0 < seconds < math.inf:
                 return 0, seconds
         elif WHOLE_NUMBER_IN_EXPONENT_FORM.fullmatch(value) and float(value).is_integer():
             return int(float(value)), 0.0

@@ -1401,7 +1401,7 @@ def test_a_checkpoint_interval_is_env_steps_in_either_form_the_whole_number_flag
     assert checkpoint_interval(text) == interval
 
 
-@pytest.mark.parametrize("text", ["1.5", "1.5e0", "-5", "0s", "10x", "10min"])
+@pytest.mark.parametrize("text", ["1.5", "1.5e0", "-5", "0s", "10x", "10min", "infs", "1e400h", "nanm"])
 def test_a_checkpoint_interval_that_is_no_count_of_steps_nor_a_positive_time_is_refused(text):
     from rl.config import checkpoint_interval
 

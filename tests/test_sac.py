@@ -309,6 +309,10 @@ def test_a_fixed_entropy_coefficient_is_not_tuned():
         ({"ent_coef": "auto_x"}, "--ent-coef"),
         ({"ent_coef": "auto_0"}, "--ent-coef"),
         ({"target_entropy": "low"}, "--target-entropy"),
+        ({"ent_coef": "inf"}, "--ent-coef"),  # no number a loss can be scaled by
+        ({"ent_coef": "auto_1e400"}, "--ent-coef"),
+        ({"target_entropy": "-inf"}, "--target-entropy"),
+        ({"target_entropy": "nan"}, "--target-entropy"),
         ({"policy_lr": 0.0}, "--policy-lr"),
         ({"q_lr": -1.0}, "--q-lr"),
         ({"policy_frequency": 0}, "--policy-frequency"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -132,7 +133,7 @@ class SACConfig(RunConfig):
         )
         if not 0.0 < self.tau <= 1.0:
             raise UsageError("--tau", f"must be in (0, 1], got {self.tau}")
-        if not self.initial_temperature > 0:
+        if not 0 < self.initial_temperature < math.inf:
             raise UsageError("--ent-coef", f"{ENT_COEF_FORMS}, got {self.ent_coef!r}")
         if self.target_entropy != AUTO:
             parse_number(self.target_entropy, "--target-entropy")
@@ -182,6 +183,9 @@ class SACConfig(RunConfig):
 
 def parse_number(text: str, flag_name: str) -> float:
     try:
-        return float(text)
+        number = float(text)
     except ValueError:
         raise UsageError(flag_name, f"must be a number or 'auto', got {text!r}") from None
+    if not math.isfinite(number):
+        raise UsageError(flag_name, f"must be a finite number, got {number}")
+    return number
