@@ -461,8 +461,10 @@ def test_a_process_blocked_in_native_code_stops_once_its_parent_is_killed_outrig
 
 
 SIGTERM_SEEN_WHILE_BLOCKED = """
-import ctypes, os, signal, subprocess, sys
+import ctypes, os, signal, subprocess, sys, warnings
 from rl.faults import signals_seen_on_a_thread
+
+warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12+ on a fork beside threads, as the watcher is
 
 
 def seen():
