@@ -600,16 +600,17 @@ class PeerWatch:
             self.stop_at_once()
 
     def seen_on_a_thread(self) -> None:
-        """A SIGTERM, seen from a thread of its own: should the main thread be blocked where Python runs no handler
-        (a collective waiting for a peer that no longer answers, native code that does not return), it never
-        asks for the stop, and this ends the process once the stop has not been agreed in time."""
+        """A SIGTERM, seen from a thread of its own. A main thread blocked where Python runs no handler (a
+        collective waiting for a peer that no longer answers, native code that does not return) cannot ask for the
+        stop: this ends the process if the handler has not run within `SIGTERM_STOP_SECONDS`."""
         if next(self.seen_tickets) == 0:
             timer = threading.Timer(SIGTERM_STOP_SECONDS, self.stop_unless_heard)
             timer.daemon = True
             timer.start()
 
     def stop_unless_heard(self) -> None:
-        """Where the handler has run, it has asked for the stop, and ends the process should the stop not come."""
+        """Where the handler has run, it has asked for the stop, and its own timer ends the process should the stop
+        not come."""
         if not (self.held.heard or self.held.agreed.is_set()):
             self.stop_at_once(blocked_in=main_thread_position())
 
