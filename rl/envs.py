@@ -304,11 +304,6 @@ def made_to_inspect(env_id: str, preprocessing: Preprocessing) -> gym.Env:
         raise refusal_for_missing_module(env_id, error) or UsageError(
             "--env-id", f"cannot make {env_id!r}: {error}{newest_version_hint(env_id, error)}"
         ) from None
-    except TypeError as error:
-        if preprocessing.env_kwargs:
-            raise env_keywords_refusal(env_id, dict(preprocessing.env_kwargs), error) from None
-        refuse_if_its_constructor_raised(env_id, preprocessing, error)
-        raise
     except ImportError as error:
         raise (
             refusal_for_missing_module(env_id, error)
@@ -320,6 +315,8 @@ def made_to_inspect(env_id: str, preprocessing: Preprocessing) -> gym.Env:
     except UsageError:
         raise  # a flag that the env does not fit, named as the env was made
     except Exception as error:
+        if isinstance(error, TypeError) and preprocessing.env_kwargs:  # a keyword it does not take, most often
+            raise env_keywords_refusal(env_id, dict(preprocessing.env_kwargs), error) from None
         refuse_if_its_constructor_raised(env_id, preprocessing, error)
         raise
 

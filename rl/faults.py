@@ -221,8 +221,9 @@ class HeldSigterm:
     closed (`deliver_held_sigterm`), so that the process still ends by it, as its launcher or scheduler expects.
 
     A SIGTERM that comes again, or once the stop is under way (torchrun's agent passes on the signal the whole job
-    got), is held too. A stop not agreed within `SIGTERM_STOP_SECONDS` (an env call that never returns, a peer that no
-    longer answers) ends the process then, with its line (`give_up`)."""
+    got), is held too. A stop not agreed within `SIGTERM_STOP_SECONDS` of the signal (an env call that never returns,
+    a peer that no longer answers) ends the process then, with its line: a watch of its own does that (`PeerWatch`'s
+    thread, or Hogwild's supervisor through `overdue`)."""
 
     def __init__(self, role: str) -> None:
         self.role = role
@@ -237,9 +238,8 @@ class HeldSigterm:
         late = time.monotonic() - self.heard_at > SIGTERM_STOP_SECONDS
         return self.heard and late and not self.agreed.is_set()
 
-    def hold(self, give_up: Callable[[], None] | None = None) -> bool:
-        """Whether this SIGTERM is held (else the caller ends the process); from the signal handler. `give_up` runs
-        if no stop is agreed in time (None: the caller watches `overdue` itself)."""
+    def hold(self) -> bool:
+        """Whether this SIGTERM is held (else the caller ends the process); from the signal handler."""
         if self.heard:  # again: the launcher passing on the signal the whole job got
             return True
         if self.request is None:
@@ -248,10 +248,6 @@ class HeldSigterm:
         # os.write: a print could land inside one the handler interrupted
         os.write(2, f"\n{self.role}: SIGTERM: checkpointing, then stopping\n".encode())
         self.request()
-        if give_up is not None:
-            timer = threading.Timer(SIGTERM_STOP_SECONDS, lambda: self.agreed.is_set() or give_up())
-            timer.daemon = True
-            timer.start()
         return True
 
 
@@ -596,27 +592,25 @@ class PeerWatch:
             return
         stall = stalled_env_call(self.stall_seconds)
         # Only this node's processes are looked at here: the heartbeat's look takes seconds, and stops this beat.
-        if stall or ended_ranks(self.process_ids, self.own_rank) or not self.held.hold(give_up=self.stop_at_once):
+        if stall or ended_ranks(self.process_ids, self.own_rank) or not self.held.hold():
             self.stop_at_once()
 
     def seen_on_a_thread(self) -> None:
-        """A SIGTERM, seen from a thread of its own. A main thread blocked where Python runs no handler (a
-        collective waiting for a peer that no longer answers, native code that does not return) cannot ask for the
-        stop: this ends the process if the handler has not run within `SIGTERM_STOP_SECONDS`."""
+        """A SIGTERM, seen from a thread of its own, whatever the main thread does: the stop its handler asks for
+        must be agreed within `SIGTERM_STOP_SECONDS`, else this ends the process. A main thread blocked where Python
+        runs no handler (a collective waiting for a peer that no longer answers) cannot even ask for it."""
         if next(self.seen_tickets) == 0:
-            timer = threading.Timer(SIGTERM_STOP_SECONDS, self.stop_unless_heard)
+            timer = threading.Timer(SIGTERM_STOP_SECONDS, self.stop_unless_agreed)
             timer.daemon = True
             timer.start()
 
-    def stop_unless_heard(self) -> None:
-        """Where the handler has run, it has asked for the stop, and its own timer ends the process should the stop
-        not come."""
-        if not (self.held.heard or self.held.agreed.is_set()):
-            self.stop_at_once(blocked_in=main_thread_position())
+    def stop_unless_agreed(self) -> None:
+        if not self.held.agreed.is_set():
+            self.stop_at_once(blocked_in="" if self.held.heard else main_thread_position())
 
     def stop_at_once(self, blocked_in: str = "") -> None:
         """`blocked_in`: where the main thread was held, by a SIGTERM that its handler never heard."""
-        if next(self.stop_tickets) > 0:  # the handler's timer and the thread's both came: the first one ends it
+        if next(self.stop_tickets) > 0:  # the handler and the thread's timer both came at once: the first one ends it
             threading.Event().wait()
         kind, detail, line = sigterm_stop_record(
             self.role, stalled_env_call(self.stall_seconds), self.lost(), self.held, blocked_in
