@@ -23,7 +23,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from types import FrameType
 
@@ -181,11 +181,11 @@ def report_failed_collective(role: str, known_lost: str, error: Exception) -> bo
 
     Once a peer is gone, whatever failed here follows from that: name the lost peer (`known_lost`,
     empty if none is known), never this process's symptom as if it were the cause."""
-    if known_lost and _ctrl_c_heard:  # the processes reached training at different times: one was still starting
+    if known_lost and _ctrl_c_heard:  # one was still starting, or could not reach its checkpoint (`ctrl_c_seen`)
         record_fault(role, "stopped", f"Ctrl-C; then lost {known_lost}")
         print_error(
-            f"interrupted (Ctrl-C): {role} then lost {known_lost}, as a process still starting ends at once; the "
-            "checkpoints written before are kept"
+            f"interrupted (Ctrl-C): {role} then lost {known_lost}, as a process that is starting or cannot reach its "
+            "checkpoint ends at once; the checkpoints written before are kept"
         )
     elif known_lost:
         record_fault(role, "lost", known_lost)
@@ -212,7 +212,7 @@ class StoppedBySigterm(BaseException):
 
 # Between their SIGTERM and SIGKILL, torchrun's agent, SLURM (KillWait) and Kubernetes wait 30 s by default: a stop
 # not agreed within this leaves no time for its checkpoint.
-SIGTERM_STOP_SECONDS = 20.0
+STOP_SECONDS = 20.0
 
 
 class HeldSigterm:
@@ -221,7 +221,7 @@ class HeldSigterm:
     closed (`deliver_held_sigterm`), so that the process still ends by it, as its launcher or scheduler expects.
 
     A SIGTERM that comes again, or once the stop is under way (torchrun's agent passes on the signal the whole job
-    got), is held too. A stop not agreed within `SIGTERM_STOP_SECONDS` of the signal (an env call that never returns,
+    got), is held too. A stop not agreed within `STOP_SECONDS` of the signal (an env call that never returns,
     a peer that no longer answers) ends the process then, with its line: a watch of its own does that (`PeerWatch`'s
     thread, or Hogwild's supervisor through `overdue`)."""
 
@@ -234,8 +234,8 @@ class HeldSigterm:
         self.agreed = threading.Event()
 
     def overdue(self) -> bool:
-        """Whether a SIGTERM held has waited `SIGTERM_STOP_SECONDS` for a stop that was not agreed."""
-        late = time.monotonic() - self.heard_at > SIGTERM_STOP_SECONDS
+        """Whether a SIGTERM held has waited `STOP_SECONDS` for a stop that was not agreed."""
+        late = time.monotonic() - self.heard_at > STOP_SECONDS
         return self.heard and late and not self.agreed.is_set()
 
     def hold(self) -> bool:
@@ -277,7 +277,7 @@ def sigterm_left_to_peers(ask_peers: Callable[[], None]) -> Iterator[None]:
         try:
             yield
         finally:
-            sigterm_stop_agreed()  # its role is over: stopped by its peers
+            stop_agreed()  # its role is over: stopped by its peers
 
 
 @contextmanager
@@ -297,8 +297,9 @@ def holding_sigterm(role: str, request: Callable[[], None]) -> Iterator[HeldSigt
             signal.signal(signal.SIGTERM, previous)
 
 
-def sigterm_stop_agreed() -> None:
-    """The processes agreed to stop with a checkpoint: a SIGTERM from now on is held, and none held gives up."""
+def stop_agreed() -> None:
+    """The processes agreed to stop with a checkpoint (or the loop ended with it): a SIGTERM from now on is held, and no
+    stop that a signal asked for gives up."""
     if _held_sigterm is not None:
         _held_sigterm.agreed.set()
 
@@ -465,11 +466,11 @@ os.register_at_fork(after_in_child=_let_go_of_the_wakeup_fd_in_a_fork)
 
 
 @contextmanager
-def signals_seen_on_a_thread(signum: int, seen: Callable[[], None]) -> Iterator[None]:
-    """Within, `seen` runs on a thread of its own each time `signum` comes, whatever the main thread does: one
+def signals_seen_on_a_thread(seen: dict[int, Callable[[], None]]) -> Iterator[None]:
+    """Within, `seen[signum]` runs on a thread of its own each time `signum` comes, whatever the main thread does: one
     blocked in native code (a collective, a simulator's step) runs no handler until that returns. Python's C handler
-    writes each signal it catches down its wakeup fd, from whichever thread the signal reached, so `signum` must have
-    a Python handler. Set from the main thread; the wakeup fd taken is given back after."""
+    writes each signal it catches down its wakeup fd, from whichever thread the signal reached, so each signal must
+    have a Python handler. Set from the main thread; the wakeup fd taken is given back after."""
     global _wakeup_fd_set
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)  # the C handler must never wait on it
@@ -477,14 +478,15 @@ def signals_seen_on_a_thread(signum: int, seen: Callable[[], None]) -> Iterator[
     def watch() -> None:
         while True:
             signals = os.read(read_end, 256)
-            if signum in signals:
-                seen()
+            for signum, callback in seen.items():
+                if signum in signals:
+                    callback()
             if LEAVING in signals:
                 return
 
     previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
     _wakeup_fd_set = True
-    watcher = threading.Thread(target=watch, name=f"{signal.Signals(signum).name.lower()}-watch", daemon=True)
+    watcher = threading.Thread(target=watch, name="signal-watch", daemon=True)
     watcher.start()
     try:
         yield
@@ -532,11 +534,11 @@ def sigterm_stop_record(
     if held.heard:  # held, and no stop agreed in time
         line = (
             f"error: {role}: stopped by SIGTERM before its checkpoint: the processes did not agree on a stop within "
-            f"{SIGTERM_STOP_SECONDS:.0f} s; the earlier checkpoints are kept"
+            f"{STOP_SECONDS:.0f} s; the earlier checkpoints are kept"
         )
-        return "stopped", f"stopped by SIGTERM: no stop agreed within {SIGTERM_STOP_SECONDS:.0f} s", line
+        return "stopped", f"stopped by SIGTERM: no stop agreed within {STOP_SECONDS:.0f} s", line
     if blocked_in:
-        seconds = f"{SIGTERM_STOP_SECONDS:.0f} s"
+        seconds = f"{STOP_SECONDS:.0f} s"
         held_for = f"its main thread was held in {blocked_in} for {seconds}, where no signal is handled"
         line = f"error: {role}: stopped by SIGTERM before its checkpoint: {held_for}; the earlier checkpoints are kept"
         return "stopped", f"stopped by SIGTERM: {held_for}", line
@@ -552,6 +554,21 @@ def sigterm_stop_record(
         "stopped by SIGTERM",
         f"error: {role}: stopped by SIGTERM (a kill, scancel or shutdown); its checkpoints are kept",
     )
+
+
+def ctrl_c_stop_record(role: str, stall: str, known_lost: str, blocked_in: str = "") -> tuple[str, str, str]:
+    """How a Ctrl-C that a launcher passed on, and that ends this process before its checkpoint, is recorded (the
+    fault's kind and detail) and told (its line): by what the process knows then, the most telling first."""
+    if stall:
+        why = stall
+    elif known_lost:
+        why = f"it had lost {known_lost}"
+    elif blocked_in:
+        why = f"its main thread was held in {blocked_in} for {STOP_SECONDS:.0f} s, where no signal is handled"
+    else:
+        why = f"the processes did not agree on a stop within {STOP_SECONDS:.0f} s"
+    kept = "stopped before its checkpoint; the checkpoints written before are kept"
+    return "stopped", f"Ctrl-C: {why}", f"interrupted (Ctrl-C): {role}: {why}; {kept}"
 
 
 class PeerWatch:
@@ -595,29 +612,45 @@ class PeerWatch:
         if stall or ended_ranks(self.process_ids, self.own_rank) or not self.held.hold():
             self.stop_at_once()
 
-    def seen_on_a_thread(self) -> None:
+    def sigterm_seen(self) -> None:
         """A SIGTERM, seen from a thread of its own, whatever the main thread does: the stop its handler asks for
-        must be agreed within `SIGTERM_STOP_SECONDS`, else this ends the process. A main thread blocked where Python
-        runs no handler (a collective waiting for a peer that no longer answers) cannot even ask for it."""
-        if next(self.seen_tickets) == 0:
-            timer = threading.Timer(SIGTERM_STOP_SECONDS, self.stop_unless_agreed)
+        must be agreed within `STOP_SECONDS`, else this ends the process. A main thread blocked where Python runs no
+        handler (a collective waiting for a peer that no longer answers) cannot even ask for it."""
+        self.stop_unless_agreed_in_time(signal.SIGTERM)
+
+    def ctrl_c_seen(self) -> None:
+        """Ctrl-C as a launcher passes it on, seen from a thread of its own. The launcher kills, without a word, the
+        processes that have not ended 30 s later: so a process whose env call has stalled, which cannot reach its
+        checkpoint, ends at once, and one whose stop is not agreed within `STOP_SECONDS` ends then, with its line."""
+        if stalled_env_call(self.stall_seconds):
+            self.stop_at_once(signal.SIGINT)
+        else:
+            self.stop_unless_agreed_in_time(signal.SIGINT)
+
+    def stop_unless_agreed_in_time(self, signum: int) -> None:
+        if next(self.seen_tickets) == 0:  # one timer, from the first of the signals
+            timer = threading.Timer(STOP_SECONDS, self.stop_unless_agreed, args=(signum,))
             timer.daemon = True
             timer.start()
 
-    def stop_unless_agreed(self) -> None:
+    def stop_unless_agreed(self, signum: int) -> None:
         if not self.held.agreed.is_set():
-            self.stop_at_once(blocked_in="" if self.held.heard else main_thread_position())
+            handled = self.held.heard if signum == signal.SIGTERM else _ctrl_c_heard
+            self.stop_at_once(signum, blocked_in="" if handled else main_thread_position())
 
-    def stop_at_once(self, blocked_in: str = "") -> None:
-        """`blocked_in`: where the main thread was held, by a SIGTERM that its handler never heard."""
+    def stop_at_once(self, signum: int = signal.SIGTERM, blocked_in: str = "") -> None:
+        """End this process, stopped by `signum` (SIGTERM or a launcher's Ctrl-C) before its checkpoint, with its line.
+        `blocked_in`: where the main thread was held, for a signal that its handler never heard."""
         if next(self.stop_tickets) > 0:  # the handler and the thread's timer both came at once: the first one ends it
             threading.Event().wait()
-        kind, detail, line = sigterm_stop_record(
-            self.role, stalled_env_call(self.stall_seconds), self.lost(), self.held, blocked_in
-        )
+        stall, lost = stalled_env_call(self.stall_seconds), self.lost()
+        if signum == signal.SIGINT:
+            kind, detail, line = ctrl_c_stop_record(self.role, stall, lost, blocked_in)
+        else:
+            kind, detail, line = sigterm_stop_record(self.role, stall, lost, self.held, blocked_in)
         record_fault(self.role, kind, detail)
         print_error(line)
-        os._exit(1)
+        os._exit(INTERRUPTED_EXIT_CODE if signum == signal.SIGINT else 1)
 
     def launcher_lost(self) -> None:
         stall = stalled_env_call(self.stall_seconds)
@@ -631,6 +664,12 @@ class PeerWatch:
     def stop_beating(self) -> None:
         if self.heartbeat is not None:
             self.heartbeat.stopped.set()
+
+
+def watched_signals(watch: PeerWatch, launched: bool) -> dict[int, Callable[[], None]]:
+    """The signals that `watch` sees from a thread: SIGTERM, and Ctrl-C as a launcher passes it on (which a lone
+    process's user can press again instead)."""
+    return {signal.SIGTERM: watch.sigterm_seen} | ({signal.SIGINT: watch.ctrl_c_seen} if launched else {})
 
 
 @contextmanager
@@ -647,10 +686,8 @@ def report_lost_peers(
     launched = on_main_thread() and "TORCHELASTIC_RUN_ID" in os.environ
     try:
         with (
-            signals_seen_on_a_thread(signal.SIGTERM, watch.seen_on_a_thread)
-            if on_main_thread()
-            else contextlib.nullcontext(),
-            stopped_with_parent(watch.launcher_lost) if launched else contextlib.nullcontext(),
+            signals_seen_on_a_thread(watched_signals(watch, launched)) if on_main_thread() else nullcontext(),
+            stopped_with_parent(watch.launcher_lost) if launched else nullcontext(),
             watching_env_calls(watch.role, watch.stall_seconds),
         ):
             yield

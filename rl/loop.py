@@ -27,7 +27,7 @@ from rl.faults import (
     hear_ctrl_c,
     on_main_thread,
     sigterm_asks_for_a_stop,
-    sigterm_stop_agreed,
+    stop_agreed,
     take_back_an_unanswered_sigterm,
 )
 from rl.logger import MetricsSink
@@ -366,6 +366,8 @@ class TrainingLoop:
         with self.interrupt, sigterm_asks_for_a_stop(self.hear_sigterm):
             state = self._run()
         take_back_an_unanswered_sigterm()
+        if self.interrupt.requested:  # a Ctrl-C after the last stop check: the loop has ended with its checkpoint
+            stop_agreed()
         return state
 
     def hear_sigterm(self) -> None:
@@ -402,7 +404,7 @@ class TrainingLoop:
             if decided.interrupt or decided.finish:
                 state.interrupted = decided.interrupt
                 if decided.interrupt:
-                    sigterm_stop_agreed()
+                    stop_agreed()
                 break  # to the final checkpoint
             if decided.checkpoint:
                 self.checkpoint(iteration)

@@ -37,6 +37,7 @@ from conftest import (
 import rl
 import rl.env_faults
 import rl.envs
+import rl.faults
 from rl import gil_watch
 from rl.env_faults import ENV_STEP, INSTALLED, is_env_code, traceback_frames
 from rl.envs import make_vector_env
@@ -456,6 +457,42 @@ def test_the_rank_whose_env_step_hangs_names_it_once_the_ranks_that_waited_for_i
             done.stderr[-3000:]
         )
         assert lines[1].startswith(gave_up) and len(lines) == 2, done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_ctrl_c_to_a_launcher_whose_rank_hangs_in_its_env_step_ends_every_rank_at_once_with_its_line(tmp_path):
+    # The launcher passes Ctrl-C on to every rank, and kills those left 30 s later without a word: a rank whose env
+    # step never returns cannot reach its checkpoint, and the rank that waits for it has lost it.
+    marker = tmp_path / "hanging"
+    command = launch_command("fabric run", SCRIPTS["fabric"], hangs(on_rank=1), 2)
+    env = child_env() | {"HANG_MARKER": str(marker)}
+    job = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    ranks = []
+    try:
+        deadline = time.monotonic() + 240
+        while not marker.exists():
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1][-3000:]
+            time.sleep(0.1)
+        ranks = child_pids(job.pid)
+        time.sleep(rl.faults.STALLED_ENV_SECONDS + 0.5)  # from then on the step counts as stalled
+        job.send_signal(signal.SIGINT)
+        signalled = time.monotonic()
+        _, stderr = job.communicate(timeout=60)
+        ended_after = time.monotonic() - signalled
+    finally:
+        kill_process_group(job)
+        for rank in ranks:  # each in a session of its own
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(rank, signal.SIGKILL)
+    assert ended_after < rl.faults.STOP_SECONDS, stderr[-3000:]  # not the launcher's kill, 30 s after Ctrl-C
+    lines = [line for line in stderr.splitlines() if line.startswith("interrupted (Ctrl-C): rank")]
+    assert len(lines) == 2, stderr[-3000:]
+    assert re.fullmatch(
+        r"interrupted \(Ctrl-C\): rank 1: the env's step had not returned after \d+ s; stopped before its "
+        r"checkpoint; the checkpoints written before are kept",
+        lines[0],
+    ), stderr[-3000:]
+    assert lines[1].startswith("interrupted (Ctrl-C): rank 0 then lost rank 1: its process ended, "), stderr[-3000:]
 
 
 def test_rl_evaluate_names_what_the_env_did(tmp_path):

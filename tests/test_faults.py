@@ -31,7 +31,14 @@ from torch import nn
 
 from rl.algos.sac.config import SACConfig
 from rl.errors import listed
-from rl.faults import SIGTERM_STOP_SECONDS, HeldSigterm, PeerLost, process_ended, sigterm_stop_record
+from rl.faults import (
+    STOP_SECONDS,
+    HeldSigterm,
+    PeerLost,
+    ctrl_c_stop_record,
+    process_ended,
+    sigterm_stop_record,
+)
 from rl.optim import FlatGradients
 from rl.runtime import TorchRuntime
 
@@ -335,16 +342,28 @@ rl.train(config, callbacks=[Blocks()])
 def test_sigterm_that_brings_no_checkpoint_in_time_ends_the_run_with_a_line_that_says_so(tmp_path):
     run = sigterm_once([sys.executable, "-c", BLOCKED_RUN, str(tmp_path)], tmp_path, "blocked")
     assert run.returncode == 1
-    assert run.seconds >= SIGTERM_STOP_SECONDS
+    assert run.seconds >= STOP_SECONDS
     assert run.stderr.strip().splitlines()[-1] == (
         "error: rank 0: stopped by SIGTERM before its checkpoint: the processes did not agree on a stop within "
-        f"{SIGTERM_STOP_SECONDS:.0f} s; the earlier checkpoints are kept"
+        f"{STOP_SECONDS:.0f} s; the earlier checkpoints are kept"
     ), run.stderr[-3000:]
 
 
+STOPPED_WHILE_HELD = {
+    "sigterm": "error: rank 0: stopped by SIGTERM before its checkpoint: its main thread was held in ",
+    "ctrl-c": "interrupted (Ctrl-C): rank 0: its main thread was held in ",
+}
+CHECKPOINTS_KEPT = {
+    "sigterm": "the earlier checkpoints are kept",
+    "ctrl-c": "stopped before its checkpoint; the checkpoints written before are kept",
+}
+
+
 @pytest.mark.slow
-def test_sigterm_to_a_rank_whose_peer_no_longer_answers_ends_it_with_a_line_that_says_where_it_waited(tmp_path):
+@pytest.mark.parametrize("stop", ["sigterm", "ctrl-c"])
+def test_a_stop_to_a_rank_whose_peer_no_longer_answers_ends_it_with_a_line_that_says_where_it_waited(tmp_path, stop):
     # Its main thread waits in a collective, where Python runs no signal handler: its stop cannot even be asked for.
+    # SIGTERM comes to the rank itself; Ctrl-C to the launcher, which passes it on, and kills the ranks 30 s later.
     args = ["--total-timesteps", "10000000", "--no-progress-bar", "--eval-episodes", "0"]
     job = start("fabric run", SCRIPTS["fabric"], args, tmp_path, 2, stdout=subprocess.DEVNULL)
     ranks: list[int | None] = []
@@ -355,24 +374,21 @@ def test_sigterm_to_a_rank_whose_peer_no_longer_answers_ends_it_with_a_line_that
         os.kill(rank_1, signal.SIGSTOP)  # a peer that no longer answers: stopped, not ended
         time.sleep(2)  # rank 0 into a collective that waits for it
         signalled = time.monotonic()
-        os.kill(rank_0, signal.SIGTERM)
+        os.kill(rank_0, signal.SIGTERM) if stop == "sigterm" else job.send_signal(signal.SIGINT)
         while not process_ended(rank_0):
-            assert time.monotonic() - signalled < 60, "rank 0 did not end within 60 s of its SIGTERM"
+            assert time.monotonic() - signalled < 60, f"rank 0 did not end within 60 s of its {stop}"
             time.sleep(0.2)
         stopped_after = time.monotonic() - signalled
-        os.kill(rank_1, signal.SIGCONT)  # to the launcher's SIGTERM, which it has by now
+        os.kill(rank_1, signal.SIGCONT)  # to the launcher's signal, which it has by now
         _, stderr = job.communicate(timeout=60)
     finally:
         kill_process_group(job)
         for rank in filter(None, ranks):  # each in a session of its own; a stopped one cannot see its launcher end
             with contextlib.suppress(ProcessLookupError):
                 os.kill(rank, signal.SIGKILL)
-    assert stopped_after >= SIGTERM_STOP_SECONDS
-    (line,) = [line for line in stderr.splitlines() if line.startswith("error: rank 0: ")]
-    assert line.startswith("error: rank 0: stopped by SIGTERM before its checkpoint: its main thread was held in "), (
-        line
-    )
-    assert line.endswith(" for 20 s, where no signal is handled; the earlier checkpoints are kept"), line
+    assert STOP_SECONDS <= stopped_after < 30  # before the launcher's kill, which says nothing
+    (line,) = [line for line in stderr.splitlines() if line.startswith(STOPPED_WHILE_HELD[stop])]
+    assert line.endswith(f" for 20 s, where no signal is handled; {CHECKPOINTS_KEPT[stop]}"), line
 
 
 @pytest.mark.parametrize(
@@ -460,7 +476,7 @@ def test_a_process_blocked_in_native_code_stops_once_its_parent_is_killed_outrig
     assert stderr == "its parent ended\n" and not left
 
 
-SIGTERM_SEEN_WHILE_BLOCKED = """
+SIGNALS_SEEN_WHILE_BLOCKED = """
 import ctypes, os, signal, subprocess, sys, warnings
 from rl.faults import signals_seen_on_a_thread
 
@@ -473,7 +489,8 @@ def seen():
 
 
 signal.signal(signal.SIGTERM, lambda *_: os.write(2, b"handled\\n"))
-with signals_seen_on_a_thread(signal.SIGTERM, seen):
+signal.signal(signal.SIGINT, lambda *_: os.write(2, b"ctrl-c handled\\n"))
+with signals_seen_on_a_thread({signal.SIGTERM: seen, signal.SIGINT: lambda: os.write(2, b"ctrl-c seen\\n")}):
     # A fork's own SIGTERM (an async env's worker, before it takes the default back) is not this process's.
     if os.fork() == 0:
         signal.raise_signal(signal.SIGTERM)
@@ -486,10 +503,10 @@ with signals_seen_on_a_thread(signal.SIGTERM, seen):
 """
 
 
-def test_a_sigterm_is_seen_from_a_thread_while_the_main_thread_is_blocked_in_native_code():
-    # Where a collective waits for a peer that no longer answers, SIGTERM's handler cannot run.
+def test_signals_are_seen_from_a_thread_while_the_main_thread_is_blocked_in_native_code():
+    # Where a collective waits for a peer that no longer answers, no signal's handler can run.
     run = subprocess.Popen(
-        [sys.executable, "-c", SIGTERM_SEEN_WHILE_BLOCKED],
+        [sys.executable, "-c", SIGNALS_SEEN_WHILE_BLOCKED],
         env=child_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -498,11 +515,14 @@ def test_a_sigterm_is_seen_from_a_thread_while_the_main_thread_is_blocked_in_nat
     try:
         assert run.stdout.readline() == "waiting\n"
         time.sleep(0.5)  # into its wait
+        run.send_signal(signal.SIGINT)
+        time.sleep(0.5)
         run.send_signal(signal.SIGTERM)
         _, stderr = run.communicate(timeout=60)
     finally:
         run.kill()
-    assert (run.returncode, stderr) == (3, "handled\nseen\n")  # the fork's SIGTERM, handled in the fork alone
+    # The fork's SIGTERM, handled in the fork alone; then each signal, seen by its own callback.
+    assert (run.returncode, stderr) == (3, "handled\nctrl-c seen\nseen\n")
 
 
 LOSES_ITS_PARENTS_CONNECTION = (
@@ -565,3 +585,22 @@ def test_a_sigterm_that_ends_a_process_at_once_names_the_most_telling_cause_it_k
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
     launched = sigterm_stop_record("rank 1", "", "", training)[2]
     assert launched.endswith("from the launcher or sent to the job; no process of the job is known to be lost")
+
+
+def test_a_ctrl_c_that_ends_a_process_before_its_checkpoint_names_the_most_telling_cause_it_knows():
+    """As SIGTERM's: a stalled env call, a lost peer, a main thread held where no handler runs, a stop not agreed."""
+    stall, lost, held = "the env's step had not returned after 12 s", "rank 0: its process ended", "rl.runtime.wait"
+    causes = [
+        ctrl_c_stop_record("rank 1", stall, lost, held)[2],
+        ctrl_c_stop_record("rank 1", "", lost, held)[2],
+        ctrl_c_stop_record("rank 1", "", "", held)[2],
+        ctrl_c_stop_record("rank 1", "", "", "")[2],
+    ]
+    kept = "stopped before its checkpoint; the checkpoints written before are kept"
+    assert causes == [
+        f"interrupted (Ctrl-C): rank 1: the env's step had not returned after 12 s; {kept}",
+        f"interrupted (Ctrl-C): rank 1: it had lost rank 0: its process ended; {kept}",
+        f"interrupted (Ctrl-C): rank 1: its main thread was held in rl.runtime.wait for 20 s, where no signal is "
+        f"handled; {kept}",
+        f"interrupted (Ctrl-C): rank 1: the processes did not agree on a stop within 20 s; {kept}",
+    ]

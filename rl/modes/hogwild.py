@@ -59,7 +59,7 @@ from rl.errors import RunStopped, counted, how_it_ended, print_error
 from rl.evaluation import report_evaluation
 from rl.experience import ExperienceSource
 from rl.faults import (
-    SIGTERM_STOP_SECONDS,
+    STOP_SECONDS,
     HeldSigterm,
     StoppedBySigterm,
     holding_sigterm,
@@ -625,7 +625,7 @@ def train_workers(
                 raise
             raise RunStopped(
                 f"hogwild: stopped by SIGTERM before its checkpoint: the workers did not agree on a stop within "
-                f"{SIGTERM_STOP_SECONDS:.0f} s; they were stopped, and the checkpoints written so far are in {run.dir}"
+                f"{STOP_SECONDS:.0f} s; they were stopped, and the checkpoints written so far are in {run.dir}"
             ) from None
         except RunStopped:  # a checkpoint that could not be written
             stop_workers(processes, channel)
