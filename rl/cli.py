@@ -80,7 +80,7 @@ from rl.errors import (
     start_up_done,
     unrecognized_options,
 )
-from rl.faults import deliver_held_sigterm
+from rl.faults import command_line_owns_this_process, deliver_held_sigterm
 from rl.logger import check_loggers_installed
 from rl.loop import CtrlCAgain, InterruptFlag
 from rl.optim import TrainingDiverged
@@ -758,6 +758,7 @@ def when_interrupted(interrupt: KeyboardInterrupt) -> str:
 
 def run_main(main: Callable[[list[str]], TrainingResult | None]) -> None:
     start_up_done()
+    command_line_owns_this_process()
     with exit_on_usage_error():
         try:
             say_where_the_agent_is(main(sys.argv[1:]))

@@ -160,14 +160,34 @@ def spans_nodes(process_ids: Tensor) -> bool:
     return len(set(process_ids[:, 0].tolist())) > 1
 
 
-_ctrl_c_heard = False  # this process has had Ctrl-C (SIGINT, which the launchers pass on to every rank)
+_ctrl_c_heard = 0  # the Ctrl-Cs (SIGINT, which the launchers pass on to every rank) this process's handlers ran for
+_command_line = False  # this process is the command line's (`rl.cli.run_main`), not a caller's (a notebook's)
 
 
 def hear_ctrl_c(*_: object) -> None:
     """Note that this process has had Ctrl-C, whatever it does about it (a signal handler as it is, or called from
     one): a peer lost after it may have ended by it, as a process that is still starting does."""
     global _ctrl_c_heard
-    _ctrl_c_heard = True
+    _ctrl_c_heard += 1
+
+
+_ctrl_c_counted = False  # whether this process's SIGINT handler now calls `hear_ctrl_c` (the training loop's does)
+
+
+def ctrl_c_counted(counted: bool) -> None:
+    """Whether this process's SIGINT handler calls `hear_ctrl_c` from now on: where it does, a Ctrl-C it has not heard
+    in time was not taken (`PeerWatch.lone_ctrl_c_seen`); where it does not (Python's, which raises
+    KeyboardInterrupt), nothing can be told of it."""
+    global _ctrl_c_counted
+    _ctrl_c_counted = counted
+
+
+def command_line_owns_this_process() -> None:
+    """This process runs the command line: a second Ctrl-C that its handler cannot take (its main thread held in
+    native code) may end it from a thread (`PeerWatch.lone_ctrl_c_seen`), where in a caller's process (a notebook's
+    kernel) it is left to the caller."""
+    global _command_line
+    _command_line = True
 
 
 def ctrl_c_only_noted() -> None:
@@ -213,6 +233,8 @@ class StoppedBySigterm(BaseException):
 # Between their SIGTERM and SIGKILL, torchrun's agent, SLURM (KillWait) and Kubernetes wait 30 s by default: a stop
 # not agreed within this leaves no time for its checkpoint.
 STOP_SECONDS = 20.0
+# A Ctrl-C whose handler has not run within this (the main thread held in native code) is taken from a thread.
+CTRL_C_TAKEN_SECONDS = 2.0
 
 
 class HeldSigterm:
@@ -585,6 +607,7 @@ class PeerWatch:
         self.heartbeat = Heartbeat(own_rank, len(process_ids)) if spans_nodes(process_ids) else None
         self.held = HeldSigterm(self.role)
         self.seen_tickets, self.stop_tickets = itertools.count(), itertools.count()  # next() on each is atomic
+        self.ctrl_c_tickets = itertools.count()
 
     def lost(self) -> str:
         """The peers known to be gone, and how that is known; empty if none is."""
@@ -627,6 +650,34 @@ class PeerWatch:
         else:
             self.stop_unless_agreed_in_time(signal.SIGINT)
 
+    def lone_ctrl_c_seen(self) -> None:
+        """Ctrl-C to a process of the command line on its own, seen from a thread of its own: where its main thread is
+        held in native code, no handler takes it, so neither the first nor the second (which stops at once) would do
+        anything. The first, not taken within `CTRL_C_TAKEN_SECONDS`, is told so; the second ends the process."""
+        seen = next(self.ctrl_c_tickets) + 1
+        if seen <= 2:
+            taken = threading.Timer(CTRL_C_TAKEN_SECONDS, self.ctrl_c_not_taken, args=(seen,))
+            taken.daemon = True
+            taken.start()
+
+    def ctrl_c_not_taken(self, seen: int) -> None:
+        if _ctrl_c_heard >= seen or not _ctrl_c_counted:  # its handler ran, or one that tells nothing of it
+            return
+        held = f"held in {main_thread_position()}, where no signal is handled"
+        stall = stalled_env_call(self.stall_seconds)
+        where = f"{stall}, {held}" if stall else f"its main thread is {held}"
+        if seen == 1:  # a note, as the handler's own would be
+            os.write(2, f"\nCtrl-C: {where}: Ctrl-C again stops at once, without a checkpoint\n".encode())
+            return
+        if next(self.stop_tickets) > 0:  # already ending
+            threading.Event().wait()
+        record_fault(self.role, "stopped", f"Ctrl-C twice: {where}")
+        print_error(
+            f"interrupted (Ctrl-C) twice during training, as {where}: stopped at once, and the checkpoints written "
+            "before are kept"
+        )
+        os._exit(INTERRUPTED_EXIT_CODE)
+
     def stop_unless_agreed_in_time(self, signum: int) -> None:
         if next(self.seen_tickets) == 0:  # one timer, from the first of the signals
             timer = threading.Timer(STOP_SECONDS, self.stop_unless_agreed, args=(signum,))
@@ -667,9 +718,13 @@ class PeerWatch:
 
 
 def watched_signals(watch: PeerWatch, launched: bool) -> dict[int, Callable[[], None]]:
-    """The signals that `watch` sees from a thread: SIGTERM, and Ctrl-C as a launcher passes it on (which a lone
-    process's user can press again instead)."""
-    return {signal.SIGTERM: watch.sigterm_seen} | ({signal.SIGINT: watch.ctrl_c_seen} if launched else {})
+    """The signals that `watch` sees from a thread: SIGTERM, and Ctrl-C as a launcher passes it on, or as it comes to a
+    process of the command line on its own."""
+    if launched:
+        return {signal.SIGTERM: watch.sigterm_seen, signal.SIGINT: watch.ctrl_c_seen}
+    if _command_line and len(watch.process_ids) == 1:
+        return {signal.SIGTERM: watch.sigterm_seen, signal.SIGINT: watch.lone_ctrl_c_seen}
+    return {signal.SIGTERM: watch.sigterm_seen}
 
 
 @contextmanager

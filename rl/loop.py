@@ -24,6 +24,7 @@ from rl import PROCESS_STARTED
 from rl.compiling import compile_seconds
 from rl.config import RunConfig
 from rl.faults import (
+    ctrl_c_counted,
     hear_ctrl_c,
     on_main_thread,
     sigterm_asks_for_a_stop,
@@ -200,18 +201,20 @@ class InterruptFlag(StopRequest):
     def __enter__(self) -> InterruptFlag:
         if on_main_thread():
             self.previous = signal.signal(signal.SIGINT, self._request)
+            ctrl_c_counted(True)
             InterruptFlag.heard_in_this_process = True
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         if self.previous is not None:  # None: not set from this thread, or replaced a handler set outside Python
             signal.signal(signal.SIGINT, self.previous)
+            ctrl_c_counted(False)
 
     def _request(self, signum: int, frame: object) -> None:
+        hear_ctrl_c()
         if self.requested:
             raise CtrlCAgain
         self.requested = True
-        hear_ctrl_c()
         if os.environ.get("RANK", "0") == "0":  # os.write: a print could land inside one the handler interrupted
             os.write(2, b"\nCtrl-C: checkpointing, then stopping (Ctrl-C again stops at once, without it)\n")
         if self.on_request is not None:

@@ -459,11 +459,11 @@ class ImageAndText(FixedLength):
 gym.register("ImageAndText-v0", entry_point=ImageAndText)
 
 
-def wait_forever_holding_the_gil() -> None:
+def wait_forever_holding_the_gil(holding: bool = True) -> None:
     """What a simulator's native step can do: wait forever, through any signal, keeping Python's interpreter lock (a
-    call through ctypes.PyDLL keeps it)."""
+    call through ctypes.PyDLL keeps it), or letting other threads run (`holding=False`: ctypes.CDLL lets go of it)."""
     mutex = ctypes.create_string_buffer(64)  # zeroed: an unlocked mutex of the default kind
-    lock = ctypes.PyDLL(None).pthread_mutex_lock
+    lock = (ctypes.PyDLL if holding else ctypes.CDLL)(None).pthread_mutex_lock
     lock(mutex)
     lock(mutex)  # it waits for itself
 
@@ -477,12 +477,11 @@ class Misbehaves(gym.Env):
     which the vector env stores as nan), "reward_array" and "terminated_array" (a reward or a terminated flag as an
     array of one value, not a number or a bool; the flag ends each episode at its 10th step), "terminated_pair" (a
     terminated flag as an array of two), "warn" (a UserWarning at each step, which Python shows once a process),
-    "hang" (a
-    step that never returns, after touching the file HANG_MARKER names), "hang_holding_the_gil" (the same, in native
-    code that keeps Python's interpreter lock), "die_once" (the first env to get there, the one that creates the
-    file DIE_MARKER names, kills its own process), "raise_on_close" (its close raises), or "as_asked" (the fault
-    that MISBEHAVE names in the environment, where it is set); only in the process of rank `on_rank`, where it is
-    given."""
+    "hang" (a step that never returns, after touching the file HANG_MARKER names), "hang_holding_the_gil" (the same,
+    in native code that keeps Python's interpreter lock), "hang_in_native_code" (the same, in native code that lets
+    go of it), "die_once" (the first env to get there, the one that creates the file DIE_MARKER names, kills its own
+    process), "raise_on_close" (its close raises), or "as_asked" (the fault that MISBEHAVE names in the environment,
+    where it is set); only in the process of rank `on_rank`, where it is given."""
 
     observation_space = gym.spaces.Box(-1.0, 1.0, (3,), dtype=np.float32)
     action_space = gym.spaces.Discrete(2)
@@ -526,8 +525,8 @@ class Misbehaves(gym.Env):
                 warnings.warn("the simulator's clock drifts", UserWarning, stacklevel=1)
             if fault == "hang":
                 self.hang()
-            if fault == "hang_holding_the_gil":
-                self.hang_holding_the_gil()
+            if fault in ("hang_holding_the_gil", "hang_in_native_code"):
+                self.hang_holding_the_gil(holding=fault == "hang_holding_the_gil")
             if fault == "die_once":
                 self.die_once()
         return obs, reward, terminated, self.steps >= 20, {}
@@ -554,9 +553,9 @@ class Misbehaves(gym.Env):
         time.sleep(3600)
 
     @staticmethod
-    def hang_holding_the_gil():
+    def hang_holding_the_gil(holding: bool = True):
         Path(os.environ["HANG_MARKER"]).touch()
-        wait_forever_holding_the_gil()
+        wait_forever_holding_the_gil(holding)
 
 
 gym.register("Misbehaves-v0", entry_point=Misbehaves)

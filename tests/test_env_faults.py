@@ -435,6 +435,35 @@ def test_a_second_ctrl_c_stops_a_run_whose_env_step_hangs_at_once(tmp_path):
 
 
 @pytest.mark.slow
+def test_ctrl_c_twice_stops_a_run_whose_env_step_waits_in_native_code_where_no_signal_is_handled(tmp_path):
+    # No handler runs while the main thread waits there: neither Ctrl-C would do anything. A thread takes them.
+    marker = tmp_path / "hanging"
+    command = launch_command("python", SCRIPTS["fabric"], hangs(fault="hang_in_native_code"), 1)
+    job = start_as_foreground_job(command, tmp_path, child_env() | {"HANG_MARKER": str(marker)})
+    try:
+        deadline = time.monotonic() + 240
+        while not marker.exists():
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1][-3000:]
+            time.sleep(0.1)
+        os.killpg(job.pid, signal.SIGINT)
+        time.sleep(rl.faults.CTRL_C_TAKEN_SECONDS + 1.0)
+        assert job.poll() is None  # told that the next Ctrl-C stops it
+        os.killpg(job.pid, signal.SIGINT)
+        _, stderr = job.communicate(timeout=60)
+    finally:
+        kill_process_group(job)
+    assert job.returncode == 130, stderr[-3000:]
+    held = (
+        r"its main thread is held in envs_for_tests\.wait_forever_holding_the_gil \(line \d+\), from "
+        r"rl\.[a-z_.]+ \(line \d+\), where no signal is handled"
+    )
+    told, ended = stderr.strip().splitlines()[-2:]
+    assert re.fullmatch(f"Ctrl-C: {held}: Ctrl-C again stops at once, without a checkpoint", told), stderr[-3000:]
+    kept = "stopped at once, and the checkpoints written before are kept"
+    assert re.fullmatch(rf"interrupted \(Ctrl-C\) twice during training, as {held}: {kept}", ended), stderr[-3000:]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["hang", "hang_holding_the_gil"])
 def test_the_rank_whose_env_step_hangs_names_it_once_the_ranks_that_waited_for_it_give_up(tmp_path, fault):
     args = [*hangs(on_rank=1, fault=fault), "--collective-timeout", "4"]

@@ -29,15 +29,19 @@ from conftest import (
 )
 from torch import nn
 
+import rl.faults
 from rl.algos.sac.config import SACConfig
 from rl.errors import listed
 from rl.faults import (
     STOP_SECONDS,
     HeldSigterm,
     PeerLost,
+    PeerWatch,
     ctrl_c_stop_record,
+    gather_process_ids,
     process_ended,
     sigterm_stop_record,
+    watched_signals,
 )
 from rl.optim import FlatGradients
 from rl.runtime import TorchRuntime
@@ -585,6 +589,18 @@ def test_a_sigterm_that_ends_a_process_at_once_names_the_most_telling_cause_it_k
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
     launched = sigterm_stop_record("rank 1", "", "", training)[2]
     assert launched.endswith("from the launcher or sent to the job; no process of the job is known to be lost")
+
+
+def test_ctrl_c_is_watched_from_a_thread_under_a_launcher_and_in_a_command_line_process_on_its_own(monkeypatch):
+    """Not in a caller's process (a notebook's kernel), which a thread must not end; SIGTERM everywhere."""
+    own = gather_process_ids(torch.device("cpu"))
+    lone, ranks = PeerWatch(0, str, own, 300.0), PeerWatch(0, str, own.repeat(2, 1), 300.0)
+    monkeypatch.setattr(rl.faults, "_command_line", False)
+    assert watched_signals(lone, launched=False) == {signal.SIGTERM: lone.sigterm_seen}
+    assert watched_signals(lone, launched=True)[signal.SIGINT] == lone.ctrl_c_seen
+    monkeypatch.setattr(rl.faults, "_command_line", True)
+    assert watched_signals(lone, launched=False)[signal.SIGINT] == lone.lone_ctrl_c_seen
+    assert signal.SIGINT not in watched_signals(ranks, launched=False)  # ranks that no launcher started
 
 
 def test_a_ctrl_c_that_ends_a_process_before_its_checkpoint_names_the_most_telling_cause_it_knows():
