@@ -233,8 +233,8 @@ class StoppedBySigterm(BaseException):
 # Between their SIGTERM and SIGKILL, torchrun's agent, SLURM (KillWait) and Kubernetes wait 30 s by default: a stop
 # not agreed within this leaves no time for its checkpoint.
 STOP_SECONDS = 20.0
-# A Ctrl-C whose handler has not run within this (the main thread held in native code) is taken from a thread.
-CTRL_C_TAKEN_SECONDS = 2.0
+# A signal whose handler has not run within this (the main thread held in native code) is taken from a thread.
+HANDLER_GRACE_SECONDS = 2.0
 
 
 class HeldSigterm:
@@ -355,24 +355,47 @@ def stall_seconds(collective_timeout: float) -> float:
     return min(STALLED_ENV_SECONDS, collective_timeout / 2)
 
 
-def name_a_stalled_env_when_stopped(
+@contextmanager
+def stalled_env_named_when_stopped(
     role: str, collective_timeout: float, asks_for_a_stop: Callable[[], bool] = lambda: False
-) -> None:
-    """From now on SIGTERM ends this process as it would have, after a line naming an env call that had stalled,
-    unless `asks_for_a_stop` takes it (as a request for the checkpoint and stop that Ctrl-C asks for) and says so.
-    An env call that holds Python's lock, where no handler runs, is named as it stalls (`rl.gil_watch`)."""
-    watch_env_calls(role, stall_seconds(collective_timeout))
+) -> Iterator[None]:
+    """Within, SIGTERM ends this process as it would have, after a line naming an env call that had stalled, unless
+    `asks_for_a_stop` takes it (as a request for the checkpoint and stop that Ctrl-C asks for) and says so. An env
+    call that holds Python's lock is named as it stalls (`rl.gil_watch`); one in native code that lets go of it, where
+    no handler runs either, by a thread, once the handler has not run within `HANDLER_GRACE_SECONDS`."""
+    seconds = stall_seconds(collective_timeout)
+    watch_env_calls(role, seconds)
+    seen, handled = itertools.count(1), itertools.count(1)  # next() on each is atomic
+    last_handled = 0
 
-    def stopped(signum: int, frame: object) -> None:
-        if asks_for_a_stop():
-            return
-        stall = stalled_env_call(stall_seconds(collective_timeout))
+    def name_the_stall() -> None:
+        stall = stalled_env_call(seconds)
         if stall:
             print_error(f"error: {role}: {stall}; stopped by SIGTERM")
+
+    def stopped(signum: int, frame: object) -> None:
+        nonlocal last_handled
+        last_handled = next(handled)
+        if asks_for_a_stop():
+            return
+        name_the_stall()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)  # ended by the signal, as its parent expects
 
+    def not_handled(signal_number: int) -> None:
+        if last_handled >= signal_number or asks_for_a_stop():
+            return
+        name_the_stall()
+        os._exit(128 + signal.SIGTERM)  # as a shell reports an end by SIGTERM: a thread cannot restore its default
+
+    def seen_on_a_thread() -> None:
+        timer = threading.Timer(HANDLER_GRACE_SECONDS, not_handled, args=(next(seen),))
+        timer.daemon = True
+        timer.start()
+
     signal.signal(signal.SIGTERM, stopped)
+    with signals_seen_on_a_thread({signal.SIGTERM: seen_on_a_thread}):
+        yield
 
 
 PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
@@ -653,10 +676,10 @@ class PeerWatch:
     def lone_ctrl_c_seen(self) -> None:
         """Ctrl-C to a process of the command line on its own, seen from a thread of its own: where its main thread is
         held in native code, no handler takes it, so neither the first nor the second (which stops at once) would do
-        anything. The first, not taken within `CTRL_C_TAKEN_SECONDS`, is told so; the second ends the process."""
+        anything. The first, not taken within `HANDLER_GRACE_SECONDS`, is told so; the second ends the process."""
         seen = next(self.ctrl_c_tickets) + 1
         if seen <= 2:
-            taken = threading.Timer(CTRL_C_TAKEN_SECONDS, self.ctrl_c_not_taken, args=(seen,))
+            taken = threading.Timer(HANDLER_GRACE_SECONDS, self.ctrl_c_not_taken, args=(seen,))
             taken.daemon = True
             taken.start()
 

@@ -446,7 +446,7 @@ def test_ctrl_c_twice_stops_a_run_whose_env_step_waits_in_native_code_where_no_s
             assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1][-3000:]
             time.sleep(0.1)
         os.killpg(job.pid, signal.SIGINT)
-        time.sleep(rl.faults.CTRL_C_TAKEN_SECONDS + 1.0)
+        time.sleep(rl.faults.HANDLER_GRACE_SECONDS + 1.0)
         assert job.poll() is None  # told that the next Ctrl-C stops it
         os.killpg(job.pid, signal.SIGINT)
         _, stderr = job.communicate(timeout=60)

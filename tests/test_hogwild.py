@@ -234,10 +234,10 @@ def test_a_killed_worker_ends_the_job_with_a_line_naming_it(tmp_path):
     assert checkpoints and all(torch.load(path, weights_only=True)["workers"] for path in checkpoints)
 
 
-def hogwild_with_hanging_envs(tmp_path: Path) -> subprocess.Popen:
+def hogwild_with_hanging_envs(tmp_path: Path, fault: str = "hang") -> subprocess.Popen:
     """A two-worker Hogwild run, returned once its envs' steps have hung long enough to count as stalled."""
     marker = tmp_path / "hanging"
-    args = ["--env-id", "envs_for_tests:Misbehaves-v0", "--env-kwargs", '{"after": 100, "fault": "hang"}']
+    args = ["--env-id", "envs_for_tests:Misbehaves-v0", "--env-kwargs", f'{{"after": 100, "fault": "{fault}"}}']
     args += ["--workers", "2", "--collective-timeout", "2", *PPO_SHORT]
     job = start("python", SCRIPTS["hogwild"], args, tmp_path, 1, {"HANG_MARKER": str(marker)})
     deadline = time.monotonic() + 240
@@ -253,10 +253,11 @@ STALL = r"the env's step had not returned after \d+ s; "
 
 
 @pytest.mark.slow
-def test_sigterm_stops_the_workers_with_a_line_naming_an_env_step_that_hung(tmp_path):
+@pytest.mark.parametrize("fault", ["hang", "hang_in_native_code"])
+def test_sigterm_stops_the_workers_with_a_line_naming_an_env_step_that_hung(tmp_path, fault):
     # What a kill or scancel does to a run whose envs hang: its workers cannot meet for the checkpoint it asks for,
-    # so every process ends after 20 s, and says what held it.
-    job = hogwild_with_hanging_envs(tmp_path)
+    # so every process ends after 20 s, and says what held it (in native code, where no handler runs: a thread).
+    job = hogwild_with_hanging_envs(tmp_path, fault)
     try:
         pids = worker_pids(job)
         job.send_signal(signal.SIGTERM)

@@ -63,8 +63,8 @@ from rl.faults import (
     HeldSigterm,
     StoppedBySigterm,
     holding_sigterm,
-    name_a_stalled_env_when_stopped,
     stall_seconds,
+    stalled_env_named_when_stopped,
     stopped_with_parent,
 )
 from rl.logger import EPISODE_RETURN, ProgressBar, TrainingMetrics, open_sinks
@@ -257,19 +257,18 @@ def run_worker(
     registration come by value: they may be an interactive session's."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to turn into a checkpoint and a stop
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # born blocked (start_workers); ignored from now on
-    name_a_stalled_env_when_stopped(
-        worker_name(index),
-        algorithm.cfg.collective_timeout,
-        functools.partial(sigterm_asks_the_workers_to_stop, channel),
-    )
     # tqdm's default lock is shared between processes: a worker the supervisor stops leaves it behind, and the
     # resource tracker warns of it. One process draws the bar, so a lock of this process's threads serves.
     tqdm.set_lock(threading.RLock())
     # A supervisor killed outright (SIGKILL, the out-of-memory killer) cannot stop its workers: they stop themselves,
     # or one in an env call that never returns would run on alone.
     lost = functools.partial(supervisor_lost, index, algorithm.cfg.collective_timeout)
+    asks_for_a_stop = functools.partial(sigterm_asks_the_workers_to_stop, channel)
     try:
-        with stopped_with_parent(lost, parent=channel.supervisor):  # it may have ended while this worker started
+        with (
+            stalled_env_named_when_stopped(worker_name(index), algorithm.cfg.collective_timeout, asks_for_a_stop),
+            stopped_with_parent(lost, parent=channel.supervisor),  # it may have ended while this worker started
+        ):
             register_in_this_process(env)
             WorkerLoop(index, algorithm, shared, channel, run_dir, resume).run(callbacks.value)
     except TrainingDiverged as error:
