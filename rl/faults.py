@@ -176,15 +176,20 @@ _ctrl_c_counted = False  # whether this process's SIGINT handler now calls `hear
 
 def ctrl_c_counted(counted: bool) -> None:
     """Whether this process's SIGINT handler calls `hear_ctrl_c` from now on: where it does, a Ctrl-C it has not heard
-    in time was not taken (`PeerWatch.lone_ctrl_c_seen`); where it does not (Python's, which raises
+    in time was not taken (`PeerWatch.ctrl_c_not_taken`); where it does not (Python's, which raises
     KeyboardInterrupt), nothing can be told of it."""
     global _ctrl_c_counted
     _ctrl_c_counted = counted
 
 
+def ctrl_c_heard() -> int:
+    """How many Ctrl-Cs this process's handlers have run for."""
+    return _ctrl_c_heard
+
+
 def command_line_owns_this_process() -> None:
     """This process runs the command line: a second Ctrl-C that its handler cannot take (its main thread held in
-    native code) may end it from a thread (`PeerWatch.lone_ctrl_c_seen`), where in a caller's process (a notebook's
+    native code) may end it from a thread (`PeerWatch.ctrl_c_not_taken`), where in a caller's process (a notebook's
     kernel) it is left to the caller."""
     global _command_line
     _command_line = True
@@ -235,6 +240,23 @@ class StoppedBySigterm(BaseException):
 STOP_SECONDS = 20.0
 # A signal whose handler has not run within this (the main thread held in native code) is taken from a thread.
 HANDLER_GRACE_SECONDS = 2.0
+
+
+def when_not_handled(handled: Callable[[], int], not_taken: Callable[[int], None]) -> Callable[[], None]:
+    """A callback for `signals_seen_on_a_thread`: for the nth signal seen, `not_taken(n)` runs should the handler
+    not have run n times (`handled()`) within `HANDLER_GRACE_SECONDS`: the main thread is held where none runs."""
+    seen = itertools.count(1)  # next() on it is atomic
+
+    def unless_handled(signal_number: int) -> None:
+        if handled() < signal_number:
+            not_taken(signal_number)
+
+    def on_a_signal() -> None:
+        timer = threading.Timer(HANDLER_GRACE_SECONDS, unless_handled, args=(next(seen),))
+        timer.daemon = True
+        timer.start()
+
+    return on_a_signal
 
 
 class HeldSigterm:
@@ -365,8 +387,7 @@ def stalled_env_named_when_stopped(
     no handler runs either, by a thread, once the handler has not run within `HANDLER_GRACE_SECONDS`."""
     seconds = stall_seconds(collective_timeout)
     watch_env_calls(role, seconds)
-    seen, handled = itertools.count(1), itertools.count(1)  # next() on each is atomic
-    last_handled = 0
+    handled = 0
 
     def name_the_stall() -> None:
         stall = stalled_env_call(seconds)
@@ -374,8 +395,8 @@ def stalled_env_named_when_stopped(
             print_error(f"error: {role}: {stall}; stopped by SIGTERM")
 
     def stopped(signum: int, frame: object) -> None:
-        nonlocal last_handled
-        last_handled = next(handled)
+        nonlocal handled
+        handled += 1
         if asks_for_a_stop():
             return
         name_the_stall()
@@ -383,18 +404,13 @@ def stalled_env_named_when_stopped(
         os.kill(os.getpid(), signal.SIGTERM)  # ended by the signal, as its parent expects
 
     def not_handled(signal_number: int) -> None:
-        if last_handled >= signal_number or asks_for_a_stop():
+        if asks_for_a_stop():
             return
         name_the_stall()
         os._exit(128 + signal.SIGTERM)  # as a shell reports an end by SIGTERM: a thread cannot restore its default
 
-    def seen_on_a_thread() -> None:
-        timer = threading.Timer(HANDLER_GRACE_SECONDS, not_handled, args=(next(seen),))
-        timer.daemon = True
-        timer.start()
-
     signal.signal(signal.SIGTERM, stopped)
-    with signals_seen_on_a_thread({signal.SIGTERM: seen_on_a_thread}):
+    with signals_seen_on_a_thread({signal.SIGTERM: when_not_handled(lambda: handled, not_handled)}):
         yield
 
 
@@ -630,7 +646,8 @@ class PeerWatch:
         self.heartbeat = Heartbeat(own_rank, len(process_ids)) if spans_nodes(process_ids) else None
         self.held = HeldSigterm(self.role)
         self.seen_tickets, self.stop_tickets = itertools.count(), itertools.count()  # next() on each is atomic
-        self.ctrl_c_tickets = itertools.count()
+        # Ctrl-C to a process of the command line on its own, seen from a thread: its handler may never run.
+        self.lone_ctrl_c_seen = when_not_handled(ctrl_c_heard, self.ctrl_c_not_taken)
 
     def lost(self) -> str:
         """The peers known to be gone, and how that is known; empty if none is."""
@@ -673,18 +690,11 @@ class PeerWatch:
         else:
             self.stop_unless_agreed_in_time(signal.SIGINT)
 
-    def lone_ctrl_c_seen(self) -> None:
-        """Ctrl-C to a process of the command line on its own, seen from a thread of its own: where its main thread is
-        held in native code, no handler takes it, so neither the first nor the second (which stops at once) would do
-        anything. The first, not taken within `HANDLER_GRACE_SECONDS`, is told so; the second ends the process."""
-        seen = next(self.ctrl_c_tickets) + 1
-        if seen <= 2:
-            taken = threading.Timer(HANDLER_GRACE_SECONDS, self.ctrl_c_not_taken, args=(seen,))
-            taken.daemon = True
-            taken.start()
-
     def ctrl_c_not_taken(self, seen: int) -> None:
-        if _ctrl_c_heard >= seen or not _ctrl_c_counted:  # its handler ran, or one that tells nothing of it
+        """Ctrl-C to a process of the command line on its own, where its main thread is held in native code: no
+        handler takes it, so neither the first nor the second (which stops at once) would do anything. The first is
+        told so; the second ends the process."""
+        if seen > 2 or not _ctrl_c_counted:  # ending already; or a handler that tells nothing of it (Python's)
             return
         held = f"held in {main_thread_position()}, where no signal is handled"
         stall = stalled_env_call(self.stall_seconds)
