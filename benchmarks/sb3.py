@@ -28,7 +28,7 @@ from launch import REPO
 
 from rl.algos.ppo.config import PPOConfig
 from rl.algos.sac.config import SACConfig
-from rl.config import preset_values
+from rl.flag_parsing import preset_values
 
 SB3_PYTHON = REPO / ".venv-sb3" / "bin" / "python"
 CHECKPOINT_EVERY_S = 300

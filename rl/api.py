@@ -20,19 +20,11 @@ from dataclasses import fields
 from typing import Any, get_args
 
 from rl.cli import Mode, flags_of, other_modes_value, parse_config, peer_advice, prepare_config
-from rl.config import (
-    MODE_COMMANDS,
-    RunConfig,
-    check_field_types,
-    displaced_by,
-    env_id_as_preset,
-    flag,
-    named_runs_newest_checkpoint,
-    preset_values,
-    resumed_run_values,
-)
+from rl.config import MODE_COMMANDS, RunConfig, flag
+from rl.config_files import check_field_types, named_runs_newest_checkpoint, resumed_run_values
 from rl.errors import UsageError, did_you_mean
 from rl.faults import deliver_held_sigterm
+from rl.flag_parsing import displaced_by, env_id_as_preset, preset_values
 from rl.loop import Callback
 from rl.modes.coupled import train_coupled
 from rl.peer_flags import PeerFlag, peer_flag

@@ -32,7 +32,8 @@ import torch
 from torch import Tensor, nn
 
 from rl.algos.base import Algorithm, Learner
-from rl.config import CHECKPOINT_DIR, MODE_COMMANDS, RunConfig, flag, iteration_name, newest_checkpoint
+from rl.config import MODE_COMMANDS, RunConfig, flag, iteration_name
+from rl.config_files import CHECKPOINT_DIR, newest_checkpoint
 from rl.errors import FOLDER_GONE, RunStopped, UsageError, counted, print_error, refused_writes
 from rl.experience import ExperienceSource
 from rl.normalization import ObservationNormalizer

@@ -25,33 +25,32 @@ from rl.checkpoint import (
 )
 from rl.compiling import compile_failure
 from rl.config import (
-    ALGORITHM_KEY,
     LONGEST_FOLDER_NAME,
     MODE_COMMANDS,
-    NOT_IN_CONFIG_FILES,
     ProcessCount,
     RunConfig,
-    UnknownConfigKey,
-    as_given_here,
-    config_file_algorithm,
-    config_file_of,
     expand_home_in_paths,
     flag,
-    flag_spellings,
-    flag_value,
     iteration_name,
     local_gpu_index,
     local_world_size_from_env,
     name_bytes,
     other_modes_fields,
-    parse_config_flags,
-    read_config_file,
     trainer_count,
     uses_gpu,
     validate_decoupled,
     validate_hardware,
     validate_values,
     world_size_from_env,
+)
+from rl.config_files import (
+    ALGORITHM_KEY,
+    NOT_IN_CONFIG_FILES,
+    UnknownConfigKey,
+    as_given_here,
+    config_file_algorithm,
+    config_file_of,
+    read_config_file,
     write_config_file,
 )
 from rl.elastic import (
@@ -81,6 +80,7 @@ from rl.errors import (
     unrecognized_options,
 )
 from rl.faults import command_line_owns_this_process, deliver_held_sigterm
+from rl.flag_parsing import flag_spellings, flag_value, parse_config_flags
 from rl.logger import check_loggers_installed
 from rl.loop import CtrlCAgain, InterruptFlag
 from rl.optim import TrainingDiverged

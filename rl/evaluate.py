@@ -22,10 +22,11 @@ import tyro
 from rl.agent import agent_from_file
 from rl.checkpoint import CHECKPOINT_DIR
 from rl.cli import check_video_support
-from rl.config import check_seed, flag, flag_spellings, parse_dataclass
+from rl.config import check_seed, flag
 from rl.env_faults import EnvFault
 from rl.envs import check_renders, has_display, video_folder
 from rl.errors import UsageError, exit_on_ctrl_c, exit_on_usage_error, misspelled_option, print_error, refused_writes
+from rl.flag_parsing import flag_spellings, parse_dataclass
 from rl.logger import LoggerName, check_loggers_installed, open_sinks, quiet_tensorboard_writer_threads
 from rl.peer_flags import EVALUATION_PEER_FLAGS, tools_peer_flag
 from rl.runtime import configure_torch_threads

@@ -40,9 +40,10 @@ import tyro
 from torch import Tensor, nn
 
 from rl.agent import Agent, agent_from_file
-from rl.config import flag_spellings, home_expanded, parse_dataclass
+from rl.config import home_expanded
 from rl.envs import EnvActions, Preprocessing, is_image_space
 from rl.errors import UsageError, exit_on_ctrl_c, exit_on_usage_error, misspelled_option, refused_writes
+from rl.flag_parsing import flag_spellings, parse_dataclass
 from rl.multi_input import KeyInput, MultiInputLayout, packed_layout
 from rl.normalization import CLIP, ObservationNormalizer
 

@@ -13,7 +13,8 @@ import inspect
 import typing
 from typing import Any
 
-from rl.config import RunConfig, field_docstrings, flag, stated_default
+from rl.config import RunConfig, flag
+from rl.flag_parsing import field_docstrings, stated_default
 from rl.registry import ALGORITHMS
 
 

@@ -18,14 +18,8 @@ except ImportError:  # Windows: runs go unheld
     fcntl = None
 
 from rl.checkpoint import BEST_FILENAME, TrainingCheckpoint, newest_checkpoint, resumed_step
-from rl.config import (
-    CONFIG_FILENAME,
-    NOT_IN_RUN_FOLDER_CONFIG,
-    RunConfig,
-    is_folder_name,
-    run_dir_of,
-    write_config_file,
-)
+from rl.config import RunConfig, is_folder_name
+from rl.config_files import CONFIG_FILENAME, NOT_IN_RUN_FOLDER_CONFIG, run_dir_of, write_config_file
 from rl.elastic import job_id, restart_count, start_logged, under_torchelastic
 from rl.envs import video_folder
 from rl.errors import UsageError

@@ -18,8 +18,9 @@ from typing import Annotated, Literal
 
 import tyro
 
-from rl.config import ProcessCount, RunConfig, flag, flag_spellings, parse_dataclass, uses_gpu
+from rl.config import ProcessCount, RunConfig, flag, uses_gpu
 from rl.errors import UsageError, counted, exit_on_usage_error, misspelled_option
+from rl.flag_parsing import flag_spellings, parse_dataclass
 from rl.peer_flags import SBATCH_PEER_FLAGS, tools_peer_flag
 
 

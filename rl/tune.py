@@ -38,20 +38,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
-from rl.config import (
+from rl.config import RunConfig, check_seed, flag, home_expanded
+from rl.config_files import (
     CONFIG_FILENAME,
     NOT_IN_CONFIG_FILES,
     NOT_IN_RUN_FOLDER_CONFIG,
     KeyGivenTwice,
-    RunConfig,
-    check_seed,
     config_file_algorithm,
-    fields_on_command_line,
-    flag,
-    flag_spellings,
-    home_expanded,
     newest_checkpoint,
-    parse_dataclass,
     read_mapping,
 )
 from rl.errors import (
@@ -66,6 +60,7 @@ from rl.errors import (
     unrecognized_options,
 )
 from rl.faults import ended_with_this_process, process_ended
+from rl.flag_parsing import fields_on_command_line, flag_spellings, parse_dataclass
 from rl.logger import CSV_METRICS_FILE
 from rl.peer_flags import TUNING_PEER_FLAGS, tools_peer_flag
 

@@ -456,7 +456,7 @@ def test_a_run_whose_log_dir_starts_with_a_tilde_writes_all_its_files_in_the_use
 
 
 def test_a_config_file_loads_as_its_algorithms_config_with_overrides_as_the_command_line_reads_it(tmp_path):
-    from rl.config import write_config_file
+    from rl.config_files import write_config_file
 
     path = str(tmp_path / "best.yaml")
     write_config_file(rl.preset("sac/hopper"), path)
@@ -478,7 +478,7 @@ def test_a_config_file_loads_as_its_algorithms_config_with_overrides_as_the_comm
 def test_a_preset_given_to_load_config_goes_beneath_the_file_as_on_the_command_line(tmp_path):
     """Not a label on top: a file of a few flags takes the preset's others, and a file of another preset's flags,
     which would override all of it, is refused."""
-    from rl.config import write_config_file
+    from rl.config_files import write_config_file
 
     few = tmp_path / "few.yaml"
     few.write_text("num_envs: 2\n")
@@ -596,7 +596,8 @@ def test_cuda_graphs_follow_the_fields_until_chosen():
 def test_a_loaded_config_with_overrides_keeps_its_defaults_following_the_fields(tmp_path):
     """rl.load_config's overrides are choices; the defaults that followed --cuda still follow it, so a decoupled
     run does not refuse SAC's --update-while-stepping that came with --cuda."""
-    from rl.config import validate_decoupled, write_config_file
+    from rl.config import validate_decoupled
+    from rl.config_files import write_config_file
 
     path = str(tmp_path / "on_a_gpu.yaml")
     write_config_file(rl.preset("sac/pendulum", cuda=True), path)
@@ -613,7 +614,8 @@ def test_a_copied_or_edited_config_keeps_its_defaults_following_the_fields(tmp_p
     """`dataclasses.replace` and setting a field keep track of the defaults that followed --cuda, as `rl.load_config`
     does: a copy's defaults still follow (a decoupled run does not refuse SAC's --update-while-stepping that came with
     --cuda, and a file written from the copy leaves them out), and a following field changed is chosen."""
-    from rl.config import validate_decoupled, write_config_file
+    from rl.config import validate_decoupled
+    from rl.config_files import write_config_file
 
     on_a_gpu = rl.preset("sac/pendulum", cuda=True)
     copy = completed(dataclasses.replace(on_a_gpu, seed=3), "decoupled")

@@ -14,12 +14,13 @@ from torch.distributed import TCPStore
 
 from rl.algos.ppo.config import PPOConfig
 from rl.cli import check_run_folder_name_fits
-from rl.config import flag, parse_dataclass
+from rl.config import flag
 from rl.errors import PEER_GRACE_SECONDS, UsageError
 from rl.evaluate import EvalConfig
 from rl.evaluate import parse as parse_evaluation
 from rl.export import ExportConfig
 from rl.export import main as export_main
+from rl.flag_parsing import parse_dataclass
 from rl.peer_flags import EVALUATION_PEER_FLAGS
 from rl.slurm import main as slurm_main
 from rl.tune import parse as tune_parse
@@ -268,8 +269,8 @@ def test_a_tool_names_itself_as_it_was_run_not_by_its_files_path(tmp_path):
 
 
 def test_every_missing_required_argument_is_named_with_what_it_is():
-    from rl.config import parse_dataclass
     from rl.export import ExportConfig
+    from rl.flag_parsing import parse_dataclass
 
     with pytest.raises(UsageError) as refused:
         parse_dataclass(ExportConfig, ["--format", "onnx"], prog="python -m rl.export")

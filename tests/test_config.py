@@ -23,20 +23,17 @@ from rl.cli import check_mode_flags, check_values_for_job, flags_of, parse_confi
 from rl.config import (
     ProcessCount,
     RunConfig,
-    field_docstrings,
     flag,
     local_gpu_index,
-    named_runs_newest_checkpoint,
-    parse_dataclass,
-    run_dir_of,
-    stated_default,
     uses_gpu,
     validate,
     validate_decoupled,
     validate_values,
 )
+from rl.config_files import named_runs_newest_checkpoint, run_dir_of
 from rl.envs import inspect_env
 from rl.errors import UsageError
+from rl.flag_parsing import field_docstrings, parse_dataclass, stated_default
 from rl.peer_flags import PEER_FLAGS, alternatives
 from rl.registry import ALGORITHMS
 from rl.seeds import derive_seed
@@ -984,7 +981,7 @@ def test_a_config_file_sets_flags_that_the_command_line_overrides(tmp_path):
 def test_a_preset_beside_flags_written_with_another_preset_or_none_is_refused(tmp_path):
     """Those flags come on top of the preset's and would override all of them: a run labelled with a preset it
     does not follow. A file of a few flags, or of the same preset, takes a preset beneath it."""
-    from rl.config import write_config_file
+    from rl.config_files import write_config_file
 
     written = tmp_path / "hopper.yaml"
     write_config_file(parse_config(["--preset", "hopper"]), str(written))
@@ -1036,7 +1033,7 @@ def test_a_checkpoint_away_from_its_run_folder_gives_its_own_flags_but_its_folde
 
 def pipelined_run(tmp_path) -> Path:
     """A decoupled run's folder whose flags say --pipeline; the path of a checkpoint in it (not read here)."""
-    from rl.config import write_config_file
+    from rl.config_files import write_config_file
 
     run = tmp_path / "logs" / "fabric_decoupled_logs" / "pipelined"
     (run / "checkpoints").mkdir(parents=True)
@@ -1089,7 +1086,7 @@ def test_a_config_file_takes_numbers_yaml_leaves_as_text_and_a_lone_value_for_a_
     ],
 )
 def test_the_resolved_config_written_out_is_taken_back_whole(tmp_path, argv):
-    from rl.config import write_config_file
+    from rl.config_files import write_config_file
 
     original = parse_config(argv)
     for name in ("resolved.yaml", "resolved.json"):
@@ -1177,7 +1174,7 @@ def test_a_config_file_of_another_algorithm_without_its_name_is_named_as_that_al
     tmp_path, argv, algorithm, told
 ):
     """A file written by hand, or by an earlier version, that leaves out `algorithm:`."""
-    from rl.config import ALGORITHM_KEY, write_config_file
+    from rl.config_files import ALGORITHM_KEY, write_config_file
 
     path = tmp_path / "config.yaml"
     write_config_file(parse_config(argv), str(path))
@@ -1190,7 +1187,7 @@ def test_a_config_file_of_another_algorithm_without_its_name_is_named_as_that_al
 
 @pytest.mark.parametrize("spelling", ["--config {}", "--config={}"])
 def test_a_config_file_names_its_algorithm_which_the_command_line_need_not(tmp_path, spelling):
-    from rl.config import write_config_file
+    from rl.config_files import write_config_file
 
     sac_file, ppo_file = tmp_path / "sac.yaml", tmp_path / "ppo.json"
     write_config_file(parse_config(["sac", "--buffer-size", "5000"]), str(sac_file))
@@ -1305,7 +1302,8 @@ def test_cuda_graphs_are_on_by_default_on_a_gpu_where_they_can_serve(argv, captu
     ],
 )
 def test_a_written_config_holds_cuda_graphs_only_where_they_were_chosen(tmp_path, written, then, captured):
-    from rl.config import check_cuda_graphs, write_config_file
+    from rl.config import check_cuda_graphs
+    from rl.config_files import write_config_file
 
     path = str(tmp_path / "written.yaml")
     write_config_file(parse_config(written), path)

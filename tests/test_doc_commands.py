@@ -27,10 +27,11 @@ from lightning.fabric.cli import _run as fabric_run_command
 from torch.distributed.run import get_args_parser as torchrun_parser
 
 from rl.cli import check_values_for_job, parse_config
-from rl.config import parse_dataclass, validate_hardware
+from rl.config import validate_hardware
 from rl.envs import register_optional_envs
 from rl.evaluate import EvalConfig
 from rl.export import ExportConfig
+from rl.flag_parsing import parse_dataclass
 from rl.slurm import SlurmConfig, render
 
 REPO = Path(__file__).resolve().parents[1]

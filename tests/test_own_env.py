@@ -18,7 +18,7 @@ from conftest import SCRIPTS, child_env, load_agent, refusal_line, run_dir, run_
 import rl
 from rl import PPOConfig
 from rl.cli import parse_config
-from rl.config import check_field_types
+from rl.config_files import check_field_types
 from rl.envs import inspect_env
 from rl.export import greedy_policy
 

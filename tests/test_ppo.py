@@ -51,7 +51,7 @@ def test_mujoco_presets_build_the_network_rl_zoo_gives_each_env():
     its Walker2d, Ant and Swimmer entries set no policy, so SB3's default applies: tanh 64x64, orthogonal, log-std 0.
     Its published Ant and Swimmer agents also saw the time feature, and its Ant agent no contact forces."""
     from rl.algos.ppo.config import PPOConfig
-    from rl.config import preset_values
+    from rl.flag_parsing import preset_values
 
     tuned_network = {"halfcheetah": True, "hopper": True, "walker2d": False, "ant": False, "swimmer": False}
     for name, tuned in tuned_network.items():

@@ -101,7 +101,7 @@ def test_fabrics_short_precision_names_are_taken_wherever_a_precision_is_given(t
 
     from rl import PPOConfig
     from rl.cli import parse_config
-    from rl.config import check_field_types
+    from rl.config_files import check_field_types
 
     with warnings.catch_warnings():  # Fabric warns that the short names are kept for old code
         warnings.simplefilter("ignore")

@@ -457,7 +457,7 @@ def test_updates_overlap_the_envs_step_by_default_on_a_gpu_and_a_choice_stays(
     tmp_path, argv, while_stepping, reloaded_with_cuda
 ):
     from rl.cli import parse_config
-    from rl.config import write_config_file
+    from rl.config_files import write_config_file
 
     cfg = parse_config(argv)
     assert cfg.update_while_stepping is while_stepping
@@ -522,7 +522,7 @@ def test_cuda_graphs_capture_several_learners_only_when_asked():
 def test_a_changed_copy_of_a_config_keeps_its_choices_in_the_file_it_writes(tmp_path):
     """As Hogwild's supervisor writes its run folder's config.yaml: from a copy with its own loggers."""
     from rl.cli import parse_config
-    from rl.config import write_config_file
+    from rl.config_files import write_config_file
 
     path = str(tmp_path / "config.yaml")
     write_config_file(parse_config(["sac", "--update-while-stepping"]).with_changes(logger=("tensorboard",)), path)

@@ -388,7 +388,7 @@ def test_tuner_flags_out_of_range_name_their_flag(flags, told):
 
 
 def test_the_training_flags_algorithm_is_the_one_their_config_file_names(tmp_path):
-    from rl.config import write_config_file
+    from rl.config_files import write_config_file
     from rl.tune import training_algorithm
 
     path = tmp_path / "best.yaml"
