@@ -426,6 +426,7 @@ def test_decoupled_players_checkpoint_together_by_the_lead_players_clock(tmp_pat
         assert len(checkpoint["rank_states"]) == 2 and checkpoint["counters"]["global_step"] % 128 == 0
 
 
+@pytest.mark.slow
 def test_hogwild_workers_meet_to_checkpoint_by_their_clocks(tmp_path):
     args = [*QUICK_PPO, "--workers", "2", "--total-timesteps", "8192", "--keep-last", "100"]
     done = run_ranks("python", SCRIPTS["hogwild"], [*args, "--checkpoint-every", "0.1s"], tmp_path)

@@ -370,7 +370,7 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("session", ["script", "-c", "stdin"])
+@pytest.mark.parametrize("session", ["script", "-c", pytest.param("stdin", marks=pytest.mark.slow)])
 def test_a_sessions_own_env_and_callbacks_reach_the_workers_from_a_script_a_notebook_or_stdin(tmp_path, session):
     """Where no script can be run again in a worker (a notebook, `python -c`, `python -`), the session's own
     classes travel by value; the queues and shared tensors they hold are still the session's."""

@@ -134,6 +134,7 @@ def test_one_collective_per_gradient_step_averages_every_gradient_and_none_is_le
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
 
 
+@pytest.mark.slow
 def test_with_the_actor_after_the_critics_each_gradient_step_averages_the_critics_then_the_actor(tmp_path):
     mp.spawn(_sync_worker, args=(free_port(), str(tmp_path), True), nprocs=2, join=True)
     states = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
