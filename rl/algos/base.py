@@ -179,6 +179,3 @@ class Algorithm(ABC):
     def iterations_per_report(self, env_ranks: int) -> int:
         """Iterations between two logged points (and interrupt and checkpoint checks)."""
         return self.cfg.iterations_per_report(env_ranks)
-
-    def immutable_fields(self) -> tuple[str, ...]:
-        return self.config_type.IMMUTABLE
