@@ -23,7 +23,6 @@ from rl.cli import Mode, flags_of, other_modes_value, parse_config, peer_advice,
 from rl.config import MODE_COMMANDS, RunConfig, flag
 from rl.config_files import check_field_types, named_runs_newest_checkpoint, resumed_run_values
 from rl.errors import UsageError, did_you_mean
-from rl.faults import deliver_held_sigterm
 from rl.flag_parsing import displaced_by, env_id_as_preset, preset_values
 from rl.loop import Callback
 from rl.modes.coupled import train_coupled
@@ -31,6 +30,7 @@ from rl.peer_flags import PeerFlag, peer_flag
 from rl.registry import ALGORITHMS, DEFAULT_ALGORITHM
 from rl.run import TrainingResult
 from rl.runtime import FabricRuntime, LocalRuntime, process_torch_settings_restored
+from rl.signals import deliver_held_sigterm
 from rl.spawned import importing_the_script_that_spawned_this_process
 
 FLAG_IN_TEXT = re.compile(r"--[a-z][a-z0-9-]*")  # a command-line flag named in a text

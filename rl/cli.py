@@ -79,7 +79,6 @@ from rl.errors import (
     start_up_done,
     unrecognized_options,
 )
-from rl.faults import command_line_owns_this_process, deliver_held_sigterm
 from rl.flag_parsing import flag_spellings, flag_value, parse_config_flags
 from rl.logger import check_loggers_installed
 from rl.loop import CtrlCAgain, InterruptFlag
@@ -89,6 +88,7 @@ from rl.precision import DEFAULT_PRECISION
 from rl.registry import ALGORITHMS, DEFAULT_ALGORITHM, algorithm_type
 from rl.run import TrainingResult, check_run_folder_free, fixed_run_dir, run_folder_flag, run_name
 from rl.runtime import configure_torch_threads
+from rl.signals import command_line_owns_this_process, deliver_held_sigterm
 
 Mode = Literal["coupled", "decoupled", "hogwild"]
 

@@ -35,7 +35,6 @@ from rl.env_faults import (
     warnings_shown_if_it_succeeds,
 )
 from rl.errors import UsageError, did_you_mean, listed, print_error
-from rl.faults import signal_when_parent_dies
 from rl.gil_watch import envs_step_here
 from rl.multi_input import (
     MultiInputLayout,
@@ -45,6 +44,7 @@ from rl.multi_input import (
     is_vector_leaf,
     packed_layout,
 )
+from rl.signals import signal_when_parent_dies
 from rl.uploads import to_device
 
 

@@ -23,7 +23,10 @@ import torch
 from rl import PROCESS_STARTED
 from rl.compiling import compile_seconds
 from rl.config import RunConfig
-from rl.faults import (
+from rl.logger import MetricsSink
+from rl.run import Run
+from rl.runtime import Runtime
+from rl.signals import (
     ctrl_c_counted,
     hear_ctrl_c,
     on_main_thread,
@@ -31,9 +34,6 @@ from rl.faults import (
     stop_agreed,
     take_back_an_unanswered_sigterm,
 )
-from rl.logger import MetricsSink
-from rl.run import Run
-from rl.runtime import Runtime
 
 
 def checkpoint_due(every: int, global_step: int, steps_since_last_check: int) -> bool:
@@ -362,7 +362,7 @@ class TrainingLoop:
         # The iteration of the newest checkpoint: at first the one this run resumed from (if any), so that a
         # loop with no iteration left to run (a Hogwild worker resumed at its last) writes it no second time.
         self.saved_at = self.first_iteration - 1
-        self.sigterm_heard = False  # SIGTERM asks for the stop Ctrl-C asks for (rl.faults.HeldSigterm)
+        self.sigterm_heard = False  # SIGTERM asks for the stop Ctrl-C asks for (rl.signals.HeldSigterm)
 
     def run(self) -> LoopState:
         """The loop, to its last iteration or a stop; the state it ended in. It ends with a checkpoint."""

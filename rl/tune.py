@@ -59,10 +59,11 @@ from rl.errors import (
     print_error,
     unrecognized_options,
 )
-from rl.faults import ended_with_this_process, process_ended
+from rl.faults import process_ended
 from rl.flag_parsing import fields_on_command_line, flag_spellings, parse_dataclass
 from rl.logger import CSV_METRICS_FILE
 from rl.peer_flags import TUNING_PEER_FLAGS, tools_peer_flag
+from rl.signals import ended_with_this_process
 
 if TYPE_CHECKING:
     import optuna  # an extra (tuning): imported where it is used

@@ -38,6 +38,7 @@ import rl
 import rl.env_faults
 import rl.envs
 import rl.faults
+import rl.signals
 from rl import gil_watch
 from rl.env_faults import ENV_STEP, INSTALLED, is_env_code, traceback_frames
 from rl.envs import make_vector_env
@@ -431,7 +432,7 @@ def test_a_second_ctrl_c_stops_a_run_whose_env_step_hangs_at_once(tmp_path, faul
             assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1][-3000:]
             time.sleep(0.1)
         os.killpg(job.pid, signal.SIGINT)
-        time.sleep(rl.faults.HANDLER_GRACE_SECONDS + 1.0)
+        time.sleep(rl.signals.HANDLER_GRACE_SECONDS + 1.0)
         assert job.poll() is None  # waiting for the step, to checkpoint after it; or told that it cannot
         os.killpg(job.pid, signal.SIGINT)
         _, stderr = job.communicate(timeout=60)
@@ -473,7 +474,7 @@ def test_ctrl_c_to_a_launcher_whose_rank_hangs_in_its_env_step_ends_every_rank_a
         for rank in ranks:  # each in a session of its own
             with contextlib.suppress(ProcessLookupError):
                 os.kill(rank, signal.SIGKILL)
-    assert ended_after < rl.faults.STOP_SECONDS, stderr[-3000:]  # not the launcher's kill, 30 s after Ctrl-C
+    assert ended_after < rl.signals.STOP_SECONDS, stderr[-3000:]  # not the launcher's kill, 30 s after Ctrl-C
     lines = [line for line in stderr.splitlines() if line.startswith("interrupted (Ctrl-C): rank")]
     assert len(lines) == 2, stderr[-3000:]
     assert re.fullmatch(

@@ -30,11 +30,10 @@ from conftest import (
 from torch import nn
 
 import rl.faults
+import rl.signals
 from rl.algos.sac.config import SACConfig
 from rl.errors import listed
 from rl.faults import (
-    STOP_SECONDS,
-    HeldSigterm,
     PeerLost,
     PeerWatch,
     ctrl_c_stop_record,
@@ -45,6 +44,7 @@ from rl.faults import (
 )
 from rl.optim import FlatGradients
 from rl.runtime import TorchRuntime
+from rl.signals import STOP_SECONDS, HeldSigterm
 
 
 def _average_after_peer_exits(rank: int, port: int, folder: str, path: str) -> None:
@@ -426,7 +426,7 @@ def test_ranks_stop_with_a_line_once_their_launcher_is_killed_outright(tmp_path,
 
 CHILD_STOPPED_WITH_ITS_PARENT = """
 import ctypes, os, socket, sys
-from rl.faults import stopped_with_parent
+from rl.signals import stopped_with_parent
 
 
 def lost():
@@ -482,7 +482,7 @@ def test_a_process_blocked_in_native_code_stops_once_its_parent_is_killed_outrig
 
 SIGNALS_SEEN_WHILE_BLOCKED = """
 import ctypes, os, signal, subprocess, sys, warnings
-from rl.faults import signals_seen_on_a_thread
+from rl.signals import signals_seen_on_a_thread
 
 warnings.simplefilter("ignore", DeprecationWarning)  # Python 3.12+ on a fork beside threads, as the watcher is
 
@@ -595,10 +595,10 @@ def test_ctrl_c_is_watched_from_a_thread_under_a_launcher_and_in_a_command_line_
     """Not in a caller's process (a notebook's kernel), which a thread must not end; SIGTERM everywhere."""
     own = gather_process_ids(torch.device("cpu"))
     lone, ranks = PeerWatch(0, str, own, 300.0), PeerWatch(0, str, own.repeat(2, 1), 300.0)
-    monkeypatch.setattr(rl.faults, "_command_line", False)
+    monkeypatch.setattr(rl.signals, "_command_line", False)
     assert watched_signals(lone, launched=False) == {signal.SIGTERM: lone.sigterm_seen}
     assert watched_signals(lone, launched=True)[signal.SIGINT] == lone.ctrl_c_seen
-    monkeypatch.setattr(rl.faults, "_command_line", True)
+    monkeypatch.setattr(rl.signals, "_command_line", True)
     assert watched_signals(lone, launched=False)[signal.SIGINT] == lone.lone_ctrl_c_seen
     assert signal.SIGINT not in watched_signals(ranks, launched=False)  # ranks that no launcher started
 

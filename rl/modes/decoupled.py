@@ -38,7 +38,7 @@ from rl.config import RunConfig, local_gpu_index, uses_gpu
 from rl.elastic import init_default_process_group, reached, record_end
 from rl.errors import progress_line
 from rl.evaluation import report_evaluation
-from rl.faults import ctrl_c_only_noted, gather_process_ids, peer, report_lost_peers, sigterm_left_to_peers
+from rl.faults import gather_process_ids, peer, report_lost_peers
 from rl.logger import (
     EPISODE_COUNT,
     EPISODE_LENGTH,
@@ -102,6 +102,7 @@ from rl.runtime import (
     joining_the_job,
     write_on_rank_0,
 )
+from rl.signals import ctrl_c_only_noted, sigterm_left_to_peers
 from rl.uploads import to_device
 
 LOG_SUBDIR = "fabric_decoupled_logs"

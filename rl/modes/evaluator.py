@@ -26,10 +26,11 @@ from rl.algos.base import Algorithm
 from rl.checkpoint import BestAgent, saved_agent
 from rl.elastic import job_store_client, reached
 from rl.evaluation import EvaluationAbandoned, evaluate_greedy
-from rl.faults import ctrl_c_only_noted, peer, sigterm_held
+from rl.faults import peer
 from rl.logger import open_sinks
 from rl.normalization import ObservationNormalizer
 from rl.optim import flat_parameters, load_flat_parameters, num_parameters
+from rl.signals import ctrl_c_only_noted, sigterm_held
 
 REQUESTS_KEY = "rl/evaluator/requests"
 RUN_ENDED_KEY = "rl/evaluator/run-ended"  # set by the weight holder: an evaluation of earlier weights stops

@@ -58,15 +58,7 @@ from rl.env_faults import stalled_env_call
 from rl.errors import RunStopped, counted, how_it_ended, print_error
 from rl.evaluation import report_evaluation
 from rl.experience import ExperienceSource
-from rl.faults import (
-    STOP_SECONDS,
-    HeldSigterm,
-    StoppedBySigterm,
-    holding_sigterm,
-    stall_seconds,
-    stalled_env_named_when_stopped,
-    stopped_with_parent,
-)
+from rl.faults import stall_seconds, stalled_env_named_when_stopped
 from rl.logger import EPISODE_RETURN, ProgressBar, TrainingMetrics, open_sinks
 from rl.loop import (
     Callback,
@@ -85,6 +77,7 @@ from rl.optim import TrainingDiverged
 from rl.precision import float32_state
 from rl.run import ClosedIfItFails, Run, TrainingResult, start_run, training_video_folder
 from rl.runtime import LocalRuntime, configure_torch_threads, core_share, default_torch_threads
+from rl.signals import STOP_SECONDS, HeldSigterm, StoppedBySigterm, holding_sigterm, stopped_with_parent
 from rl.spawned import ByValue, env_registration, main_module_without_a_missing_file, register_in_this_process
 
 MODE = "hogwild"
